@@ -1,0 +1,3 @@
+from swapkl.cli import main
+
+raise SystemExit(main())

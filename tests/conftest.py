@@ -1,0 +1,69 @@
+"""Shared fixtures: tiny random models of every supported family, and the ../shared fixtures."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = (ROOT / ".." / "shared").resolve()
+STORIES = SHARED / "models" / "stories260K"
+WIKITEXT = SHARED / "data" / "wikitext-2-raw" / "wiki.test.raw"
+
+FAMILY_NAMES = ("llama", "qwen3", "gpt_neox", "gpt2")
+
+
+def tiny_config(kind: str, num_layers: int = 4, vocab: int = 96, hidden: int = 32):
+    """A small random config of each supported family (float32)."""
+    import transformers as tf
+
+    if kind == "gpt2":
+        return tf.GPT2Config(n_layer=num_layers, n_embd=hidden, n_head=4, vocab_size=vocab, n_positions=256,
+                             bos_token_id=0, eos_token_id=0)
+    if kind == "gpt_neox":
+        return tf.GPTNeoXConfig(num_hidden_layers=num_layers, hidden_size=hidden, num_attention_heads=4,
+                                intermediate_size=2 * hidden, vocab_size=vocab, rotary_pct=0.25,
+                                max_position_embeddings=256, bos_token_id=0, eos_token_id=0)
+    extra = {"head_dim": hidden // 4} if kind == "qwen3" else {}
+    return tf.AutoConfig.for_model(kind, num_hidden_layers=num_layers, hidden_size=hidden, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=2 * hidden, vocab_size=vocab,
+                                   max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                                   **extra)
+
+
+def tiny_model(kind: str, num_layers: int = 4, seed: int = 0, **kw):
+    """A random-initialised causal LM of family ``kind`` in eval mode.  Weights are scaled up a little so
+    that blocks differ enough for swap-KLs to be well above float32 noise."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(tiny_config(kind, num_layers, **kw))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.mul_(3.0)
+    return model.eval()
+
+
+@pytest.fixture(params=FAMILY_NAMES)
+def family_model(request):
+    return request.param, tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def stories_path() -> Path:
+    if not STORIES.exists():
+        pytest.skip("../shared/models/stories260K missing")
+    return STORIES
+
+
+@pytest.fixture(scope="session")
+def wikitext_path() -> Path:
+    if not WIKITEXT.exists():
+        pytest.skip("../shared wikitext missing")
+    return WIKITEXT
