@@ -12,8 +12,10 @@ from typing import Iterable
 
 import torch
 
+from swapkl.errors import SwapklError
 
-class UnsupportedArchitecture(ValueError):
+
+class UnsupportedArchitecture(SwapklError):
     """Raised for a ``model_type`` that is not in :data:`FAMILIES`."""
 
 

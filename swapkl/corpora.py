@@ -13,13 +13,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from swapkl.errors import SwapklError
+
 EVAL_REGION_WORDS = 20_000
 ENV_CORPUS = "SWAPKL_CORPUS"
 BUILTIN = "builtin:pydoc"
 WIKITEXT2 = "wikitext2"
 
 
-class CorpusError(ValueError):
+class CorpusError(SwapklError):
     pass
 
 

@@ -1,0 +1,59 @@
+"""Command-line entry point: ``python -m swapkl COMMAND ...``.
+
+Each command lives in ``swapkl/commands/<name>.py`` and exposes ``register(subparsers)``, which adds its
+parser and sets ``func`` (a callable taking the parsed args and returning an exit code).  User errors
+(:class:`swapkl.errors.SwapklError`) print as one line on stderr with exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from swapkl.errors import SwapklError
+
+COMMAND_MODULES = (
+    "swapkl.commands.score",
+    "swapkl.commands.curves",
+    "swapkl.commands.prune",
+    "swapkl.commands.trajectory",
+    "swapkl.commands.report",
+    "swapkl.commands.default",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m swapkl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SwapklError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; finished work is kept in the cache", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("error: out of memory; try fewer prompts or tokens, or --dtype bfloat16", file=sys.stderr)
+        return 2
