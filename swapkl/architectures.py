@@ -52,7 +52,6 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("gpt_neox",),
         blocks="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
-        head="embed_out",
         embed="gpt_neox.embed_in",
         layer_idx_attrs=("attention.layer_idx", "layer_idx"),
         notes="GPT-NeoX / Pythia: parallel residual, partial rotary.",
@@ -123,6 +122,8 @@ def locate(model: torch.nn.Module) -> Located:
     blocks = get_path(model, fam.blocks)
     norm = get_path(model, fam.final_norm)
     head = get_path(model, fam.head)
+    if head is None and hasattr(model, "get_output_embeddings"):
+        head = model.get_output_embeddings()
     if not isinstance(blocks, torch.nn.ModuleList) or norm is None or head is None:
         raise UnsupportedArchitecture(
             f"model_type {mt} loaded as {type(model).__name__}, whose modules do not match the '{fam.name}' "
