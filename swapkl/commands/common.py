@@ -1,0 +1,62 @@
+"""Arguments shared by commands that load a model and score it."""
+from __future__ import annotations
+
+import sys
+import time
+
+from swapkl.contract import Contract
+
+
+def add_model_args(p) -> None:
+    p.add_argument("model", help="hub id[@revision], local HF folder, .gguf file, or 'default'")
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag such as step143000, or commit)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device-map", default=None, help="accelerate device_map (e.g. auto) for models larger than one GPU")
+    p.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model (off by default)")
+
+
+def add_contract_args(p, pairs_default: str = "adjacent") -> None:
+    p.add_argument("--pairs", default=pairs_default, help="adjacent | gap:K | all")
+    p.add_argument("--prompts", type=int, default=16, help="number of prompt windows P")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per window T")
+    p.add_argument("--positions", default="all", choices=["all", "last"], help="KL positions")
+    p.add_argument("--corpus", default=None, help="text file for prompts (default: WikiText-2, else built-in)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--aggregation", default="max", choices=["max", "mean", "forward"],
+                   help="how d_repl combines the two directions (max = Definition 1)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the score cache")
+
+
+def contract_from_args(a) -> Contract:
+    return Contract(pairs=a.pairs, prompts=a.prompts, tokens=a.tokens, positions=a.positions, corpus=a.corpus,
+                    seed=a.seed, dtype=a.dtype, device=a.device, aggregation=a.aggregation)
+
+
+def load_from_args(a):
+    from swapkl.checkpoints import load_checkpoint
+
+    return load_checkpoint(a.model, revision=a.revision, dtype=a.dtype, device=a.device,
+                           trust_remote_code=a.trust_remote_code, device_map=a.device_map)
+
+
+class ProgressPrinter:
+    """A one-line progress display on stderr with an ETA."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet or not sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        now = time.perf_counter()
+        if self.quiet and done != total:
+            return
+        if now - self.last < 0.2 and done != total:
+            return
+        self.last = now
+        el = now - self.t0
+        eta = el / done * (total - done) if done else float("nan")
+        end = "\n" if done == total else "\r"
+        print(f"  {done}/{total} variants  {el:6.1f}s elapsed  ETA {eta:5.1f}s  {what:<24}", end=end,
+              file=sys.stderr, flush=True)

@@ -1,0 +1,272 @@
+"""Swap-KL results: matrices, per-prompt vectors, statistics, save/load.
+
+All KL values are nats.  Matrices are L x L numpy float64 arrays with NaN where a pair was not computed
+(and on the diagonal).  ``R[i][j]`` (``replacement_directed``) is the mean over prompts of
+``KL(base || M[i<-j])`` (slot i runs block j); ``d_repl = max(R[i][j], R[j][i])`` (Definition 1, or the
+contract's aggregation); ``d_inter`` is symmetric.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from swapkl import __version__
+from swapkl.errors import CacheError
+
+STRONG = 0.05       # nats: "strong" swap-similarity
+CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
+N_BOOT = 1000
+BOOT_SEED = 0
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _nan_to_none(m: np.ndarray) -> list:
+    return [[None if (v is None or (isinstance(v, float) and math.isnan(v))) else float(v) for v in row]
+            for row in m.tolist()]
+
+
+def _none_to_nan(rows) -> np.ndarray:
+    return np.array([[np.nan if v is None else float(v) for v in row] for row in rows], dtype=float)
+
+
+@dataclass
+class SwapResult:
+    """Both protocols' swap-KL on one model under one contract.
+
+    ``per_prompt["repl"][(i, j)]``: KL per prompt [P] of ``M[i<-j]`` (directed, both i<j and i>j keys);
+    ``per_prompt["inter"][(i, j)]``, i<j: KL per prompt [P] of ``M[i<->j]``.
+    """
+
+    num_layers: int
+    pairs: list[tuple[int, int]]
+    per_prompt: dict
+    contract: dict
+    identity: dict
+    prompt_token_ids: list[list[int]] = field(default_factory=list)
+    prompts_info: dict = field(default_factory=dict)
+    noise_floor: float | None = None
+    meta: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pair_vectors(cls, num_layers, pair_vectors: dict, **kw) -> "SwapResult":
+        """From ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (as the engine and cache give them)."""
+        repl, inter = {}, {}
+        pairs = sorted(pair_vectors, key=lambda p: (p[1] - p[0], p[0]))
+        for i, j in pairs:
+            v = pair_vectors[(i, j)]
+            repl[(i, j)] = np.asarray(v["repl_ij"], dtype=float)
+            repl[(j, i)] = np.asarray(v["repl_ji"], dtype=float)
+            inter[(i, j)] = np.asarray(v["inter"], dtype=float)
+        return cls(num_layers=num_layers, pairs=[tuple(p) for p in pairs],
+                   per_prompt={"repl": repl, "inter": inter}, **kw)
+
+    @property
+    def num_prompts(self) -> int:
+        for v in self.per_prompt["inter"].values():
+            return len(v)
+        return 0
+
+    @property
+    def aggregation(self) -> str:
+        return self.contract.get("aggregation", "max")
+
+    # ------------------------------------------------------------------ matrices
+    def _empty(self) -> np.ndarray:
+        return np.full((self.num_layers, self.num_layers), np.nan)
+
+    def replacement_directed(self) -> np.ndarray:
+        """``R[i][j]``: mean KL (nats) when slot i runs block j; NaN where not computed."""
+        m = self._empty()
+        for (i, j), v in self.per_prompt["repl"].items():
+            m[i, j] = float(np.mean(v))
+        return m
+
+    def replacement(self, aggregation: str | None = None) -> np.ndarray:
+        """Symmetric ``d_repl`` (nats): ``max`` of the two directed means (Definition 1), ``mean`` of them,
+        or ``forward`` (slot i <- block j for i<j only, the paper's one-direction variant)."""
+        agg = aggregation or self.aggregation
+        r = self.replacement_directed()
+        m = self._empty()
+        for i, j in self.pairs:
+            a, b = r[i, j], r[j, i]
+            v = max(a, b) if agg == "max" else (a + b) / 2 if agg == "mean" else a
+            m[i, j] = m[j, i] = v
+        return m
+
+    def interchange(self) -> np.ndarray:
+        """Symmetric ``d_inter`` (nats)."""
+        m = self._empty()
+        for (i, j), v in self.per_prompt["inter"].items():
+            m[i, j] = m[j, i] = float(np.mean(v))
+        return m
+
+    def gap(self) -> np.ndarray:
+        """``d_repl - d_inter`` (nats), symmetric; may be negative."""
+        return self.replacement() - self.interchange()
+
+    # ------------------------------------------------------------------ per-pair statistics
+    def _pair_stat_boot(self, idx: np.ndarray, agg: str) -> tuple[np.ndarray, np.ndarray]:
+        """d_repl and d_inter per pair under prompt resamples ``idx`` [B, P] -> two arrays [B, npairs]."""
+        R, I = [], []
+        for i, j in self.pairs:
+            a = self.per_prompt["repl"][(i, j)][idx].mean(-1)
+            b = self.per_prompt["repl"][(j, i)][idx].mean(-1)
+            R.append(np.maximum(a, b) if agg == "max" else (a + b) / 2 if agg == "mean" else a)
+            I.append(self.per_prompt["inter"][(i, j)][idx].mean(-1))
+        return np.stack(R, -1), np.stack(I, -1)
+
+    def _boot_idx(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return rng.integers(0, self.num_prompts, size=(n_boot, self.num_prompts))
+
+    def pair_table(self, ci: bool = True):
+        """pandas DataFrame, one row per pair: i, j, gap_layers, R_ij, R_ji, d_repl, d_inter, gap, kl_ratio
+        (d_inter/d_repl), and 95 % bootstrap CIs over prompts (``*_lo``, ``*_hi``)."""
+        import pandas as pd
+
+        r = self.replacement_directed()
+        rows = []
+        for i, j in self.pairs:
+            d_r = self.replacement()[i, j]
+            d_i = self.interchange()[i, j]
+            rows.append({"i": i, "j": j, "distance": j - i, "R_ij": r[i, j], "R_ji": r[j, i],
+                         "d_repl": d_r, "d_inter": d_i, "gap": d_r - d_i,
+                         "kl_ratio": d_i / d_r if d_r > 0 else np.nan})
+        df = pd.DataFrame(rows)
+        if ci and self.pairs and self.num_prompts > 1:
+            Rb, Ib = self._pair_stat_boot(self._boot_idx(), self.aggregation)
+            for name, arr in (("d_repl", Rb), ("d_inter", Ib), ("gap", Rb - Ib)):
+                df[f"{name}_lo"] = np.percentile(arr, 2.5, axis=0)
+                df[f"{name}_hi"] = np.percentile(arr, 97.5, axis=0)
+        return df
+
+    def summary(self, ci: bool = True) -> dict:
+        """Gap distribution (mean/median/p75/max, nats), KL ratio (mean/median), strong (<0.05) and
+        conditional (<0.10) counts per protocol, best pairs, bootstrap CIs (prompts resampled)."""
+        if not self.pairs:
+            return {"pairs": 0}
+        dr = np.array([self.replacement()[i, j] for i, j in self.pairs])
+        di = np.array([self.interchange()[i, j] for i, j in self.pairs])
+        g = dr - di
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(dr > 0, di / dr, np.nan)
+        best_r = int(np.argmin(dr))
+        best_i = int(np.argmin(di))
+        out = {
+            "pairs": len(self.pairs),
+            "gap": {"mean": float(g.mean()), "median": float(np.median(g)), "p75": float(np.percentile(g, 75)),
+                    "max": float(g.max()), "min": float(g.min()), "negative_pairs": int((g < 0).sum())},
+            "kl_ratio": {"mean": float(np.nanmean(ratio)), "median": float(np.nanmedian(ratio))},
+            "replacement": {"strong": int((dr < STRONG).sum()), "conditional": int((dr < CONDITIONAL).sum()),
+                            "best_pair": list(self.pairs[best_r]), "best": float(dr[best_r]),
+                            "median": float(np.median(dr))},
+            "interchange": {"strong": int((di < STRONG).sum()), "conditional": int((di < CONDITIONAL).sum()),
+                            "best_pair": list(self.pairs[best_i]), "best": float(di[best_i]),
+                            "median": float(np.median(di))},
+            "pearson": float(np.corrcoef(dr, di)[0, 1]) if len(dr) > 2 and dr.std() > 0 and di.std() > 0 else None,
+            "noise_floor": self.noise_floor,
+        }
+        if ci and self.num_prompts > 1:
+            Rb, Ib = self._pair_stat_boot(self._boot_idx(), self.aggregation)
+            gb = Rb - Ib
+            out["gap"]["mean_ci"] = [float(np.percentile(gb.mean(-1), 2.5)), float(np.percentile(gb.mean(-1), 97.5))]
+            out["gap"]["median_ci"] = [float(np.percentile(np.median(gb, -1), 2.5)),
+                                       float(np.percentile(np.median(gb, -1), 97.5))]
+        return out
+
+    def top_pairs(self, k: int = 10) -> dict:
+        """The k most redundant pairs (lowest d) under each protocol: {"replacement": [...], "interchange": [...]}."""
+        df = self.pair_table(ci=False)
+        return {"replacement": df.nsmallest(k, "d_repl")[["i", "j", "d_repl"]].values.tolist(),
+                "interchange": df.nsmallest(k, "d_inter")[["i", "j", "d_inter"]].values.tolist()}
+
+    def to_frame(self):
+        return self.pair_table()
+
+    def subset(self, pairs) -> "SwapResult":
+        """The same result restricted to ``pairs``."""
+        keep = [tuple(p) for p in pairs if tuple(p) in set(self.pairs)]
+        vec = {p: {"repl_ij": self.per_prompt["repl"][p], "repl_ji": self.per_prompt["repl"][(p[1], p[0])],
+                   "inter": self.per_prompt["inter"][p]} for p in keep}
+        return SwapResult.from_pair_vectors(self.num_layers, vec, contract=self.contract, identity=self.identity,
+                                            prompt_token_ids=self.prompt_token_ids, prompts_info=self.prompts_info,
+                                            noise_floor=self.noise_floor, meta=self.meta)
+
+    # ------------------------------------------------------------------ serialisation
+    def to_json(self) -> dict:
+        """A JSON-able dict: the documented fields (num_layers, pairs, replacement_directed, replacement,
+        interchange, prompt_token_ids, contract) plus identity, per-prompt vectors, summary, noise floor."""
+        return {
+            "format": "swapkl.result/1",
+            "swapkl_version": __version__,
+            "num_layers": self.num_layers,
+            "pairs": [list(p) for p in self.pairs],
+            "replacement_directed": _nan_to_none(self.replacement_directed()),
+            "replacement": _nan_to_none(self.replacement()),
+            "interchange": _nan_to_none(self.interchange()),
+            "gap": _nan_to_none(self.gap()),
+            "contract": self.contract,
+            "model": self.identity,
+            "prompt_token_ids": self.prompt_token_ids,
+            "prompts": self.prompts_info,
+            "noise_floor": self.noise_floor,
+            "summary": self.summary(),
+            "per_prompt": {
+                "replacement_directed": {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt["repl"].items()},
+                "interchange": {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt["inter"].items()},
+            },
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SwapResult":
+        try:
+            pp = d["per_prompt"]
+            repl = {tuple(map(int, k.split(","))): np.asarray(v, float) for k, v in pp["replacement_directed"].items()}
+            inter = {tuple(map(int, k.split(","))): np.asarray(v, float) for k, v in pp["interchange"].items()}
+            return cls(num_layers=int(d["num_layers"]), pairs=[tuple(p) for p in d["pairs"]],
+                       per_prompt={"repl": repl, "inter": inter}, contract=d["contract"], identity=d.get("model", {}),
+                       prompt_token_ids=d.get("prompt_token_ids", []), prompts_info=d.get("prompts", {}),
+                       noise_floor=d.get("noise_floor"), meta=d.get("meta", {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CacheError(f"not a swapkl result file ({type(e).__name__}: {e})") from e
+
+    def save(self, path: str | os.PathLike) -> Path:
+        atomic_write_text(path, json.dumps(self.to_json()))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SwapResult":
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except FileNotFoundError as e:
+            raise CacheError(f"no such result file: {p}") from e
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CacheError(f"cannot read result file {p}: {e}") from e
+        return cls.from_json(d)
