@@ -354,7 +354,8 @@ def gap_vs_depth(items: Any, which: int = -1):
     """Per-pair gap against normalised depth for one checkpoint (default: the last of ``items``; a single
     point or result is accepted too).  DataFrame columns ``i``, ``j``, ``depth`` = (i+j)/2/(L-1) in [0, 1],
     ``gap`` (nats), ``d_repl``, ``d_inter``, sorted by depth then i."""
-    if _is_result(items) or isinstance(items, (TrajectoryPoint, dict)):
+    single_tuple = isinstance(items, tuple) and len(items) == 4 and np.ndim(items[1]) == 2
+    if _is_result(items) or isinstance(items, (TrajectoryPoint, dict)) or single_tuple:
         points = [as_point(items)]
     else:
         points = as_points(items)
