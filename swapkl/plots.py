@@ -160,11 +160,11 @@ def _wrap_caption(caption: str, width: int = 110) -> str:
     return "<br>".join(lines)
 
 
-def _stamp(fig, title: str, caption: str):
+def _stamp(fig, title: str, caption: str, extra_top: int = 0):
     """Title + contract subtitle + ``layout.meta['contract']``."""
     n_lines = _wrap_caption(caption).count("<br>") + 1
     fig.update_layout(title={"text": title, "subtitle": {"text": _wrap_caption(caption), "font": {"size": 11}}},
-                      meta={"contract": caption}, margin={"t": 70 + 14 * n_lines})
+                      meta={"contract": caption}, margin={"t": 72 + 15 * n_lines + extra_top})
     return fig
 
 
@@ -240,9 +240,16 @@ def _hover_texts(result, lookup: dict, directed: bool, dci: dict) -> tuple[list,
 
 
 def _log_ticks(zmin: float, zmax: float) -> tuple[list, list]:
+    """Colour-bar ticks for log10 values in [zmin, zmax]: 1-2-5 steps per decade (or decades only when the
+    range spans more than three decades), labelled with the value in nats."""
     lo, hi = math.floor(zmin), math.ceil(zmax)
-    vals = list(range(lo, hi + 1))
-    return vals, [f"{10.0 ** v:g}" for v in vals]
+    mults = (1,) if hi - lo > 3 else (1, 2, 5)
+    vals = [math.log10(m) + e for e in range(lo, hi + 1) for m in mults]
+    eps = 1e-9
+    vals = [v for v in vals if zmin - eps <= v <= zmax + eps]
+    if len(vals) < 2:  # a narrow range: label the ends
+        vals = sorted(set(vals) | {zmin, zmax})
+    return vals, [f"{10.0 ** v:.3g}" for v in vals]
 
 
 # ============================================================================================ heatmaps
@@ -300,8 +307,11 @@ def heatmaps(result, scale: str = "linear", directed: bool = False, colorscale: 
     fig.update_xaxes(title_text="block j" if directed else "layer j", dtick=1 if L <= 32 else None, row=1, col=1)
     fig.update_yaxes(autorange="reversed", title_text="layer i", dtick=1 if L <= 32 else None, row=1, col=2)
     fig.update_xaxes(title_text="layer j", dtick=1 if L <= 32 else None, row=1, col=2)
-    fig.update_xaxes(scaleanchor=None)
-    return _stamp(fig, "Swap-KL by protocol (lower = more redundant)", caption or contract_caption(result))
+    fig.update_xaxes(showgrid=False, zeroline=False)
+    fig.update_yaxes(showgrid=False, zeroline=False)
+    fig.update_layout(plot_bgcolor="white")
+    return _stamp(fig, "Swap-KL by protocol (lower = more redundant)", caption or contract_caption(result),
+                  extra_top=18)
 
 
 def gap_heatmap(result, colorscale: str = "RdBu_r", caption: str | None = None):
@@ -326,7 +336,9 @@ def gap_heatmap(result, colorscale: str = "RdBu_r", caption: str | None = None):
                                colorbar={"title": {"text": "d_repl − d_inter (nats)"}}))
     fig.update_yaxes(autorange="reversed", title_text="layer i", dtick=1 if L <= 32 else None)
     fig.update_xaxes(title_text="layer j", dtick=1 if L <= 32 else None)
-    fig.update_layout(height=480, width=560)
+    fig.update_layout(height=480, width=560, plot_bgcolor="white")
+    fig.update_xaxes(showgrid=False, zeroline=False)
+    fig.update_yaxes(showgrid=False, zeroline=False)
     return _stamp(fig, "Protocol gap d_repl − d_inter", caption or contract_caption(result))
 
 
