@@ -145,8 +145,10 @@ def test_heatmaps_log_scale(res):
     lo, hi = d["layout"]["coloraxis"]["cmin"], d["layout"]["coloraxis"]["cmax"]
     assert len(cb["tickvals"]) >= 2 and all(lo - 1e-9 <= v <= hi + 1e-9 for v in cb["tickvals"])
     assert [float(t) for t in cb["ticktext"]] == pytest.approx([10.0 ** v for v in cb["tickvals"]], rel=5e-3)
-    assert plots._log_ticks(-2.5, 0.1) == ([-2 + np.log10(2), -2 + np.log10(5), -1, -1 + np.log10(2),
-                                            -1 + np.log10(5), 0], ["0.02", "0.05", "0.1", "0.2", "0.5", "1"])
+    vals, text = plots._log_ticks(-1.5, 0.1)
+    assert text == ["0.05", "0.1", "0.2", "0.5", "1"]
+    assert vals == pytest.approx([np.log10(0.05), -1, np.log10(0.2), np.log10(0.5), 0])
+    assert plots._log_ticks(-4.2, 0.5)[1] == ["0.0001", "0.001", "0.01", "0.1", "1"]  # wide range: decades only
     assert d["layout"]["coloraxis"]["cmin"] == pytest.approx(np.nanmin(np.log10(res.interchange())))
     with pytest.raises(ValueError):
         plots.heatmaps(res, scale="sqrt")
