@@ -1,0 +1,155 @@
+"""``python -m swapkl curves MODEL --budget N``: removal curves (PPL and ΔPPL % vs number of removed layers) for
+swap-KL-guided selection and baselines, the ΔPPL ratio and the regime verdict."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
+    load_from_args
+from swapkl.errors import SwapklError
+
+DEFAULT_METHODS = "replacement,interchange,random,bi,sleb"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("curves", help="removal curves: guided (replacement / interchange) vs baselines")
+    add_model_args(p)
+    p.add_argument("--budget", type=int, required=True, help="largest number of removed layers N (curves for 1..N)")
+    p.add_argument("--scores", default=None, metavar="SCORES.json",
+                   help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma-separated: replacement, interchange, anti (both protocols), anti-replacement, "
+                        "anti-interchange, random, bi, sleb, ... (default: %(default)s)")
+    p.add_argument("--eval-text", default=None, metavar="PATH",
+                   help="text file for perplexity (its evaluation region) and calibration (the rest); default: "
+                        "WikiText-2 test (hub, else local copy)")
+    p.add_argument("--evaluator", default="matched", choices=["matched", "standard"],
+                   help="matched: 5,000 words, window 512, stride 256; standard: 20,000 words, 1024/512")
+    p.add_argument("--max-words", type=int, default=None,
+                   help="override the evaluator's word count (a labelled, non-standard contract; for quick runs)")
+    p.add_argument("--drop-first-target", action="store_true",
+                   help="paper-compatibility: never score the first new token of each later window")
+    p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
+    p.add_argument("--include-boundary", action="store_true", help="allow removing the first and last layer")
+    p.add_argument("--partners", default=None,
+                   help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
+    p.add_argument("--seeds", type=int, default=5, help="random baseline seeds (>= 5)")
+    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens for bi/sleb")
+    p.add_argument("--no-kl", action="store_true", help="skip the KL of each pruned model to the base model")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the curves JSON here")
+    p.add_argument("--quiet", action="store_true")
+    add_contract_args(p)
+    p.set_defaults(func=run)
+
+
+def load_scores(path: str) -> tuple[dict, dict, dict]:
+    """(scores {"replacement", "interchange"} as L×L arrays, model identity, contract) from a ``score --json``
+    file, or from a plain ``{"replacement": [[...]], "interchange": [[...]]}`` JSON (NaN as null)."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SwapklError(f"no such scores file: {p}") from None
+    except (OSError, ValueError) as e:
+        raise SwapklError(f"cannot read scores file {p}: {e}") from None
+    if not isinstance(d, dict) or "replacement" not in d or "interchange" not in d:
+        raise SwapklError(f"{p} is not a swapkl scores file (no replacement/interchange matrices)")
+    if "per_prompt" in d:
+        from swapkl.results import SwapResult
+
+        res = SwapResult.from_json(d)
+        return {"replacement": res.replacement(), "interchange": res.interchange()}, res.identity, res.contract
+    conv = lambda m: np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)  # noqa: E731
+    return ({"replacement": conv(d["replacement"]), "interchange": conv(d["interchange"])}, d.get("model", {}),
+            d.get("contract", {}))
+
+
+def run(a) -> int:
+    from swapkl import corpora
+    from swapkl.evaluate import get_evaluator
+    from swapkl.removal import check_scores, removal_curves
+
+    if a.budget < 1:
+        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    from swapkl import methods as M
+    for m in methods:
+        if m not in M.GROUPS:
+            M.get(m)  # unknown names fail before loading anything
+    ev = get_evaluator(a.evaluator, drop_first_target=a.drop_first_target or None)
+    if a.max_words is not None:
+        if a.max_words < 1:
+            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
+        from swapkl.evaluate import Evaluator
+        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
+    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    partners = a.partners
+    if partners is not None and partners not in ("adjacent", "all"):
+        try:
+            partners = int(partners)
+        except ValueError:
+            raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
+    if partners == "all":
+        partners = None
+    ck = load_from_args(a)
+    progress = ProgressPrinter(a.quiet)
+    if a.scores:
+        scores, ident, _ = load_scores(a.scores)
+        check_scores(scores, ck.num_layers, ident, ck.identity)
+        src = f"scores from {a.scores}"
+    else:
+        from swapkl.api import score
+
+        contract = contract_from_args(a)
+        res = score(ck, contract, progress=progress)
+        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+        src = f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})"
+    params = {}
+    if a.calib_tokens:
+        params = {"bi": {"calib_tokens": a.calib_tokens}, "sleb": {"calib_tokens": a.calib_tokens}}
+
+    def prog(done, total, msg):
+        if not a.quiet:
+            print(f"  {msg}", flush=True)
+
+    result = removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
+                            spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,
+                            seeds=tuple(range(a.seeds)), kl=not a.no_kl, identity=ck.identity,
+                            method_params=params)
+    result.notes.insert(0, src)
+    if a.json:
+        result.to_json(a.json)
+    if not a.quiet:
+        print(render(result))
+    return 0
+
+
+def render(r) -> str:
+    ev = r.evaluator
+    lo, hi = r.baseline_ppl_ci
+    lines = [f"model: {r.model.get('display') or r.model.get('id') or r.model.get('name_or_path')}  "
+             f"layers: {r.model.get('num_layers')}",
+             f"evaluator: {ev['name']} ({ev['max_words']} words, window {ev['window']}, stride {ev['stride']}) "
+             f"on {r.corpus.get('label')}",
+             f"baseline PPL {r.baseline_ppl:.4g} [{lo:.4g}, {hi:.4g}]"]
+    for name, entries in r.methods.items():
+        lines.append(f"{name}:")
+        for e in entries:
+            rem = e["removed"] if e["removed"] is not None else "mean of seeds"
+            kl = f"  KL {e['kl_to_base']:.3f}" if e.get("kl_to_base") is not None else ""
+            spread = (f" [min {e['delta_pct_min']:+.1f}, max {e['delta_pct_max']:+.1f}]" if "delta_pct_min" in e
+                      else (f" [{e['delta_pct_ci'][0]:+.1f}, {e['delta_pct_ci'][1]:+.1f}]" if e.get("delta_pct_ci")
+                            else ""))
+            lines.append(f"  n={e['n']:<3} {str(rem):<18} PPL {e['ppl']:9.4g}  ΔPPL {e['delta_pct']:+7.1f} %{spread}{kl}")
+    if r.delta_ratio:
+        lines.append("ΔPPL ratio interchange/replacement: " + ", ".join(
+            f"n={x['n']}: {x['ratio']:.3f}" if x["ratio"] is not None else f"n={x['n']}: -" for x in r.delta_ratio))
+    if r.verdict:
+        lines.append(r.verdict["sentence"])
+    for n in r.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
