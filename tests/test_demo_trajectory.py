@@ -1,0 +1,173 @@
+"""The demo trajectory (a tiny, short run) and the trajectory command on it."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from swapkl import demo_trajectory as demo
+from swapkl import trajectory as tr
+from swapkl.errors import ComputeInterrupted, SwapklError
+
+TINY = dict(steps=20, seconds=120, checkpoints=3, seed=3, layers=4, hidden=32, heads=2, vocab=320, seq_len=32,
+            batch_size=8, lr=3e-3, warmup=5, heldout_windows=8, threads=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is as fast as two and does not collapse when other processes share the
+    cores (two spinning OpenMP threads on a loaded 2-core machine can be 50x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, one_thread):
+    out = tmp_path_factory.mktemp("demo") / "traj"
+    t0 = time.perf_counter()
+    demo.train_demo_trajectory(out, **TINY)
+    return out, time.perf_counter() - t0
+
+
+@pytest.fixture()
+def score_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_checkpoint_schedule():
+    assert demo.checkpoint_steps(2000, 7) == [0, 2, 8, 32, 126, 502, 2000]
+    assert demo.checkpoint_steps(20, 3) == [0, 2, 20]
+    assert demo.checkpoint_steps(5, 10) == [0, 2, 3, 4, 5]
+    assert demo.checkpoint_steps(1, 5) == [0, 1]
+
+
+def test_demo_manifest_and_checkpoints_load(demo_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, seconds = demo_run
+    assert seconds < 20
+    m = json.loads((out / demo.MANIFEST).read_text())
+    assert m["format"] == demo.FORMAT and m["steps"] == [0, 2, 20] and m["final_step"] == 20
+    assert not m["stopped_early"] and m["settings"]["seed"] == 3
+    assert [c["folder"] for c in m["checkpoints"]] == ["step0", "step2", "step20"]
+    for c in m["checkpoints"]:
+        model = AutoModelForCausalLM.from_pretrained(out / c["folder"])
+        tok = AutoTokenizer.from_pretrained(out / c["folder"])
+        cfg = model.config
+        assert cfg.model_type == "gpt_neox" and cfg.use_parallel_residual
+        assert cfg.rope_parameters["partial_rotary_factor"] == 0.25
+        assert cfg.num_hidden_layers == 4 and cfg.vocab_size == len(tok) == 320
+        ids = tok("def f(x): return x + 1  # any text tokenizes")["input_ids"]
+        assert tok.decode(ids) == "def f(x): return x + 1  # any text tokenizes"
+    # the parser reads the manifest
+    specs = tr.parse_checkpoints(str(out))
+    assert [(s.step, s.label) for s in specs] == [(0, "step0"), (2, "step2"), (20, "step20")]
+
+
+def test_step0_is_the_initialisation(demo_run):
+    from transformers import AutoModelForCausalLM
+
+    out, _ = demo_run
+    s = demo.DemoSettings(**TINY)
+    fresh = demo.init_model(s, 320).state_dict()
+    saved = AutoModelForCausalLM.from_pretrained(out / "step0").state_dict()
+    assert fresh.keys() == saved.keys()
+    for k in fresh:
+        assert torch.equal(fresh[k], saved[k]), k
+    later = AutoModelForCausalLM.from_pretrained(out / "step20").state_dict()
+    assert not torch.equal(fresh["gpt_neox.embed_in.weight"], later["gpt_neox.embed_in.weight"])
+
+
+def test_heldout_loss_decreases(demo_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = demo_run
+    s = demo.DemoSettings(**TINY)
+    windows = demo.heldout_ids(AutoTokenizer.from_pretrained(out / "step0"), s)
+    m = json.loads((out / demo.MANIFEST).read_text())
+    losses = {}
+    for c in m["checkpoints"]:
+        model = AutoModelForCausalLM.from_pretrained(out / c["folder"])
+        losses[c["step"]] = demo.heldout_loss(model, windows)
+        assert losses[c["step"]] == pytest.approx(c["heldout_loss"], abs=1e-4)
+    assert losses[0] == pytest.approx(torch.log(torch.tensor(320.0)).item(), abs=0.3)  # ~uniform at init
+    assert losses[20] < losses[2] < losses[0]
+    assert losses[0] - losses[20] > 0.5
+
+
+def test_deterministic_and_reused(demo_run, tmp_path):
+    from safetensors.torch import load_file
+
+    out, _ = demo_run
+    again = demo.train_demo_trajectory(tmp_path / "again", **TINY)
+    a = load_file(out / "step20" / "model.safetensors")
+    b = load_file(again / "step20" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # same settings: reused without training
+    before = (again / demo.MANIFEST).stat().st_mtime_ns
+    t0 = time.perf_counter()
+    demo.train_demo_trajectory(again, **TINY)
+    assert time.perf_counter() - t0 < 3 and (again / demo.MANIFEST).stat().st_mtime_ns == before
+    # a foreign folder is never overwritten
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(demo.DemoTrajectoryError, match="not a demo trajectory"):
+        demo.train_demo_trajectory(foreign, **TINY)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    with pytest.raises(SwapklError, match="--layers"):
+        demo.train_demo_trajectory(tmp_path / "x", **{**TINY, "layers": 1})
+
+
+def test_compute_trajectory_on_demo(demo_run, score_cache, tmp_path):
+    from swapkl.contract import Contract
+
+    out, _ = demo_run
+    contract = Contract(pairs="adjacent", prompts=4, tokens=16, corpus="builtin", seed=0)
+    seen = []
+    traj = tr.compute_trajectory(str(out), contract, on_checkpoint=lambda k, sp, res: seen.append((k, sp.step)))
+    assert seen == [(0, 0), (1, 2), (2, 20)]
+    df = traj.summary()
+    assert list(df["step"]) == [0, 2, 20] and list(df["pairs"]) == [3, 3, 3]
+    assert df[["gap_mean", "gap_median", "gap_p75", "gap_max", "ratio_mean"]].notna().all().all()
+    for row, res in zip(df.itertuples(), traj.results):
+        s = res.summary(ci=False)
+        assert row.gap_mean == pytest.approx(s["gap"]["mean"]) and row.gap_max == pytest.approx(s["gap"]["max"])
+    dep = traj.depth()
+    assert dep["depth"].tolist() == pytest.approx([1 / 6, 3 / 6, 5 / 6])
+    # stopping: partial trajectory with what finished
+    calls = iter([False, True])
+    with pytest.raises(ComputeInterrupted) as ei:
+        tr.compute_trajectory(str(out), contract, should_stop=lambda: next(calls, True))
+    assert len(ei.value.partial.results) == 1
+
+    # the CLI on the same checkpoints: everything comes from the cache now
+    from swapkl.cli import main
+
+    js = tmp_path / "traj.json"
+    rc = main(["trajectory", str(out), "--prompts", "4", "--tokens", "16", "--corpus", "builtin",
+               "--json", str(js), "--quiet"])
+    assert rc == 0
+    data = json.loads(js.read_text())
+    assert [c["step"] for c in data["checkpoints"]] == [0, 2, 20]
+    assert data["summary"][2]["gap_mean"] == pytest.approx(df.iloc[2]["gap_mean"])
+    assert all(r["meta"]["computed_pairs"] == 0 for r in data["results"])
+
+
+def test_cli_demo_and_errors(tmp_path, capsys, score_cache):
+    from swapkl.cli import main
+
+    out = tmp_path / "cli-demo"
+    rc = main(["demo-trajectory", "--out", str(out), "--steps", "4", "--checkpoints", "2", "--layers", "2",
+               "--hidden", "32", "--heads", "2", "--vocab", "300", "--seconds", "60", "--quiet"])
+    assert rc == 0 and json.loads((out / demo.MANIFEST).read_text())["steps"] == [0, 4]
+    assert main(["trajectory", "@step0"]) == 2
+    assert "no model before it" in capsys.readouterr().err
+    assert main(["trajectory", str(out), "--pairs", "gap:0"]) == 2
+    assert main(["demo-trajectory", "--out", str(tmp_path / "y"), "--vocab", "100"]) == 2
+    assert "--vocab" in capsys.readouterr().err
