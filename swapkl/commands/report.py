@@ -1,0 +1,102 @@
+"""``python -m swapkl report MODEL ... --out report.html``: one self-contained HTML report.
+
+From files (no model computation): ``--scores SCORES.json`` (``swapkl score --json``), ``--curves CURVES.json``
+(``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON).  Otherwise the scores are computed
+through :func:`swapkl.api.score` (cached) under the contract arguments, and with ``--budget N`` the removal curves
+through :func:`swapkl.removal.removal_curves`.  MODEL may be omitted when files provide everything.
+"""
+from __future__ import annotations
+
+import sys
+
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
+    load_from_args
+from swapkl.errors import SwapklError
+
+DEFAULT_METHODS = "replacement,interchange,random"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report (scores, verdict, curves, trajectory)")
+    add_model_args(p)
+    for act in p._actions:  # MODEL is optional when --scores/--curves/--trajectory provide the data
+        if act.dest == "model":
+            act.nargs = "?"
+            act.default = None
+    add_contract_args(p)
+    p.add_argument("--scores", default=None, metavar="SCORES.json",
+                   help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
+    p.add_argument("--curves", default=None, metavar="CURVES.json", help="a 'swapkl curves --json' file")
+    p.add_argument("--trajectory", default=None, metavar="TRAJ.json", help="a trajectory JSON file")
+    p.add_argument("--budget", type=int, default=None,
+                   help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="removal methods for --budget, comma-separated (default: %(default)s)")
+    p.add_argument("--evaluator", default="matched", choices=["matched", "standard"],
+                   help="perplexity evaluator for --budget (matched: 5,000 words, 512/256; standard: 20,000, "
+                        "1024/512)")
+    p.add_argument("--eval-text", default=None, metavar="PATH", help="text file for perplexity (default: WikiText-2)")
+    p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
+    p.add_argument("--seeds", type=int, default=5, help="random baseline seeds")
+    p.add_argument("--title", default=None, help="report title")
+    p.add_argument("--top", type=int, default=10, help="rows of the top-pairs table (default 10)")
+    p.add_argument("--out", default="report.html", help="output HTML file (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _say(a, msg: str) -> None:
+    if not a.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def run(a) -> int:
+    from swapkl import report
+
+    if a.budget is not None and a.budget < 1:
+        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    want_curves = a.budget is not None and not a.curves
+    contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
+    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory)):
+        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
+    result = report.as_result(a.scores) if a.scores else None
+    curves = report.as_curves(a.curves) if a.curves else None
+    traj = report.as_trajectory(a.trajectory) if a.trajectory else None
+
+    ck = None
+    if a.model and (want_curves or (result is None and curves is None and traj is None)):
+        ck = load_from_args(a)
+    if result is None and ck is not None:
+        from swapkl.api import score
+
+        _say(a, f"scoring {ck.identity.get('display')} (pairs={contract.pairs}, "
+                f"{contract.prompts}x{contract.tokens} tokens)")
+        result = score(ck, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
+    if want_curves:
+        curves = _compute_curves(a, ck, result)
+    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top)
+    _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
+    if result is not None and not a.quiet:
+        v = report._verdict(result, curves)
+        if v and "sentence" in v:
+            print(v["sentence"])
+    return 0
+
+
+def _compute_curves(a, ck, result):
+    from swapkl import corpora
+    from swapkl.evaluate import get_evaluator
+    from swapkl.removal import check_scores, removal_curves
+
+    if result is None:
+        raise SwapklError("--budget needs swap-KL scores (give MODEL, or --scores)")
+    scores = {"replacement": result.replacement(), "interchange": result.interchange()}
+    check_scores(scores, ck.num_layers, result.identity, ck.identity)
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+
+    def prog(done, total, msg):
+        _say(a, f"  {msg}")
+
+    return removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, get_evaluator(a.evaluator), corpus,
+                          progress=prog, spacing=a.spacing, seeds=tuple(range(a.seeds)), identity=ck.identity)
