@@ -479,7 +479,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
             hover.append(s)
         fig.add_trace(go.Scatter(x=ns, y=[float(e["delta_pct"]) for e in entries], mode="lines+markers",
                                  name=_label(m) + (" (mean of seeds)" if m == "random" else ""), legendgroup=m,
-                                 line=st, marker={"size": 8 if m in PROMINENT else 5, "color": st["color"]},
+                                 line=st, marker={"size": {"replacement": 11, "interchange": 7}.get(m, 5), "color": st["color"]},
                                  text=hover, hovertemplate="%{text}<extra>" + _label(m) + "</extra>",
                                  meta={"method": m}))
     base = d.get("baseline_ppl")

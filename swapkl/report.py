@@ -90,7 +90,8 @@ def as_trajectory(obj):
         obj = obj.to_json()
     d = _load_json(obj)
     if not isinstance(d, dict) or "summary" not in d:
-        raise SwapklError("not a swapkl trajectory file (expected Trajectory.to_json() output)")
+        raise SwapklError("not a swapkl trajectory result (expected the JSON written by "
+                          "'python -m swapkl trajectory ... --json')")
     import pandas as pd
 
     stats = pd.DataFrame(d.get("summary") or [])
