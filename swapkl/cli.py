@@ -13,27 +13,27 @@ import sys
 
 from swapkl.errors import SwapklError
 
-COMMAND_MODULES = (
-    "swapkl.commands.score",
-    "swapkl.commands.curves",
-    "swapkl.commands.prune",
-    "swapkl.commands.trajectory",
-    "swapkl.commands.report",
-    "swapkl.commands.default",
-)
+# the order commands are listed in --help; any other module in swapkl/commands/ with register() follows
+PREFERRED_ORDER = ("score", "curves", "prune", "trajectory", "report")
+
+
+def command_modules() -> list[str]:
+    import pkgutil
+
+    import swapkl.commands as pkg
+
+    names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "common"]
+    names.sort(key=lambda n: (PREFERRED_ORDER.index(n) if n in PREFERRED_ORDER else len(PREFERRED_ORDER), n))
+    return [f"swapkl.commands.{n}" for n in names]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m swapkl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            raise
-        mod.register(sub)
+    for name in command_modules():
+        mod = importlib.import_module(name)
+        if hasattr(mod, "register"):
+            mod.register(sub)
     return parser
 
 
