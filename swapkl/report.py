@@ -86,6 +86,8 @@ def as_trajectory(obj):
         return None
     if isinstance(obj, tuple) and len(obj) == 2:
         return None, obj[0], obj[1]
+    if isinstance(obj, tuple) and len(obj) == 3:  # already converted
+        return obj
     if hasattr(obj, "to_json") and hasattr(obj, "specs"):
         obj = obj.to_json()
     d = _load_json(obj)

@@ -160,6 +160,16 @@ def test_cli_report_from_scores(scores_json, tmp_path):
     assert f"{d['summary']['gap']['median']:.4f}" in doc
     assert figure_json(doc, 1)[0]["z"][0][1] == pytest.approx(d["replacement"][0][1])
     assert "2 figures" in r.stderr
+    # with a trajectory file too (the 'trajectory --json' format)
+    from swapkl.trajectory import CheckpointSpec, Trajectory
+    t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step9", 9, "m@step9")],
+                   results=[synthetic(), synthetic()], contract=synthetic().contract)
+    tj = tmp_path / "traj.json"
+    tj.write_text(json.dumps(t.to_json()))
+    r = run_cli("report", "--scores", str(scores_json), "--trajectory", str(tj), "--out", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    doc = out.read_text()
+    assert report.figure_count(doc) == 6 and "m@step9" in doc
 
 
 def test_cli_report_errors(tmp_path):
