@@ -375,7 +375,8 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     anti-guided methods and by the verdict.  ``evaluator``: ``"matched"`` / ``"standard"`` or an
     :class:`swapkl.evaluate.Evaluator`.  ``corpus``: a :class:`swapkl.corpora.Corpus` (default: auto);
     evaluation text = its eval region, calibration text for BI/SLEB = its prompt region (disjoint).
-    ``progress(done, total, message)`` is called after every evaluation; ``should_stop()`` → True raises
+    ``progress(done, total, message)`` is called after every curve point (``total`` = planned points + baseline;
+a curve that stops early leaves ``done < total`` until the end); ``should_stop()`` → True raises
     :class:`ComputeInterrupted` with the partial result in ``.partial``.  ``memo``: an :class:`EvalMemo` to
     reuse across calls.  Returns a :class:`CurvesResult`.
     """
@@ -407,11 +408,13 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     elif memo.fingerprint != fingerprint:
         raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
 
-    counter = {"evals": 0}
+    counter = {"evals": 0, "points": 0}
+    # planned curve points (an upper bound: memo hits count as done at once); +1 for the baseline
+    planned = 1 + sum(budget * (len(seeds) if s.name == "random" else 1) for s in specs)
 
     def report(msg: str):
         if progress is not None:
-            progress(counter["evals"], None, msg)
+            progress(min(counter["points"], planned), planned, msg)
 
     def stop_check():
         if should_stop is not None and should_stop():
@@ -426,6 +429,7 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
         memo.store[(text_key, frozenset())] = baseline
     reference = baseline.reference if kl else None
     base_ci = baseline.ci()
+    counter["points"] += 1
     report(f"baseline PPL {baseline.ppl:.4g}")
 
     def evaluate_set(removed: Sequence[int]) -> "E.PPLResult":
@@ -436,12 +440,13 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
             pm = pruned_copy(model, removed)
             r = E.evaluate_ppl(pm, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
                                reference=reference, should_stop=should_stop)
-            report(f"removed {sorted(removed)}: PPL {r.ppl:.4g}")
             return r
         return memo.get(text_key, removed, compute)
 
     def entry(n: int, removed: Sequence[int]) -> dict:
         r = evaluate_set(removed)
+        counter["points"] += 1
+        report(f"n={n} removed {sorted(int(i) for i in removed)}: PPL {r.ppl:.4g}")
         return {"n": n, "removed": sorted(int(i) for i in removed), "ppl": r.ppl, "ppl_ci": list(r.ci()),
                 "delta_pct": E.delta_pct(r, baseline), "delta_pct_ci": list(E.delta_pct_ci(r, baseline)),
                 "kl_to_base": r.kl_to_base}
@@ -458,7 +463,8 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
 
     ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=scores, num_layers=L, candidates=cands,
                           spacing=spacing, partners=partners, corpus=corpus, evaluator=ev, seeds=list(seeds),
-                          memo=memo, batch_size=batch_size, should_stop=should_stop, progress=progress,
+                          memo=memo, batch_size=batch_size, should_stop=should_stop,
+                          progress=lambda d, t, msg: report(msg),
                           params=method_params or {})
     try:
         for spec in specs:
@@ -485,10 +491,13 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
             result.method_info[spec.name] = info
     except ComputeInterrupted as e:
         _finish(result, scores, memo, counter, t_start)
+        report("stopped")
         e.partial = result
         raise
     _finish(result, scores, memo, counter, t_start)
     result.complete = True
+    counter["points"] = planned
+    report("done")
     return result
 
 

@@ -138,8 +138,11 @@ def test_curves_runner(stories):
     model, tok, corpus = stories
     ev = Evaluator("tiny", 200, 128, 64)
     memo = EvalMemo()
+    calls = []
     r = removal_curves(model, tok, scores5(), 2, ["replacement", "interchange", "random", "anti"], ev, corpus,
-                       memo=memo)
+                       memo=memo, progress=lambda d, t, msg: calls.append((d, t, msg)))
+    assert calls[-1][:2] == (calls[-1][1], 1 + 2 + 2 + 2 * 5 + 2 + 2)  # ends at done == total
+    assert all(d <= t for d, t, _ in calls) and [d for d, _, _ in calls] == sorted(d for d, _, _ in calls)
     assert r.complete and r.methods["replacement"][0]["removed"] == [1]
     assert [e["removed"] for e in r.methods["replacement"]] == [[1], [1, 3]]
     assert [e["removed"] for e in r.methods["interchange"]] == [[3], [1, 3]]

@@ -3,6 +3,7 @@ swap-KL-guided selection and baselines, the ΔPPL ratio and the regime verdict."
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 
@@ -114,7 +115,7 @@ def run(a) -> int:
 
     def prog(done, total, msg):
         if not a.quiet:
-            print(f"  {msg}", flush=True)
+            print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
     result = removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
                             spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,

@@ -31,7 +31,7 @@ def sleb(ctx, budget):
         steps.append({"step": step + 1, "removed": best, "calib_ppl": ppl[best],
                       "trials": {str(c): v for c, v in ppl.items()}})
         if ctx.progress is not None:
-            ctx.progress(step + 1, budget, f"sleb step {step + 1}: remove {best} (calibration PPL {ppl[best]:.4g})")
+            ctx.progress(None, None, f"sleb step {step + 1}: remove {best} (calibration PPL {ppl[best]:.4g})")
     sets = [sorted(picks[:k]) for k in range(1, len(picks) + 1)]
     out = MethodOutput(sets=sets, info={"steps": steps, "calib_base_ppl": ctx.calib_ppl([], max_tokens)},
                        settings={"constrained": constrained, "spacing": spacing, "candidates": cands,
