@@ -171,3 +171,11 @@ def test_cli_demo_and_errors(tmp_path, capsys, score_cache):
     assert main(["trajectory", str(out), "--pairs", "gap:0"]) == 2
     assert main(["demo-trajectory", "--out", str(tmp_path / "y"), "--vocab", "100"]) == 2
     assert "--vocab" in capsys.readouterr().err
+
+
+def test_time_budget_plans_the_run(demo_run, tmp_path):
+    out = demo.train_demo_trajectory(tmp_path / "budget", **{**TINY, "steps": 10**6, "seconds": 4})
+    m = json.loads((out / demo.MANIFEST).read_text())
+    assert 2 < m["planned_steps"] < 10**6 and m["final_step"] <= m["planned_steps"]
+    assert m["seconds_total"] < 4 + 1.0
+    assert m["steps"][0] == 0 and m["steps"][-1] == m["final_step"] and len(m["steps"]) <= 3
