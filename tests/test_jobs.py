@@ -1,0 +1,181 @@
+"""The dashboard's job manager: identical requests share a job, results equal the library's, snapshots serve a
+cached request without loading the model, cancel keeps finished pairs, errors become one readable line."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from swapkl.contract import Contract
+from swapkl.evaluate import Evaluator
+
+QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
+CONTRACT = Contract(pairs="gap:2", prompts=4, tokens=16, device="cpu")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def manager(cache):
+    from swapkl.jobs import JobManager
+
+    m = JobManager()
+    yield m
+    m.shutdown()
+
+
+def _request(stories_path, **kw):
+    from swapkl.jobs import AnalysisRequest
+
+    args = dict(model=str(stories_path), contract=CONTRACT, budget=2,
+                methods=("replacement", "interchange", "random"), evaluator=QUICK_EV)
+    return AnalysisRequest(**(args | kw))
+
+
+def test_analysis_job_matches_library_and_is_shared(manager, stories_path, cache):
+    from swapkl.api import score
+    from swapkl.checkpoints import load_checkpoint
+    from swapkl.jobs import DONE, JobManager
+    from swapkl.removal import removal_curves
+
+    req = _request(stories_path)
+    job = manager.submit(req)
+    assert manager.submit(_request(stories_path)) is job          # identical request -> the same job
+    assert job.wait(120), job.summary()
+    assert job.status == DONE, job.error
+    res, curves = job.result, job.curves
+    # gap:2 on a 5-layer model: 4 adjacent + 3 distance-2 pairs, adjacent first
+    assert res.pairs == [(0, 1), (1, 2), (2, 3), (3, 4), (0, 2), (1, 3), (2, 4)]
+    assert set(curves.methods) == {"replacement", "interchange", "random"}
+    assert curves.verdict["regime"] in ("divergent", "tied", "weak")
+    p = job.progress()
+    assert (p.step, p.steps) == (4, 4) and p.done == p.total and p.fraction == 1.0
+
+    # the library, called directly, gives the same numbers (matrices from the cache, curves recomputed)
+    ck = load_checkpoint(str(stories_path), device="cpu")
+    direct = score(ck, CONTRACT)
+    np.testing.assert_allclose(res.replacement(), direct.replacement(), equal_nan=True)
+    np.testing.assert_allclose(res.interchange(), direct.interchange(), equal_nan=True)
+    dc = removal_curves(ck.model, ck.tokenizer, {"replacement": direct.replacement(),
+                                                 "interchange": direct.interchange()}, 2,
+                        methods=("replacement", "interchange", "random"), evaluator=QUICK_EV)
+    assert curves.baseline_ppl == pytest.approx(dc.baseline_ppl, rel=1e-6)
+    for m in dc.methods:
+        assert [e["removed"] for e in curves.methods[m]] == [e["removed"] for e in dc.methods[m]]
+        assert [e["ppl"] for e in curves.methods[m]] == pytest.approx([e["ppl"] for e in dc.methods[m]], rel=1e-6)
+
+    # a new manager (a restarted app) serves the request from the snapshot, without loading the model
+    m2 = JobManager(loader=lambda *a, **k: pytest.fail("a cached request must not load the model"))
+    j2 = m2.submit(_request(stories_path))
+    assert j2.status == DONE and j2.from_snapshot
+    np.testing.assert_allclose(j2.result.replacement(), res.replacement(), equal_nan=True)
+    assert j2.curves.methods["interchange"][0]["ppl"] == pytest.approx(curves.methods["interchange"][0]["ppl"])
+    saved = json.loads((cache / "dashboard" / job.key / "request.json").read_text())
+    assert saved["contract"]["pairs"] == "gap:2" and saved["budget"] == 2
+
+
+def test_different_requests_get_different_jobs(manager, stories_path):
+    a = _request(stories_path, budget=0)
+    b = _request(stories_path, budget=0, contract=CONTRACT.with_(seed=1))
+    from swapkl.jobs import request_key
+
+    assert request_key(a) != request_key(b)
+    assert request_key(a) == request_key(_request(stories_path, budget=0))
+    ja = manager.submit(a)
+    assert ja.wait(60) and ja.status == "done" and ja.curves is None
+    # the loaded model is reused for the second job (LRU), not loaded again
+    loads = []
+    manager._loader = lambda *x, **k: loads.append(x) or pytest.fail("should come from the LRU")
+    jb = manager.submit(b)
+    assert jb.wait(60) and jb.status == "done", jb.error
+    assert loads == [] and len(manager.loaded_models()) == 1
+
+
+def test_cancel_keeps_finished_pairs(manager, stories_path, monkeypatch):
+    import swapkl.api as api
+
+    real = api.score
+    calls = {"n": 0}
+
+    def score_that_cancels(ck, contract, progress=None, should_stop=None, on_partial=None, **kw):
+        def partial(res):
+            on_partial(res)
+            calls["n"] += 1
+            if calls["n"] == 2:                  # two pairs finished: the user presses cancel
+                manager.cancel(manager.jobs()[0].key)
+        return real(ck, contract, progress=progress, should_stop=should_stop, on_partial=partial, **kw)
+
+    monkeypatch.setattr(api, "score", score_that_cancels)
+    job = manager.submit(_request(stories_path, budget=0, contract=CONTRACT.with_(pairs="all")))
+    assert job.wait(60)
+    assert job.status == "cancelled" and "kept" in job.error
+    kept = len(job.result.pairs)                         # the partial result survives on the job
+    assert 2 <= kept < 10                                # (the engine polls should_stop between its batches)
+    monkeypatch.setattr(api, "score", real)
+    # a retry is a new job that reuses the two cached pairs
+    again = manager.submit(_request(stories_path, budget=0, contract=CONTRACT.with_(pairs="all")))
+    assert again is not job
+    assert again.wait(60) and again.status == "done"
+    assert again.result.meta["cached_pairs"] == kept and len(again.result.pairs) == 10
+    assert not (manager.root / job.key / "result.json").exists() or again.key == job.key
+
+
+def test_errors_are_one_line_and_the_manager_keeps_working(manager, stories_path, tmp_path, cache):
+    import torch
+    import transformers as tf
+
+    from swapkl.jobs import ERROR, AnalysisRequest
+
+    # a path that does not exist: fails at once, readable
+    bad = manager.submit(AnalysisRequest(model=str(tmp_path / "nope"), contract=CONTRACT))
+    assert bad.status == ERROR and "no such file or folder" in bad.error and "\n" not in bad.error
+    # an unsupported architecture: the library's message
+    cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
+                       word_embed_proj_dim=16)
+    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
+    j = manager.submit(AnalysisRequest(model=str(tmp_path / "opt"), contract=CONTRACT))
+    assert j.wait(60) and j.status == ERROR and j.error_kind == "user"
+    assert j.error.startswith("unsupported architecture: opt")
+    # out of memory and an unexpected bug: one line each, the bug's traceback goes to the log file
+    manager._loader = lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried"))
+    j = manager.submit(_request(stories_path, budget=0))
+    assert j.wait(60) and j.error_kind == "oom" and j.error.startswith("out of memory while loading")
+    manager._loader = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom\nsecond line"))
+    j2 = manager.submit(_request(stories_path, budget=0))      # the failed request is retried as a new job
+    assert j2 is not j and j2.wait(60) and j2.error_kind == "bug"
+    assert "RuntimeError: boom" in j2.error and "\n" not in j2.error and "dashboard.log" in j2.error
+    assert "Traceback" in (cache / "logs" / "dashboard.log").read_text()
+    # the manager still runs a good job afterwards
+    manager._loader = None
+    ok = manager.submit(_request(stories_path, budget=0))
+    assert ok.wait(60) and ok.status == "done" and len(ok.result.pairs) == 7
+
+
+def test_budget_error_keeps_the_scores(manager, stories_path):
+    # 5 layers, candidates 1..3, spacing 1: at most 2 layers can go; budget 3 fails in the curves step only
+    job = manager.submit(_request(stories_path, budget=3, methods=("replacement",)))
+    assert job.wait(60) and job.status == "error" and job.error_kind == "user"
+    assert "budget 3" in job.error and job.result is not None and len(job.result.pairs) == 7
+
+
+def test_trajectory_job(manager, tmp_path, stories_path):
+    import shutil
+
+    from swapkl.jobs import TrajectoryRequest
+
+    folder = tmp_path / "run"
+    for step in (0, 10):
+        shutil.copytree(stories_path, folder / f"checkpoint-{step}")
+    req = TrajectoryRequest(str(folder), Contract(prompts=3, tokens=12, device="cpu"))
+    job = manager.submit(req)
+    assert job.wait(120) and job.status == "done", job.error
+    stats = job.trajectory.summary()
+    assert list(stats["step"]) == [0, 10] and list(stats["pairs"]) == [4, 4]
+    # identical weights at both steps: identical statistics
+    assert stats["gap_mean"].iloc[0] == pytest.approx(stats["gap_mean"].iloc[1])
+    assert job.progress().fraction == 1.0
