@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from swapkl.errors import SwapklError
+from swapkl.errors import ComputeInterrupted, SwapklError
 
 FORMAT = "swapkl.demo-trajectory/1"
 MANIFEST = "trajectory.json"
@@ -204,14 +204,16 @@ def _complete(out: Path, manifest: dict | None) -> bool:
 
 def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSettings | None = None,
                           force: bool = False, progress: Callable[[int, int, str], None] | None = None,
-                          **overrides) -> Path:
+                          should_stop: Callable[[], bool] | None = None, **overrides) -> Path:
     """Train the demo model and write its checkpoints and ``trajectory.json`` into ``out``; returns ``out``.
 
     ``settings`` (or keyword overrides of :class:`DemoSettings`: ``steps``, ``seconds``, ``checkpoints``,
     ``seed``, sizes) say what to train.  A finished trajectory with the same settings in ``out`` is reused
     unless ``force``.  ``out`` is written as a whole: a temporary folder beside it is filled, then moved into
     place; an existing ``out`` that is not a demo trajectory is never overwritten.
-    ``progress(step, planned_steps, message)`` is called as training proceeds."""
+    ``progress(step, planned_steps, message)`` is called as training proceeds; ``should_stop()`` is polled
+    before every update and, when true, abandons the run (:class:`~swapkl.errors.ComputeInterrupted`; ``out``
+    is left as it was)."""
     import torch
 
     from swapkl.corpora import builtin
@@ -238,7 +240,7 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
     try:
         if s.threads:
             torch.set_num_threads(s.threads)
-        manifest = _train_into(tmp, s, corpus, t_start, say)
+        manifest = _train_into(tmp, s, corpus, t_start, say, should_stop)
         manifest["seconds_total"] = round(time.perf_counter() - t_start, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         if out.exists():
@@ -254,7 +256,7 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
     return out
 
 
-def _train_into(folder: Path, s: DemoSettings, corpus, t_start: float, say) -> dict:
+def _train_into(folder: Path, s: DemoSettings, corpus, t_start: float, say, should_stop=None) -> dict:
     import torch
 
     train_text = corpus.prompt_text()
@@ -294,6 +296,8 @@ def _train_into(folder: Path, s: DemoSettings, corpus, t_start: float, say) -> d
     step = 0
     step_times: list[float] = []
     while step < planned:
+        if should_stop is not None and should_stop():
+            raise ComputeInterrupted(f"demo training stopped at step {step}; nothing was written")
         t0 = time.perf_counter()
         step += 1
         for group in opt.param_groups:

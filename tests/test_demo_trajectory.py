@@ -120,6 +120,10 @@ def test_deterministic_and_reused(demo_run, tmp_path):
     with pytest.raises(demo.DemoTrajectoryError, match="not a demo trajectory"):
         demo.train_demo_trajectory(foreign, **TINY)
     assert (foreign / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ComputeInterrupted, match="stopped at step 3"):
+        steps = iter(range(100))
+        demo.train_demo_trajectory(again, force=True, should_stop=lambda: next(steps) >= 3, **TINY)
+    assert (again / demo.MANIFEST).stat().st_mtime_ns == before and not list(tmp_path.glob(".again*"))
     with pytest.raises(SwapklError, match="--layers"):
         demo.train_demo_trajectory(tmp_path / "x", **{**TINY, "layers": 1})
 
@@ -174,8 +178,8 @@ def test_cli_demo_and_errors(tmp_path, capsys, score_cache):
 
 
 def test_time_budget_plans_the_run(demo_run, tmp_path):
-    out = demo.train_demo_trajectory(tmp_path / "budget", **{**TINY, "steps": 10**6, "seconds": 4})
+    out = demo.train_demo_trajectory(tmp_path / "budget", **{**TINY, "steps": 10**6, "seconds": 5})
     m = json.loads((out / demo.MANIFEST).read_text())
-    assert 2 < m["planned_steps"] < 10**6 and m["final_step"] <= m["planned_steps"]
-    assert m["seconds_total"] < 4 + 1.0
+    assert 2 <= m["planned_steps"] < 10**6 and 1 <= m["final_step"] <= m["planned_steps"]
+    assert m["seconds_total"] < 5 + 2.0  # the budget, plus at most one save (loaded machines are slow)
     assert m["steps"][0] == 0 and m["steps"][-1] == m["final_step"] and len(m["steps"]) <= 3
