@@ -120,3 +120,20 @@ def test_random_needs_five_seeds(stories):
     ctx = ctx_for(model, tok, corpus, random={"seeds": [0, 1]})
     with pytest.raises(SwapklError, match="at least 5 seeds"):
         M.get("random").func(ctx, 1)
+
+
+def test_linear_cka_matches_plain_formula():
+    from swapkl.methods.bi import linear_cka
+
+    model = tiny_model("llama", num_layers=3)
+    ids = torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(0))
+    cka = linear_cka(model, ids, window=32)
+    with torch.no_grad():
+        hs = model(input_ids=ids.reshape(2, 32), use_cache=False, output_hidden_states=True).hidden_states
+    for i in range(2):
+        x = hs[i].reshape(-1, 32).double()
+        y = hs[i + 1].reshape(-1, 32).double()
+        x, y = x - x.mean(0), y - y.mean(0)
+        ref = float((y.T @ x).pow(2).sum() / (torch.linalg.norm(x.T @ x) * torch.linalg.norm(y.T @ y)))
+        assert cka[i] == pytest.approx(ref, rel=1e-6)
+    assert all(0 <= c <= 1 + 1e-9 for c in cka)

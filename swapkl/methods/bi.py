@@ -1,4 +1,5 @@
-"""Block Influence (ShortGPT): ``BI_i = 1 - mean over tokens of cos(h_in_t, h_out_t)`` of block i.
+"""Block Influence (ShortGPT): ``BI_i = 1 - mean over tokens of cos(h_in_t, h_out_t)`` of block i; and the
+optional linear-CKA baseline (CKA of block input vs output, most similar removed first).
 
 Per-token cosine between the block's input and output hidden states, read with forward hooks on the blocks of a
 private module tree (:func:`swapkl.prune.pruned_copy` with nothing removed, so the caller's model never carries a
@@ -21,17 +22,17 @@ def _hidden(x):
 
 
 @torch.no_grad()
-def block_influence(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
-    """(L,) float64: BI of every block on ``ids`` (1-D LongTensor) cut into non-overlapping windows."""
+def run_block_io(model, ids: torch.Tensor, on_block, window: int = 512, batch_size: int = 4) -> int:
+    """Feed ``ids`` (1-D LongTensor) in non-overlapping windows through a private copy of ``model`` and call
+    ``on_block(k, h_in, h_out)`` (float32, (B, T, H)) for every block k and batch, from forward hooks.  The
+    caller's model never carries a hook.  Returns the number of tokens fed."""
     from swapkl.prune import pruned_copy
 
     priv = pruned_copy(model, [])
     blocks = arch.locate(priv).blocks
-    L = len(blocks)
-    sums = np.zeros(L)
-    count = 0
     inputs: dict[int, torch.Tensor] = {}
     handles = []
+    count = 0
 
     def pre(k):
         def hook(mod, args, kwargs):
@@ -40,9 +41,7 @@ def block_influence(model, ids: torch.Tensor, window: int = 512, batch_size: int
 
     def post(k):
         def hook(mod, args, kwargs, out):
-            h_in, h_out = inputs.pop(k).float(), _hidden(out).float()
-            cos = torch.nn.functional.cosine_similarity(h_in, h_out, dim=-1)  # (B, T): per token
-            sums[k] += float(cos.double().sum())
+            on_block(k, inputs.pop(k).float(), _hidden(out).float())
         return hook
 
     for k, b in enumerate(blocks):
@@ -59,24 +58,84 @@ def block_influence(model, ids: torch.Tensor, window: int = 512, batch_size: int
     finally:
         for h in handles:
             h.remove()
+    return count
+
+
+def block_influence(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
+    """(L,) float64: BI of every block on ``ids`` (1-D LongTensor) cut into non-overlapping windows:
+    ``1 - mean over tokens of cos(h_in_t, h_out_t)`` (per token, not over the flattened sequence)."""
+    L = arch.locate(model).num_layers
+    sums = np.zeros(L)
+
+    def on_block(k, h_in, h_out):
+        sums[k] += float(torch.nn.functional.cosine_similarity(h_in, h_out, dim=-1).double().sum())
+
+    count = run_block_io(model, ids, on_block, window, batch_size)
     return 1.0 - sums / count
+
+
+def linear_cka(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
+    """(L,) float64: linear CKA between each block's input and output over all tokens (features centred),
+    ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``, accumulated in float64 (hidden × hidden Gram matrices)."""
+    L = arch.locate(model).num_layers
+    acc: dict[int, dict] = {}
+
+    def on_block(k, h_in, h_out):
+        x = h_in.reshape(-1, h_in.shape[-1]).double()
+        y = h_out.reshape(-1, h_out.shape[-1]).double()
+        a = acc.setdefault(k, {"n": 0, "sx": 0, "sy": 0, "xx": 0, "yy": 0, "yx": 0})
+        a["n"] += x.shape[0]
+        a["sx"] = a["sx"] + x.sum(0)
+        a["sy"] = a["sy"] + y.sum(0)
+        a["xx"] = a["xx"] + x.T @ x
+        a["yy"] = a["yy"] + y.T @ y
+        a["yx"] = a["yx"] + y.T @ x
+
+    run_block_io(model, ids, on_block, window, batch_size)
+    out = np.zeros(L)
+    for k in range(L):
+        a = acc[k]
+        n, mx, my = a["n"], a["sx"] / a["n"], a["sy"] / a["n"]
+        cxx = a["xx"] - n * torch.outer(mx, mx)
+        cyy = a["yy"] - n * torch.outer(my, my)
+        cyx = a["yx"] - n * torch.outer(my, mx)
+        out[k] = float((cyx ** 2).sum() / (torch.linalg.norm(cxx) * torch.linalg.norm(cyy)))
+    return out
+
+
+def _ordered(ctx, budget, name, scores, descending):
+    constrained = bool(ctx.param(name, "constrained", False))
+    cands = list(ctx.candidates) if constrained else list(range(ctx.num_layers))
+    spacing = ctx.spacing if constrained else 0
+    check_budget(budget, cands if constrained else cands[:-1], spacing)
+    order = sorted(cands, key=lambda i: ((-scores[i]) if descending else scores[i], i))
+    picks = scan(order, budget, spacing)
+    return picks, {"constrained": constrained, "spacing": spacing, "candidates": cands}
 
 
 @register("bi", description="Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first")
 def bi(ctx, budget):
-    constrained = bool(ctx.param("bi", "constrained", False))
     max_tokens = int(ctx.param("bi", "calib_tokens", 2048))
     ids = ctx.calib_ids(max_tokens)
     scores = block_influence(ctx.model, ids, window=ctx.evaluator.window)
-    cands = list(ctx.candidates) if constrained else list(range(ctx.num_layers))
-    spacing = ctx.spacing if constrained else 0
-    check_budget(budget, cands if constrained else cands[:-1], spacing)
-    order = sorted(cands, key=lambda i: (scores[i], i))
-    picks = scan(order, budget, spacing)
+    picks, settings = _ordered(ctx, budget, "bi", scores, descending=False)
     out = MethodOutput(sets=nested(picks), info={"bi": scores.tolist(), "calib_tokens": int(ids.numel())},
-                       settings={"constrained": constrained, "spacing": spacing, "candidates": cands,
-                                 "calib_tokens": int(ids.numel()), "window": ctx.evaluator.window,
-                                 "calibration": "corpus prompt region (disjoint from the test text)"})
+                       settings=settings | {"calib_tokens": int(ids.numel()), "window": ctx.evaluator.window,
+                                            "calibration": "corpus prompt region (disjoint from the test text)"})
     if len(picks) < budget:
-        out.notes.append(f"BI order stops after {len(picks)} layers under spacing Δ={spacing}")
+        out.notes.append(f"BI order stops after {len(picks)} layers under spacing Δ={settings['spacing']}")
+    return out
+
+
+@register("cka", description="linear CKA of block input vs output: highest (most similar) first")
+def cka(ctx, budget):
+    max_tokens = int(ctx.param("cka", "calib_tokens", 2048))
+    ids = ctx.calib_ids(max_tokens)
+    scores = linear_cka(ctx.model, ids, window=ctx.evaluator.window)
+    picks, settings = _ordered(ctx, budget, "cka", scores, descending=True)
+    out = MethodOutput(sets=nested(picks), info={"cka": scores.tolist(), "calib_tokens": int(ids.numel())},
+                       settings=settings | {"calib_tokens": int(ids.numel()), "window": ctx.evaluator.window,
+                                            "calibration": "corpus prompt region (disjoint from the test text)"})
+    if len(picks) < budget:
+        out.notes.append(f"CKA order stops after {len(picks)} layers under spacing Δ={settings['spacing']}")
     return out
