@@ -31,8 +31,7 @@ import torch
 
 from swapkl.errors import SwapklError
 
-N_BOOT = 1000
-BOOT_SEED = 0
+from swapkl.results import BOOT_SEED, N_BOOT  # 1,000 resamples, seed 0: the project-wide bootstrap setting
 LOGITS_BUDGET_BYTES = 2 ** 28  # float32 logits kept at once per batch (≈ 256 MiB)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from swapkl import architectures as arch
 from swapkl.errors import SwapklError
+from swapkl.results import atomic_write_text
 
 PRUNE_FILE = "swapkl_prune.json"
 
@@ -153,9 +154,7 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int], out_dir: str | os
         record["swapkl_version"] = __version__
     except Exception:  # pragma: no cover
         pass
-    tmp = out / (PRUNE_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, out / PRUNE_FILE)
+    atomic_write_text(out / PRUNE_FILE, json.dumps(record, indent=2, default=str))
     return out
 
 

@@ -24,9 +24,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from swapkl.errors import ComputeInterrupted, ContractError, SwapklError
-
-CONDITIONAL = 0.10  # nats: "conditional" swap-similarity threshold (METHOD §1)
-STRONG = 0.05
+from swapkl.results import CONDITIONAL, STRONG, atomic_write_text  # thresholds in nats (METHOD §1)
 
 
 class BudgetError(ContractError):
@@ -279,13 +277,7 @@ class CurvesResult:
     def to_json(self, path=None, indent: int = 2) -> str:
         s = json.dumps(_jsonable(self.to_dict()), indent=indent, allow_nan=False)
         if path is not None:
-            import os
-            from pathlib import Path
-            p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(s)
-            os.replace(tmp, p)
+            atomic_write_text(path, s)
         return s
 
     @classmethod

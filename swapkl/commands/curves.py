@@ -106,7 +106,7 @@ def run(a) -> int:
         from swapkl.api import score
 
         contract = contract_from_args(a)
-        res = score(ck, contract, progress=progress)
+        res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
         src = f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})"
     params = {}

@@ -69,6 +69,18 @@ class MethodContext:
     def param(self, method: str, key: str, default):
         return self.params.get(method, {}).get(key, default)
 
+    def literature_candidates(self, method: str, budget: int) -> tuple[list, int, dict]:
+        """(candidates, spacing, settings) for a literature baseline (BI, CKA, SLEB): every layer and no spacing
+        rule by default, the guided methods' candidates and spacing with ``params[method]["constrained"]``.
+        Raises :class:`~swapkl.removal.BudgetError` when ``budget`` does not fit."""
+        from swapkl.removal import check_budget
+
+        constrained = bool(self.param(method, "constrained", False))
+        cands = list(self.candidates) if constrained else list(range(self.num_layers))
+        spacing = self.spacing if constrained else 0
+        check_budget(budget, cands if constrained else cands[:-1], spacing)  # keep at least one layer
+        return cands, spacing, {"constrained": constrained, "spacing": spacing, "candidates": cands}
+
     def calib_ids(self, max_tokens: int = 2048):
         """Calibration token ids (1-D LongTensor): the start of the corpus's prompt region (disjoint from the
         evaluation text), at most ``max_tokens`` tokens."""

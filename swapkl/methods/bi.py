@@ -14,7 +14,7 @@ import torch
 
 from swapkl import architectures as arch
 from swapkl.methods import MethodOutput, register
-from swapkl.removal import check_budget, nested, scan
+from swapkl.removal import nested, scan
 
 
 def _hidden(x):
@@ -103,39 +103,26 @@ def linear_cka(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4)
     return out
 
 
-def _ordered(ctx, budget, name, scores, descending):
-    constrained = bool(ctx.param(name, "constrained", False))
-    cands = list(ctx.candidates) if constrained else list(range(ctx.num_layers))
-    spacing = ctx.spacing if constrained else 0
-    check_budget(budget, cands if constrained else cands[:-1], spacing)
-    order = sorted(cands, key=lambda i: ((-scores[i]) if descending else scores[i], i))
-    picks = scan(order, budget, spacing)
-    return picks, {"constrained": constrained, "spacing": spacing, "candidates": cands}
+def _calibrated(ctx, budget, name, score_fn, descending):
+    """Score every block with ``score_fn(model, ids, window)`` on calibration text and remove in score order."""
+    max_tokens = int(ctx.param(name, "calib_tokens", 2048))
+    ids = ctx.calib_ids(max_tokens)
+    scores = score_fn(ctx.model, ids, window=ctx.evaluator.window)
+    cands, spacing, settings = ctx.literature_candidates(name, budget)
+    picks = scan(sorted(cands, key=lambda i: ((-scores[i]) if descending else scores[i], i)), budget, spacing)
+    out = MethodOutput(sets=nested(picks), info={name: scores.tolist(), "calib_tokens": int(ids.numel())},
+                       settings=settings | {"calib_tokens": int(ids.numel()), "window": ctx.evaluator.window,
+                                            "calibration": "corpus prompt region (disjoint from the test text)"})
+    if len(picks) < budget:
+        out.notes.append(f"{name} order stops after {len(picks)} layers under spacing Δ={spacing}")
+    return out
 
 
 @register("bi", description="Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first")
 def bi(ctx, budget):
-    max_tokens = int(ctx.param("bi", "calib_tokens", 2048))
-    ids = ctx.calib_ids(max_tokens)
-    scores = block_influence(ctx.model, ids, window=ctx.evaluator.window)
-    picks, settings = _ordered(ctx, budget, "bi", scores, descending=False)
-    out = MethodOutput(sets=nested(picks), info={"bi": scores.tolist(), "calib_tokens": int(ids.numel())},
-                       settings=settings | {"calib_tokens": int(ids.numel()), "window": ctx.evaluator.window,
-                                            "calibration": "corpus prompt region (disjoint from the test text)"})
-    if len(picks) < budget:
-        out.notes.append(f"BI order stops after {len(picks)} layers under spacing Δ={settings['spacing']}")
-    return out
+    return _calibrated(ctx, budget, "bi", block_influence, descending=False)
 
 
 @register("cka", description="linear CKA of block input vs output: highest (most similar) first")
 def cka(ctx, budget):
-    max_tokens = int(ctx.param("cka", "calib_tokens", 2048))
-    ids = ctx.calib_ids(max_tokens)
-    scores = linear_cka(ctx.model, ids, window=ctx.evaluator.window)
-    picks, settings = _ordered(ctx, budget, "cka", scores, descending=True)
-    out = MethodOutput(sets=nested(picks), info={"cka": scores.tolist(), "calib_tokens": int(ids.numel())},
-                       settings=settings | {"calib_tokens": int(ids.numel()), "window": ctx.evaluator.window,
-                                            "calibration": "corpus prompt region (disjoint from the test text)"})
-    if len(picks) < budget:
-        out.notes.append(f"CKA order stops after {len(picks)} layers under spacing Δ={settings['spacing']}")
-    return out
+    return _calibrated(ctx, budget, "cka", linear_cka, descending=True)

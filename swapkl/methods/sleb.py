@@ -9,16 +9,12 @@ earlier steps.  Cost: sum over steps of (candidates left) calibration evaluation
 from __future__ import annotations
 
 from swapkl.methods import MethodOutput, register
-from swapkl.removal import check_budget
 
 
 @register("sleb", description="SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat")
 def sleb(ctx, budget):
-    constrained = bool(ctx.param("sleb", "constrained", False))
     max_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
-    cands = list(ctx.candidates) if constrained else list(range(ctx.num_layers))
-    spacing = ctx.spacing if constrained else 0
-    check_budget(budget, cands if constrained else cands[:-1], spacing)
+    cands, spacing, settings = ctx.literature_candidates("sleb", budget)
     picks: list[int] = []
     steps = []
     for step in range(budget):
@@ -34,9 +30,8 @@ def sleb(ctx, budget):
             ctx.progress(None, None, f"sleb step {step + 1}: remove {best} (calibration PPL {ppl[best]:.4g})")
     sets = [sorted(picks[:k]) for k in range(1, len(picks) + 1)]
     out = MethodOutput(sets=sets, info={"steps": steps, "calib_base_ppl": ctx.calib_ppl([], max_tokens)},
-                       settings={"constrained": constrained, "spacing": spacing, "candidates": cands,
-                                 "calib_tokens": max_tokens,
-                                 "calibration": "corpus prompt region (disjoint from the test text)"})
+                       settings=settings | {"calib_tokens": max_tokens,
+                                            "calibration": "corpus prompt region (disjoint from the test text)"})
     if len(picks) < budget:
         out.notes.append(f"SLEB stops after {len(picks)} layers under spacing Δ={spacing}")
     return out
