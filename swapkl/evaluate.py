@@ -286,23 +286,29 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
     if reference is not None and not reference.matches(n, window, stride, drop_first_target):
         raise SwapklError("the KL reference was computed on different tokens or windows")
     dev = torch.device(device) if device is not None else _device_of(model)
-    was_training = model.training
-    model.eval()
 
     run_model = model
     hook_handle = None
     captured: list[torch.Tensor] = []
     ref_out: Reference | None = None
-    if capture_reference:
+    verified = False
+    if capture_reference or model.training:
+        # a private module tree (shared tensors): the hook and eval mode never touch the caller's model
         from swapkl import architectures as arch
+        from swapkl.prune import pruned_copy
         try:
-            from swapkl.prune import pruned_copy
-            run_model = pruned_copy(model, [])  # private module tree: the hook never touches the caller's model
-            head = arch.locate(run_model).head
-            hook_handle = head.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach()))
-            ref_out = Reference("hidden", n, window, stride, drop_first_target, head=head, hidden=[None] * len(wins))
+            run_model = pruned_copy(model, []).eval()
         except SwapklError:
-            ref_out = Reference("model", n, window, stride, drop_first_target, model=model)
+            if model.training:
+                raise SwapklError("evaluate a model of an unsupported family in eval mode (model.eval())") from None
+        if capture_reference:
+            if run_model is model:
+                ref_out = Reference("model", n, window, stride, drop_first_target, model=model)
+            else:
+                head = arch.locate(run_model).head
+                hook_handle = head.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach()))
+                ref_out = Reference("hidden", n, window, stride, drop_first_target, head=head,
+                                    hidden=[None] * len(wins))
 
     nll = np.zeros(len(wins), dtype=np.float64)
     counts = np.array([w.n_scored for w in wins], dtype=np.int64)
@@ -339,13 +345,15 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
                 nll[chunk] = tok_nll.double().sum(1).cpu().numpy()
                 if ref_out is not None and ref_out.kind == "hidden":
                     h = captured[-1][:, -keep:][:, :-1].float()
-                    tol = 1e-4 if logits.dtype == torch.float32 else 3e-2
-                    # the head alone must reproduce the logits, else fall back to re-running the base model
-                    if not torch.allclose(ref_out.head(h.to(ref_out.head.weight.dtype)
-                                                       if hasattr(ref_out.head, "weight") else h).float(),
-                                          logits[:, :-1].float(), rtol=tol, atol=tol):
-                        ref_out = Reference("model", n, window, stride, drop_first_target, model=model)
-                    else:
+                    if not verified:
+                        # the head alone must reproduce the logits (no soft-capping or scaling after it), else
+                        # fall back to re-running the base model for the KL
+                        tol = 1e-4 if logits.dtype == torch.float32 else 3e-2
+                        again = _apply_head(ref_out.head, h[:1]).float()
+                        verified = torch.allclose(again, logits[:1, :-1].float(), rtol=tol, atol=tol)
+                        if not verified:
+                            ref_out = Reference("model", n, window, stride, drop_first_target, model=run_model)
+                    if ref_out.kind == "hidden":
                         for r, k in enumerate(chunk):
                             ref_out.hidden[k] = h[r].cpu()
                 if reference is not None:
@@ -356,21 +364,23 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
     finally:
         if hook_handle is not None:
             hook_handle.remove()
-        if was_training:
-            model.train()
     res = PPLResult(nll=nll, counts=counts, n_tokens=n, window=window, stride=stride,
                     drop_first_target=drop_first_target, kl=kl, seconds=time.perf_counter() - t0)
     res.reference = ref_out
     return res
 
 
+def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    w = getattr(head, "weight", None)
+    if w is not None:
+        h = h.to(device=w.device, dtype=w.dtype)
+    return head(h)
+
+
 def _reference_logprobs(ref: Reference, chunk: Sequence[int], x: torch.Tensor, keep: int) -> torch.Tensor:
     if ref.kind == "hidden":
         h = torch.stack([ref.hidden[k] for k in chunk])
-        w = getattr(ref.head, "weight", None)
-        if w is not None:
-            h = h.to(device=w.device, dtype=w.dtype)
-        return torch.log_softmax(ref.head(h).float(), dim=-1).to(x.device)
+        return torch.log_softmax(_apply_head(ref.head, h).float(), dim=-1).to(x.device)
     logits = _forward_logits(ref.model, x.to(_device_of(ref.model)), keep)
     return torch.log_softmax(logits[:, :-1].float(), dim=-1).to(x.device)
 

@@ -161,3 +161,14 @@ def test_contracts_and_bad_text(stories_path, tmp_path):
     empty.write_text("\n\n")
     with pytest.raises(SwapklError, match="empty"):
         corpora.from_file(empty)
+
+
+def test_training_mode_model_is_evaluated_in_eval_mode_without_touching_it():
+    model = tiny_model("gpt2")  # GPT-2 has dropout 0.1 in training mode
+    ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(0))
+    want = evaluate_ppl(model, ids, 16, 8).ppl
+    model.train()
+    with torch.no_grad():
+        assert not torch.equal(model(ids[None]).logits, model(ids[None]).logits)  # dropout is live
+    assert evaluate_ppl(model, ids, 16, 8).ppl == pytest.approx(want, rel=1e-6)  # no dropout
+    assert model.training and all(m.training for m in model.modules())

@@ -1,14 +1,13 @@
 """Layer removal: equals skipping blocks, never mutates the input, exports reload with identical logits."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
 from conftest import FAMILY_NAMES, tiny_config, tiny_model
 from swapkl import architectures as arch
-from swapkl.prune import PRUNE_FILE, PruneError, pruned_copy, read_prune_record, save_pruned
+from swapkl.prune import PruneError, pruned_copy, read_prune_record, save_pruned
 
 
 @pytest.fixture(autouse=True)
