@@ -367,8 +367,8 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     anti-guided methods and by the verdict.  ``evaluator``: ``"matched"`` / ``"standard"`` or an
     :class:`swapkl.evaluate.Evaluator`.  ``corpus``: a :class:`swapkl.corpora.Corpus` (default: auto);
     evaluation text = its eval region, calibration text for BI/SLEB = its prompt region (disjoint).
-    ``progress(done, total, message)`` is called after every curve point (``total`` = planned points + baseline;
-a curve that stops early leaves ``done < total`` until the end); ``should_stop()`` → True raises
+    ``progress(done, total, message)`` is called after every curve point (``total`` = planned points +
+    baseline; a curve that stops early leaves ``done < total`` until the end); ``should_stop()`` → True raises
     :class:`ComputeInterrupted` with the partial result in ``.partial``.  ``memo``: an :class:`EvalMemo` to
     reuse across calls.  Returns a :class:`CurvesResult`.
     """
@@ -376,6 +376,7 @@ a curve that stops early leaves ``done < total`` until the end); ``should_stop()
     from swapkl import evaluate as E
     from swapkl import methods as M
     from swapkl.prune import pruned_copy
+    import torch
 
     t_start = time.perf_counter()
     loc = arch.locate(model)
@@ -385,13 +386,14 @@ a curve that stops early leaves ``done < total`` until the end); ``should_stop()
     method_list = [m.strip() for m in methods if m and m.strip()]
     specs = M.resolve(method_list, scores)  # unknown names / missing scores fail before any work
     cands = sorted(set(candidates)) if candidates is not None else default_candidates(L, exclude_boundary)
-    check_budget(budget, cands, spacing)
+    if any(s.rule_candidates for s in specs):  # fail before any evaluation
+        check_budget(budget, cands, spacing)
     ev = E.get_evaluator(evaluator)
     if corpus is None:
         from swapkl.corpora import load_corpus
         corpus = load_corpus()
     ids = eval_ids if eval_ids is not None else E.eval_ids(corpus, tokenizer, ev)
-    ids = __import__("torch").as_tensor(ids).reshape(-1).long()
+    ids = torch.as_tensor(ids).reshape(-1).long()
     text_key = f"test:{getattr(corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:{ev.drop_first_target}"
     memo = memo if memo is not None else EvalMemo()
     fingerprint = (id(model), L, int(ids.numel()))

@@ -194,3 +194,15 @@ def test_curves_bad_input(stories):
         removal_curves(model, tok, scores5(), 2, ["replacement", "interchange"], ev, corpus,
                        should_stop=lambda: next(calls) > 6)
     assert ei.value.partial is not None and not ei.value.partial.complete
+
+
+def test_literature_baselines_not_bound_by_the_rule(stories):
+    """SLEB/BI choose from every layer: a budget beyond the rule's maximum (2) is fine for them alone."""
+    from swapkl.evaluate import Evaluator
+
+    model, tok, corpus = stories
+    r = removal_curves(model, tok, None, 3, ["bi"], Evaluator("tiny", 200, 128, 64), corpus, kl=False,
+                       method_params={"bi": {"calib_tokens": 256}})
+    assert [len(e["removed"]) for e in r.methods["bi"]] == [1, 2, 3]
+    with pytest.raises(BudgetError, match="at most 2"):
+        removal_curves(model, tok, None, 3, ["bi", "random"], Evaluator("tiny", 200, 128, 64), corpus)

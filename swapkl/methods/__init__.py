@@ -41,6 +41,7 @@ class MethodSpec:
     func: Callable
     needs: tuple = ()
     description: str = ""
+    rule_candidates: bool = True  # selects from the rule's candidates under its spacing (budget checked up front)
 
 
 @dataclass
@@ -116,13 +117,17 @@ _REGISTRY: dict[str, MethodSpec] = {}
 GROUPS: dict[str, tuple[str, ...]] = {}
 
 
-def register(name: str, needs: Sequence[str] = (), description: str = "", group: str | None = None):
+def register(name: str, needs: Sequence[str] = (), description: str = "", group: str | None = None,
+             rule_candidates: bool = True):
     """Decorator: register ``func(ctx, budget) -> MethodOutput`` under ``name``.  ``needs``: score matrices the
     method requires (``"replacement"``, ``"interchange"``).  ``group``: an alias that expands to every member
-    whose needs are met (``"anti"`` → anti-replacement, anti-interchange)."""
+    whose needs are met (``"anti"`` → anti-replacement, anti-interchange).  ``rule_candidates=False``: the
+    method chooses its own candidates (literature baselines), so the runner does not check the budget against the
+    selection rule before running it."""
 
     def deco(func):
-        _REGISTRY[name] = MethodSpec(name, func, tuple(needs), description or (func.__doc__ or "").strip())
+        _REGISTRY[name] = MethodSpec(name, func, tuple(needs), description or (func.__doc__ or "").strip(),
+                                     rule_candidates)
         if group:
             GROUPS[group] = tuple(dict.fromkeys(GROUPS.get(group, ()) + (name,)))
         return func

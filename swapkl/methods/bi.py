@@ -118,11 +118,13 @@ def _calibrated(ctx, budget, name, score_fn, descending):
     return out
 
 
-@register("bi", description="Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first")
+@register("bi", description="Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first",
+          rule_candidates=False)
 def bi(ctx, budget):
     return _calibrated(ctx, budget, "bi", block_influence, descending=False)
 
 
-@register("cka", description="linear CKA of block input vs output: highest (most similar) first")
+@register("cka", description="linear CKA of block input vs output: highest (most similar) first",
+          rule_candidates=False)
 def cka(ctx, budget):
     return _calibrated(ctx, budget, "cka", linear_cka, descending=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from swapkl.methods import MethodOutput, register
 
 
-@register("sleb", description="SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat")
+@register("sleb", description="SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat",
+          rule_candidates=False)
 def sleb(ctx, budget):
     max_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
     cands, spacing, settings = ctx.literature_candidates("sleb", budget)
