@@ -238,6 +238,7 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     threads_before = torch.get_num_threads()
     try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if s.threads:
             torch.set_num_threads(s.threads)
         manifest = _train_into(tmp, s, corpus, t_start, say, should_stop)

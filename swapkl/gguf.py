@@ -68,6 +68,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -245,12 +246,16 @@ def gguf_to_hf_folder(gguf_path: str | os.PathLike, cache_root: str | os.PathLik
     with _file_lock(final.parent / f".{final.name}.lock"):
         if is_complete(final, digest):  # another process finished it while we waited
             return final
+        # temp folders of this name can only be left over by a killed conversion (we hold the lock): drop them
+        for leftover in final.parent.glob(f".{final.name}.*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
         say(f"converting {src.name} to a float32 Hugging Face folder (once; ~20 s per 100M parameters)")
         t0 = time.perf_counter()
         model, tokenizer = load_gguf(src)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
         try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by the CLI and the dashboard
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             record = {
