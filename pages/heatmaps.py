@@ -1,0 +1,74 @@
+"""Heatmaps page: both protocols on one colour scale, the directed replacement matrix, the gap, a pair
+drill-down and the top-k pairs per protocol.  Figures come from :mod:`swapkl.plots`."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from swapkl import plots
+
+st.title("Heatmaps")
+job = common.need_result()
+
+
+def body(job) -> None:
+    common.progress_view(job)
+    res = job.result
+    if res is None or not res.pairs:
+        st.info("No pair has finished yet; the heatmaps fill in as pairs arrive (adjacent pairs first).")
+        return
+    cap = plots.contract_caption(res)
+    st.caption(f"contract: {cap}")
+    c1, c2 = st.columns([1, 3])
+    scale = c1.radio("Colour scale", ("linear", "log"), key="w_hm_scale", horizontal=True)
+    directed = c2.toggle("Directed replacement matrix R[i][j] (slot i ← block j)", key="w_hm_directed")
+    fig = plots.heatmaps(res, scale=scale, directed=directed)
+    st.plotly_chart(fig, key="hm_main", width="stretch")
+    st.caption("Blank cells were not computed (not zero). Hover shows d_repl, d_inter and the gap with 95 % "
+               "bootstrap CIs over prompts.")
+    gfig = plots.gap_heatmap(res)
+    st.plotly_chart(gfig, key="hm_gap")
+
+    st.subheader("Pair drill-down")
+    pairs = list(res.pairs)
+    firsts = sorted({i for i, _ in pairs})
+    d1, d2 = st.columns(2)
+    if st.session_state.get("w_pair_i") not in firsts:
+        st.session_state["w_pair_i"] = firsts[0]
+    i = d1.selectbox("layer i", firsts, key="w_pair_i")
+    seconds = sorted(j for a, j in pairs if a == i)
+    if st.session_state.get("w_pair_j") not in seconds:
+        st.session_state["w_pair_j"] = seconds[0]
+    j = d2.selectbox("layer j", seconds, key="w_pair_j")
+    pfig = plots.pair_distribution(res, i, j)
+    st.plotly_chart(pfig, key="hm_pair")
+    row = res.pair_table().set_index(["i", "j"]).loc[(i, j)]
+    st.caption(f"d_repl {row['d_repl']:.4g} nats (R[{i}][{j}] {row['R_ij']:.4g}, R[{j}][{i}] {row['R_ji']:.4g}) · "
+               f"d_inter {row['d_inter']:.4g} nats · gap {row['gap']:.4g} nats · KL ratio {row['kl_ratio']:.3f}")
+
+    st.subheader("Most redundant pairs per protocol")
+    k = st.slider("top k", 1, max(1, len(pairs)), min(10, len(pairs)), key="w_topk")
+    top = plots.top_pairs_table(res, k)
+
+    def mark(r):
+        return ["background-color: #fde0dd" if r["disagree"] else ""] * len(r)
+
+    st.dataframe(top.style.apply(mark, axis=1).format({"d_repl": "{:.4g}", "d_inter": "{:.4g}"}),
+                 hide_index=True, key="top_table")
+    st.caption("Highlighted rows: the two protocols' top-k lists disagree at this rank (the pair is missing from "
+               "the other protocol's top k).")
+    if not job.running:
+        st.markdown("**Downloads** (each carries its contract)")
+        a, b, c, d = st.columns(4)
+        with a:
+            common.download_figure(fig, "heatmaps", key="dl_hm")
+        with b:
+            common.download_figure(gfig, "gap-heatmap", key="dl_gap")
+        with c:
+            common.download_table(res.pair_table(), cap, "pair-table", key="dl_pairs")
+        with d:
+            common.download_json(common.result_json(job), "swapkl-result", key="dl_json_hm")
+        common.download_table(top, cap, f"top-{k}-pairs", key="dl_top")
+
+
+common.live(job, body, "heatmaps")

@@ -1,0 +1,98 @@
+"""Training trajectory page: both protocols on every checkpoint of one model (hub revisions or local
+checkpoint folders), the gap distribution / KL ratio / Pearson r against training step and the per-pair gap
+against depth at the last checkpoint.  Computation: :func:`swapkl.trajectory.compute_trajectory` (each
+checkpoint cached on its own); figures: :func:`swapkl.plots.trajectory_figures`."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from swapkl import plots
+from swapkl.contract import Contract
+from swapkl.errors import SwapklError
+from swapkl.jobs import TrajectoryRequest
+
+st.title("Training trajectory")
+st.caption("How the replacement / interchange gap evolves over training. One checkpoint list per model: hub "
+           "revisions (`EleutherAI/pythia-160m@step0, @step1000, @step143000`) or a folder of checkpoints "
+           "(a trainer's `checkpoint-*`, or the demo trajectory from `python -m swapkl demo-trajectory`).")
+
+
+def _default_list() -> str:
+    from swapkl.cache import cache_root
+
+    demo = cache_root() / "demo-trajectory"
+    return str(demo) if demo.is_dir() else "EleutherAI/pythia-160m@step0, @step1000, @step16000, @step143000"
+
+
+st.session_state.setdefault("w_tr_list", _default_list())
+st.session_state.setdefault("w_tr_k", 1)
+st.session_state.setdefault("w_tr_prompts", 8)
+st.session_state.setdefault("w_tr_tokens", 32)
+text = st.text_area("Checkpoints (in training order)", key="w_tr_list", height=80)
+c1, c2, c3, c4 = st.columns(4)
+k = c1.number_input("pairs |i − j| ≤ k (1 = adjacent)", 1, 64, key="w_tr_k", step=1)
+prompts = c2.number_input("Prompts P", 1, 4096, key="w_tr_prompts", step=1)
+tokens = c3.number_input("Tokens T", 2, 8192, key="w_tr_tokens", step=8)
+device = c4.selectbox("device", ("auto", "cpu", "cuda"), key="w_tr_device")
+request, err = None, None
+try:
+    contract = Contract(pairs="adjacent" if k == 1 else f"gap:{int(k)}", prompts=int(prompts), tokens=int(tokens),
+                        device=device)
+    if not text.strip():
+        raise SwapklError("give at least one checkpoint")
+    request = TrajectoryRequest(text.strip(), contract)
+except SwapklError as e:
+    err = str(e)
+if err:
+    st.error(err)
+else:
+    st.code(common.request_caption(request), language=None, wrap_lines=True)
+job = None
+if st.button("Compute trajectory", type="primary", disabled=request is None, key="compute_traj"):
+    job = common.start(request)
+elif request is not None:
+    job = common.manager().find(request)
+if job is None:
+    job = common.current_job("trajectory")
+
+
+def body(job) -> None:
+    common.progress_view(job)
+    traj = job.trajectory
+    if traj is None or not traj.results:
+        if job.running:
+            st.info("Statistics appear after the first checkpoint finishes.")
+        return
+    stats = traj.summary()
+    depth = traj.depth()
+    tj = traj.to_json()
+    cap = plots.contract_caption(tj)
+    st.caption(f"contract: {cap}")
+    figs = plots.trajectory_figures(stats, depth, caption=cap)
+    a, b = st.columns(2)
+    a.plotly_chart(figs["gap"], key="tr_gap")
+    b.plotly_chart(figs["kl_ratio"], key="tr_ratio")
+    a2, b2 = st.columns(2)
+    a2.plotly_chart(figs["pearson"], key="tr_pearson")
+    if "depth" in figs:
+        b2.plotly_chart(figs["depth"], key="tr_depth")
+    st.dataframe(stats, hide_index=True, key="tr_stats")
+    if job.running:
+        return
+    st.markdown("**Downloads** (each carries its contract)")
+    cols = st.columns(len(figs) + 2)
+    for col, (name, fig) in zip(cols, figs.items()):
+        with col:
+            common.download_figure(fig, f"trajectory-{name}", key=f"dl_tr_{name}")
+    with cols[-2]:
+        common.download_table(stats, cap, "trajectory-stats", key="dl_tr_csv")
+    with cols[-1]:
+        common.download_json(tj, "trajectory", key="dl_tr_json")
+
+
+if job is not None:
+    st.divider()
+    common.live(job, body, "trajectory")
+else:
+    st.info("Press **Compute trajectory**; checkpoints already scored under this contract come from the cache.")

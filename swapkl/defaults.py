@@ -1,0 +1,70 @@
+"""Defaults of the dashboard (and of anything that wants "a sensible first run").
+
+The built-in model (SmolLM2-135M-Instruct, 30 layers) is the preselected checkpoint.  On a CPU the default
+contract and perplexity evaluator are sized so that the first cold run -- both protocols on the 29 adjacent
+pairs (the verdict and the guided curves need only those), then replacement- and interchange-guided removal
+curves up to n = :data:`DEFAULT_BUDGET` plus the random baseline (5 seeds) -- finishes within five minutes on
+two cores (measured with ``bench/default_cold_cached.py``; see ``docs/dashboard.md``).  On a GPU the paper-sized
+settings are affordable.
+
+Units: ``tokens`` and evaluator ``window``/``stride`` are tokens; ``max_words`` is words of the evaluation text.
+"""
+from __future__ import annotations
+
+from swapkl.contract import Contract
+
+DEFAULT_MODEL = "default"
+DEFAULT_BUDGET = 4
+DEFAULT_METHODS = ("replacement", "interchange", "random")
+#: every method the dashboard offers, in display order (the library's registry decides what exists)
+OFFERED_METHODS = ("replacement", "interchange", "random", "anti-replacement", "anti-interchange", "bi", "sleb")
+
+# CPU: P x T prompt windows and a "quick" evaluator (a 256-token window over the first words of the eval text)
+CPU_PROMPTS, CPU_TOKENS = 8, 32
+CPU_EVAL_WORDS, CPU_EVAL_WINDOW, CPU_EVAL_STRIDE = 600, 256, 128
+# GPU: the canonical contract size and the paper's "matched" evaluator
+GPU_PROMPTS, GPU_TOKENS = 64, 128
+
+
+def _is_gpu(device) -> bool:
+    if device is None or str(device) == "auto":
+        try:
+            import torch
+
+            return bool(torch.cuda.is_available())
+        except ImportError:  # pragma: no cover
+            return False
+    return str(device).startswith("cuda")
+
+
+def default_contract(device: str | None = "auto") -> Contract:
+    """The dashboard's default :class:`Contract` for ``device`` (``"auto"``: CUDA when available).
+
+    CPU: adjacent pairs, 8 prompts x 32 tokens, all positions, float32, max aggregation.
+    GPU: adjacent pairs, 64 prompts x 128 tokens, otherwise the same."""
+    dev = "cuda" if _is_gpu(device) else "cpu"
+    if dev == "cuda":
+        return Contract(pairs="adjacent", prompts=GPU_PROMPTS, tokens=GPU_TOKENS, device=dev)
+    return Contract(pairs="adjacent", prompts=CPU_PROMPTS, tokens=CPU_TOKENS, device=dev)
+
+
+def default_evaluator(device: str | None = "auto"):
+    """The default perplexity :class:`~swapkl.evaluate.Evaluator`: on a CPU ``quick`` (600 words, window 256,
+    stride 128 -- about 6 windows per evaluation); on a GPU the paper's ``matched`` (5,000 words, 512/256)."""
+    from swapkl.evaluate import EVALUATORS, Evaluator
+
+    if _is_gpu(device):
+        return EVALUATORS["matched"]
+    return Evaluator("quick", max_words=CPU_EVAL_WORDS, window=CPU_EVAL_WINDOW, stride=CPU_EVAL_STRIDE)
+
+
+def evaluator_choices(device: str | None = "auto") -> dict:
+    """Evaluators offered by the dashboard, by name: the device's default (``quick`` on a CPU) and the two
+    named contracts of METHOD §3."""
+    from swapkl.evaluate import EVALUATORS
+
+    out = {}
+    d = default_evaluator(device)
+    out[d.name] = d
+    out.update({k: v for k, v in EVALUATORS.items() if k not in out})
+    return out
