@@ -10,6 +10,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+# Tiny models run as fast on one intra-op thread as on two, and two spinning OpenMP threads collapse (10-150x
+# slower) whenever another process shares the 2 cores (CLI subprocesses, the browser test's server).
+torch.set_num_threads(int(os.environ.get("SWAPKL_TEST_THREADS", "1")))
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = (ROOT / ".." / "shared").resolve()
 STORIES = SHARED / "models" / "stories260K"

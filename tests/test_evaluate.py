@@ -14,13 +14,6 @@ from swapkl.evaluate import (EVALUATORS, EvalTextError, Evaluator, delta_pct, de
                              evaluate_ppl, get_evaluator, kl_to_base, make_windows)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a busy machine (no OpenMP spin)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.mark.parametrize("n,window,stride", [(100, 16, 8), (101, 16, 5), (16, 16, 8), (10, 16, 8), (57, 20, 20)])

@@ -19,13 +19,6 @@ from swapkl.errors import SwapklError
 PROMPT = "The capital of France is"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine two spinning OpenMP threads make small forwards ~8x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

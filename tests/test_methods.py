@@ -14,12 +14,6 @@ from swapkl.prune import pruned_copy
 from swapkl.removal import EvalMemo, nested, removal_curves
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

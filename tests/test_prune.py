@@ -10,12 +10,6 @@ from swapkl import architectures as arch
 from swapkl.prune import PruneError, pruned_copy, read_prune_record, save_pruned
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def skipped_logits(model, remove, x):

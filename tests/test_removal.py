@@ -14,12 +14,6 @@ from swapkl.removal import (BudgetError, CurvesResult, EvalMemo, ScoresMismatch,
 NAN = np.nan
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def sym(L, pairs):
