@@ -11,7 +11,6 @@ The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -31,27 +30,11 @@ def cache_root() -> Path:
 
 # ----------------------------------------------------------------------------- file fingerprints
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 (hex) of a file's content, memoised on disk by (path, size, mtime_ns)."""
-    p = Path(path).resolve()
-    st = p.stat()
-    memo_path = cache_root() / "sha256-memo.json"
-    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
-    try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        memo = {}
-    if key in memo:
-        return memo[key]
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    memo[key] = h.hexdigest()
-    try:
-        atomic_write_text(memo_path, json.dumps(memo))
-    except OSError:
-        pass
-    return memo[key]
+    """sha256 (hex) of a file's content, memoised on disk by (path, size, mtime_ns) (see
+    :func:`swapkl.gguf.sha256_file`, the one implementation)."""
+    from swapkl.gguf import sha256_file
+
+    return sha256_file(path)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")

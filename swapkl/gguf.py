@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from swapkl.results import atomic_write_text
 from swapkl.errors import ModelLoadError, SwapklError
 
 GGUF_MAGIC = b"GGUF"
@@ -62,18 +63,7 @@ def is_gguf_spec(spec: object) -> bool:
 
 # --------------------------------------------------------------------------------------------- hashing
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+_atomic_write_text = atomic_write_text
 
 
 def _read_json(path: Path) -> dict:

@@ -35,6 +35,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable by every user
         os.replace(tmp, path)
     except BaseException:
         try:
