@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -16,34 +17,55 @@ from swapkl.cache import ScoreEntry
 from swapkl.checkpoints import Checkpoint, load_checkpoint  # noqa: F401  (re-exported)
 from swapkl.contract import Contract
 from swapkl.corpora import load_corpus
-from swapkl.engine import ProgressFn, SwapEngine
+from swapkl.engine import ProgressFn, SwapEngine, is_oom
 from swapkl.errors import ContractError
 from swapkl.prompts import make_prompts
 from swapkl.results import SwapResult
 
 
-def engine_limits(checkpoint: Checkpoint, num_prompts: int, num_tokens: int) -> dict:
-    """Batch and live-set sizes for the engine from the device's free memory (CUDA) or a CPU budget.
+def _model_devices(model: torch.nn.Module) -> list[torch.device]:
+    return sorted({p.device for p in model.parameters()}, key=str)
 
-    ``max_rows``: prompt rows per block call (activations ~ rows * T * (D * 12 + heads * T) floats);
-    ``max_live``: variant row sets alive at once (each P * T * D values)."""
-    model = checkpoint.model
+
+def engine_limits(checkpoint, num_prompts: int, num_tokens: int, positions: str = "all") -> dict:
+    """Engine sizes from the free device memory (CUDA: the least free of the devices holding the model) or
+    a 4 GiB CPU budget.  ``checkpoint`` is a :class:`Checkpoint` or a bare model.
+
+    Memory model (bytes; P prompts, T tokens, D hidden, L layers, V vocabulary, e element size):
+    baseline states ``(L + 1) * P * T * D * e`` are fixed; of the rest, half goes to live variant row sets
+    (each ``P * T * D * e``, three times over: the previous slot's output, a block call's concatenated input
+    and its output), 30 % to one block call's activations
+    (``rows * T * (4 D + 2 I + 2 H T) * 4``), 20 % to the KL (``rows * Ts * V * 4`` a few times over) and
+    the cached baseline log-probs.  Returns ``max_rows``, ``max_live``, ``kl_chunk_rows``, ``logp_budget``."""
+    model = checkpoint if isinstance(checkpoint, torch.nn.Module) else checkpoint.model
     cfg = model.config
-    D = int(getattr(cfg, "hidden_size", getattr(cfg, "n_embd", 1024)))
-    H = int(getattr(cfg, "num_attention_heads", getattr(cfg, "n_head", 16)))
+    D = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 1024))
+    H = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 16))
     inter = int(getattr(cfg, "intermediate_size", None) or 4 * D)
+    V = int(getattr(cfg, "vocab_size", 50000))
+    from swapkl.architectures import locate
+
+    L = locate(model).num_layers
     elt = next(model.parameters()).element_size()
-    dev = next(model.parameters()).device
-    if dev.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(dev)
-        budget = int(free * 0.6)
+    cuda = [d for d in _model_devices(model) if d.type == "cuda"]
+    if cuda:
+        free = min(torch.cuda.mem_get_info(d)[0] for d in cuda)
+        avail = int(free * 0.85)
     else:
-        budget = 2 * 2**30  # 2 GiB of activations on the CPU
-    per_row = num_tokens * (4 * D + 2 * inter + 2 * H * num_tokens) * max(elt, 4)
-    max_rows = max(1, min(4096, budget // 2 // max(1, per_row)))
-    per_live = num_prompts * num_tokens * D * elt
-    max_live = max(3, min(3 * 256, budget // 2 // max(1, per_live)))
-    return {"max_rows": int(max_rows), "max_live": int(max_live)}
+        avail = 4 * 2**30  # 4 GiB of activations on the CPU
+    P, T = num_prompts, num_tokens
+    Ts = T if positions == "all" else 1
+    states = (L + 1) * P * T * D * elt
+    rest = max(avail - states, avail // 10)
+    per_row = T * (4 * D + 2 * inter + 2 * H * T) * max(elt, 4)
+    max_rows = max(1, min(4096, int(rest * 0.3) // max(1, per_row)))
+    per_live = 3 * P * T * D * elt
+    max_live = max(3, min(3 * 256, int(rest * 0.5) // max(1, per_live)))
+    kl_budget = int(rest * 0.1) if cuda else 256 * 2**20
+    kl_chunk_rows = max(1, min(P, kl_budget // max(1, 12 * Ts * V)))
+    logp_budget = int(rest * 0.1) if cuda else 512 * 2**20
+    return {"max_rows": int(max_rows), "max_live": int(max_live), "kl_chunk_rows": int(kl_chunk_rows),
+            "logp_budget": int(logp_budget)}
 
 
 def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | None = None,
@@ -72,10 +94,16 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
             entry.clear()  # same key, different prompts: tokenizer changed; start over
             meta = None
         done = entry.read_pairs(contract.prompts, wanted)
-    todo = [p for p in wanted if p not in done]
     if shard is not None:
+        # a fixed share of the wanted pairs (not of the missing ones), so that ranks reading the cache at
+        # different moments still split the work disjointly and completely
         rank, world = shard
-        todo = todo[rank::world]
+        if not (0 <= rank < world):
+            raise ContractError(f"shard rank {rank} is not in 0..{world - 1}")
+        mine = set(wanted[rank::world])
+        todo = [p for p in wanted if p in mine and p not in done]
+    else:
+        todo = [p for p in wanted if p not in done]
     total = 3 * (len(done) + len(todo))
     base_done = 3 * len(done)
 
@@ -86,15 +114,31 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
             noise_floor=extra_meta.get("noise_floor"), meta=extra_meta)
 
     info = {"swapkl_version": __version__, "device": str(checkpoint.device), "cached_pairs": len(done),
-            "computed_pairs": len(todo), "noise_floor": meta.get("noise_floor") if meta else None,
+            "computed_pairs": len(todo),
+            "computed_pair_list": [list(p) for p in todo], "noise_floor": meta.get("noise_floor") if meta else None,
             "cache_key": entry.key, "cache_problems": entry.problems}
     if progress is not None:
         progress(base_done, total, "cached pairs loaded")
     if todo:
-        limits = engine_limits(checkpoint, contract.prompts, contract.tokens) | (engine_kw or {})
+        limits = engine_limits(checkpoint, contract.prompts, contract.tokens, contract.positions) | (engine_kw or {})
+        progress_at = [base_done]
+
+        def on_oom(rec):
+            # reported, not fatal: the engine halves the batch and retries the same rows
+            msg = f"out of memory in {rec['where']}: batch {rec['from']} -> {rec['to']}, retrying"
+            warnings.warn(msg, stacklevel=2)
+            if progress is not None:
+                progress(progress_at[0], total, msg)
+
+        limits.setdefault("on_oom", on_oom)
         engine = SwapEngine(checkpoint.model, prompts.ids, positions=contract.positions, **limits)
         if info["noise_floor"] is None:
-            info["noise_floor"] = engine.noise_floor()
+            try:
+                info["noise_floor"] = engine.noise_floor()
+            except Exception as e:  # noqa: BLE001 - a full forward of one prompt may not fit; not essential
+                if not is_oom(e):
+                    raise
+                info["noise_floor"] = None
         if use_cache:
             entry.write_meta({"prompt_token_ids": prompts.ids.tolist(), "prompts": prompts.description,
                               "noise_floor": info["noise_floor"], "contract": contract.to_dict()})
@@ -108,12 +152,16 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
                 on_partial(result_of(dict(done), info))
 
         def prog(d, t, what):
+            progress_at[0] = base_done + d
             if progress is not None:
                 progress(base_done + d, total, what)
 
         engine.sweep(todo, progress=prog, on_pair=on_pair, should_stop=should_stop)
         info["engine"] = {"block_calls": engine.stats.block_calls, "naive_block_calls": engine.stats.naive_block_calls,
-                          "oom_retries": engine.stats.oom_retries, "max_rows": engine.batch.max_rows}
+                          "oom_retries": list(engine.stats.oom_retries), "max_rows": engine.batch.max_rows,
+                          "max_live": engine.max_live, "kl_chunk_rows": engine.kl_chunk_rows,
+                          "seconds": engine.stats.seconds, "dtype": checkpoint.dtype,
+                          "devices": [str(d) for d in _model_devices(checkpoint.model)]}
     info["seconds"] = time.perf_counter() - t_start
     have = {p: done[p] for p in wanted if p in done}
     return result_of(have, info)

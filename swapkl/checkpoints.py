@@ -134,6 +134,27 @@ def load_config(spec: Spec, trust_remote_code: bool = False):
         raise ModelLoadError(f"cannot read the config in {folder}: {str(e).splitlines()[0]}") from e
 
 
+def _dispatch(model: torch.nn.Module, device_map, sp: Spec) -> torch.device:
+    """After ``from_pretrained(device_map=...)``: refuse offloaded layers (weights on 'meta'), make an explicit
+    dict map always run through accelerate's device-aligning hooks (transformers skips them when every module
+    maps to one device, so a single-device map takes the same code path as a multi-GPU one), and return the
+    device of the input embeddings (where token ids go)."""
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ModelLoadError(
+            f"device_map={device_map!r} offloads part of {sp.display} to cpu/disk (it does not fit the GPUs); "
+            "swapkl needs every layer resident: use more GPUs, --dtype bfloat16, or a smaller model")
+    hooked = any(hasattr(m, "_hf_hook") for m in model.modules())
+    if isinstance(device_map, dict) and not hooked:
+        from accelerate import dispatch_model
+
+        devices = {str(v) for v in device_map.values()}
+        if devices & {"disk", "meta"}:
+            raise ModelLoadError("device_map with 'disk' offload is not supported; every layer must be resident")
+        main = next(iter(device_map.values()))  # a single device (several would have been hooked already)
+        dispatch_model(model, device_map=device_map, main_device=main, force_hooks=True)
+    return next(model.get_input_embeddings().parameters()).device
+
+
 def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float32", device: str = "auto",
                     trust_remote_code: bool = False, device_map: str | dict | None = None) -> Checkpoint:
     """Load a causal LM and its tokenizer, in eval mode, on ``device`` (or spread by ``device_map``).
@@ -170,6 +191,8 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         raise ModelLoadError(f"out of memory loading {sp.display}; try --dtype bfloat16 or device_map=auto") from e
     if device_map is None:
         model.to(dev)
+    else:
+        dev = _dispatch(model, device_map, sp)
     model.eval()
     identity.update({"model_type": config.model_type, "family": fam.name,
                      "num_layers": fam and getattr(config, fam.num_layers_keys[0], None),

@@ -20,8 +20,10 @@ A block runs in a slot through the slot's own module (so slot-dependent behaviou
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -29,14 +31,20 @@ import torch
 from torch.func import functional_call
 
 from swapkl.architectures import locate
-from swapkl.errors import ComputeInterrupted
+from swapkl.errors import ComputeInterrupted, ModelLoadError, SwapklError
 
 ProgressFn = Callable[[int, int, str], None]
 PairFn = Callable[[int, int, dict], None]
 
 
+class DeviceOutOfMemory(SwapklError):
+    """Out of memory although the batch was already down to one prompt row (halving cannot help)."""
+
+
 def is_oom(err: BaseException) -> bool:
     """True for a CUDA/CPU out-of-memory error (the kind a smaller batch can fix)."""
+    if isinstance(err, DeviceOutOfMemory):
+        return False
     if isinstance(err, getattr(torch, "OutOfMemoryError", ())):
         return True
     if isinstance(err, torch.cuda.OutOfMemoryError if hasattr(torch.cuda, "OutOfMemoryError") else ()):
@@ -47,37 +55,88 @@ def is_oom(err: BaseException) -> bool:
     )
 
 
-class BatchController:
-    """Holds the current maximum batch (rows of prompts per block call) and halves it on out-of-memory.
+def _free_cached_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
-    ``retries`` records every halving as (old, new) so callers can report it.  ``fault`` is a test hook:
-    a callable(rows) that may raise to simulate an out-of-memory error.
+
+class BatchController:
+    """Holds the current maximum batch (rows of prompts per call) and halves it on out-of-memory.
+
+    ``retries`` records every halving as ``{"where", "from", "to"}`` so callers can report it;
+    ``on_retry(record)`` is called at each one.  ``fault`` is a test hook: ``fault(rows)`` or
+    ``fault(rows, where)`` (``where`` in {"baseline", "block", "kl"}) is called before each call and may raise
+    to simulate an out-of-memory error.  An out-of-memory error at one row raises :class:`DeviceOutOfMemory`.
     """
 
-    def __init__(self, max_rows: int, fault: Callable[[int], None] | None = None):
+    def __init__(self, max_rows: int, fault: Callable | None = None, where: str = "block",
+                 on_retry: Callable[[dict], None] | None = None, retries: list | None = None):
         self.max_rows = max(1, int(max_rows))
-        self.retries: list[tuple[int, int]] = []
+        self.retries: list[dict] = retries if retries is not None else []
+        self.where = where
+        self.on_retry = on_retry
         self.fault = fault
-
-    def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """``fn`` applied to ``x`` in chunks of at most ``max_rows`` rows (dim 0), halving on OOM."""
-        while True:
+        self._fault_where = False
+        if fault is not None:
             try:
-                outs = []
-                for k in range(0, x.shape[0], self.max_rows):
-                    part = x[k:k + self.max_rows]
-                    if self.fault is not None:
-                        self.fault(part.shape[0])
-                    outs.append(fn(part))
-                return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-            except Exception as e:  # noqa: BLE001 - only OOM is retried
-                if not is_oom(e) or self.max_rows == 1:
+                self._fault_where = len(inspect.signature(fault).parameters) >= 2
+            except (TypeError, ValueError):
+                self._fault_where = False
+
+    def _check_fault(self, rows: int, where: str) -> None:
+        if self.fault is None:
+            return
+        if self._fault_where:
+            self.fault(rows, where)
+        elif where == "block":  # one-argument hooks only ever targeted block calls
+            self.fault(rows)
+
+    def map(self, fn: Callable[[int, int], object], n: int, where: str | None = None,
+            detail: str = "") -> list:
+        """``[fn(a, b) for consecutive row ranges [a, b) covering 0..n]`` with ranges of at most ``max_rows``
+        rows; an out-of-memory error halves ``max_rows`` and retries the failed range (finished ranges are
+        kept: every row is independent of the others)."""
+        where = where or self.where
+        outs, k = [], 0
+        while k < n:
+            m = min(self.max_rows, n - k)
+            try:
+                self._check_fault(m, where)
+                outs.append(fn(k, k + m))
+                k += m
+            except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
+                if not is_oom(e):
                     raise
-                old = self.max_rows
-                self.max_rows = max(1, old // 2)
-                self.retries.append((old, self.max_rows))
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                _free_cached_memory()
+                if m == 1:
+                    raise DeviceOutOfMemory(
+                        f"out of memory even at batch 1 ({where}{detail}): {str(e).splitlines()[0][:160]}; "
+                        "try --dtype bfloat16, fewer --tokens, or --device-map auto (spread over several GPUs)"
+                    ) from e
+                rec = {"where": where, "from": self.max_rows, "to": max(1, m // 2)}
+                self.max_rows = rec["to"]
+                self.retries.append(rec)
+                if self.on_retry is not None:
+                    self.on_retry(rec)
+        return outs
+
+    def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, where: str | None = None) -> torch.Tensor:
+        """``fn`` applied to ``x`` in chunks of at most ``max_rows`` rows (dim 0), halving on OOM."""
+        outs = self.map(lambda a, b: fn(x[a:b]), x.shape[0], where)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def _to_device(obj, dev: torch.device):
+    """Tensors inside ``obj`` (tuples, lists, dicts) moved to ``dev``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dev)
+    if isinstance(obj, tuple):
+        return tuple(_to_device(o, dev) for o in obj)
+    if isinstance(obj, list):
+        return [_to_device(o, dev) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _to_device(v, dev) for k, v in obj.items()}
+    return obj
 
 
 @dataclass
@@ -105,6 +164,13 @@ class BlockRunner:
         self.num_layers = len(self.blocks)
         # weights of each block, as load_state_dict would copy them (parameters + persistent buffers)
         self.weights = [dict(b.state_dict(keep_vars=True)) for b in self.blocks]
+        for s, w in enumerate(self.weights):
+            if any(t.device.type == "meta" for t in w.values()):
+                raise ModelLoadError(
+                    f"layer {s} is offloaded (its weights are on the 'meta' device: device_map put it on cpu/disk "
+                    "offload); swapkl needs every layer resident on a device: use more GPUs, --dtype bfloat16, "
+                    "or a device_map without cpu/disk offload")
+        self._moved: OrderedDict = OrderedDict()  # (block, device) -> weights copied there (multi-device maps)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -114,9 +180,26 @@ class BlockRunner:
         except StopIteration:
             return self.device
 
+    def weights_on(self, block: int, dev: torch.device) -> dict:
+        """Block ``block``'s weights on ``dev``: the tensors themselves when they are there already, else a
+        copy (a model spread over several devices by a device_map); the last few copies are kept."""
+        w = self.weights[block]
+        if all(t.device == dev for t in w.values()):
+            return w
+        key = (block, str(dev))
+        if key in self._moved:
+            self._moved.move_to_end(key)
+            return self._moved[key]
+        moved = {k: t.to(dev) for k, t in w.items()}
+        self._moved[key] = moved
+        while len(self._moved) > 4:
+            self._moved.popitem(last=False)
+        return moved
+
     @torch.inference_mode()
     def baseline(self, ids: torch.Tensor, batch: BatchController | None = None) -> Baseline:
-        """Run the real model on ``ids`` [P, T], recording every slot's input and the last block's output."""
+        """Run the real model on ``ids`` [P, T], recording every slot's input and the last block's output
+        (in chunks of ``batch.max_rows`` prompts; out-of-memory halves the chunk and retries it)."""
         L = self.num_layers
         inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
         call: dict[int, tuple] = {}
@@ -136,14 +219,23 @@ class BlockRunner:
         handles.append(self.blocks[L - 1].register_forward_hook(post))
         backbone = self._backbone()
         dev = self.input_device()
+        batch = batch or BatchController(ids.shape[0], where="baseline")
+
+        def run(a: int, b: int) -> None:
+            sizes = [len(x) for x in inputs]
+            try:
+                backbone(input_ids=ids[a:b].to(dev), use_cache=False)
+            except BaseException:
+                for x, n in zip(inputs, sizes):  # drop what the failed chunk recorded
+                    del x[n:]
+                raise
+
         try:
             # one window alone first: the calling convention captured at batch 1 broadcasts to any batch
-            backbone(input_ids=ids[:1].to(dev), use_cache=False)
+            batch.map(run, 1, "baseline")
             for x in inputs:
                 x.clear()
-            step = batch.max_rows if batch else ids.shape[0]
-            for k in range(0, ids.shape[0], step):
-                backbone(input_ids=ids[k:k + step].to(dev), use_cache=False)
+            batch.map(run, ids.shape[0], "baseline")
         finally:
             for h in handles:
                 h.remove()
@@ -151,8 +243,9 @@ class BlockRunner:
         slot_args, slot_kwargs = [], []
         for s in range(L):
             args, kwargs = call[s]
-            slot_args.append(tuple(args[1:]))
-            slot_kwargs.append({k: v for k, v in kwargs.items() if k != "hidden_states"})
+            sdev = self.block_device(s)
+            slot_args.append(_to_device(tuple(args[1:]), sdev))
+            slot_kwargs.append(_to_device({k: v for k, v in kwargs.items() if k != "hidden_states"}, sdev))
         return Baseline(states, slot_args, slot_kwargs)
 
     def input_device(self) -> torch.device:
@@ -170,12 +263,13 @@ class BlockRunner:
     def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor) -> torch.Tensor:
         """Slot ``slot`` applied to ``h`` [n, T, D] with the weights of block ``block``."""
         mod = self.blocks[slot]
-        h = h.to(self.block_device(slot))
+        dev = self.block_device(slot)
+        h = h.to(dev)
         args = (h,) + base.slot_args[slot]
         if block == slot:
             out = mod(*args, **base.slot_kwargs[slot])
         else:
-            out = functional_call(mod, self.weights[block], args, base.slot_kwargs[slot])
+            out = functional_call(mod, self.weights_on(block, dev), args, base.slot_kwargs[slot])
         return out[0] if isinstance(out, tuple) else out
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
@@ -219,33 +313,45 @@ class SwapEngine:
     ``positions``: ``"all"`` (mean over the T positions of each window) or ``"last"``.
     ``max_rows``: the largest number of prompt rows in one block call (halved on out-of-memory).
     ``max_live``: how many variant row sets may be alive at once (bounds memory to about
-    ``max_live * P * T * D`` activations); pairs are processed in chunks of ``max_live // 3``.
-    ``logp_budget``: bytes allowed for cached baseline log-probs; above it they are recomputed per chunk.
+    ``max_live * P * T * D`` activations); pairs are processed in chunks of ``max_live // 3``; an
+    out-of-memory error that persists at one row halves the chunk and redoes it.
+    ``kl_chunk_rows``: prompts per head + float32 KL call (each holds a few ``[rows, T, V]`` float32
+    tensors; never ``P * T * V`` at once); halved on out-of-memory.
+    ``logp_budget``: bytes allowed for cached baseline log-probs; above it they are recomputed per KL chunk
+    (once per chunk of pairs, shared by all its variants).
+    ``fault``: test hook, see :class:`BatchController`.  ``on_oom(record)``: called at each halving.
     """
 
     def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
                  max_rows: int = 64, max_live: int = 48, kl_chunk_rows: int | None = None,
-                 logp_budget: int = 512 * 2**20, fault: Callable[[int], None] | None = None):
+                 logp_budget: int = 512 * 2**20, fault: Callable | None = None,
+                 on_oom: Callable[[dict], None] | None = None):
         if positions not in ("all", "last"):
             raise ValueError(positions)
         self.runner = BlockRunner(model)
         self.ids = ids
         self.positions = positions
-        self.batch = BatchController(max_rows, fault=fault)
-        self.max_live = max(3, max_live)
         self.stats = SweepStats()
+        retries = self.stats.oom_retries
+        self.batch = BatchController(max_rows, fault=fault, where="block", on_retry=on_oom, retries=retries)
+        self.max_live = max(3, max_live)
         V = self._vocab()
         P, T = ids.shape
         Ts = T if positions == "all" else 1
         # rows per KL chunk: keep two [rows, Ts, V] float32 tensors under ~256 MB
-        self.kl_chunk_rows = kl_chunk_rows or max(1, int(256 * 2**20 // (8 * Ts * V)))
+        kl_rows_ = kl_chunk_rows or max(1, int(256 * 2**20 // (8 * Ts * V)))
+        self.kl_batch = BatchController(kl_rows_, fault=fault, where="kl", on_retry=on_oom, retries=retries)
         t0 = time.perf_counter()
         self.base = self.runner.baseline(ids, self.batch)
         self.stats.seconds += time.perf_counter() - t0
         self._logp_cache = None
         if P * Ts * V * 4 <= logp_budget:
-            self._logp_cache = torch.cat([self._base_logp(k, k + self.kl_chunk_rows)
-                                          for k in range(0, P, self.kl_chunk_rows)], 0)
+            parts = self.kl_batch.map(lambda a, b: self._base_logp(a, b), P, "kl")
+            self._logp_cache = torch.cat(parts, 0)
+
+    @property
+    def kl_chunk_rows(self) -> int:
+        return self.kl_batch.max_rows
 
     @property
     def num_layers(self) -> int:
@@ -265,16 +371,29 @@ class SwapEngine:
         return torch.log_softmax(self.runner.logits(h).float(), dim=-1)
 
     @torch.inference_mode()
+    def kl_many(self, h_lasts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-prompt KL [P] (nats, float32, on CPU) of each variant's last-block output [P, T, D].
+
+        Works in chunks of ``kl_chunk_rows`` prompts: the baseline log-probs of a chunk are computed (or
+        read from the cache) once and shared by every variant, so at most a few ``[rows, Ts, V]`` float32
+        tensors exist at a time."""
+        if not h_lasts:
+            return []
+        P = h_lasts[0].shape[0]
+
+        def chunk(a: int, b: int) -> torch.Tensor:
+            lb = self._logp_cache[a:b] if self._logp_cache is not None else self._base_logp(a, b)
+            out = []
+            for h in h_lasts:
+                logits = self.runner.logits(self._scored(h[a:b]))
+                out.append(kl_rows(lb.to(logits.device), logits).mean(-1).float().cpu())
+            return torch.stack(out, 0)  # [variants, b - a]
+
+        return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))
+
     def kl_per_prompt(self, h_last: torch.Tensor) -> torch.Tensor:
         """Per-prompt KL [P] (nats, float32, on CPU) of a variant's last-block output [P, T, D]."""
-        out = []
-        P = h_last.shape[0]
-        for a in range(0, P, self.kl_chunk_rows):
-            b = min(P, a + self.kl_chunk_rows)
-            lb = self._logp_cache[a:b] if self._logp_cache is not None else self._base_logp(a, b)
-            logits = self.runner.logits(self._scored(h_last[a:b]))
-            out.append(kl_rows(lb.to(logits.device), logits).mean(-1).float().cpu())
-        return torch.cat(out)
+        return self.kl_many([h_last])[0]
 
     @torch.inference_mode()
     def noise_floor(self, n: int = 2) -> float:
@@ -286,6 +405,7 @@ class SwapEngine:
             logits = self._scored(out.logits)
             lb = self._base_logp(k, k + 1).to(logits.device)
             vals.append(kl_rows(lb, logits).mean().item())
+            del out, logits
         return float(sum(vals) / max(1, len(vals)))
 
     def sweep(self, pairs: Iterable[tuple[int, int]], progress: ProgressFn | None = None,
@@ -305,12 +425,30 @@ class SwapEngine:
         results: dict = {}
         chunk = max(1, self.max_live // 3)
         P = self.ids.shape[0]
-        for c in range(0, len(pairs), chunk):
+        c = 0
+        while c < len(pairs):
             if should_stop is not None and should_stop():
                 raise ComputeInterrupted(f"stopped after {done // 3} of {len(pairs)} pairs")
             part = pairs[c:c + chunk]
             t0 = time.perf_counter()
-            for label, vec in self._sweep_chunk(part):
+            rows_before = self.batch.max_rows
+            try:
+                finished = self._sweep_chunk(part)
+            except DeviceOutOfMemory:
+                if len(part) == 1:
+                    raise
+                # too many variants alive at once: halve the chunk of pairs and redo it
+                rec = {"where": "live", "from": len(part), "to": max(1, len(part) // 2)}
+                chunk = rec["to"]
+                self.max_live = max(3, 3 * chunk)
+                self.batch.max_rows = rows_before
+                self.stats.oom_retries.append(rec)
+                if self.batch.on_retry is not None:
+                    self.batch.on_retry(rec)
+                _free_cached_memory()
+                continue
+            c += len(part)
+            for label, vec in finished:
                 kind = label[0]
                 key = (min(label[1], label[2]), max(label[1], label[2]))
                 slot_name = "inter" if kind == "inter" else ("repl_ij" if label[1] < label[2] else "repl_ji")
@@ -323,15 +461,15 @@ class SwapEngine:
                     on_pair(key[0], key[1], results[key])
             self.stats.seconds += time.perf_counter() - t0
         self.stats.naive_block_calls += P * L * 3 * len(pairs)
-        self.stats.oom_retries = list(self.batch.retries)
         return results
 
     @torch.inference_mode()
-    def _sweep_chunk(self, pairs: list[tuple[int, int]]):
-        """Slot-by-slot sweep over the variants of ``pairs``; yields (label, per-prompt KL) as they finish."""
+    def _sweep_chunk(self, pairs: list[tuple[int, int]]) -> list[tuple[tuple, torch.Tensor]]:
+        """Slot-by-slot sweep over the variants of ``pairs``; returns [(label, per-prompt KL)]."""
         L = self.num_layers
         states = self.base.states
         live: list[_Rows] = []
+        calls = 0
         for s in range(L):
             # variants whose first modified slot is s start from the cached baseline
             for i, j in pairs:
@@ -355,12 +493,14 @@ class SwapEngine:
                 groups.setdefault(r.overrides.get(s, s), []).append(r)
             for block, rows in groups.items():
                 x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
-                y = self.batch.run(lambda part, b=block: self.runner.run_slot(self.base, s, b, part), x)
-                self.stats.block_calls += x.shape[0]
+                y = self.batch.run(lambda part, b=block: self.runner.run_slot(self.base, s, b, part), x, "block")
+                calls += x.shape[0]
                 off = 0
                 for r in rows:
                     n = r.h.shape[0]
                     r.h = y[off:off + n]
                     off += n
-        for r in live:
-            yield r.label, self.kl_per_prompt(r.h)
+                del x, y
+        kls = self.kl_many([r.h for r in live])
+        self.stats.block_calls += calls
+        return [(r.label, v) for r, v in zip(live, kls)]
