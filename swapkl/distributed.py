@@ -80,6 +80,7 @@ def restrict_gpus(info: RankInfo, gpus_per_rank: int, env: dict | None = None) -
             raise DistributedError(f"local rank {info.local_rank} needs GPUs {start}..{start + gpus_per_rank - 1} "
                                    f"but CUDA_VISIBLE_DEVICES has {len(all_ids)}")
     env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    env["SWAPKL_GPU_GROUP"] = ",".join(mine)  # tells _init that this rank's GPUs start at cuda:0
     return mine
 
 
@@ -91,6 +92,8 @@ def rank_device(info: RankInfo, device: str = "auto", device_map=None) -> str:
     if device_map is not None:
         return device
     if device in ("auto", "cuda") and torch.cuda.is_available():
+        if os.environ.get("SWAPKL_GPU_GROUP"):  # --gpus-per-rank: this rank sees only its own GPUs
+            return "cuda:0"
         n = torch.cuda.device_count()
         if info.local_rank >= n:
             raise DistributedError(f"local rank {info.local_rank} but only {n} CUDA device(s) on this machine; "
@@ -108,6 +111,13 @@ def _init(info: RankInfo, backend: str, timeout_s: float):
         return False
     if not dist.is_available():
         raise DistributedError("this torch build has no torch.distributed")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DistributedError("--backend nccl needs CUDA; use --backend gloo on CPUs")
+        # nccl collectives run on the current device: the rank's own GPU (the first of its group)
+        torch.cuda.set_device(0 if os.environ.get("SWAPKL_GPU_GROUP") else info.local_rank)
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     return True
 

@@ -100,7 +100,7 @@ def test_rank_environment_and_devices():
     assert rank_device(info, "cpu") == "cpu"
     assert rank_device(info, "auto", device_map="auto") == "auto"
     env = {}
-    assert restrict_gpus(info, 2, env) == ["2", "3"] and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert restrict_gpus(info, 2, env) == ["2", "3"] and env["CUDA_VISIBLE_DEVICES"] == "2,3" == env["SWAPKL_GPU_GROUP"]
     env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     assert restrict_gpus(info, 2, env) == ["6", "7"]
     with pytest.raises(DistributedError):
