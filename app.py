@@ -117,12 +117,12 @@ def summary_view(job) -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="swapkl", page_icon="🔀", layout="wide")
+    st.set_page_config(page_title="swapkl", page_icon=":material/swap_horiz:", layout="wide")
     common.keep_widget_state()
-    pages = [st.Page(start_page, title="Start", icon="🏠", default=True, url_path="start"),
-             st.Page(str(HERE / "pages" / "heatmaps.py"), title="Heatmaps", icon="🟥", url_path="heatmaps"),
-             st.Page(str(HERE / "pages" / "curves.py"), title="Removal curves", icon="📉", url_path="curves"),
-             st.Page(str(HERE / "pages" / "trajectory.py"), title="Training trajectory", icon="⏱",
+    pages = [st.Page(start_page, title="Start", icon=":material/home:", default=True),
+             st.Page(str(HERE / "pages" / "heatmaps.py"), title="Heatmaps", icon=":material/grid_on:", url_path="heatmaps"),
+             st.Page(str(HERE / "pages" / "curves.py"), title="Removal curves", icon=":material/trending_up:", url_path="curves"),
+             st.Page(str(HERE / "pages" / "trajectory.py"), title="Training trajectory", icon=":material/timeline:",
                      url_path="trajectory")]
     nav = st.navigation(pages)
     common.sidebar()

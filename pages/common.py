@@ -234,11 +234,11 @@ def progress_view(job: Job) -> None:
             st.rerun(scope="app")
     elif job.status == "done":
         how = "loaded from the cache" if job.from_snapshot else f"finished in {fmt_s(p.elapsed_s)}"
-        st.success(f"Done: {job.request.label()} ({how}).", icon="✅")
+        st.success(f"Done: {job.request.label()} ({how}).", icon=":material/check_circle:")
     elif job.status == "cancelled":
-        st.warning(f"Cancelled: {job.error}. Partial results below.", icon="⏹")
+        st.warning(f"Cancelled: {job.error}. Partial results below.", icon=":material/stop_circle:")
     else:
-        st.error(f"Error: {job.error}", icon="⚠️")
+        st.error(f"Error: {job.error}", icon=":material/error:")
 
 
 def live(job: Job | None, body, key: str) -> None:
@@ -255,6 +255,25 @@ def live(job: Job | None, body, key: str) -> None:
             st.rerun(scope="app")
 
     _frag()
+
+
+def memo(name: str, key: tuple, fn):
+    """``fn()`` memoised per session under ``(name, *key)`` (figures are rebuilt only when their input changes,
+    not on every one-second poll)."""
+    store = st.session_state.setdefault("_memo", {})
+    k = (name, *key)
+    if k not in store:
+        if len(store) > 64:
+            store.clear()
+        store[k] = fn()
+    return store[k]
+
+
+def result_key(job: Job) -> tuple:
+    """What identifies the drawable state of a job: its key, the pairs and curves finished so far."""
+    res, cv = job.result, job.curves
+    return (job.key, len(res.pairs) if res is not None else -1, tuple(cv.methods) if cv is not None else (),
+            id(res), id(cv))
 
 
 # ============================================================================================ downloads

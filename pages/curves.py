@@ -26,7 +26,8 @@ def body(job) -> None:
     c1, c2 = st.columns([3, 1])
     shown = c1.multiselect("Methods shown", methods, default=methods, key="w_cv_methods")
     bands = c2.toggle("CI bands", value=True, key="w_cv_bands")
-    fig = plots.removal_curves(curves, methods=shown, bands=bands)
+    rk = common.result_key(job)
+    fig = common.memo("curves", rk + (tuple(shown), bands), lambda: plots.removal_curves(curves, methods=shown, bands=bands))
     st.plotly_chart(fig, key="cv_main")
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")
@@ -44,7 +45,7 @@ def body(job) -> None:
     st.dataframe(table.style.apply(mark, axis=1), hide_index=True, key="cv_removed")
     if "repl_vs_inter_differ" in table.columns:
         st.caption("Highlighted: replacement- and interchange-guided removal pick different layers at this n.")
-    kfig = plots.kl_to_base_figure(curves, methods=shown)
+    kfig = common.memo("kl", rk + (tuple(shown),), lambda: plots.kl_to_base_figure(curves, methods=shown))
     st.plotly_chart(kfig, key="cv_kl")
     st.caption(f"Baseline perplexity {curves.baseline_ppl:.4g}; ΔPPL in % of it; KL in nats per scored token.")
     for note in curves.notes:

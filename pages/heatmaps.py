@@ -22,11 +22,12 @@ def body(job) -> None:
     c1, c2 = st.columns([1, 3])
     scale = c1.radio("Colour scale", ("linear", "log"), key="w_hm_scale", horizontal=True)
     directed = c2.toggle("Directed replacement matrix R[i][j] (slot i ← block j)", key="w_hm_directed")
-    fig = plots.heatmaps(res, scale=scale, directed=directed)
+    rk = common.result_key(job)
+    fig = common.memo("heatmaps", rk + (scale, directed), lambda: plots.heatmaps(res, scale=scale, directed=directed))
     st.plotly_chart(fig, key="hm_main", width="stretch")
     st.caption("Blank cells were not computed (not zero). Hover shows d_repl, d_inter and the gap with 95 % "
                "bootstrap CIs over prompts.")
-    gfig = plots.gap_heatmap(res)
+    gfig = common.memo("gap", rk, lambda: plots.gap_heatmap(res))
     st.plotly_chart(gfig, key="hm_gap")
 
     st.subheader("Pair drill-down")
@@ -40,9 +41,10 @@ def body(job) -> None:
     if st.session_state.get("w_pair_j") not in seconds:
         st.session_state["w_pair_j"] = seconds[0]
     j = d2.selectbox("layer j", seconds, key="w_pair_j")
-    pfig = plots.pair_distribution(res, i, j)
+    pfig = common.memo("pair", rk + (i, j), lambda: plots.pair_distribution(res, i, j))
     st.plotly_chart(pfig, key="hm_pair")
-    row = res.pair_table().set_index(["i", "j"]).loc[(i, j)]
+    table = common.memo("pair_table", rk, res.pair_table)
+    row = table.set_index(["i", "j"]).loc[(i, j)]
     st.caption(f"d_repl {row['d_repl']:.4g} nats (R[{i}][{j}] {row['R_ij']:.4g}, R[{j}][{i}] {row['R_ji']:.4g}) · "
                f"d_inter {row['d_inter']:.4g} nats · gap {row['gap']:.4g} nats · KL ratio {row['kl_ratio']:.3f}")
 
@@ -65,7 +67,7 @@ def body(job) -> None:
         with b:
             common.download_figure(gfig, "gap-heatmap", key="dl_gap")
         with c:
-            common.download_table(res.pair_table(), cap, "pair-table", key="dl_pairs")
+            common.download_table(table, cap, "pair-table", key="dl_pairs")
         with d:
             common.download_json(common.result_json(job), "swapkl-result", key="dl_json_hm")
         common.download_table(top, cap, f"top-{k}-pairs", key="dl_top")

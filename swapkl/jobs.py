@@ -503,17 +503,30 @@ class JobManager:
             job.result = res
 
         job._phase(2, steps, "swap-KL on the adjacent pairs (both protocols)")
+        adjacent = pair_list("adjacent", L)
         adj = score(ck, c, progress=job._tick, should_stop=job._should_stop, on_partial=publish,
-                    pairs=pair_list("adjacent", L))
+                    pairs=adjacent, engine_kw=self._engine_kw(ck, c, len(adjacent)))
         job.result = adj
         full = adj
         if wider:
             job._phase(3, steps, f"swap-KL on the pair set {c.pairs} (adjacent pairs reused)")
-            full = score(ck, c, progress=job._tick, should_stop=job._should_stop, on_partial=publish)
+            full = score(ck, c, progress=job._tick, should_stop=job._should_stop, on_partial=publish,
+                         engine_kw=self._engine_kw(ck, c, len(c.pair_list(L))))
             job.result = full
         if req.wants_curves:
             job._phase(steps, steps, f"removal curves up to n = {req.budget}")
             self._run_curves(job, ck, full)
+
+    @staticmethod
+    def _engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
+        """Engine limits that split a sweep into about ``chunks`` chunks of pairs (never more variants alive
+        than the memory-based limit allows), so progress, partial results and cancel come several times per
+        step instead of once at its end."""
+        from swapkl.api import engine_limits
+
+        lim = engine_limits(ck, contract.prompts, contract.tokens)
+        per_chunk = max(2, -(-n_pairs // chunks))
+        return {"max_live": max(3, min(lim["max_live"], 3 * per_chunk))}
 
     def _run_curves(self, job: Job, ck, res) -> None:
         from swapkl.corpora import load_corpus

@@ -68,9 +68,14 @@ def _choose_stories(at, pairs="gap:2", budget=2):
 
 
 def _compute(at):
+    t0 = time.perf_counter()
     at.button(key="compute").click().run()
+    dt = time.perf_counter() - t0
     assert not at.exception, at.exception
     job = _manager().get(at.session_state["job_analysis"])
+    if job.running:   # the page answered while the job computes in the background, with a progress bar
+        assert dt < 5.0 and len(at.get("progress")) == 1
+        assert any(b.label == "Cancel" for b in at.button)
     assert job.wait(180), job.summary()
     at.run()
     assert not at.exception, at.exception
