@@ -48,8 +48,21 @@ if err:
     st.error(err)
 else:
     st.code(common.request_caption(request), language=None, wrap_lines=True)
+def _train_demo() -> None:
+    from swapkl.cache import cache_root
+
+    demo = str(cache_root() / "demo-trajectory")
+    st.session_state["w_tr_list"] = demo
+    c = request.contract if request is not None else Contract(prompts=8, tokens=32)
+    common.start(TrajectoryRequest(demo, c, train_demo=True))
+
+
 job = None
-if st.button("Compute trajectory", type="primary", disabled=request is None, key="compute_traj"):
+b1, b2 = st.columns([1, 3])
+b2.button("Train the demo trajectory and score it", key="demo_traj", on_click=_train_demo,
+          help="python -m swapkl demo-trajectory: a small GPT-NeoX trained on the CPU (about 3 min), checkpoints "
+               "saved in cache/demo-trajectory/ (reused once trained)")
+if b1.button("Compute trajectory", type="primary", disabled=request is None, key="compute_traj"):
     job = common.start(request)
 elif request is not None:
     job = common.manager().find(request)

@@ -103,17 +103,22 @@ class AnalysisRequest:
 @dataclass(frozen=True)
 class TrajectoryRequest:
     """Both protocols on every checkpoint of ``checkpoints`` (a list text for
-    :func:`swapkl.trajectory.parse_checkpoints`) under ``contract``."""
+    :func:`swapkl.trajectory.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
+    a folder that :func:`swapkl.demo_trajectory.train_demo_trajectory` first fills (reused when already
+    trained with the default settings)."""
 
     checkpoints: str
     contract: Contract = field(default_factory=Contract)
+    train_demo: bool = False
     kind: str = "trajectory"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "checkpoints": self.checkpoints.strip(), "contract": self.contract.to_dict()}
+        return {"kind": self.kind, "checkpoints": self.checkpoints.strip(), "contract": self.contract.to_dict(),
+                "train_demo": self.train_demo}
 
     def label(self) -> str:
-        return f"trajectory of {self.checkpoints.strip()[:60]} · pairs {self.contract.pairs}"
+        what = "demo trajectory" if self.train_demo else f"trajectory of {self.checkpoints.strip()[:60]}"
+        return f"{what} · pairs {self.contract.pairs}"
 
 
 def quick_fingerprint(model: str, revision: str | None = None) -> str:
@@ -140,6 +145,8 @@ def request_key(request) -> str:
     d = request.to_dict()
     if request.kind == "analysis":
         d["fingerprint"] = quick_fingerprint(request.model, request.revision)
+    elif getattr(request, "train_demo", False):
+        d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings
     else:
         from swapkl.trajectory import parse_checkpoints
 
@@ -587,9 +594,15 @@ class JobManager:
         from swapkl.trajectory import Trajectory, compute_trajectory, parse_checkpoints
 
         req: TrajectoryRequest = job.request
+        steps = 2 if req.train_demo else 1
+        if req.train_demo:
+            from swapkl import demo_trajectory
+
+            job._phase(1, 2, "training the demo model (GPT-NeoX, CPU, about 3 min)")
+            demo_trajectory.train_demo_trajectory(req.checkpoints, progress=job._tick, should_stop=job._should_stop)
         specs = parse_checkpoints(req.checkpoints)
         n = len(specs)
-        job._phase(1, 1, f"trajectory: {n} checkpoints, pairs {req.contract.pairs}")
+        job._phase(steps, steps, f"trajectory: {n} checkpoints, pairs {req.contract.pairs}")
         results: list = []
         cur = {"k": 0}
 

@@ -181,3 +181,26 @@ def test_trajectory_job(manager, tmp_path, stories_path):
     # identical weights at both steps: identical statistics
     assert stats["gap_mean"].iloc[0] == pytest.approx(stats["gap_mean"].iloc[1])
     assert job.progress().fraction == 1.0
+
+
+def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path, monkeypatch):
+    import shutil
+
+    from swapkl import demo_trajectory
+    from swapkl.jobs import TrajectoryRequest
+
+    calls = []
+
+    def fake_train(out, progress=None, should_stop=None, **kw):   # the real one trains for ~3 minutes
+        calls.append(out)
+        for step in (0, 4, 16):
+            shutil.copytree(stories_path, f"{out}/step{step}")
+            progress(step, 16, f"step {step}")
+        return out
+
+    monkeypatch.setattr(demo_trajectory, "train_demo_trajectory", fake_train)
+    out = tmp_path / "demo"
+    job = manager.submit(TrajectoryRequest(str(out), Contract(prompts=3, tokens=12, device="cpu"), train_demo=True))
+    assert job.wait(120) and job.status == "done", job.error
+    assert calls == [str(out)] and job.progress().steps == 2
+    assert list(job.trajectory.summary()["step"]) == [0, 4, 16]
