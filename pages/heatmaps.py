@@ -34,6 +34,13 @@ def body(job) -> None:
     pairs = list(res.pairs)
     firsts = sorted({i for i, _ in pairs})
     d1, d2 = st.columns(2)
+    q = st.query_params.get("pair", "")
+    if "w_pair_i" not in st.session_state and "-" in q:  # a shared link: ?pair=i-j
+        try:
+            qi, qj = (int(x) for x in q.split("-", 1))
+            st.session_state["w_pair_i"], st.session_state["w_pair_j"] = qi, qj
+        except ValueError:
+            pass
     if st.session_state.get("w_pair_i") not in firsts:
         st.session_state["w_pair_i"] = firsts[0]
     i = d1.selectbox("layer i", firsts, key="w_pair_i")
@@ -41,6 +48,8 @@ def body(job) -> None:
     if st.session_state.get("w_pair_j") not in seconds:
         st.session_state["w_pair_j"] = seconds[0]
     j = d2.selectbox("layer j", seconds, key="w_pair_j")
+    if q != f"{i}-{j}":
+        st.query_params["pair"] = f"{i}-{j}"
     pfig = common.memo("pair", rk + (i, j), lambda: plots.pair_distribution(res, i, j))
     st.plotly_chart(pfig, key="hm_pair")
     table = common.memo("pair_table", rk, res.pair_table)

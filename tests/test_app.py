@@ -148,6 +148,7 @@ def test_compute_stories_all_pages(cache):
     at.selectbox(key="w_pair_i").set_value(1).run()
     at.selectbox(key="w_pair_j").set_value(3).run()
     pd_fig = _charts(at)[2]
+    assert at.query_params["pair"] in ("1-3", ["1-3"])              # a shareable link to the drill-down
     assert pd_fig["data"][0]["y"] == pytest.approx(list(res.per_prompt["repl"][(1, 3)]))
     assert pd_fig["data"][2]["y"] == pytest.approx(list(res.per_prompt["inter"][(1, 3)]))
     # top-k table = the library's table
