@@ -282,9 +282,25 @@ class BlockRunner:
 
 def kl_rows(logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """KL(base || variant) per position: ``logp_base`` float32 log-probs [..., V], ``logits`` [..., V] ->
-    [...] in nats (float32)."""
+    [...] in nats (float32).  The textbook form; :func:`kl_from_logits` is the fast one."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return (logp_base.exp() * (logp_base - logp)).sum(-1)
+
+
+def base_distribution(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From baseline logits [..., V]: probabilities ``p`` and log-probabilities ``log p`` (float32, [..., V])."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.exp(), logp
+
+
+def kl_from_logits(p_base: torch.Tensor, logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(base || variant) per position, nats, float32, from the cached base ``p``/``log p`` [..., V] and the
+    variant's ``logits`` [..., V].  Equal to :func:`kl_rows` (same float32 summation, same accuracy) but
+    with the base's exp cached and every intermediate formed in place: about 3x faster for large V.
+    (A dot product ``p . (log p - log q)`` through BLAS is faster still but loses two digits: its blocked
+    float32 accumulation is worse than torch's cascade sum.)"""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    return torch.sub(logp_base, logq, out=logq).mul_(p_base).sum(-1)
 
 
 @dataclass
@@ -344,10 +360,10 @@ class SwapEngine:
         t0 = time.perf_counter()
         self.base = self.runner.baseline(ids, self.batch)
         self.stats.seconds += time.perf_counter() - t0
-        self._logp_cache = None
-        if P * Ts * V * 4 <= logp_budget:
-            parts = self.kl_batch.map(lambda a, b: self._base_logp(a, b), P, "kl")
-            self._logp_cache = torch.cat(parts, 0)
+        self._base_cache = None  # (p, log p), each [P, Ts, V], when both fit logp_budget
+        if 2 * P * Ts * V * 4 <= logp_budget:
+            parts = self.kl_batch.map(lambda a, b: self._base_dist(a, b), P, "kl")
+            self._base_cache = (torch.cat([x[0] for x in parts], 0), torch.cat([x[1] for x in parts], 0))
 
     @property
     def kl_chunk_rows(self) -> int:
@@ -371,6 +387,14 @@ class SwapEngine:
         return torch.log_softmax(self.runner.logits(h).float(), dim=-1)
 
     @torch.inference_mode()
+    def _base_dist(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Baseline (p, log p) for prompts a..b-1 at the scored positions (cached or recomputed)."""
+        if self._base_cache is not None:
+            return self._base_cache[0][a:b], self._base_cache[1][a:b]
+        h = self._scored(self.base.states[-1][a:b])
+        return base_distribution(self.runner.logits(h))
+
+    @torch.inference_mode()
     def kl_many(self, h_lasts: list[torch.Tensor]) -> list[torch.Tensor]:
         """Per-prompt KL [P] (nats, float32, on CPU) of each variant's last-block output [P, T, D].
 
@@ -382,11 +406,12 @@ class SwapEngine:
         P = h_lasts[0].shape[0]
 
         def chunk(a: int, b: int) -> torch.Tensor:
-            lb = self._logp_cache[a:b] if self._logp_cache is not None else self._base_logp(a, b)
+            p, logp = self._base_dist(a, b)
             out = []
             for h in h_lasts:
                 logits = self.runner.logits(self._scored(h[a:b]))
-                out.append(kl_rows(lb.to(logits.device), logits).mean(-1).float().cpu())
+                p, logp = p.to(logits.device), logp.to(logits.device)
+                out.append(kl_from_logits(p, logp, logits).mean(-1).float().cpu())
             return torch.stack(out, 0)  # [variants, b - a]
 
         return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))

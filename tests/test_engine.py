@@ -73,3 +73,17 @@ def test_noise_floor_is_tiny_in_float32():
     model = tiny_model("qwen3", num_layers=3)
     ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(5))
     assert abs(SwapEngine(model, ids).noise_floor()) < 1e-5
+
+
+def test_fast_kl_equals_textbook_kl():
+    from swapkl.engine import base_distribution, kl_from_logits, kl_rows
+
+    g = torch.Generator().manual_seed(6)
+    zb = torch.randn(3, 5, 300, generator=g) * 4
+    z = zb + torch.randn(3, 5, 300, generator=g)
+    p, logp = base_distribution(zb)
+    fast = kl_from_logits(p, logp, z.clone())
+    exact = kl_rows(torch.log_softmax(zb.double(), -1), z.double())
+    torch.testing.assert_close(fast.double(), exact, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fast, kl_rows(torch.log_softmax(zb, -1), z), rtol=1e-6, atol=1e-7)
+    assert exact.min() > 1e-3

@@ -51,10 +51,10 @@ def test_chunked_kl_equals_unchunked_and_uncached(positions):
     pairs = pair_list("all", 4)
     whole = SwapEngine(model, ids, positions=positions, kl_chunk_rows=5).sweep(pairs)
     one = SwapEngine(model, ids, positions=positions, kl_chunk_rows=1)
-    assert one.kl_chunk_rows == 1 and one._logp_cache is not None
+    assert one.kl_chunk_rows == 1 and one._base_cache is not None
     by_one = one.sweep(pairs)
     uncached = SwapEngine(model, ids, positions=positions, kl_chunk_rows=2, logp_budget=0)
-    assert uncached._logp_cache is None  # baseline log-probs recomputed per KL chunk
+    assert uncached._base_cache is None  # baseline log-probs recomputed per KL chunk
     no_cache = uncached.sweep(pairs)
     assert _max_diff(whole, by_one) < 1e-6
     assert _max_diff(whole, no_cache) < 1e-6
