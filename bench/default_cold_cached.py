@@ -89,6 +89,19 @@ def main() -> int:
         return 1
     marks["done"] = cold
     print("cold run (s): " + ", ".join(f"{k} {v:.1f}" for k, v in marks.items()))
+    # machine speed right after the run: NOTES.md measured one 16 x 64 forward of SmolLM2 at ~2.1 s on an
+    # idle 2-core machine; a larger value here means the machine was shared (other processes) while measuring
+    ck = mgr.checkpoint_for("default", None, contract.dtype, contract.device)
+    ids = torch.randint(0, 1000, (16, 64), device=ck.device)
+    with torch.inference_mode():
+        ck.model(ids, use_cache=False)
+        t = time.perf_counter()
+        ck.model(ids, use_cache=False)
+        fwd = time.perf_counter() - t
+    marks["calibration_forward_16x64"] = fwd
+    slow = fwd / 2.1
+    print(f"calibration: one 16x64 forward {fwd:.2f} s (idle 2-core reference 2.1 s): this machine ran "
+          f"{slow:.1f}x slower than idle; cold run scaled to an idle machine ~{cold / max(slow, 1.0):.0f} s")
     print(f"verdict: {job.curves.verdict['regime'] if job.curves.verdict else None}; "
           f"baseline PPL {job.curves.baseline_ppl:.3f}; curves: " + "; ".join(
               f"{m} " + " ".join(f"{e['delta_pct']:+.1f}%" for e in v) for m, v in job.curves.methods.items()))
@@ -110,13 +123,20 @@ def main() -> int:
     t = time.perf_counter()
     at.switch_page("pages/heatmaps.py").run()
     heat = time.perf_counter() - t
+    ok = ok and not at.exception and len(at.get("plotly_chart")) == 3
     t = time.perf_counter()
     at.switch_page("pages/curves.py").run()
     curv = time.perf_counter() - t
+    ok = ok and not at.exception and len(at.get("plotly_chart")) == 2
     print(f"cached reopen (AppTest): first script run {first_run:.2f} s (imports, widgets); Compute -> summary "
           f"rendered from the cache in {cached:.2f} s ({'ok' if ok else 'NOT from cache'}); heatmaps page "
           f"{heat:.2f} s; curves page {curv:.2f} s")
-    out = {"load_average": load, "contract": contract.to_dict(), "evaluator": ev.to_dict(), "budget": DEFAULT_BUDGET,
+    try:
+        load_end = os.getloadavg()[0]
+    except OSError:
+        load_end = float("nan")
+    print(f"load average at the end: {load_end:.2f}")
+    out = {"load_average": load, "load_average_end": load_end, "contract": contract.to_dict(), "evaluator": ev.to_dict(), "budget": DEFAULT_BUDGET,
            "methods": list(DEFAULT_METHODS), "cold_s": marks, "cached_render_s": cached, "heatmaps_page_s": heat,
            "curves_page_s": curv, "cached_ok": ok}
     if a.json:

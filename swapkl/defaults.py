@@ -19,9 +19,9 @@ DEFAULT_METHODS = ("replacement", "interchange", "random")
 #: every method the dashboard offers, in display order (the library's registry decides what exists)
 OFFERED_METHODS = ("replacement", "interchange", "random", "anti-replacement", "anti-interchange", "bi", "sleb")
 
-# CPU: P x T prompt windows and a "quick" evaluator (a 256-token window over the first words of the eval text)
+# CPU: P x T prompt windows and a "quick" evaluator (256-token windows, stride 192, over the first 600 words)
 CPU_PROMPTS, CPU_TOKENS = 8, 32
-CPU_EVAL_WORDS, CPU_EVAL_WINDOW, CPU_EVAL_STRIDE = 600, 256, 128
+CPU_EVAL_WORDS, CPU_EVAL_WINDOW, CPU_EVAL_STRIDE = 600, 256, 192
 # GPU: the canonical contract size and the paper's "matched" evaluator
 GPU_PROMPTS, GPU_TOKENS = 64, 128
 
@@ -49,8 +49,10 @@ def default_contract(device: str | None = "auto") -> Contract:
 
 
 def default_evaluator(device: str | None = "auto"):
-    """The default perplexity :class:`~swapkl.evaluate.Evaluator`: on a CPU ``quick`` (600 words, window 256,
-    stride 128 -- about 6 windows per evaluation); on a GPU the paper's ``matched`` (5,000 words, 512/256)."""
+    """The default perplexity :class:`~swapkl.evaluate.Evaluator`: on a CPU ``quick`` (600 words ≈ 800 SmolLM2
+    tokens, window 256, stride 192: 4 windows, 993 token-forwards per evaluation, every token after the first
+    scored once with >= 64 tokens of context after the first window); on a GPU the paper's ``matched``
+    (5,000 words, 512/256)."""
     from swapkl.evaluate import EVALUATORS, Evaluator
 
     if _is_gpu(device):

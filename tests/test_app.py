@@ -49,9 +49,9 @@ def _spec(chart) -> dict:
     return json.loads(chart.proto.spec)
 
 
-def _charts(at) -> dict:
-    return {c.proto.id: _spec(c) for c in at.get("plotly_chart")} if False else \
-        [_spec(c) for c in at.get("plotly_chart")]
+def _charts(at) -> list[dict]:
+    """The plotly figures drawn on the page, in order, as figure JSON dicts."""
+    return [_spec(c) for c in at.get("plotly_chart")]
 
 
 def _choose_stories(at, pairs="gap:2", budget=2):

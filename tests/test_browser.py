@@ -125,7 +125,9 @@ def test_browser_end_to_end(server, browser):
     wait.until(EC.presence_of_element_located(
         (By.XPATH, "//code[contains(., 'stories260K') and contains(., '4 prompts × 16 tokens')]")))
     _click_text(drv, wait, "Compute", "p")
-    # live progress, then the summary
+    # live progress (a progress bar with a Cancel button, polled by a fragment), then the summary
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']")
+               or d.find_elements(By.XPATH, "//*[contains(text(), 'Done:')]"))
     WebDriverWait(drv, 400, poll_frequency=1).until(
         EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Done:')]")))
     wait.until(EC.presence_of_element_located((By.XPATH, "//h3[contains(., 'prefer')]")))

@@ -204,3 +204,20 @@ def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path,
     assert job.wait(120) and job.status == "done", job.error
     assert calls == [str(out)] and job.progress().steps == 2
     assert list(job.trajectory.summary()["step"]) == [0, 4, 16]
+
+
+def test_defaults_per_device():
+    from swapkl.defaults import DEFAULT_BUDGET, DEFAULT_METHODS, default_contract, default_evaluator
+    from swapkl.evaluate import make_windows
+
+    cpu = default_contract("cpu")
+    assert (cpu.pairs, cpu.prompts, cpu.tokens, cpu.positions, cpu.device) == ("adjacent", 8, 32, "all", "cpu")
+    ev = default_evaluator("cpu")
+    assert (ev.name, ev.max_words, ev.window, ev.stride) == ("quick", 600, 256, 192)
+    # ~800 tokens of text: 4 windows, every token after the first scored exactly once
+    wins = make_windows(801, ev.window, ev.stride)
+    assert len(wins) == 4 and sum(w.n_scored for w in wins) == 800
+    gpu = default_contract("cuda")
+    assert (gpu.prompts, gpu.tokens, gpu.device) == (64, 128, "cuda")
+    assert default_evaluator("cuda").name == "matched"
+    assert DEFAULT_BUDGET == 4 and DEFAULT_METHODS == ("replacement", "interchange", "random")
