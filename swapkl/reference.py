@@ -14,14 +14,18 @@ from swapkl.architectures import locate
 
 
 @torch.inference_mode()
-def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions: str = "all") -> dict:
-    """``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` per-prompt KL vectors [P] (float64 CPU, nats)."""
+def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions: str = "all",
+                    kl_dtype: torch.dtype = torch.float64) -> dict:
+    """``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` per-prompt KL vectors [P] (nats, CPU).
+
+    ``kl_dtype``: float64 (default, for tests: the most accurate target) or float32 (as the paper's scripts,
+    for benchmarks)."""
     work = copy.deepcopy(model).eval()
     blocks = locate(work).blocks
     original = [{k: v.clone() for k, v in b.state_dict().items()} for b in locate(model).blocks]
 
     def forward(row: torch.Tensor) -> torch.Tensor:
-        logits = work(input_ids=row[None], use_cache=False).logits[0].double()
+        logits = work(input_ids=row[None], use_cache=False).logits[0].to(kl_dtype)
         if positions == "last":
             logits = logits[-1:]
         return torch.log_softmax(logits, -1)
