@@ -79,7 +79,11 @@ def body(job) -> None:
             common.download_table(table, cap, "pair-table", key="dl_pairs")
         with d:
             common.download_json(common.result_json(job), "swapkl-result", key="dl_json_hm")
-        common.download_table(top, cap, f"top-{k}-pairs", key="dl_top")
+        e, f = st.columns(2)
+        with e:
+            common.download_table(top, cap, f"top-{k}-pairs", key="dl_top")
+        with f:
+            common.download_figure(pfig, f"pair-{i}-{j}-per-prompt", key="dl_pairfig")
 
 
 common.live(job, body, "heatmaps")
