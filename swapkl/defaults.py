@@ -4,7 +4,8 @@ The built-in model (SmolLM2-135M-Instruct, 30 layers) is the preselected checkpo
 contract and perplexity evaluator are sized so that the first cold run -- both protocols on the 29 adjacent
 pairs (the verdict and the guided curves need only those), then replacement- and interchange-guided removal
 curves up to n = :data:`DEFAULT_BUDGET` plus the random baseline (5 seeds) -- finishes within five minutes on
-two cores (measured with ``bench/default_cold_cached.py``; see ``docs/dashboard.md``).  On a GPU the paper-sized
+two cores (``bench/default_cold_cached.py`` on an idle 2-core machine: verdict after ~64 s, all done after
+~130 s; see ``docs/dashboard.md``).  On a GPU the paper-sized
 settings are affordable.
 
 Units: ``tokens`` and evaluator ``window``/``stride`` are tokens; ``max_words`` is words of the evaluation text.
@@ -20,7 +21,7 @@ DEFAULT_METHODS = ("replacement", "interchange", "random")
 OFFERED_METHODS = ("replacement", "interchange", "random", "anti-replacement", "anti-interchange", "bi", "sleb")
 
 # CPU: P x T prompt windows and a "quick" evaluator (256-token windows, stride 192, over the first 600 words)
-CPU_PROMPTS, CPU_TOKENS = 8, 32
+CPU_PROMPTS, CPU_TOKENS = 16, 32
 CPU_EVAL_WORDS, CPU_EVAL_WINDOW, CPU_EVAL_STRIDE = 600, 256, 192
 # GPU: the canonical contract size and the paper's "matched" evaluator
 GPU_PROMPTS, GPU_TOKENS = 64, 128
@@ -40,7 +41,7 @@ def _is_gpu(device) -> bool:
 def default_contract(device: str | None = "auto") -> Contract:
     """The dashboard's default :class:`Contract` for ``device`` (``"auto"``: CUDA when available).
 
-    CPU: adjacent pairs, 8 prompts x 32 tokens, all positions, float32, max aggregation.
+    CPU: adjacent pairs, 16 prompts x 32 tokens, all positions, float32, max aggregation.
     GPU: adjacent pairs, 64 prompts x 128 tokens, otherwise the same."""
     dev = "cuda" if _is_gpu(device) else "cpu"
     if dev == "cuda":

@@ -211,7 +211,7 @@ def test_defaults_per_device():
     from swapkl.evaluate import make_windows
 
     cpu = default_contract("cpu")
-    assert (cpu.pairs, cpu.prompts, cpu.tokens, cpu.positions, cpu.device) == ("adjacent", 8, 32, "all", "cpu")
+    assert (cpu.pairs, cpu.prompts, cpu.tokens, cpu.positions, cpu.device) == ("adjacent", 16, 32, "all", "cpu")
     ev = default_evaluator("cpu")
     assert (ev.name, ev.max_words, ev.window, ev.stride) == ("quick", 600, 256, 192)
     # ~800 tokens of text: 4 windows, every token after the first scored exactly once
