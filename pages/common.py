@@ -322,11 +322,6 @@ def report_button(key: str) -> None:
     have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None)
     if not have:
         return
-    try:
-        import swapkl.report  # noqa: F401
-    except ImportError:
-        st.caption("Demo report: swapkl.report is not available in this install.")
-        return
     st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj), file_name="swapkl-report.html",
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")

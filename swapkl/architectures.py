@@ -7,7 +7,7 @@ dispatches on ``model_type``: code asks :func:`family_for` / :func:`locate` and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch

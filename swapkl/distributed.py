@@ -207,7 +207,13 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
         if started:
             import torch.distributed as dist
 
-            dist.destroy_process_group()
+            # every rank leaves its last collective before any rank tears gloo down: a peer that closes its
+            # sockets while another still finishes a collective aborts that process ("terminate called
+            # without an active exception")
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ A block runs in a slot through the slot's own module (so slot-dependent behaviou
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field

@@ -71,3 +71,18 @@ def wikitext_path() -> Path:
     if not WIKITEXT.exists():
         pytest.skip("../shared wikitext missing")
     return WIKITEXT
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private swapkl cache for one test (``$SWAPKL_CACHE``); the project's cache/ is never touched."""
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def stories(stories_path):
+    """The stories260K checkpoint loaded on the CPU (shared by a module; never mutated by the library)."""
+    from swapkl.checkpoints import load_checkpoint
+
+    return load_checkpoint(str(stories_path), device="cpu")

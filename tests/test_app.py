@@ -4,7 +4,6 @@ cached-render time."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path

@@ -6,7 +6,6 @@ Skipped with a reason when chromium / chromedriver / selenium are missing (CI's 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys

@@ -22,12 +22,6 @@ ARGS = ["--pairs", "all", "--prompts", "4", "--tokens", "16", "--device", "cpu"]
 CONTRACT = Contract(pairs="all", prompts=4, tokens=16)
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def test_torchrun_two_gloo_ranks_equal_one_process(stories_path, tmp_path, cache_dir):
     shared = tmp_path / "shared-cache"
     out = tmp_path / "merged.json"

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from swapkl.errors import ComputeInterrupted
 from swapkl.removal import (BudgetError, CurvesResult, EvalMemo, ScoresMismatch, layer_scores, max_feasible,

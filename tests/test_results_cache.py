@@ -7,21 +7,9 @@ import numpy as np
 import pytest
 
 from swapkl.api import score
-from swapkl.checkpoints import load_checkpoint
 from swapkl.contract import Contract, pair_list, parse_pairs
 from swapkl.errors import ComputeInterrupted, ContractError
 from swapkl.results import SwapResult
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture(scope="module")
-def stories(stories_path):
-    return load_checkpoint(str(stories_path), device="cpu")
 
 
 SMALL = dict(prompts=4, tokens=16)

@@ -1,9 +1,7 @@
 """``python -m swapkl score MODEL ...``: both swap-KL matrices, cached, optionally written as JSON."""
 from __future__ import annotations
 
-import json
 
-import numpy as np
 
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
     load_from_args
