@@ -63,3 +63,13 @@ def test_unsupported_architecture_cli(tmp_path):
     r = run_cli("score", str(tmp_path / "opt"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "unsupported architecture: opt; supported:" in r.stderr
+
+
+def test_preset_and_explicit_flags(stories_path, tmp_path):
+    env = {"SWAPKL_CACHE": str(tmp_path / "c")}
+    base = ["score", str(stories_path), "--prompts", "2", "--tokens", "8", "--quiet", "--json"]
+    r = run_cli(*base, str(tmp_path / "a.json"), "--preset", "paper-last-token", env_extra=env)
+    assert r.returncode == 0 and r.stderr.strip() == "" and r.stdout.strip() == ""
+    assert json.loads((tmp_path / "a.json").read_text())["contract"]["positions"] == "last"
+    r = run_cli(*base, str(tmp_path / "b.json"), "--preset", "paper-last-token", "--positions", "all", env_extra=env)
+    assert json.loads((tmp_path / "b.json").read_text())["contract"]["positions"] == "all"

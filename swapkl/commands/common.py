@@ -17,10 +17,15 @@ def add_model_args(p) -> None:
 
 
 def add_contract_args(p, pairs_default: str = "adjacent") -> None:
+    from swapkl.contract import PRESETS
+
+    p.add_argument("--preset", default="canonical", choices=sorted(PRESETS),
+                   help="named contract (paper-last-token: KL at the last position only, as the paper's GPT-2/"
+                        "Pythia runs); explicit flags below override it")
     p.add_argument("--pairs", default=pairs_default, help="adjacent | gap:K | all")
     p.add_argument("--prompts", type=int, default=16, help="number of prompt windows P")
     p.add_argument("--tokens", type=int, default=64, help="tokens per window T")
-    p.add_argument("--positions", default="all", choices=["all", "last"], help="KL positions")
+    p.add_argument("--positions", default=None, choices=["all", "last"], help="KL positions (default: all)")
     p.add_argument("--corpus", default=None, help="text file for prompts (default: WikiText-2, else built-in)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--aggregation", default="max", choices=["max", "mean", "forward"],
@@ -29,8 +34,12 @@ def add_contract_args(p, pairs_default: str = "adjacent") -> None:
 
 
 def contract_from_args(a) -> Contract:
-    return Contract(pairs=a.pairs, prompts=a.prompts, tokens=a.tokens, positions=a.positions, corpus=a.corpus,
-                    seed=a.seed, dtype=a.dtype, device=a.device, aggregation=a.aggregation)
+    """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly."""
+    given = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "corpus": a.corpus, "seed": a.seed,
+             "dtype": a.dtype, "device": a.device, "aggregation": a.aggregation}
+    if a.positions is not None:
+        given["positions"] = a.positions
+    return Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
 
 
 def load_from_args(a):
@@ -44,13 +53,14 @@ class ProgressPrinter:
     """A one-line progress display on stderr with an ETA."""
 
     def __init__(self, quiet: bool = False):
-        self.quiet = quiet or not sys.stderr.isatty()
+        self.silent = quiet                        # --quiet: nothing at all
+        self.quiet = quiet or not sys.stderr.isatty()  # not a terminal: only the final line
         self.t0 = time.perf_counter()
         self.last = 0.0
 
     def __call__(self, done: int, total: int, what: str) -> None:
         now = time.perf_counter()
-        if self.quiet and done != total:
+        if self.silent or (self.quiet and done != total):
             return
         if now - self.last < 0.2 and done != total:
             return
