@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+import weakref
+
 import torch
 
 from swapkl.errors import SwapklError
@@ -35,6 +37,7 @@ class Family:
     # config keys holding one entry per layer (cut in step with the blocks)
     per_layer_keys: tuple[str, ...] = ("layer_types",)
     notes: str = ""
+    generic: bool = False  # found by the validated fallback, not listed in FAMILIES
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -69,8 +72,29 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+# The validated generic fallback (as nnterp's default family): common spellings of the block list and the final
+# norm; a candidate is used only if the model's own forward is reproduced (see _validate).
+GENERIC_BLOCK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
+                       "transformer.blocks", "gpt_neox.layers", "model.transformer.h")
+GENERIC_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "norm_f", "final_norm")
+GENERIC_LAYER_IDX = ("self_attn.layer_idx", "attn.layer_idx", "attention.layer_idx", "self_attention.layer_idx",
+                     "layer_idx")
+GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# config entries that change the logits after the output head (soft-capping, scaling): such models fail the fallback
+LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                   "logit_softcapping")
+
+
 def supported_model_types() -> list[str]:
     return sorted({t for f in FAMILIES for t in f.model_types})
+
+
+def known_family(model_type: str) -> Family | None:
+    """The table's family for ``model_type``, or None."""
+    for fam in FAMILIES:
+        if model_type in fam.model_types:
+            return fam
+    return None
 
 
 def family_for(model_type: str) -> Family:
@@ -116,15 +140,21 @@ class Located:
 
 
 def locate(model: torch.nn.Module) -> Located:
-    """Find blocks, final norm and head of ``model`` and check they are what the table says."""
+    """Find blocks, final norm and head of ``model``: through the table for a listed ``model_type``, else
+    through the validated generic fallback (:func:`generic_family`)."""
     mt = getattr(model.config, "model_type", "?")
-    fam = family_for(mt)
+    fam = known_family(mt) or generic_family(model)
+    return _locate_with(model, fam)
+
+
+def _locate_with(model: torch.nn.Module, fam: Family) -> Located:
+    mt = getattr(model.config, "model_type", "?")
     blocks = get_path(model, fam.blocks)
     norm = get_path(model, fam.final_norm)
     head = get_path(model, fam.head)
     if head is None and hasattr(model, "get_output_embeddings"):
         head = model.get_output_embeddings()
-    if not isinstance(blocks, torch.nn.ModuleList) or norm is None or head is None:
+    if not isinstance(blocks, torch.nn.ModuleList) or not isinstance(norm, torch.nn.Module) or head is None:
         raise UnsupportedArchitecture(
             f"model_type {mt} loaded as {type(model).__name__}, whose modules do not match the '{fam.name}' "
             f"family ({fam.blocks}, {fam.final_norm}, {fam.head})"
@@ -135,6 +165,99 @@ def locate(model: torch.nn.Module) -> Located:
             f"{type(model).__name__}: config says {n_cfg} layers but {fam.blocks} holds {len(blocks)}"
         )
     return Located(fam, blocks, norm, head)
+
+
+_GENERIC: "weakref.WeakKeyDictionary[torch.nn.Module, Family]" = weakref.WeakKeyDictionary()
+
+
+def generic_family(model: torch.nn.Module) -> Family:
+    """A :class:`Family` for a model whose ``model_type`` is not in the table, found by trying the common
+    spellings of the block list and final norm, and **validated** on the model itself: on a short random input
+    (``use_cache=False``) the final norm + output head applied to the last block's output must reproduce the
+    model's logits, and replaying the blocks one slot at a time with the arguments the model passed them must
+    reproduce that output.  Raises :class:`UnsupportedArchitecture` (the usual message plus why the fallback
+    failed) when no candidate validates.  Memoised per model object."""
+    if model in _GENERIC:
+        return _GENERIC[model]
+    mt = getattr(model.config, "model_type", "?")
+    n = next((getattr(model.config, k) for k in GENERIC_LAYER_KEYS
+              if isinstance(getattr(model.config, k, None), int)), None)
+    reasons = []
+    modifiers = [k for k in LOGIT_MODIFIERS if getattr(model.config, k, None) not in (None, 1, 1.0, False)]
+    for path in GENERIC_BLOCK_PATHS if not modifiers else ():
+        blocks = get_path(model, path)
+        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0 or (n is not None and len(blocks) != n):
+            continue
+        parent = path.rsplit(".", 1)[0]
+        for name in GENERIC_NORM_NAMES:
+            if not isinstance(get_path(model, f"{parent}.{name}"), torch.nn.Module):
+                continue
+            fam = Family(name=f"generic:{mt}", model_types=(mt,), blocks=path, final_norm=f"{parent}.{name}",
+                         layer_idx_attrs=GENERIC_LAYER_IDX, num_layers_keys=GENERIC_LAYER_KEYS, generic=True,
+                         notes="found and validated by the generic fallback")
+            why = _validate(model, fam)
+            if why is None:
+                _GENERIC[model] = fam
+                return fam
+            reasons.append(f"{path} + {name}: {why}")
+    modifiers = [k for k in LOGIT_MODIFIERS if getattr(model.config, k, None) not in (None, 1, 1.0, False)]
+    if modifiers:  # the engine's logits are head(final_norm(h)): a model that changes them after the head is out
+        reasons = [f"its config modifies the logits after the head ({', '.join(modifiers)})"]
+    detail = "; ".join(reasons) if reasons else "no block list / final norm under the usual names"
+    raise UnsupportedArchitecture(
+        f"unsupported architecture: {mt}; supported: {', '.join(supported_model_types())} "
+        f"(the generic fallback could not validate it: {detail[:300]})"
+    )
+
+
+@torch.inference_mode()
+def _validate(model: torch.nn.Module, fam: Family) -> str | None:
+    """None if ``fam`` reproduces ``model``'s forward (see :func:`generic_family`), else the reason."""
+    try:
+        loc = _locate_with(model, fam)
+    except UnsupportedArchitecture as e:
+        return str(e)
+    V = int(getattr(model.config, "vocab_size", 0) or loc.head.weight.shape[0])
+    dev = next(model.parameters()).device
+    ids = torch.randint(min(4, V - 1), min(V, 1000), (1, 6), generator=torch.Generator().manual_seed(0)).to(dev)
+    calls: list = []
+    outs: list = []
+
+    def pre(mod, args, kwargs):
+        calls.append((args, kwargs))
+
+    def post(mod, args, out):
+        outs.append(out[0] if isinstance(out, tuple) else out)
+
+    handles = [b.register_forward_pre_hook(pre, with_kwargs=True) for b in loc.blocks]
+    handles.append(loc.blocks[-1].register_forward_hook(post))
+    try:
+        logits = model(input_ids=ids, use_cache=False).logits
+    except Exception as e:  # noqa: BLE001 - any failure means "cannot validate"
+        return f"forward failed ({type(e).__name__})"
+    finally:
+        for h in handles:
+            h.remove()
+    if len(calls) != len(loc.blocks) or not outs:
+        return "the blocks are not each called once per forward"
+    try:
+        again = loc.head(loc.final_norm(outs[0])).float()
+    except Exception as e:  # noqa: BLE001
+        return f"final norm + head do not apply to the last block's output ({type(e).__name__})"
+    tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
+    scale = logits.float().abs().max().clamp_min(1.0)
+    if again.shape != logits.shape or (again - logits.float()).abs().max() > tol * scale:
+        return "final norm + head do not reproduce the logits (extra projection, soft-capping or scaling?)"
+    if not model.training:
+        args, kwargs = calls[0]
+        h = args[0] if args else kwargs["hidden_states"]
+        for block, (args, kwargs) in zip(loc.blocks, calls):
+            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            out = block(h, *args[1:], **rest)
+            h = out[0] if isinstance(out, tuple) else out
+        if (h.float() - outs[0].float()).abs().max() > tol * outs[0].float().abs().max().clamp_min(1.0):
+            return "replaying the blocks slot by slot does not reproduce the forward"
+    return None
 
 
 def num_layers_in_config(config, fam: Family) -> int | None:

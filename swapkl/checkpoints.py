@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from swapkl.architectures import Family, family_for
+from swapkl.architectures import Family, generic_family, known_family
 from swapkl.errors import ModelLoadError
 
 DEFAULT_ALIASES = ("default", "builtin", "builtin:default", "builtin:smollm2-135m-instruct")
@@ -169,7 +169,9 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}")
     config = load_config(sp, trust_remote_code)
-    fam = family_for(getattr(config, "model_type", "?"))
+    # a listed family is known before any weights are read; anything else must pass the validated generic
+    # fallback on the loaded model (UnsupportedArchitecture otherwise)
+    fam = known_family(getattr(config, "model_type", "?"))
     dev = pick_device(device)
     if sp.kind == "hub":
         source = sp.source
@@ -182,7 +184,6 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
             device_map=device_map, **kw)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kw)
     except (OSError, ValueError) as e:
         if sp.kind == "hub":
             raise _hub_error(sp, e) from e
@@ -194,8 +195,17 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
     else:
         dev = _dispatch(model, device_map, sp)
     model.eval()
+    if fam is None:
+        fam = generic_family(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kw)
+    except (OSError, ValueError) as e:
+        if sp.kind == "hub":
+            raise _hub_error(sp, e) from e
+        raise ModelLoadError(f"cannot load the tokenizer in {source}: {str(e).splitlines()[0][:300]}") from e
     identity.update({"model_type": config.model_type, "family": fam.name,
-                     "num_layers": fam and getattr(config, fam.num_layers_keys[0], None),
+                     "num_layers": next((getattr(config, k) for k in fam.num_layers_keys
+                                         if isinstance(getattr(config, k, None), int)), None),
                      "dtype": dtype})
     return Checkpoint(model=model, tokenizer=tokenizer, family=fam, identity=identity, spec=sp, device=dev,
                       dtype=dtype)

@@ -211,7 +211,7 @@ def test_error_path_and_recovery(cache, tmp_path):
     import transformers as tf
 
     cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                       word_embed_proj_dim=16)
+                       word_embed_proj_dim=8)
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
     at.text_input(key="w_local_other").set_value(str(tmp_path / "opt")).run()
     at.button(key="compute").click().run()

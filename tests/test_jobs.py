@@ -138,7 +138,7 @@ def test_errors_are_one_line_and_the_manager_keeps_working(manager, stories_path
     assert bad.status == ERROR and "no such file or folder" in bad.error and "\n" not in bad.error
     # an unsupported architecture: the library's message
     cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                       word_embed_proj_dim=16)
+                       word_embed_proj_dim=8)
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
     j = manager.submit(AnalysisRequest(model=str(tmp_path / "opt"), contract=CONTRACT))
     assert j.wait(60) and j.status == ERROR and j.error_kind == "user"

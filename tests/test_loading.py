@@ -52,7 +52,7 @@ def test_unsupported_architecture(tmp_path):
     import transformers as tf
 
     cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                       word_embed_proj_dim=16)
+                       word_embed_proj_dim=8)
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: opt; supported: .*llama"):
         load_checkpoint(str(tmp_path))

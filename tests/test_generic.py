@@ -1,0 +1,109 @@
+"""The validated generic fallback for families not in the table (OPT, OLMo, Phi, ...): found by the usual
+module names, accepted only when it reproduces the model's own forward, and then exact in the engine and in
+layer removal like the listed families."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+from swapkl.architectures import UnsupportedArchitecture, locate
+from swapkl.contract import pair_list
+from swapkl.engine import SwapEngine
+from swapkl.reference import reference_sweep
+
+
+def _tiny(kind: str, layers: int = 4, **kw):
+    torch.manual_seed(0)
+    if kind == "opt":
+        cfg = tf.OPTConfig(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4, ffn_dim=64,
+                           vocab_size=96, word_embed_proj_dim=kw.pop("proj", 32), max_position_embeddings=128,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=1, **kw)
+    else:
+        cfg = tf.AutoConfig.for_model(kind, num_hidden_layers=layers, hidden_size=32, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, vocab_size=96,
+                                      bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
+    model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(3.0)
+    return model
+
+
+GENERIC = [("opt", "model.decoder.layers", "model.decoder.final_layer_norm"),
+           ("olmo", "model.layers", "model.norm"),
+           ("phi", "model.layers", "model.final_layernorm")]
+
+
+@pytest.mark.parametrize("kind,blocks,norm", GENERIC)
+def test_generic_family_is_found_and_exact(kind, blocks, norm):
+    model = _tiny(kind)
+    loc = locate(model)
+    assert loc.family.generic and loc.family.name == f"generic:{kind}"
+    assert (loc.family.blocks, loc.family.final_norm) == (blocks, norm)
+    ids = torch.randint(2, 96, (3, 10), generator=torch.Generator().manual_seed(1))
+    pairs = pair_list("all", 4)
+    for positions in ("all", "last"):
+        got = SwapEngine(model, ids, positions=positions, max_live=4, max_rows=2).sweep(pairs)
+        ref = reference_sweep(model, ids, pairs, positions=positions)
+        worst = max((got[p][k].double() - ref[p][k]).abs().max().item() for p in pairs for k in ref[p])
+        assert worst < 1e-5
+        assert min(ref[p][k].mean().item() for p in pairs for k in ref[p]) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["opt", "olmo"])
+def test_generic_family_prunes_and_reloads(kind, tmp_path):
+    from swapkl.prune import pruned_copy, save_pruned
+
+    model = _tiny(kind, layers=5)
+    ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(2))
+    pruned = pruned_copy(model, [1, 3])
+    assert len(locate(pruned).blocks) == 3 and len(locate(model).blocks) == 5
+    # the pruned model equals the original with blocks 1 and 3 skipped
+    def identity(mod, args, kwargs, out):
+        h = args[0] if args else kwargs["hidden_states"]
+        return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
+
+    blocks = locate(model).blocks
+    hooks = [blocks[k].register_forward_hook(identity, with_kwargs=True) for k in (1, 3)]
+    try:
+        want = model(input_ids=ids, use_cache=False).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    got = pruned(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    out = save_pruned(model, [1, 3], tmp_path / "p")
+    back = tf.AutoModelForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(back(input_ids=ids, use_cache=False).logits, got, rtol=1e-6, atol=1e-6)
+
+
+def test_fallback_refuses_what_it_cannot_reproduce():
+    # OPT with a projection after the final norm: head(final_norm(h)) is not the model's logits
+    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: opt; supported: .*generic fallback"):
+        locate(_tiny("opt", proj=16))
+    # Gemma-2 soft-caps its logits after the head
+    gemma2 = _tiny("gemma2", head_dim=8)
+    assert gemma2.config.final_logit_softcapping
+    with pytest.raises(UnsupportedArchitecture, match="modifies the logits after the head"):
+        locate(gemma2)
+
+
+def test_generic_checkpoint_loads_through_the_cli_path(tmp_path):
+    from swapkl.checkpoints import load_checkpoint
+
+    model = _tiny("olmo")
+    model.save_pretrained(tmp_path / "olmo")
+    tf.PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer()).save_pretrained(tmp_path / "olmo")
+    ck = load_checkpoint(str(tmp_path / "olmo"), device="cpu")
+    assert ck.family.name == "generic:olmo" and ck.identity["family"] == "generic:olmo"
+    assert ck.identity["num_layers"] == 4
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{k}": k for k in range(96)} | {"[UNK]": 95}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
