@@ -19,6 +19,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import streamlit as st  # noqa: E402
 
 from pages import common  # noqa: E402
+from swapkl.errors import SwapklError  # noqa: E402
 
 
 def start_page() -> None:
@@ -33,10 +34,14 @@ def start_page() -> None:
         st.code(common.request_caption(request), language=None, wrap_lines=True)
     mgr = common.manager()
     go = st.button("Compute", type="primary", disabled=request is None, key="compute")
+    opened = open_files_view()
     job = None
     if go and request is not None:
+        st.session_state.pop("job_pinned", None)
         job = common.start(request)
         common.set_query(request)
+    elif opened is not None or st.session_state.get("job_pinned"):
+        job = opened or mgr.get(st.session_state.get("job_pinned"))
     elif request is not None:
         job = mgr.find(request)  # the same request running in another tab / before a refresh
         if job is not None:
@@ -50,6 +55,25 @@ def start_page() -> None:
         st.caption(f"Showing the last analysis ({job.request.label()}); press Compute for the settings above.")
     st.divider()
     common.live(job, summary_view, "summary")
+
+
+def open_files_view():
+    """Browse results computed elsewhere (a cluster run's merged ``--json``, a colleague's files) without the
+    model: returns the opened job, or None."""
+    with st.expander("Open saved results (a `score --json` file, optionally with its `curves --json`)"):
+        res_file = st.file_uploader("result JSON", type=["json"], key="open_result")
+        curves_file = st.file_uploader("curves JSON (optional)", type=["json"], key="open_curves")
+        if st.button("Open", key="open_files", disabled=res_file is None):
+            try:
+                job = common.manager().open_files(res_file.getvalue(),
+                                                  curves_file.getvalue() if curves_file is not None else None)
+            except SwapklError as e:
+                st.error(str(e))
+                return None
+            st.session_state["job_analysis"] = job.key
+            st.session_state["job_pinned"] = job.key
+            return job
+    return None
 
 
 def summary_view(job) -> None:

@@ -365,6 +365,52 @@ class JobManager:
         job.note("queued")
         return job
 
+    def open_files(self, result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None) -> Job:
+        """A finished analysis job from saved files -- a ``score --json`` result (e.g. the merged result of a
+        cluster run) and optionally a ``curves --json`` file -- so the pages can browse it on a machine that
+        has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
+        curves from another model."""
+        from swapkl.removal import CurvesResult, check_scores
+        from swapkl.results import SwapResult
+
+        def as_dict(x):
+            if isinstance(x, dict):
+                return x
+            try:
+                return json.loads(x.decode() if isinstance(x, bytes) else x)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise SwapklError(f"not a JSON file ({e})") from e
+
+        rd = as_dict(result_json)
+        result = SwapResult.from_json(rd)
+        curves = None
+        if curves_json is not None:
+            try:
+                curves = CurvesResult.from_json(json.dumps(as_dict(curves_json)))
+            except (TypeError, KeyError) as e:
+                raise SwapklError(f"not a swapkl curves file ({e})") from e
+            check_scores({"replacement": result.replacement(), "interchange": result.interchange()},
+                         result.num_layers, result.identity, curves.model)
+        ident = result.identity or {}
+        model = str(ident.get("id") or ident.get("display") or "result file")
+        budget = int(curves.budget) if curves is not None else 0
+        methods = tuple(curves.methods) if curves is not None else ()
+        request = AnalysisRequest(model=model, revision=ident.get("revision") if ident.get("kind") == "hub" else None,
+                                  contract=Contract.from_dict(result.contract), budget=budget, methods=methods,
+                                  evaluator=curves.evaluator if curves is not None else None)
+        key = "file-" + stable_hash({"result": rd, "curves": None if curves is None else curves.to_dict()})[:16]
+        with self._lock:
+            old = self._jobs.get(key)
+            if old is not None:
+                return old
+            job = Job(key, request)
+            job.result, job.curves, job.from_snapshot = result, curves, True
+            job.started = time.time()
+            job._finish(DONE)
+            job.note("opened from file")
+            self._remember(job)
+        return job
+
     def get(self, key: str | None) -> Job | None:
         with self._lock:
             return self._jobs.get(key) if key else None

@@ -297,3 +297,36 @@ def test_demo_report_download(cache):
     assert "⬇ Demo report (HTML)" in labels and "⬇ swapkl-result (JSON)" in labels
     html = common.report_html(job, None)
     assert html.lstrip().lower().startswith("<!doctype html") and "4 prompts × 16 tokens" in html
+
+
+def test_open_saved_result_files_without_the_model(cache, tmp_path, stories_path):
+    """A result computed elsewhere (a cluster run's merged --json) is browsed without loading any model."""
+    from swapkl.api import score
+    from swapkl.checkpoints import load_checkpoint
+    from swapkl.contract import Contract
+    from swapkl.errors import SwapklError
+
+    res = score(load_checkpoint(str(stories_path), device="cpu"), Contract(pairs="gap:2", prompts=3, tokens=12))
+    text = json.dumps(res.to_json())
+    mgr = _manager()
+    job = mgr.open_files(text)
+    assert job.status == "done" and job.result.pairs == res.pairs and mgr.loaded_models() == []
+    assert mgr.open_files(text.encode()) is job            # the same file is the same job
+    with pytest.raises(SwapklError, match="not a JSON file"):
+        mgr.open_files(b"{not json")
+    with pytest.raises(SwapklError, match="not a swapkl result"):
+        mgr.open_files('{"hello": 1}')
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["job_analysis"] = job.key
+    at.session_state["job_pinned"] = job.key
+    at.run()
+    assert not at.exception, at.exception
+    s = res.summary()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["mean"] == f"{s['gap']['mean']:.4g}"
+    at.switch_page("pages/heatmaps.py").run()
+    hm = _charts(at)[0]
+    assert hm["data"][0]["z"] == _nan_to_none(res.replacement())
+    assert hm["data"][1]["z"] == _nan_to_none(res.interchange())
+    assert mgr.loaded_models() == []                        # nothing was loaded to draw it
