@@ -116,7 +116,7 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
     info = {"swapkl_version": __version__, "device": str(checkpoint.device), "cached_pairs": len(done),
             "computed_pairs": len(todo),
             "computed_pair_list": [list(p) for p in todo], "noise_floor": meta.get("noise_floor") if meta else None,
-            "cache_key": entry.key, "cache_problems": entry.problems}
+            "noise_floor_parts": meta.get("noise_floor_parts") if meta else None, "cache_key": entry.key, "cache_problems": entry.problems}
     if progress is not None:
         progress(base_done, total, "cached pairs loaded")
     if todo:
@@ -133,15 +133,21 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
         limits.setdefault("on_oom", on_oom)
         engine = SwapEngine(checkpoint.model, prompts.ids, positions=contract.positions, **limits)
         if info["noise_floor"] is None:
-            try:
-                info["noise_floor"] = engine.noise_floor()
-            except Exception as e:  # noqa: BLE001 - a full forward of one prompt may not fit; not essential
-                if not is_oom(e):
-                    raise
-                info["noise_floor"] = None
+            # the noise floor is the larger of two numerical effects: batching (batched baseline vs batch-of-one
+            # forwards) and, below float32, precision (the same weights computed in float32)
+            floors = {}
+            for name, fn in (("batching", engine.noise_floor), ("precision", engine.precision_floor)):
+                try:
+                    floors[name] = fn()
+                except Exception as e:  # noqa: BLE001 - one prompt's forward may not fit; not essential
+                    if not is_oom(e):
+                        raise
+            info["noise_floor_parts"] = floors
+            info["noise_floor"] = max(floors.values()) if floors else None
         if use_cache:
             entry.write_meta({"prompt_token_ids": prompts.ids.tolist(), "prompts": prompts.description,
-                              "noise_floor": info["noise_floor"], "contract": contract.to_dict()})
+                              "noise_floor": info["noise_floor"], "noise_floor_parts": info.get("noise_floor_parts"),
+                              "contract": contract.to_dict()})
 
         def on_pair(i, j, vec):
             vec = {k: v.tolist() for k, v in vec.items()}

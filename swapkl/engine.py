@@ -271,12 +271,39 @@ class BlockRunner:
             out = functional_call(mod, self.weights_on(block, dev), args, base.slot_kwargs[slot])
         return out[0] if isinstance(out, tuple) else out
 
+    def run_slot_float32(self, base: Baseline, slot: int, h: torch.Tensor) -> torch.Tensor:
+        """Slot ``slot`` with its own weights upcast to float32 (inputs and slot arguments too): the same
+        network computed at higher precision, one block's float32 copy at a time."""
+        mod = self.blocks[slot]
+        dev = self.block_device(slot)
+        args = (_float32(h.to(dev)),) + tuple(_float32(a) for a in base.slot_args[slot])
+        kwargs = {k: _float32(v) for k, v in base.slot_kwargs[slot].items()}
+        out = functional_call(mod, {k: _float32(v) for k, v in self.weights_on(slot, dev).items()}, args, kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def logits_float32(self, h_last: torch.Tensor) -> torch.Tensor:
+        """:meth:`logits` with the final norm and head upcast to float32."""
+        norm, head = self.loc.final_norm, self.loc.head
+        dev = next(head.parameters()).device
+        x = functional_call(norm, {k: _float32(v) for k, v in norm.state_dict(keep_vars=True).items()},
+                            (_float32(h_last.to(dev)),))
+        return functional_call(head, {k: _float32(v) for k, v in head.state_dict(keep_vars=True).items()}, (x,))
+
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """Final norm + output head on last-block outputs [..., D] -> logits [..., V]."""
         norm_dev = next(self.loc.final_norm.parameters(), torch.empty(0, device=h_last.device)).device
         x = self.loc.final_norm(h_last.to(norm_dev))
         head_dev = next(self.loc.head.parameters()).device
         return self.loc.head(x.to(head_dev))
+
+
+def _float32(obj):
+    """Floating tensors inside ``obj`` (tuples too) as float32; everything else unchanged."""
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_float32(o) for o in obj)
+    return obj
 
 
 def kl_rows(logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -431,6 +458,21 @@ class SwapEngine:
             vals.append(kl_rows(lb, logits).mean().item())
             del out, logits
         return float(sum(vals) / max(1, len(vals)))
+
+    @torch.inference_mode()
+    def precision_floor(self, n: int = 2) -> float:
+        """Mean KL (nats) between the baseline as computed (e.g. bf16) and the same weights computed in float32,
+        on the first ``n`` prompts: the size of the model's own arithmetic noise at this dtype (an estimate:
+        the slot arguments, e.g. rotary cos/sin, stay as captured).  0 for a float32 model."""
+        if self.runner.dtype == torch.float32:
+            return 0.0
+        n = min(n, self.ids.shape[0])
+        h = self.base.states[0][:n]
+        for s in range(self.num_layers):
+            h = self.runner.run_slot_float32(self.base, s, h)
+        logits = self.runner.logits_float32(self._scored(h))
+        lb = self._base_logp(0, n).to(logits.device)
+        return float(kl_rows(lb, logits).mean().item())
 
     def sweep(self, pairs: Iterable[tuple[int, int]], progress: ProgressFn | None = None,
               on_pair: PairFn | None = None, should_stop: Callable[[], bool] | None = None) -> dict:

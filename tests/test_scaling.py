@@ -257,3 +257,26 @@ def test_engine_limits_scale_with_the_problem(stories):
     assert big["max_rows"] < small["max_rows"] and big["max_live"] < small["max_live"]
     assert engine_limits(stories.model, 4, 16) == small  # a bare model works too
     assert small["kl_chunk_rows"] <= 4
+
+
+def test_precision_noise_floor_in_bf16(stories_path, cache_dir):
+    """Below float32 the noise floor includes precision: KL between the bf16 baseline and the same weights
+    computed in float32 (one block upcast at a time). In float32 that part is exactly 0."""
+    from swapkl.checkpoints import load_checkpoint
+    from swapkl.engine import SwapEngine
+
+    ck16 = load_checkpoint(str(stories_path), device="cpu", dtype="bfloat16")
+    res = score(ck16, Contract(pairs="adjacent", prompts=3, tokens=16, dtype="bfloat16"))
+    parts = res.meta["noise_floor_parts"]
+    assert parts["precision"] > 0 and res.noise_floor == max(parts.values())
+    # a real, small effect: far below the swap-KLs, and the same as a float32 model on the bf16-rounded weights
+    assert parts["precision"] < 0.05 * np.nanmin(res.interchange())
+    m32 = load_checkpoint(str(stories_path), device="cpu", dtype="bfloat16").model.float()
+    ids = torch.tensor(res.prompt_token_ids)
+    lp32 = torch.log_softmax(m32(input_ids=ids[:2], use_cache=False).logits.float(), -1)
+    lp16 = torch.log_softmax(ck16.model(input_ids=ids[:2], use_cache=False).logits.float(), -1)
+    direct = (lp16.exp() * (lp16 - lp32)).sum(-1).mean().item()
+    # same size as the KL to a float32 model on the bf16-rounded weights (not identical: the slot arguments,
+    # e.g. rotary cos/sin, were captured in bf16)
+    assert parts["precision"] == pytest.approx(direct, rel=0.3)
+    assert SwapEngine(m32, ids[:2]).precision_floor() == 0.0
