@@ -584,17 +584,17 @@ class JobManager:
     def _run_curves(self, job: Job, ck, res) -> None:
         from swapkl.corpora import load_corpus
         from swapkl.evaluate import Evaluator, get_evaluator
-        from swapkl.removal import EvalMemo, removal_curves
+        from swapkl.removal import disk_memo, removal_curves
 
         req: AnalysisRequest = job.request
         ev = Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
         corpus = load_corpus(req.contract.corpus)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-        memo = EvalMemo()
+        memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart
         total = [self._expected_evals(req, scores, ck.num_layers)]
 
         def prog(_done, _total, what):
-            done = memo.misses
+            done = memo.misses + memo.disk_hits
             total[0] = max(total[0], done + 1)
             job._tick(done, total[0], what)
 
@@ -608,7 +608,7 @@ class JobManager:
                                     evaluator=ev, corpus=corpus, progress=prog, should_stop=job._should_stop,
                                     memo=memo, identity=ck.identity)
             job.curves = curves
-        job._tick(memo.misses, memo.misses, "removal curves finished")
+        job._tick(memo.misses + memo.disk_hits, memo.misses + memo.disk_hits, "removal curves finished")
 
     @staticmethod
     def _expected_evals(req: AnalysisRequest, scores: dict, L: int) -> int:

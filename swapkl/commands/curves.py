@@ -72,7 +72,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 def run(a) -> int:
     from swapkl import corpora
     from swapkl.evaluate import get_evaluator
-    from swapkl.removal import check_scores, removal_curves
+    from swapkl.removal import EvalMemo, check_scores, removal_curves
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -120,6 +120,7 @@ def run(a) -> int:
     result = removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
                             spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,
                             seeds=tuple(range(a.seeds)), kl=not a.no_kl, identity=ck.identity,
+                            memo=EvalMemo() if a.no_cache else None,
                             method_params=params)
     result.notes.insert(0, src)
     if a.json:
