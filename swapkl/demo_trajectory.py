@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from swapkl.results import atomic_replace_dir
 from swapkl.errors import ComputeInterrupted, SwapklError
 
 FORMAT = "swapkl.demo-trajectory/1"
@@ -244,11 +245,7 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
         manifest = _train_into(tmp, s, corpus, t_start, say, should_stop)
         manifest["seconds_total"] = round(time.perf_counter() - t_start, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if out.exists():
-            stale = out.with_name(f".{out.name}.stale-{os.getpid()}-{time.time_ns()}")
-            os.replace(out, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(tmp, out)
+        atomic_replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

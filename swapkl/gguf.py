@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swapkl.results import atomic_write_text
+from swapkl.results import atomic_replace_dir, atomic_write_text
 from swapkl.errors import ModelLoadError, SwapklError
 
 GGUF_MAGIC = b"GGUF"
@@ -265,11 +265,7 @@ def gguf_to_hf_folder(gguf_path: str | os.PathLike, cache_root: str | os.PathLik
                 record["transformers_version"] = transformers.__version__
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
             del model
-            if final.exists():  # an incomplete or stale folder: move it aside, then drop it
-                stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{time.time_ns()}")
-                os.replace(final, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            os.replace(tmp, final)
+            atomic_replace_dir(tmp, final)  # an incomplete or stale folder is moved aside, then dropped
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

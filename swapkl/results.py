@@ -11,6 +11,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the finished folder ``tmp`` at ``final`` (same filesystem), replacing an old one: readers see the
+    old folder or the whole new one.  The old one is first renamed aside, then deleted."""
+    import shutil
+
+    final = Path(final)
+    if final.exists():
+        stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{time.time_ns()}")
+        os.replace(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.replace(tmp, final)
 
 
 def _nan_to_none(m: np.ndarray) -> list:
