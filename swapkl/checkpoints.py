@@ -37,6 +37,13 @@ def parse_spec(spec: str, revision: str | None = None) -> Spec:
     s = str(spec).strip()
     if not s:
         raise ModelLoadError("no model given")
+    sp = _parse_spec(s, revision)
+    if revision and sp.kind != "hub":
+        raise ModelLoadError(f"--revision applies to Hugging Face hub models; {sp.display} is a {sp.kind} model")
+    return sp
+
+
+def _parse_spec(s: str, revision: str | None) -> Spec:
     if s.lower() in DEFAULT_ALIASES:
         return Spec("builtin", "default", None, "SmolLM2-135M-Instruct (built-in)")
     p = Path(s).expanduser()

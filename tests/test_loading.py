@@ -40,6 +40,8 @@ def test_spec_parsing(tmp_path):
         parse_spec(str(tmp_path / "x.gguf"))
     with pytest.raises(ModelLoadError, match="no config.json"):
         parse_spec(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="--revision applies to Hugging Face hub models"):
+        parse_spec("default", "step1000")
 
 
 def test_unknown_hub_id_offline_is_clear(monkeypatch):
