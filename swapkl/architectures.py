@@ -119,12 +119,6 @@ def get_path(root: object, path: str):
     return obj
 
 
-def _set_path(root: object, path: str, value) -> None:
-    parent_path, _, last = path.rpartition(".")
-    parent = get_path(root, parent_path) if parent_path else root
-    setattr(parent, last, value)
-
-
 @dataclass
 class Located:
     """The modules of one loaded model, found through its family."""

@@ -130,20 +130,3 @@ class ScoreEntry:
         import shutil
 
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def list_entries(root: Path | None = None) -> list[dict]:
-    """Every score entry in the cache: its meta plus the number of finished pairs."""
-    base = (root or cache_root()) / "scores"
-    out = []
-    if not base.is_dir():
-        return out
-    for d in sorted(base.iterdir()):
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        meta["key"] = d.name
-        meta["finished_pairs"] = len(list((d / "pairs").glob("*.json"))) if (d / "pairs").is_dir() else 0
-        out.append(meta)
-    return out

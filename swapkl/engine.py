@@ -442,10 +442,6 @@ class SwapEngine:
 
         return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))
 
-    def kl_per_prompt(self, h_last: torch.Tensor) -> torch.Tensor:
-        """Per-prompt KL [P] (nats, float32, on CPU) of a variant's last-block output [P, T, D]."""
-        return self.kl_many([h_last])[0]
-
     @torch.inference_mode()
     def noise_floor(self, n: int = 2) -> float:
         """Mean KL (nats) between the engine's batched baseline and batch-of-one full forwards of the model

@@ -164,11 +164,11 @@ class SwapResult:
         (d_inter/d_repl), and 95 % bootstrap CIs over prompts (``*_lo``, ``*_hi``)."""
         import pandas as pd
 
-        r = self.replacement_directed()
+        r, rep, inter = self.replacement_directed(), self.replacement(), self.interchange()
         rows = []
         for i, j in self.pairs:
-            d_r = self.replacement()[i, j]
-            d_i = self.interchange()[i, j]
+            d_r = rep[i, j]
+            d_i = inter[i, j]
             rows.append({"i": i, "j": j, "distance": j - i, "R_ij": r[i, j], "R_ji": r[j, i],
                          "d_repl": d_r, "d_inter": d_i, "gap": d_r - d_i,
                          "kl_ratio": d_i / d_r if d_r > 0 else np.nan})
@@ -185,8 +185,9 @@ class SwapResult:
         conditional (<0.10) counts per protocol, best pairs, bootstrap CIs (prompts resampled)."""
         if not self.pairs:
             return {"pairs": 0}
-        dr = np.array([self.replacement()[i, j] for i, j in self.pairs])
-        di = np.array([self.interchange()[i, j] for i, j in self.pairs])
+        rep, inter = self.replacement(), self.interchange()
+        dr = np.array([rep[i, j] for i, j in self.pairs])
+        di = np.array([inter[i, j] for i, j in self.pairs])
         g = dr - di
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(dr > 0, di / dr, np.nan)
@@ -214,23 +215,8 @@ class SwapResult:
                                        float(np.percentile(np.median(gb, -1), 97.5))]
         return out
 
-    def top_pairs(self, k: int = 10) -> dict:
-        """The k most redundant pairs (lowest d) under each protocol: {"replacement": [...], "interchange": [...]}."""
-        df = self.pair_table(ci=False)
-        return {"replacement": df.nsmallest(k, "d_repl")[["i", "j", "d_repl"]].values.tolist(),
-                "interchange": df.nsmallest(k, "d_inter")[["i", "j", "d_inter"]].values.tolist()}
-
     def to_frame(self):
         return self.pair_table()
-
-    def subset(self, pairs) -> "SwapResult":
-        """The same result restricted to ``pairs``."""
-        keep = [tuple(p) for p in pairs if tuple(p) in set(self.pairs)]
-        vec = {p: {"repl_ij": self.per_prompt["repl"][p], "repl_ji": self.per_prompt["repl"][(p[1], p[0])],
-                   "inter": self.per_prompt["inter"][p]} for p in keep}
-        return SwapResult.from_pair_vectors(self.num_layers, vec, contract=self.contract, identity=self.identity,
-                                            prompt_token_ids=self.prompt_token_ids, prompts_info=self.prompts_info,
-                                            noise_floor=self.noise_floor, meta=self.meta)
 
     # ------------------------------------------------------------------ serialisation
     def to_json(self) -> dict:
