@@ -16,6 +16,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from swapkl.results import matrix_json
+
 SEP = " · "
 LOG_FLOOR = 1e-6  # nats: values <= 0 are drawn at this floor on the log scale (hover shows the true value)
 
@@ -169,12 +171,6 @@ def _stamp(fig, title: str, caption: str, extra_top: int = 0):
 
 
 # ============================================================================================ helpers
-def _none_nan(m) -> list:
-    """L x L array -> nested lists with None for NaN/inf (what the figure JSON holds)."""
-    a = np.asarray(m, dtype=float)
-    return [[None if not math.isfinite(v) else float(v) for v in row] for row in a.tolist()]
-
-
 def _f(v, nd: int = 4) -> str:
     if v is None:
         return "–"
@@ -290,10 +286,10 @@ def heatmaps(result, scale: str = "linear", directed: bool = False, colorscale: 
     left_title = "replacement R[i][j] (slot i ← block j)" if directed else "replacement d_repl"
     fig = make_subplots(rows=1, cols=2, subplot_titles=(left_title, "interchange d_inter"),
                         horizontal_spacing=0.08)
-    fig.add_trace(go.Heatmap(z=_none_nan(zl), x=axis, y=axis, coloraxis="coloraxis", text=h_left,
+    fig.add_trace(go.Heatmap(z=matrix_json(zl), x=axis, y=axis, coloraxis="coloraxis", text=h_left,
                              hovertemplate="%{text}<extra>replacement</extra>", name="replacement", xgap=1, ygap=1),
                   row=1, col=1)
-    fig.add_trace(go.Heatmap(z=_none_nan(zr), x=axis, y=axis, coloraxis="coloraxis", text=h_right,
+    fig.add_trace(go.Heatmap(z=matrix_json(zr), x=axis, y=axis, coloraxis="coloraxis", text=h_right,
                              hovertemplate="%{text}<extra>interchange</extra>", name="interchange", xgap=1, ygap=1),
                   row=1, col=2)
     cbar: dict = {"title": {"text": "nats" + (" (log scale)" if scale == "log" else "")}}
@@ -330,7 +326,7 @@ def gap_heatmap(result, colorscale: str = "RdBu_r", caption: str | None = None):
         text[a][b] = text[b][a] = s
     fin = g[np.isfinite(g)]
     amp = float(np.abs(fin).max()) if fin.size else 1.0
-    fig = go.Figure(go.Heatmap(z=_none_nan(g), x=list(range(L)), y=list(range(L)), zmid=0, colorscale=colorscale,
+    fig = go.Figure(go.Heatmap(z=matrix_json(g), x=list(range(L)), y=list(range(L)), zmid=0, colorscale=colorscale,
                                zmin=-amp if amp > 0 else None, zmax=amp if amp > 0 else None, text=text,
                                hovertemplate="%{text}<extra>gap</extra>", xgap=1, ygap=1,
                                colorbar={"title": {"text": "d_repl − d_inter (nats)"}}))

@@ -59,9 +59,11 @@ def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None
     os.replace(tmp, final)
 
 
-def _nan_to_none(m: np.ndarray) -> list:
-    return [[None if (v is None or (isinstance(v, float) and math.isnan(v))) else float(v) for v in row]
-            for row in m.tolist()]
+def matrix_json(m) -> list:
+    """An L x L array as nested lists, None where a value is not finite (not computed): what JSON exports and
+    figure specs hold."""
+    a = np.asarray(m, dtype=float)
+    return [[float(v) if math.isfinite(v) else None for v in row] for row in a.tolist()]
 
 
 def _none_to_nan(rows) -> np.ndarray:
@@ -227,10 +229,10 @@ class SwapResult:
             "swapkl_version": __version__,
             "num_layers": self.num_layers,
             "pairs": [list(p) for p in self.pairs],
-            "replacement_directed": _nan_to_none(self.replacement_directed()),
-            "replacement": _nan_to_none(self.replacement()),
-            "interchange": _nan_to_none(self.interchange()),
-            "gap": _nan_to_none(self.gap()),
+            "replacement_directed": matrix_json(self.replacement_directed()),
+            "replacement": matrix_json(self.replacement()),
+            "interchange": matrix_json(self.interchange()),
+            "gap": matrix_json(self.gap()),
             "contract": self.contract,
             "model": self.identity,
             "prompt_token_ids": self.prompt_token_ids,
