@@ -26,13 +26,16 @@ def start_page() -> None:
     st.title("swapkl — protocol-aware layer redundancy")
     st.caption("Replacement runs block j's weights in slot i; interchange swaps blocks i and j; both are scored as "
                "KL(base ‖ variant) in nats (swap-KL). Lower = more redundant.")
-    request, err = common.request_from_widgets()
+    mgr = common.manager()
+    # once this session shows a result, the settings fold away so the result is the first thing on screen
+    showing = mgr.get(st.session_state.get("job_analysis")) is not None or bool(st.session_state.get("compute"))
+    with st.expander("Checkpoint · evaluation contract · layer budget", expanded=not showing, icon=":material/tune:"):
+        request, err = common.request_from_widgets()
     st.markdown("**Contract**")
     if err:
         st.error(err)
     else:
         st.code(common.request_caption(request), language=None, wrap_lines=True)
-    mgr = common.manager()
     go = st.button("Compute", type="primary", disabled=request is None, key="compute")
     opened = open_files_view()
     job = None
@@ -77,27 +80,25 @@ def open_files_view():
 
 
 def summary_view(job) -> None:
+    """The first view (below the progress line that :func:`pages.common.live` draws): the lead figure (depth profile for adjacent pairs, else the heatmaps), the
+    regime verdict with its evidence, best pairs and the gap statistics.  Everything derived from the result is
+    memoised on the result's identity (:func:`pages.common.memo`), so a poll that finds nothing new only
+    redraws the progress bar's text."""
     from swapkl import plots
-    from swapkl.removal import regime_verdict
 
-    common.progress_view(job)
     res = job.result
     if res is None or not res.pairs:
         return
-    cap = plots.contract_caption(res)
+    rk = common.result_key(job)
+    cap = common.memo("caption", rk, lambda: plots.contract_caption(res))
     st.caption(f"contract: {cap}")
-    L = res.num_layers
-    adjacent = [(i, i + 1) for i in range(L - 1)]
-    have_adj = all(p in set(res.pairs) for p in adjacent)
+    verdict = common.memo("verdict", rk, lambda: common.job_verdict(job))
+    common.lead_figure(job, verdict, key="start")
     st.subheader("Regime verdict")
-    verdict = None
-    if job.curves is not None and job.curves.verdict:
-        verdict = job.curves.verdict
-    elif have_adj:
-        verdict = regime_verdict(res.replacement(), res.interchange(), adjacent)
+    L = res.num_layers
     if verdict is None:
-        st.info(f"The verdict needs all {L - 1} adjacent pairs; {sum(p in set(res.pairs) for p in adjacent)} "
-                f"are done so far.")
+        n_adj = sum(1 for i, j in res.pairs if j - i == 1)
+        st.info(f"The verdict needs all {L - 1} adjacent pairs; {n_adj} are done so far.")
     else:
         st.markdown(f"### {verdict['regime']} — prefer {verdict['prefer']}")
         st.write(verdict["sentence"])
@@ -112,7 +113,7 @@ def summary_view(job) -> None:
         kr = ev.get("kl_ratio_median")
         st.caption(f"Evidence on the adjacent pairs · KL ratio d_inter/d_repl: median "
                    f"{kr:.3f}" if kr is not None else "Evidence on the adjacent pairs")
-    s = res.summary()
+    s = common.memo("summary", rk, res.summary)
     st.subheader("Best pairs per protocol")
     c1, c2 = st.columns(2)
     for col, name in ((c1, "replacement"), (c2, "interchange")):
@@ -121,7 +122,7 @@ def summary_view(job) -> None:
                    delta_color="off")
         col.caption(f"{e['strong']} pairs < 0.05 nats, {e['conditional']} < 0.10 nats of {s['pairs']}; "
                     f"median {e['median']:.4g} nats")
-    st.dataframe(plots.top_pairs_table(res, 5), hide_index=True, key="top5")
+    st.dataframe(common.memo("top5", rk, lambda: plots.top_pairs_table(res, 5)), hide_index=True, key="top5")
     st.subheader("Gap d_repl − d_inter (nats)")
     g = s["gap"]
     gc = st.columns(4)

@@ -30,6 +30,7 @@ def main() -> int:
     ap.add_argument("--cache", default=None, help="cache folder to use (default: a fresh temporary one)")
     ap.add_argument("--convert", action="store_true", help="count the one-time GGUF conversion as well")
     ap.add_argument("--json", default=None, help="write the timings here")
+    ap.add_argument("--cold-only", action="store_true", help="only the cold run (bench/served_default.py)")
     a = ap.parse_args()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,6 +107,14 @@ def main() -> int:
           f"baseline PPL {job.curves.baseline_ppl:.3f}; curves: " + "; ".join(
               f"{m} " + " ".join(f"{e['delta_pct']:+.1f}%" for e in v) for m, v in job.curves.methods.items()))
     mgr.shutdown()
+    out = {"load_average": load, "contract": contract.to_dict(), "evaluator": ev.to_dict(), "budget": DEFAULT_BUDGET,
+           "methods": list(DEFAULT_METHODS), "cold_s": marks,
+           "curves": {m: [e["delta_pct"] for e in v] for m, v in job.curves.methods.items()},
+           "verdict": job.curves.verdict["regime"] if job.curves.verdict else None}
+    if a.cold_only:
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=2))
+        return 0
 
     # ------------------------------------------------------------------ cached reopen, through the real app
     import streamlit as st
@@ -136,9 +145,8 @@ def main() -> int:
     except OSError:
         load_end = float("nan")
     print(f"load average at the end: {load_end:.2f}")
-    out = {"load_average": load, "load_average_end": load_end, "contract": contract.to_dict(), "evaluator": ev.to_dict(), "budget": DEFAULT_BUDGET,
-           "methods": list(DEFAULT_METHODS), "cold_s": marks, "cached_render_s": cached, "heatmaps_page_s": heat,
-           "curves_page_s": curv, "cached_ok": ok}
+    out.update({"load_average_end": load_end, "cached_render_s": cached, "heatmaps_page_s": heat,
+                "curves_page_s": curv, "cached_ok": ok})
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
     return 0 if ok else 1

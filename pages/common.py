@@ -27,7 +27,9 @@ OTHER = "other path…"
 @st.cache_resource(show_spinner=False)
 def manager() -> JobManager:
     """The one job manager of this server process (shared by every session and tab)."""
-    return JobManager()
+    mgr = JobManager()
+    mgr.warm_up()
+    return mgr
 
 
 def keep_widget_state() -> None:
@@ -241,20 +243,96 @@ def progress_view(job: Job) -> None:
         st.error(f"Error: {job.error}", icon=":material/error:")
 
 
+#: seconds the live progress fragment spent per job key: {"polls": n, "seconds": s, "redraws": k} (logged once
+#: when the job finishes; bench/served_default.py reports it)
+VIEW_COST: dict = {}
+#: a running job's results are redrawn at most this often (s); its progress line every POLL_S
+MIN_REDRAW_S = 2.0
+
+
+def _version(job: Job) -> tuple:
+    """Changes exactly when something drawable changed (a new partial result, curves or trajectory, a status)."""
+    return (job.key, job.status, id(job.result), id(job.curves), id(job.trajectory))
+
+
 def live(job: Job | None, body, key: str) -> None:
-    """Run ``body(job)`` in a fragment that re-runs every second while the job runs and triggers one full
-    rerun when it finishes (so the rest of the page draws the final results)."""
+    """Draw ``progress_view(job)`` and ``body(job)``; while the job runs, keep them current at no cost to the
+    computation, which shares the CPU with this server and the browser.
+
+    Only the progress line (bar, counts, ETA, Cancel) sits in a fragment polled every ``POLL_S`` seconds: a
+    poll redraws nothing else, so neither the server nor the browser re-renders figures or tables that did not
+    change.  When the job has published a new partial result, the poll triggers one full rerun (at most every
+    ``MIN_REDRAW_S`` seconds), which draws ``body`` anew -- whose derived figures and statistics are memoised
+    on the result (:func:`memo`); the final state is always drawn when the job ends."""
     if job is None:
         return
     running = job.running
-
-    @st.fragment(run_every=POLL_S if running else None)
-    def _frag():
+    drawn = _version(job)
+    if not running:
+        progress_view(job)
         body(job)
-        if running and not job.running:
+        return
+    state = st.session_state.setdefault("_live", {})
+    state[key] = (drawn, time.monotonic())
+
+    @st.fragment(run_every=POLL_S)
+    def _poll():
+        t0 = time.perf_counter()
+        progress_view(job)
+        c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0})
+        c["polls"] += 1
+        c["seconds"] += time.perf_counter() - t0
+        last_v, last_t = state.get(key, (drawn, 0.0))
+        if not job.running:
+            import logging
+
+            logging.getLogger("swapkl.jobs").info(
+                "live view of job %s (%s): %d polls, %.2f s drawing progress, %d result redraws",
+                job.key, key, c["polls"], c["seconds"], c["redraws"])
+            st.rerun(scope="app")
+        elif _version(job) != last_v and time.monotonic() - last_t >= MIN_REDRAW_S:
+            c["redraws"] += 1
             st.rerun(scope="app")
 
-    _frag()
+    _poll()
+    body(job)
+
+
+def job_verdict(job: Job) -> dict | None:
+    """The regime verdict of a job: the curves' (when computed) or from the adjacent pairs; None until every
+    adjacent pair is scored."""
+    from swapkl.removal import regime_verdict
+
+    if job.curves is not None and job.curves.verdict:
+        return job.curves.verdict
+    res = job.result
+    if res is None:
+        return None
+    L = res.num_layers
+    adjacent = [(i, i + 1) for i in range(L - 1)]
+    have = set(res.pairs)
+    if not all(p in have for p in adjacent):
+        return None
+    return regime_verdict(res.replacement(), res.interchange(), adjacent)
+
+
+def lead_figure(job: Job, verdict: dict | None, key: str):
+    """The figure a result leads with: the depth profile (both protocols against layer depth, CI bands,
+    thresholds, best pairs) when only adjacent pairs exist -- their heatmaps would be blank but for a thin
+    diagonal -- else the two heatmaps on one colour scale.  Returns the figure (for downloads)."""
+    res = job.result
+    rk = result_key(job)
+    if plots.is_adjacent_only(res):
+        directed = st.toggle("Show the two directed replacement means R[i][i+1], R[i+1][i]", key=f"w_{key}_directed")
+        fig = memo("depth", rk + (directed, (verdict or {}).get("regime")),
+                   lambda: plots.depth_profile(res, verdict=verdict, directed=directed))
+        st.plotly_chart(fig, key=f"{key}_depth", width="stretch")
+        st.caption("Adjacent pairs only (the heatmaps would be a thin diagonal): choose the pair set gap:K or all "
+                   "for heatmaps. Bands: 95 % bootstrap CIs over prompts; stars: each protocol's best pair.")
+    else:
+        fig = memo("heatmaps", rk + ("linear", False), lambda: plots.heatmaps(res))
+        st.plotly_chart(fig, key=f"{key}_heatmaps", width="stretch")
+    return fig
 
 
 def memo(name: str, key: tuple, fn):

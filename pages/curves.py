@@ -12,7 +12,6 @@ job = common.need_result()
 
 
 def body(job) -> None:
-    common.progress_view(job)
     curves = job.curves
     if curves is None or not curves.methods:
         if job.request.kind == "analysis" and not job.request.wants_curves:
@@ -23,11 +22,15 @@ def body(job) -> None:
     cap = plots.contract_caption(curves)
     st.caption(f"contract: {cap}")
     methods = list(curves.methods)
-    c1, c2 = st.columns([3, 1])
+    c1, c2, c3 = st.columns([3, 1, 1])
     shown = c1.multiselect("Methods shown", methods, default=methods, key="w_cv_methods")
     bands = c2.toggle("CI bands", value=True, key="w_cv_bands")
+    full = c3.toggle("Full y range", value=False, key="w_cv_full",
+                     help="off: the y axis fits the deterministic curves; seeded baselines above it are marked at "
+                          "the top edge with their values")
     rk = common.result_key(job)
-    fig = common.memo("curves", rk + (tuple(shown), bands), lambda: plots.removal_curves(curves, methods=shown, bands=bands))
+    fig = common.memo("curves", rk + (tuple(shown), bands, full),
+                      lambda: plots.removal_curves(curves, methods=shown, bands=bands, full_range=full))
     st.plotly_chart(fig, key="cv_main")
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")

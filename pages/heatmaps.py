@@ -12,13 +12,15 @@ job = common.need_result()
 
 
 def body(job) -> None:
-    common.progress_view(job)
     res = job.result
     if res is None or not res.pairs:
         st.info("No pair has finished yet; the heatmaps fill in as pairs arrive (adjacent pairs first).")
         return
     cap = plots.contract_caption(res)
     st.caption(f"contract: {cap}")
+    if plots.is_adjacent_only(res):
+        st.info("Only adjacent pairs were scored, so the heatmaps are a thin diagonal: the Start page leads with "
+                "their depth profile. Choose the pair set gap:K or all for full heatmaps.")
     c1, c2 = st.columns([1, 3])
     scale = c1.radio("Colour scale", ("linear", "log"), key="w_hm_scale", horizontal=True)
     directed = c2.toggle("Directed replacement matrix R[i][j] (slot i ← block j)", key="w_hm_directed")

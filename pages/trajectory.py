@@ -71,7 +71,6 @@ if job is None:
 
 
 def body(job) -> None:
-    common.progress_view(job)
     traj = job.trajectory
     if traj is None or not traj.results:
         if job.running:

@@ -338,6 +338,20 @@ class JobManager:
             pass
 
     # ---------------------------------------------------------------- public API
+    def warm_up(self) -> threading.Thread:
+        """Import the heavy modules (torch, transformers, the engine) on a daemon thread, so that the first
+        Compute of a freshly started server does not wait for them (~3-4 s on 2 cores)."""
+        def _imports():
+            try:
+                import swapkl.api  # noqa: F401  (torch, transformers)
+                import swapkl.removal  # noqa: F401
+            except Exception as e:  # noqa: BLE001 - the job that needs them reports the real error
+                log.warning("warm-up import failed: %s", e)
+
+        t = threading.Thread(target=_imports, name="swapkl-warm-up", daemon=True)
+        t.start()
+        return t
+
     def submit(self, request) -> Job:
         """The job for ``request``: the existing one when an identical request is queued, running or done
         (a failed or cancelled one is retried), else a new job -- finished at once from a snapshot when one

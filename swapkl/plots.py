@@ -163,10 +163,11 @@ def _wrap_caption(caption: str, width: int = 110) -> str:
 
 
 def _stamp(fig, title: str, caption: str, extra_top: int = 0):
-    """Title + contract subtitle + ``layout.meta['contract']``."""
+    """Title + contract subtitle + ``layout.meta['contract']`` (other ``layout.meta`` keys are kept)."""
     n_lines = _wrap_caption(caption).count("<br>") + 1
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
     fig.update_layout(title={"text": title, "subtitle": {"text": _wrap_caption(caption), "font": {"size": 11}}},
-                      meta={"contract": caption}, margin={"t": 72 + 15 * n_lines + extra_top})
+                      meta=dict(meta, contract=caption), margin={"t": 72 + 15 * n_lines + extra_top})
     return fig
 
 
@@ -368,6 +369,82 @@ def pair_distribution(result, i: int, j: int, caption: str | None = None):
                   caption or contract_caption(result))
 
 
+def is_adjacent_only(result) -> bool:
+    """True when every scored pair is adjacent (``|i-j| = 1``): the heatmaps would be blank but for a thin
+    diagonal, so the depth profile (:func:`depth_profile`) is the figure to lead with."""
+    return bool(result.pairs) and all(j - i == 1 for i, j in result.pairs)
+
+
+def depth_profile(result, verdict: dict | None = None, directed: bool = False, bands: bool = True,
+                  log_y: bool = True, caption: str | None = None):
+    """Swap-KL of the adjacent pairs against layer depth: ``d_repl`` and ``d_inter`` (nats) of pair (i, i+1)
+    at x = i + 0.5 (the boundary between the two layers), one line per protocol on one chart.
+
+    ``bands``: 95 % bootstrap CI bands over prompts (traces ``"<protocol> band"``); ``directed``: the two
+    directed replacement means ``R[i][i+1]`` (slot i ← block i+1) and ``R[i+1][i]`` are drawn too (otherwise
+    they are in the legend, hidden until clicked); dashed lines at the strong (0.05) and conditional (0.10 nats)
+    thresholds; the best pair of each protocol marked with a star; ``verdict`` (a
+    :func:`swapkl.removal.regime_verdict` dict) in the title.  ``log_y``: KLs span decades, so
+    the y axis is logarithmic by default (values <= 0 drawn at :data:`LOG_FLOOR`, hover shows the true value).
+    Only adjacent pairs are drawn (a wider pair set is the heatmaps' job)."""
+    import plotly.graph_objects as go
+
+    from swapkl.results import CONDITIONAL, STRONG
+
+    table = result.pair_table(ci=bands)
+    adj = table[table["j"] - table["i"] == 1].sort_values("i") if not table.empty else table
+    fig = go.Figure()
+    if adj.empty:
+        return _stamp(fig, "Swap-KL by layer depth (adjacent pairs)", caption or contract_caption(result))
+    x = [float(i) + 0.5 for i in adj["i"]]
+    labels = [f"{int(i)}–{int(j)}" for i, j in zip(adj["i"], adj["j"])]
+
+    def yv(vals):
+        return [max(float(v), LOG_FLOOR) if log_y else float(v) for v in vals]
+
+    for name, col, colour, width in (("replacement", "d_repl", PROMINENT["replacement"], 3.0),
+                                     ("interchange", "d_inter", PROMINENT["interchange"], 3.0)):
+        if bands and f"{col}_lo" in adj.columns:
+            lo, hi = yv(adj[f"{col}_lo"]), yv(adj[f"{col}_hi"])
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", mode="lines", line={"width": 0},
+                                     fillcolor=_rgba(colour, 0.15), name=f"{name} band", legendgroup=name,
+                                     showlegend=False, hoverinfo="skip", meta={"band": "95 % CI over prompts"}))
+        ci = [_ci(a, b) for a, b in zip(adj.get(f"{col}_lo", [None] * len(adj)), adj.get(f"{col}_hi", [None] * len(adj)))]
+        text = [f"pair {lab}<br>{col} = {_f(v)}{c} nats" for lab, v, c in zip(labels, adj[col], ci)]
+        fig.add_trace(go.Scatter(x=x, y=yv(adj[col]), mode="lines+markers", name=f"{name} {col}", legendgroup=name,
+                                 line={"color": colour, "width": width}, marker={"size": 7, "color": colour},
+                                 text=text, hovertemplate="%{text}<extra></extra>", meta={"protocol": name}))
+        best = int(np.argmin(adj[col].to_numpy()))
+        fig.add_trace(go.Scatter(x=[x[best]], y=yv([adj[col].iloc[best]]), mode="markers+text",
+                                 marker={"symbol": "star", "size": 18, "color": colour, "line": {"width": 1, "color": "black"}},
+                                 text=[f"best {name}: {labels[best]}"], textposition="top center",
+                                 textfont={"color": colour, "size": 11}, name=f"best {name} pair", legendgroup=name,
+                                 showlegend=False, hovertemplate=f"best {name} pair {labels[best]}: "
+                                 f"{_f(adj[col].iloc[best])} nats<extra></extra>", meta={"best": labels[best]}))
+    for col, name, dash in (("R_ij", "R[i][i+1] (slot i ← block i+1)", "dot"),
+                            ("R_ji", "R[i+1][i] (slot i+1 ← block i)", "dashdot")):
+        fig.add_trace(go.Scatter(x=x, y=yv(adj[col]), mode="lines+markers", name=name, visible=True if directed else "legendonly",
+                                 line={"color": PROMINENT["replacement"], "width": 1.2, "dash": dash}, marker={"size": 4},
+                                 text=[f"pair {lab}<br>{name} = {_f(v)} nats" for lab, v in zip(labels, adj[col])],
+                                 hovertemplate="%{text}<extra></extra>", meta={"directed": col}))
+    for thr, what in ((STRONG, "strong"), (CONDITIONAL, "conditional")):
+        fig.add_hline(y=thr, line={"color": "#555", "width": 1, "dash": "dash"},
+                      annotation_text=f"{what} < {thr:g} nats", annotation_position="bottom right",
+                      annotation_font_size=10)
+    L = result.num_layers
+    fig.update_xaxes(title_text="layer depth (pair i–i+1 drawn between layers i and i+1)", range=[0, L - 1],
+                     dtick=1 if L <= 32 else None)
+    fig.update_yaxes(title_text="swap-KL, nats" + (" (log scale)" if log_y else ""), type="log" if log_y else "linear")
+    fig.update_layout(height=460, width=980, hovermode="x unified", plot_bgcolor="white",
+                      legend={"orientation": "h", "y": -0.2})
+    fig.update_xaxes(showgrid=True, gridcolor="#eee")
+    fig.update_yaxes(showgrid=True, gridcolor="#eee")
+    title = "Swap-KL by layer depth (adjacent pairs; lower = more redundant)"
+    if verdict:
+        title += f" — {verdict['regime']} regime, prefer {verdict['prefer']}"
+    return _stamp(fig, title, caption or contract_caption(result))
+
+
 def top_pairs_table(result, k: int = 10):
     """pandas DataFrame of the k most redundant pairs (lowest swap-KL, nats) under each protocol side by side.
 
@@ -428,13 +505,41 @@ def _removed_str(e: dict) -> str:
     return "–" if rem is None else "{" + ", ".join(str(x) for x in rem) + "}"
 
 
-def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = True, caption: str | None = None):
+def _focus_range(all_methods: dict, chosen: list) -> tuple[float, float] | None:
+    """y range (ΔPPL %) that keeps the deterministic curves readable: their values with 20 % headroom, 0
+    included.  None when there is no deterministic curve, or when the seeded curves fit in it anyway."""
+    det, every = [], []
+    for m in chosen:
+        for e in all_methods[m]:
+            v = e.get("delta_pct")
+            if v is None or not math.isfinite(float(v)):
+                continue
+            every += [float(v)] + [float(x) for x in (e.get("delta_pct_max"), e.get("delta_pct_min")) if x is not None]
+            if e.get("delta_pct_min") is None and m != "random":
+                det.append(float(v))
+    if not det:
+        return None
+    lo, hi = min(0.0, min(det)), max(0.0, max(det))
+    span = max(hi - lo, 1.0)
+    rng = (lo - 0.08 * span, hi + 0.2 * span)
+    if all(rng[0] <= v <= rng[1] for v in every):
+        return None
+    return rng
+
+
+def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = True, caption: str | None = None,
+                   full_range: bool = False):
     """ΔPPL % (vs the unpruned baseline) against n layers removed, one line per method.
 
     ``curves``: a ``CurvesResult`` or its dict (``methods[name]`` = entries ``{n, removed, ppl, delta_pct,
     delta_pct_ci, ...}``).  Replacement- and interchange-guided are drawn thick; baselines thin.  ``bands``:
     95 % bootstrap CI band (``delta_pct_ci``) per method; for ``random`` the line is the mean over seeds and the
-    band spans min–max over seeds.  Band traces are named ``"<method> band"``."""
+    band spans min–max over seeds.  Band traces are named ``"<method> band"``.
+
+    The y axis is fitted to the deterministic curves (``layout.meta["focus_range"]``), so a seeded baseline's
+    spread (random: often several times the guided ΔPPL) does not flatten them; points above the range are
+    drawn as triangles at its top edge, labelled with their value (traces ``"<method> off scale"``).
+    ``full_range=True`` shows every value instead."""
     import plotly.graph_objects as go
 
     d = _curves_dict(curves)
@@ -481,6 +586,22 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
     base = d.get("baseline_ppl")
     title = "ΔPPL after layer removal" + (f" (baseline PPL {_f(base, 3)})" if base is not None else "")
     fig.add_hline(y=0, line={"color": "black", "width": 0.8})
+    rng = None if full_range else _focus_range(all_methods, chosen)
+    if rng is not None:
+        fig.update_yaxes(range=list(rng))
+        for k, m in enumerate(chosen):
+            off = [e for e in all_methods[m] if e.get("delta_pct") is not None and float(e["delta_pct"]) > rng[1]]
+            if not off:
+                continue
+            col = _style(m, k)["color"]
+            top = rng[1] - 0.03 * (rng[1] - rng[0])
+            fig.add_trace(go.Scatter(x=[int(e["n"]) for e in off], y=[top] * len(off), mode="markers+text",
+                                     marker={"symbol": "triangle-up", "size": 11, "color": col},
+                                     text=[f"{_f(e['delta_pct'], 1)} %" for e in off], textposition="bottom center",
+                                     textfont={"size": 10, "color": col}, name=f"{m} off scale", legendgroup=m,
+                                     showlegend=False, hovertemplate="%{text} (above the range shown)<extra>"
+                                     + _label(m) + "</extra>", meta={"off_scale": m}))
+    fig.update_layout(meta={"focus_range": list(rng) if rng else None})
     fig.update_layout(xaxis_title="layers removed n", yaxis_title="ΔPPL (% of baseline)", height=460, width=760,
                       legend={"orientation": "v"}, hovermode="closest")
     fig.update_xaxes(dtick=1)

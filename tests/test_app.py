@@ -114,7 +114,9 @@ def test_compute_stories_all_pages(cache):
     direct = score(ck, Contract(pairs="gap:2", prompts=4, tokens=16, device="cpu"))
     np.testing.assert_allclose(res.replacement(), direct.replacement(), equal_nan=True)
 
-    # Start page: verdict, best pairs and gap statistics are the library's
+    # Start page: more than adjacent pairs, so it leads with the heatmaps; verdict, best pairs and gap
+    # statistics are the library's
+    assert _charts(at)[0]["data"][1]["z"] == _nan_to_none(res.interchange())
     verdict = regime_verdict(res.replacement(), res.interchange())
     assert any(md.value == f"### {verdict['regime']} — prefer {verdict['prefer']}" for md in at.markdown)
     s = res.summary()
@@ -246,6 +248,15 @@ def test_cached_result_renders_fast_and_is_shared(cache):
     assert any("loaded from the cache" in s.value for s in at2.success)
     assert any(m.label == "median" for m in at2.metric)
     assert dt < 2.0, f"cached render took {dt:.2f} s"
+    # adjacent pairs only: the first view leads with the depth profile (not two blank heatmaps), holding the
+    # result's d_repl / d_inter per adjacent pair; the settings fold away once a result shows
+    figs = _charts(at2)
+    assert "layer depth" in figs[0]["layout"]["title"]["text"]
+    lines = {t["meta"]["protocol"]: t["y"] for t in figs[0]["data"] if "protocol" in (t.get("meta") or {})}
+    res = job.result
+    assert lines["interchange"] == pytest.approx([res.interchange()[i, i + 1] for i in range(4)])
+    assert lines["replacement"] == pytest.approx([res.replacement()[i, i + 1] for i in range(4)])
+    assert not at2.expander[0].proto.expanded
     t0 = time.perf_counter()
     at2.switch_page("pages/heatmaps.py").run()
     assert time.perf_counter() - t0 < 2.0 and len(at2.get("plotly_chart")) == 3

@@ -41,12 +41,19 @@ def clone(tmp_path):
 
 
 def test_fresh_clone_run_sh_serves_the_default_dashboard(clone, tmp_path):
+    """With no virtual environment active (as on a stock Debian/Ubuntu python3, PEP 668), run.sh makes
+    ``.venv`` in the clone, says so, installs into it and serves the app with its python.  The venv reuses the
+    packages already installed here (SWAPKL_VENV_ARGS=--system-site-packages; pip --no-index proves nothing is
+    downloaded) so the test does not copy torch."""
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PIP_NO_INDEX="1", SWAPKL_CACHE=str(tmp_path / "cache"),
-               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+               SWAPKL_VENV_ARGS="--system-site-packages")
+    for k in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME"):
+        env.pop(k, None)
     log = open(tmp_path / "run.log", "w")
-    proc = subprocess.Popen(["bash", "run.sh", "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--server.fileWatcherType", "none"], cwd=clone, env=env, stdout=log,
+    # only the port on the command line: the rest (loopback address, no file watcher, headless, no usage
+    # statistics) comes from the shipped .streamlit/config.toml
+    proc = subprocess.Popen(["bash", "run.sh", "--server.port", str(port)], cwd=clone, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -59,7 +66,15 @@ def test_fresh_clone_run_sh_serves_the_default_dashboard(clone, tmp_path):
                     break
             except OSError:
                 time.sleep(1)
-        assert ok, "run.sh did not serve the dashboard:\n" + (tmp_path / "run.log").read_text()[-3000:]
+        out = (tmp_path / "run.log").read_text()
+        assert ok, "run.sh did not serve the dashboard:\n" + out[-3000:]
+        assert "no virtual environment is active: creating ./.venv" in out
+        venv_python = clone / ".venv" / "bin" / "python"
+        assert venv_python.exists()
+        # the server process (run.sh exec's it) is the clone's .venv python
+        argv0 = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        assert Path(argv0) == venv_python, argv0
+        assert "Inotify" not in out
         if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER):
             _assert_rendered_in_browser(url, tmp_path)
         else:  # no browser here: render the clone's app script headlessly instead

@@ -345,3 +345,69 @@ def test_table_csv(res):
     back = pd.read_csv(__import__("io").StringIO(s), comment=None, skiprows=1)
     assert back["d_repl"].tolist() == pytest.approx(df["d_repl"].tolist())
     assert plots.table_csv(df, "x").startswith("# contract: x\n")
+
+
+# ------------------------------------------------------------------------------------------------ depth profile
+def adjacent_result(L: int = 6) -> SwapResult:
+    rng = np.random.default_rng(3)
+    vec = {}
+    for i in range(L - 1):
+        vec[(i, i + 1)] = {"repl_ij": (0.2 + 0.05 * i + rng.uniform(0, 0.05, 4)).tolist(),
+                           "repl_ji": (0.3 + rng.uniform(0, 0.05, 4)).tolist(),
+                           "inter": (0.01 + 0.03 * abs(i - 2) + rng.uniform(0, 0.01, 4)).tolist()}
+    return SwapResult.from_pair_vectors(L, vec, contract=dict(CONTRACT, pairs="adjacent", prompts=4),
+                                        identity=dict(IDENTITY))
+
+
+def test_depth_profile_values_bands_thresholds_best():
+    from swapkl.removal import regime_verdict
+
+    r = adjacent_result()
+    assert plots.is_adjacent_only(r) and not plots.is_adjacent_only(synthetic())
+    v = regime_verdict(r.replacement(), r.interchange())
+    d = fj(plots.depth_profile(r, verdict=v))
+    lines = {t["meta"]["protocol"]: t for t in d["data"] if "protocol" in (t.get("meta") or {})}
+    rep, inter = r.replacement(), r.interchange()
+    assert lines["replacement"]["x"] == pytest.approx([i + 0.5 for i in range(5)])
+    assert lines["replacement"]["y"] == pytest.approx([rep[i, i + 1] for i in range(5)])
+    assert lines["interchange"]["y"] == pytest.approx([inter[i, i + 1] for i in range(5)])
+    # 95 % CI bands over prompts, from the result's own bootstrap (upper along depth, lower back)
+    tab = r.pair_table().sort_values("i")
+    band = {t["name"]: t for t in d["data"] if t["name"].endswith(" band")}["interchange band"]
+    assert band["y"] == pytest.approx(list(tab["d_inter_hi"]) + list(tab["d_inter_lo"])[::-1])
+    # best pair of each protocol marked where the minimum is
+    best = {t["name"]: t for t in d["data"] if "best" in (t.get("meta") or {})}
+    bi = int(np.argmin([inter[i, i + 1] for i in range(5)]))
+    assert best["best interchange pair"]["x"] == [bi + 0.5] and best["best interchange pair"]["meta"]["best"] == f"{bi}–{bi + 1}"
+    # thresholds 0.05 and 0.10 nats; log axis; verdict in the title; contract kept in meta
+    ys = sorted(s["y0"] for s in d["layout"]["shapes"])
+    assert ys == pytest.approx([0.05, 0.10])
+    assert d["layout"]["yaxis"]["type"] == "log"
+    assert v["regime"] in d["layout"]["title"]["text"] and f"prefer {v['prefer']}" in d["layout"]["title"]["text"]
+    assert d["layout"]["meta"]["contract"] == plots.contract_caption(r)
+    # the directed means are there on demand (hidden in the legend until asked for)
+    directed = [t for t in d["data"] if "directed" in (t.get("meta") or {})]
+    assert {t["meta"]["directed"] for t in directed} == {"R_ij", "R_ji"}
+    assert all(t["visible"] == "legendonly" for t in directed)
+    Rd = r.replacement_directed()
+    on = [t for t in fj(plots.depth_profile(r, directed=True))["data"] if "directed" in (t.get("meta") or {})]
+    assert all(t.get("visible", True) is True for t in on)
+    assert {t["meta"]["directed"]: t["y"] for t in on}["R_ji"] == pytest.approx([Rd[i + 1, i] for i in range(5)])
+
+
+def test_removal_curves_random_spread_does_not_flatten_guided():
+    c = fake_curves()
+    c["methods"]["random"][1].update(delta_pct=400.0, delta_pct_max=900.0, delta_pct_min=120.0)
+    d = fj(plots.removal_curves(c))
+    lo, hi = d["layout"]["yaxis"]["range"]
+    det_max = max(e["delta_pct"] for m in ("replacement", "interchange", "bi") for e in c["methods"][m])
+    assert det_max < hi < 2 * det_max and lo <= 0          # fitted to the deterministic curves
+    # the guided curves span most of the axis at every n (readable), the random point above it is marked
+    assert (det_max - 0) / (hi - lo) > 0.6
+    off = [t for t in d["data"] if (t.get("meta") or {}).get("off_scale") == "random"]
+    assert len(off) == 1 and off[0]["x"] == [1, 2] and off[0]["text"] == ["20.0 %", "400.0 %"]  # both above hi
+    assert d["layout"]["meta"]["focus_range"] == pytest.approx([lo, hi])
+    # full range on demand; and no clipping when everything fits
+    full = fj(plots.removal_curves(c, full_range=True))
+    assert "range" not in full["layout"]["yaxis"] and full["layout"]["meta"]["focus_range"] is None
+    assert "range" not in fj(plots.removal_curves(fake_curves(), methods=["replacement", "interchange"]))["layout"]["yaxis"]
