@@ -31,7 +31,7 @@ else
     rm -rf .venv
   fi
   if [ ! -x .venv/bin/python ]; then
-    say "no virtual environment is active: creating ./.venv (python3 -m venv ${SWAPKL_VENV_ARGS:-}.venv)"
+    say "no virtual environment is active: creating ./.venv (python3 -m venv ${SWAPKL_VENV_ARGS:+$SWAPKL_VENV_ARGS }.venv)"
     # shellcheck disable=SC2086  # SWAPKL_VENV_ARGS is a list of options
     if ! python3 -m venv ${SWAPKL_VENV_ARGS:-} .venv; then
       rm -rf .venv

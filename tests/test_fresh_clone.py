@@ -43,11 +43,11 @@ def clone(tmp_path):
 def test_fresh_clone_run_sh_serves_the_default_dashboard(clone, tmp_path):
     """With no virtual environment active (as on a stock Debian/Ubuntu python3, PEP 668), run.sh makes
     ``.venv`` in the clone, says so, installs into it and serves the app with its python.  The venv reuses the
-    packages already installed here (SWAPKL_VENV_ARGS=--system-site-packages; pip --no-index proves nothing is
-    downloaded) so the test does not copy torch."""
+    packages already installed here (SWAPKL_VENV_ARGS="--system-site-packages --without-pip": the system's pip
+    and setuptools serve it, and pip --no-index proves nothing is downloaded) so the test does not copy torch."""
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PIP_NO_INDEX="1", SWAPKL_CACHE=str(tmp_path / "cache"),
-               SWAPKL_VENV_ARGS="--system-site-packages")
+               SWAPKL_VENV_ARGS="--system-site-packages --without-pip")
     for k in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME"):
         env.pop(k, None)
     log = open(tmp_path / "run.log", "w")
