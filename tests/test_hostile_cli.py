@@ -109,3 +109,108 @@ def test_plain_tensor_pickle_loads(stories_path, tmp_path):
     torch.save(load_file(m / "model.safetensors"), m / "pytorch_model.bin")
     (m / "model.safetensors").unlink()
     assert load_checkpoint(str(m), device="cpu").num_layers == 5
+
+
+# ============================================================================== 2. output paths, checked up front
+def test_prune_out_is_a_file(stories_path, tmp_path):
+    out = tmp_path / "taken"
+    out.write_text("keep me")
+    r = run_cli("prune", stories_path, "--remove", "1", "--out", out, cache=tmp_path / "c")
+    assert_user_error(r, rf"^error: --out {re.escape(str(out))} exists and is not a folder$")
+    assert out.read_text() == "keep me"
+
+
+def test_score_json_is_a_folder_fails_before_computing(stories_path, tmp_path):
+    out = tmp_path / "a-folder"
+    out.mkdir()
+    r = run_cli("score", stories_path, "--prompts", "2", "--tokens", "8", "--json", out, cache=tmp_path / "c")
+    assert_user_error(r, rf"^error: --json {re.escape(str(out))} is a folder; give a file name$")
+    assert not (tmp_path / "c" / "scores").exists()  # nothing was computed (no cache entry was started)
+    assert list(out.iterdir()) == []
+
+
+def test_report_out_is_a_folder(tmp_path):
+    out = tmp_path / "a-folder"
+    out.mkdir()
+    r = run_cli("report", "--scores", tmp_path / "missing.json", "--out", out, cache=tmp_path / "c")
+    assert_user_error(r, rf"^error: --out {re.escape(str(out))} is a folder; give a file name$")
+
+
+@pytest.mark.parametrize("case", ["under-a-file", "input-file", "model-file", "device"])
+def test_output_file_paths_in_process(stories_path, tmp_path, capsys, monkeypatch, case):
+    """The other file-output refusals, through ``main`` (each fails before the model is loaded)."""
+    from swapkl.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("x")
+    m = model_copy(stories_path, tmp_path / "m")
+    before = tree_digest(m)
+    scores = tmp_path / "scores.json"
+    scores.write_text("{}")
+    argv, pattern = {
+        "under-a-file": (["score", m, "--json", blocker / "s.json"],
+                         rf"cannot write --json {re.escape(str(blocker / 's.json'))}: {re.escape(str(blocker))} is a "
+                         "file, not a folder$"),
+        "input-file": (["curves", m, "--budget", "1", "--scores", scores, "--json", scores],
+                       rf"--json {re.escape(str(scores))} would overwrite the input {re.escape(str(scores))}"),
+        "model-file": (["score", m, "--json", m / "config.json"],
+                       rf"--json {re.escape(str(m / 'config.json'))} would overwrite config\.json of the input "
+                       rf"folder {re.escape(str(m))}"),
+        "device": (["score", m, "--json", "/dev/null"], r"--json /dev/null exists and is not a regular file$"),
+    }[case]
+    assert main([str(x) for x in argv]) == 2
+    one_error_line(capsys.readouterr().err, pattern)
+    assert tree_digest(m) == before and scores.read_text() == "{}" and blocker.read_text() == "x"
+    assert not (tmp_path / "c" / "scores").exists()
+
+
+# ============================================================================== 4. no silent overwrite of a model
+def test_prune_into_the_source_folder_is_refused(stories_path, tmp_path):
+    m = model_copy(stories_path, tmp_path / "m")
+    (tmp_path / "link").symlink_to(m)
+    before = tree_digest(m)
+    for out, where in ((m, "is the source model folder"), (tmp_path / "link", f"is the source model folder {m}"),
+                       (m / "sub", f"is inside the source model folder {m}")):
+        r = run_cli("prune", m, "--remove", "1", "--out", out, cache=tmp_path / "c")
+        assert_user_error(r, rf"^error: --out {re.escape(str(out))} {re.escape(where)}; writing there would "
+                             "overwrite the model: choose another folder$")
+    assert tree_digest(m) == before and not (m / "sub").exists()
+
+
+def test_prune_source_folder_library(stories_path, tmp_path):
+    """The library entry point (the dashboard's export) refuses the same, through the model's own path."""
+    from swapkl.checkpoints import load_checkpoint
+    from swapkl.errors import OutputPathError
+    from swapkl.prune import save_pruned
+
+    m = model_copy(stories_path, tmp_path / "m")  # a copy: a regression must not damage the shared fixture
+    ck = load_checkpoint(str(m), device="cpu")
+    before = tree_digest(m)
+    with pytest.raises(OutputPathError, match="is the source model folder"):
+        save_pruned(ck.model, [1], m, tokenizer=ck.tokenizer)
+    with pytest.raises(OutputPathError, match="is inside the source model folder"):
+        save_pruned(ck.model, [1], m / "pruned", tokenizer=ck.tokenizer, force=True)
+    assert tree_digest(m) == before
+
+
+def test_prune_non_empty_out_needs_force_and_leaves_no_stale_weights(stories_path, tmp_path):
+    out = tmp_path / "old-model"
+    out.mkdir()
+    stale = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+             "pytorch_model.bin", "pytorch_model.bin.index.json"]
+    for name in stale:
+        (out / name).write_bytes(b"old weights")
+    (out / "notes.txt").write_text("mine")
+    before = tree_digest(out)
+    r = run_cli("prune", stories_path, "--remove", "1", "--out", out, cache=tmp_path / "c")
+    assert_user_error(r, rf"^error: --out {re.escape(str(out))} is not empty \(6 entries\); choose a new or empty "
+                         r"folder, or --force to replace the model files in it$")
+    assert tree_digest(out) == before  # refused: untouched
+
+    r = run_cli("prune", stories_path, "--remove", "1", "--out", out, "--force", "--verify", cache=tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    names = {p.name for p in out.iterdir()}
+    assert not names & set(stale) and "model.safetensors" in names and (out / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
-    load_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args, load_from_args
 from swapkl.errors import SwapklError
 
 DEFAULT_METHODS = "replacement,interchange,random,bi,sleb"
@@ -76,6 +76,7 @@ def run(a) -> int:
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     from swapkl import methods as M
     for m in methods:

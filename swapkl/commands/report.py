@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
-    load_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args, load_from_args
 from swapkl.errors import SwapklError
 
 DEFAULT_METHODS = "replacement,interchange,random"
@@ -59,6 +59,7 @@ def run(a) -> int:
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
     if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory)):
         raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text])
     result = report.as_result(a.scores) if a.scores else None
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
