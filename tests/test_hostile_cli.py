@@ -214,3 +214,77 @@ def test_prune_non_empty_out_needs_force_and_leaves_no_stale_weights(stories_pat
     assert not names & set(stale) and "model.safetensors" in names and (out / "notes.txt").read_text() == "mine"
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
+
+
+# ============================================================================== 3. a cache that cannot be written
+@pytest.fixture
+def blocked_cache(tmp_path) -> Path:
+    """A cache root that cannot be created: its parent is a regular file (NotADirectoryError).  chmod would not
+    do, the tests run as root."""
+    (tmp_path / "not-a-folder").write_text("x")
+    return tmp_path / "not-a-folder" / "cache"
+
+
+WARN_UNWRITABLE = r"^warning: cannot write the cache under .*not-a-folder/cache \(NotADirectoryError: .*\); " \
+                  r"computing without caching \(set SWAPKL_CACHE to a writable folder\)$"
+
+
+def test_unwritable_cache_computes_and_warns_once(stories_path, tmp_path, blocked_cache):
+    """Score cache and perplexity memo both fail to write: the run completes, says so in one line, and writes its
+    result."""
+    out = tmp_path / "curves.json"
+    r = run_cli("curves", stories_path, "--budget", "1", "--methods", "replacement,interchange", "--prompts", "2",
+                "--tokens", "8", "--max-words", "300", "--quiet", "--json", out, cache=blocked_cache)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and re.search(WARN_UNWRITABLE, lines[0]), r.stderr
+    assert json.loads(out.read_text())["methods"]["replacement"][0]["ppl"] > 1
+
+
+def test_unwritable_cache_library(stories, blocked_cache, monkeypatch):
+    """In the library: the warning is a CacheWarning, issued once, and recorded in the result's cache_problems
+    (what the dashboard can show)."""
+    import swapkl.cache as cache_mod
+    from swapkl.api import score
+    from swapkl.cache import CacheWarning
+    from swapkl.contract import Contract
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(blocked_cache))
+    monkeypatch.setattr(cache_mod, "_WARNED_UNWRITABLE", set())
+    with pytest.warns(CacheWarning, match="computing without caching") as rec:
+        res = score(stories, Contract(prompts=2, tokens=8, device="cpu"))
+        again = score(stories, Contract(prompts=2, tokens=8, device="cpu", seed=1))
+    assert len([w for w in rec if issubclass(w.category, CacheWarning)]) == 1
+    assert len(res.pairs) == 4 and len(again.pairs) == 4 and again.meta["cached_pairs"] == 0
+    assert any("cannot write the cache" in p for p in res.meta["cache_problems"])
+
+
+def test_unwritable_cache_gguf_conversion(tmp_path, blocked_cache, monkeypatch, stories_path):
+    """The GGUF conversion goes to a temporary folder for this process (once), not a traceback."""
+    import transformers as tf
+
+    import swapkl.cache as cache_mod
+    from swapkl import gguf
+    from swapkl.cache import CacheWarning
+
+    from conftest import tiny_model
+
+    fake = tmp_path / "tiny.gguf"
+    fake.write_bytes(gguf.GGUF_MAGIC + b"\0" * 64)
+    calls = []
+
+    def fake_load(path, with_tokenizer=True):  # the real dequantiser needs a real GGUF (tested elsewhere)
+        calls.append(path)
+        return tiny_model("llama", vocab=512), tf.AutoTokenizer.from_pretrained(stories_path)
+
+    monkeypatch.setattr(gguf, "load_gguf", fake_load)
+    monkeypatch.setattr(cache_mod, "_WARNED_UNWRITABLE", set())
+    with pytest.warns(CacheWarning, match="cannot write the cache under .*not-a-folder"):
+        folder = gguf.gguf_to_hf_folder(fake, cache_root=blocked_cache)
+    try:
+        assert gguf.is_complete(folder) and not str(folder).startswith(str(blocked_cache))
+        assert gguf.gguf_to_hf_folder(fake, cache_root=blocked_cache) == folder and len(calls) == 1
+        assert tf.AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == 4
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
