@@ -370,7 +370,7 @@ class JobManager:
         cluster run) and optionally a ``curves --json`` file -- so the pages can browse it on a machine that
         has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
         curves from another model."""
-        from swapkl.removal import CurvesResult, check_scores
+        from swapkl.removal import CurvesResult, check_same_model
         from swapkl.results import SwapResult
 
         def as_dict(x):
@@ -389,8 +389,7 @@ class JobManager:
                 curves = CurvesResult.from_json(json.dumps(as_dict(curves_json)))
             except (TypeError, KeyError) as e:
                 raise SwapklError(f"not a swapkl curves file ({e})") from e
-            check_scores({"replacement": result.replacement(), "interchange": result.interchange()},
-                         result.num_layers, result.identity, curves.model)
+            check_same_model(result, curves.model)
         ident = result.identity or {}
         model = str(ident.get("id") or ident.get("display") or "result file")
         budget = int(curves.budget) if curves is not None else 0

@@ -410,9 +410,10 @@ def disk_memo(identity: dict | None, kl: bool = True) -> EvalMemo:
     return EvalMemo(disk=cache_root() / "ppl" / key)
 
 
-def check_scores(scores: dict, num_layers: int, identity: dict | None = None, model_identity: dict | None = None):
+def check_scores(scores: dict, num_layers: int, identity: dict | None = None, model_identity: dict | None = None,
+                 what: str = "the scores file is for a different model"):
     """Raise :class:`ScoresMismatch` when score matrices do not fit the model (layer count; identity when both
-    sides give one)."""
+    sides give one).  ``what`` starts the identity message."""
     for name, d in scores.items():
         d = np.asarray(d)
         if d.shape != (num_layers, num_layers):
@@ -427,7 +428,16 @@ def check_scores(scores: dict, num_layers: int, identity: dict | None = None, mo
             a, b = identity.get(key), model_identity.get(key)
             if a is not None and b is not None and a != b:
                 name = identity.get("display") or identity.get("id") or "?"
-                raise ScoresMismatch(f"the scores file is for a different model ({name}; {key} {a} != {b})")
+                raise ScoresMismatch(f"{what} ({name}; {key} {a} != {b})")
+
+
+def check_same_model(result, curves_model: dict | None,
+                     what: str = "the scores and the removal curves are for different models") -> None:
+    """Raise :class:`ScoresMismatch` when removal curves (their ``model`` identity) were computed on another model
+    than the score result ``result`` (a :class:`~swapkl.results.SwapResult`): the one check for every place that
+    shows the two together (the dashboard's file upload, ``report --scores --curves``)."""
+    check_scores({"replacement": result.replacement(), "interchange": result.interchange()}, result.num_layers,
+                 result.identity, curves_model, what=what)
 
 
 def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str] = (

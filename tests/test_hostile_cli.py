@@ -288,3 +288,37 @@ def test_unwritable_cache_gguf_conversion(tmp_path, blocked_cache, monkeypatch, 
         assert tf.AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == 4
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# ============================================================================== 5. one report from two models
+def test_report_refuses_scores_and_curves_of_two_models(stories_path, tmp_path, monkeypatch, capsys):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from swapkl.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    other = model_copy(stories_path, tmp_path / "other")  # same architecture, different weights
+    sd = load_file(other / "model.safetensors")
+    sd = {k: (v * 1.01 if v.dim() == 2 else v).contiguous() for k, v in sd.items()}
+    save_file(sd, other / "model.safetensors", metadata={"format": "pt"})
+    scores, curves = tmp_path / "a-scores.json", tmp_path / "b-curves.json"
+    small = ["--prompts", "2", "--tokens", "8", "--device", "cpu", "--quiet"]
+    assert main(["score", str(stories_path), *small, "--json", str(scores)]) == 0
+    assert main(["curves", str(other), "--budget", "1", "--methods", "replacement", "--max-words", "300", "--no-kl",
+                 *small, "--json", str(curves)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "report.html"
+    r = run_cli("report", "--scores", scores, "--curves", curves, "--out", out, cache=tmp_path / "c")
+    assert_user_error(r, rf"^error: --scores {re.escape(str(scores))} and --curves {re.escape(str(curves))} are for "
+                         r"different models \(stories260K; fingerprint [0-9a-f]+ != [0-9a-f]+\)$")
+    assert not out.exists()
+    # the dashboard's upload refuses the same pair through the same check
+    from swapkl.errors import SwapklError
+    from swapkl.jobs import JobManager
+
+    with pytest.raises(SwapklError, match="are for different models"):
+        JobManager(root=tmp_path / "dash").open_files(scores.read_text(), curves.read_text())
+    # and one model's files still make one report
+    r = run_cli("report", "--scores", scores, "--out", out, "--quiet", cache=tmp_path / "c")
+    assert r.returncode == 0 and out.is_file(), r.stderr

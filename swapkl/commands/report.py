@@ -63,6 +63,11 @@ def run(a) -> int:
     result = report.as_result(a.scores) if a.scores else None
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
+    if result is not None and curves is not None:  # never one report from two models
+        from swapkl.removal import check_same_model
+
+        check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
+                                                            "different models")
 
     ck = None
     if a.model and (want_curves or (result is None and curves is None and traj is None)):
