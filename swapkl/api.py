@@ -119,7 +119,10 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
             "noise_floor_parts": meta.get("noise_floor_parts") if meta else None, "cache_key": entry.key, "cache_problems": entry.problems}
     if progress is not None:
         progress(base_done, total, "cached pairs loaded")
-    if todo:
+    # a missing or corrupt meta.json beside cached pairs is rewritten (with its noise floor), or every later run
+    # would show the noise floor as unknown
+    rewrite_meta = use_cache and meta is None and bool(done)
+    if todo or rewrite_meta:
         limits = engine_limits(checkpoint, contract.prompts, contract.tokens, contract.positions) | (engine_kw or {})
         progress_at = [base_done]
 
@@ -149,6 +152,7 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
                               "noise_floor": info["noise_floor"], "noise_floor_parts": info.get("noise_floor_parts"),
                               "contract": contract.to_dict()})
 
+    if todo:
         def on_pair(i, j, vec):
             vec = {k: v.tolist() for k, v in vec.items()}
             done[(i, j)] = vec

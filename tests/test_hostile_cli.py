@@ -322,3 +322,34 @@ def test_report_refuses_scores_and_curves_of_two_models(stories_path, tmp_path, 
     # and one model's files still make one report
     r = run_cli("report", "--scores", scores, "--out", out, "--quiet", cache=tmp_path / "c")
     assert r.returncode == 0 and out.is_file(), r.stderr
+
+
+# ============================================================================== 6. a corrupt meta.json is rewritten
+def test_corrupt_meta_is_rewritten(stories_path, tmp_path, monkeypatch, capsys):
+    from swapkl.cli import main
+
+    cache = tmp_path / "c"
+    monkeypatch.setenv("SWAPKL_CACHE", str(cache))
+    args = ["score", str(stories_path), "--prompts", "2", "--tokens", "8", "--device", "cpu"]
+    assert main([*args, "--quiet"]) == 0
+    (meta,) = (cache / "scores").glob("*/meta.json")
+    pairs_before = tree_digest(meta.parent / "pairs")
+    good = json.loads(meta.read_text())
+    meta.write_text('{"noise_floor": 0.0, "prompt_tok')  # a torn write from some other tool
+
+    r = run_cli(*args, "--json", tmp_path / "1.json", cache=cache)
+    assert r.returncode == 0, r.stderr
+    warn = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warn) == 1 and re.search(rf"^warning: corrupt cache entry {re.escape(str(meta))}: unreadable .*; "
+                                        "it will be recomputed$", warn[0]), r.stderr
+    assert "from cache: 4" in r.stdout and "noise floor nan" not in r.stdout
+    assert json.loads((tmp_path / "1.json").read_text())["noise_floor"] is not None
+    fixed = json.loads(meta.read_text())  # rewritten, whole
+    assert fixed["noise_floor"] == good["noise_floor"] and fixed["prompt_token_ids"] == good["prompt_token_ids"]
+    assert tree_digest(meta.parent / "pairs") == pairs_before  # the cached pairs were kept, not recomputed
+
+    capsys.readouterr()
+    assert main([*args, "--json", str(tmp_path / "2.json")]) == 0  # the second run reads a valid meta
+    assert "warning" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "2.json").read_text())["noise_floor"] == good["noise_floor"]
+    assert json.loads((tmp_path / "2.json").read_text())["meta"]["cache_problems"] == []
