@@ -550,6 +550,10 @@ class JobManager:
         job.checkpoint = ck
         L = ck.num_layers
         job.note(f"loaded {ck.identity.get('display') or req.model}: {L} layers on {ck.device}")
+        if req.wants_curves:  # an evaluator window beyond the model's context fails now, not after the scores
+            from swapkl.removal import check_evaluator_context
+
+            check_evaluator_context(ck.model, self._evaluator(req), name=ck.identity.get("display"))
 
         def publish(res):
             job.result = res
@@ -580,13 +584,18 @@ class JobManager:
         per_chunk = max(2, -(-n_pairs // chunks))
         return {"max_live": max(3, min(lim["max_live"], 3 * per_chunk))}
 
+    @staticmethod
+    def _evaluator(req: AnalysisRequest):
+        from swapkl.evaluate import Evaluator, get_evaluator
+
+        return Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
+
     def _run_curves(self, job: Job, ck, res) -> None:
         from swapkl.corpora import load_corpus
-        from swapkl.evaluate import Evaluator, get_evaluator
         from swapkl.removal import disk_memo, removal_curves
 
         req: AnalysisRequest = job.request
-        ev = Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
+        ev = self._evaluator(req)
         corpus = load_corpus(req.contract.corpus)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
         memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart

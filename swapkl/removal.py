@@ -440,6 +440,16 @@ def check_same_model(result, curves_model: dict | None,
                  result.identity, curves_model, what=what)
 
 
+def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
+    """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
+    from swapkl import architectures as arch
+    from swapkl.evaluate import get_evaluator
+
+    ev = get_evaluator(evaluator)
+    arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
+                       "use an evaluator whose window is at most {limit} tokens", name=name)
+
+
 def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str] = (
         "replacement", "interchange", "random"), evaluator="matched", corpus=None, progress=None,
         should_stop=None, *, spacing: int = 1, exclude_boundary: bool = True, candidates=None, partners=None,
@@ -474,6 +484,7 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     if any(s.rule_candidates for s in specs):  # fail before any evaluation
         check_budget(budget, cands, spacing)
     ev = E.get_evaluator(evaluator)
+    check_evaluator_context(model, ev, name=(identity or {}).get("display"))
     if corpus is None:
         from swapkl.corpora import load_corpus
         corpus = load_corpus()

@@ -353,3 +353,58 @@ def test_corrupt_meta_is_rewritten(stories_path, tmp_path, monkeypatch, capsys):
     assert "warning" not in capsys.readouterr().err
     assert json.loads((tmp_path / "2.json").read_text())["noise_floor"] == good["noise_floor"]
     assert json.loads((tmp_path / "2.json").read_text())["meta"]["cache_problems"] == []
+
+
+# ============================================================================== 7. longer than the model's context
+def short_context_copy(stories_path: Path, dest: Path, positions: int = 256) -> Path:
+    """stories260K with a smaller ``max_position_embeddings`` (rotary: the weights do not depend on it)."""
+    m = model_copy(stories_path, dest)
+    cfg = json.loads((m / "config.json").read_text())
+    cfg["max_position_embeddings"] = positions
+    (m / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
+def test_tokens_beyond_the_context(stories_path, tmp_path):
+    """stories260K has 2,048 positions: --tokens 2100 is refused at once (it used to run past the context)."""
+    r = run_cli("score", stories_path, "--prompts", "2", "--tokens", "2100", cache=tmp_path / "c")
+    assert_user_error(r, r"^error: --tokens 2100 \(tokens per prompt\) is more than the model's context: stories260K "
+                         r"has 2048 positions \(max_position_embeddings in its config\); use at most 2048$")
+    assert not (tmp_path / "c" / "scores").exists()
+
+
+def test_tokens_beyond_the_context_library(stories, cache_dir):
+    from swapkl.api import score
+    from swapkl.contract import Contract
+    from swapkl.errors import ContractError
+
+    with pytest.raises(ContractError, match=r"--tokens 100000 .* has 2048 positions .*use at most 2048$"):
+        score(stories, Contract(prompts=16, tokens=100_000, device="cpu"))
+    assert not (cache_dir / "scores").exists()  # refused before the corpus was even tokenised
+
+
+def test_evaluator_window_beyond_the_context(stories_path, tmp_path, monkeypatch, capsys):
+    """A 256-position model and the 'matched' evaluator (window 512): refused before the scores are computed."""
+    from swapkl.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    m = short_context_copy(stories_path, tmp_path / "m256")
+    rc = main(["curves", str(m), "--budget", "1", "--methods", "replacement", "--prompts", "2", "--tokens", "8",
+               "--device", "cpu", "--json", str(tmp_path / "c.json")])
+    assert rc == 2
+    one_error_line(capsys.readouterr().err,
+                   r"^error: the 'matched' evaluator's window of 512 tokens is more than the model's context: m256 "
+                   r"has 256 positions \(max_position_embeddings in its config\); use an evaluator whose window is "
+                   r"at most 256 tokens$")
+    assert not (tmp_path / "c" / "scores").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_context_length_per_family():
+    from conftest import tiny_config
+
+    from swapkl.architectures import context_length, known_family
+
+    assert context_length(tiny_config("gpt2"), known_family("gpt2")) == (256, "n_positions")
+    for kind in ("llama", "qwen3", "gpt_neox"):
+        assert context_length(tiny_config(kind), known_family(kind)) == (256, "max_position_embeddings")
+

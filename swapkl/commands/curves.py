@@ -72,7 +72,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 def run(a) -> int:
     from swapkl import corpora
     from swapkl.evaluate import get_evaluator
-    from swapkl.removal import EvalMemo, check_scores, removal_curves
+    from swapkl.removal import EvalMemo, check_evaluator_context, check_scores, removal_curves
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -98,6 +98,7 @@ def run(a) -> int:
     if partners == "all":
         partners = None
     ck = load_from_args(a)
+    check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
     if a.scores:
         scores, ident, _ = load_scores(a.scores)

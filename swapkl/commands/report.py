@@ -72,6 +72,11 @@ def run(a) -> int:
     ck = None
     if a.model and (want_curves or (result is None and curves is None and traj is None)):
         ck = load_from_args(a)
+        if want_curves:  # the evaluator must fit the model before the scores are computed
+            from swapkl.evaluate import get_evaluator
+            from swapkl.removal import check_evaluator_context
+
+            check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:
         from swapkl.api import score
 
