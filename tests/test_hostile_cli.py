@@ -408,3 +408,57 @@ def test_context_length_per_family():
     for kind in ("llama", "qwen3", "gpt_neox"):
         assert context_length(tiny_config(kind), known_family(kind)) == (256, "max_position_embeddings")
 
+
+# ============================================================================== 8. a corpus that is not text
+def test_binary_corpus(stories_path, tmp_path):
+    r = run_cli("score", stories_path, "--corpus", "/bin/ls", "--prompts", "2", "--tokens", "8", cache=tmp_path / "c")
+    assert_user_error(r, r"^error: /bin/ls is not a text file \(it contains NUL bytes\); give a UTF-8 text file$")
+    assert not (tmp_path / "c" / "scores").exists()
+
+
+@pytest.mark.parametrize("content,pattern", [
+    (bytes(range(128, 256)) * 20, r"is not a text file \(100 % of it is not valid UTF-8\)"),
+    (b"  \n\n \t\n", r"^error: corpus '.*corpus\.txt' is empty \(no words\)$"),
+    (b"only a handful of words here", r"^error: corpus .*corpus\.txt is too short: its prompt region has \d+ tokens, "
+                                     r"room for [01] windows of 8 tokens; 2 prompts were asked for$"),
+])
+def test_corpus_not_text_or_too_short(stories_path, tmp_path, monkeypatch, capsys, content, pattern):
+    from swapkl.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(content)
+    assert main(["score", str(stories_path), "--corpus", str(corpus), "--prompts", "2", "--tokens", "8",
+                 "--device", "cpu"]) == 2
+    one_error_line(capsys.readouterr().err, pattern)
+
+
+def test_latin1_accents_are_still_text(tmp_path):
+    from swapkl.corpora import from_file
+
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("Le café était très animé ce jour-là, et personne ne parlait. ".encode("latin-1") * 50)
+    assert len(from_file(f).words) == 550
+
+
+# ============================================================================== the dashboard's job manager
+def test_job_manager_turns_hostile_requests_into_user_errors(stories_path, tmp_path, monkeypatch):
+    from swapkl.contract import Contract
+    from swapkl.jobs import ERROR, AnalysisRequest, JobManager
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    manager = JobManager()
+    try:
+        too_long = manager.submit(AnalysisRequest(model=str(stories_path),
+                                                  contract=Contract(prompts=2, tokens=2100, device="cpu")))
+        binary = manager.submit(AnalysisRequest(model=str(stories_path),
+                                                contract=Contract(prompts=2, tokens=8, corpus="/bin/ls", device="cpu")))
+        for job, msg in ((too_long, "--tokens 2100 (tokens per prompt) is more than the model's context: "
+                                    "stories260K has 2048 positions"),
+                         (binary, "/bin/ls is not a text file (it contains NUL bytes)")):
+            assert job.wait(60) and job.status == ERROR
+            assert job.error_kind == "user" and job.error.startswith(msg) and "\n" not in job.error
+            assert job.result is None  # failed before any pair was computed
+    finally:
+        manager.shutdown()
+    assert not (tmp_path / "c" / "scores").exists()

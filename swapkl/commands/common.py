@@ -35,12 +35,18 @@ def add_contract_args(p, pairs_default: str = "adjacent") -> None:
 
 
 def contract_from_args(a) -> Contract:
-    """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly."""
+    """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly.  A
+    ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""
     given = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "corpus": a.corpus, "seed": a.seed,
              "dtype": a.dtype, "device": a.device, "aggregation": a.aggregation}
     if a.positions is not None:
         given["positions"] = a.positions
-    return Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
+    contract = Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
+    if contract.corpus:
+        from swapkl.corpora import load_corpus
+
+        load_corpus(contract.corpus)  # memoised: score() gets the same object
+    return contract
 
 
 def model_inputs(a) -> list[str]:
