@@ -77,12 +77,17 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
     ``progress(done, total, what)`` counts variants (3 per pair; cached pairs count as done at once);
     ``on_partial(result)`` receives the result so far after each finished pair (adjacent pairs first);
     ``shard=(rank, world)`` computes only every world-th missing pair (a distributed run's share);
-    ``should_stop()`` stops the sweep (raises :class:`ComputeInterrupted`; finished pairs stay cached)."""
+    ``should_stop()`` stops the sweep (raises :class:`ComputeInterrupted`; finished pairs stay cached).
+    Raises :class:`ContractError` before any work when ``contract.tokens`` exceeds the model's context."""
     t_start = time.perf_counter()
     if contract.dtype != checkpoint.dtype:
         raise ContractError(f"the contract asks for {contract.dtype} but the model was loaded as {checkpoint.dtype}")
     L = checkpoint.num_layers
     wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(L))]
+    from swapkl.architectures import check_context
+
+    check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
+                  "use at most {limit}", name=checkpoint.identity.get("display"))
     corpus = load_corpus(contract.corpus)
     prompts = make_prompts(checkpoint.tokenizer, corpus, contract.prompts, contract.tokens, contract.seed,
                            contract.bos)
@@ -119,7 +124,10 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
             "noise_floor_parts": meta.get("noise_floor_parts") if meta else None, "cache_key": entry.key, "cache_problems": entry.problems}
     if progress is not None:
         progress(base_done, total, "cached pairs loaded")
-    if todo:
+    # a missing or corrupt meta.json beside cached pairs is rewritten (with its noise floor), or every later run
+    # would show the noise floor as unknown
+    rewrite_meta = use_cache and meta is None and bool(done)
+    if todo or rewrite_meta:
         limits = engine_limits(checkpoint, contract.prompts, contract.tokens, contract.positions) | (engine_kw or {})
         progress_at = [base_done]
 
@@ -149,6 +157,7 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
                               "noise_floor": info["noise_floor"], "noise_floor_parts": info.get("noise_floor_parts"),
                               "contract": contract.to_dict()})
 
+    if todo:
         def on_pair(i, j, vec):
             vec = {k: v.tolist() for k, v in vec.items()}
             done[(i, j)] = vec

@@ -36,6 +36,8 @@ class Family:
     num_layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     # config keys holding one entry per layer (cut in step with the blocks)
     per_layer_keys: tuple[str, ...] = ("layer_types",)
+    # config keys holding the context length in tokens (the first integer one counts; rotary models too)
+    context_keys: tuple[str, ...] = ("max_position_embeddings",)
     notes: str = ""
     generic: bool = False  # found by the validated fallback, not listed in FAMILIES
 
@@ -67,6 +69,7 @@ FAMILIES: tuple[Family, ...] = (
         embed="transformer.wte",
         layer_idx_attrs=("attn.layer_idx", "layer_idx"),
         num_layers_keys=("n_layer", "num_hidden_layers"),
+        context_keys=("n_positions", "n_ctx", "max_position_embeddings"),
         notes="GPT-2: learned positions, LayerNorm; scale_attn_by_inverse_layer_idx follows the slot.",
     ),
 )
@@ -80,6 +83,7 @@ GENERIC_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "no
 GENERIC_LAYER_IDX = ("self_attn.layer_idx", "attn.layer_idx", "attention.layer_idx", "self_attention.layer_idx",
                      "layer_idx")
 GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+GENERIC_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
 # config entries that change the logits after the output head (soft-capping, scaling): such models fail the fallback
 LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
                    "logit_softcapping")
@@ -187,7 +191,8 @@ def generic_family(model: torch.nn.Module) -> Family:
             if not isinstance(get_path(model, f"{parent}.{name}"), torch.nn.Module):
                 continue
             fam = Family(name=f"generic:{mt}", model_types=(mt,), blocks=path, final_norm=f"{parent}.{name}",
-                         layer_idx_attrs=GENERIC_LAYER_IDX, num_layers_keys=GENERIC_LAYER_KEYS, generic=True,
+                         layer_idx_attrs=GENERIC_LAYER_IDX, num_layers_keys=GENERIC_LAYER_KEYS,
+                         context_keys=GENERIC_CONTEXT_KEYS, generic=True,
                          notes="found and validated by the generic fallback")
             why = _validate(model, fam)
             if why is None:
@@ -260,6 +265,32 @@ def num_layers_in_config(config, fam: Family) -> int | None:
         if isinstance(v, int):
             return v
     return None
+
+
+def context_length(config, fam: Family | None = None) -> tuple[int, str] | None:
+    """``(tokens, config key)``: how many positions the model takes (its family's :attr:`Family.context_keys`,
+    else the generic spellings), or None when the config names none."""
+    keys = fam.context_keys if fam is not None else GENERIC_CONTEXT_KEYS
+    for key in (*keys, *GENERIC_CONTEXT_KEYS):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v, key
+    return None
+
+
+def check_context(model: torch.nn.Module, n_tokens: int, what: str, advice: str, name: str | None = None) -> None:
+    """Raise :class:`~swapkl.errors.ContractError` when ``n_tokens`` (tokens fed in one forward pass) exceeds
+    the model's context (:func:`context_length`); ``what`` names the setting ("--tokens 4096"), ``advice`` says
+    what to do (``{limit}`` becomes the context length).  A config without a context length passes."""
+    from swapkl.errors import ContractError
+
+    mt = getattr(model.config, "model_type", "?")
+    ctx = context_length(model.config, known_family(mt) or _GENERIC.get(model))
+    if ctx is None or n_tokens <= ctx[0]:
+        return
+    who = name or getattr(model, "name_or_path", None) or mt
+    raise ContractError(f"{what} is more than the model's context: {who} has {ctx[0]} positions ({ctx[1]} in its "
+                        f"config); {advice.format(limit=ctx[0])}")
 
 
 def set_layer_index(block: torch.nn.Module, fam: Family, idx: int) -> None:

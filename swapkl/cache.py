@@ -7,7 +7,10 @@ per-prompt KL vectors and a checksum.  Pairs are written atomically as they fini
 loses nothing and resumes where it stopped, a wider pair set reuses the narrower one's pairs, and several
 processes (ranks) can fill one entry at once.  A corrupt pair file is reported, deleted and recomputed.
 
-The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project.
+The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project.  A root that cannot be written (read-only,
+no space, a regular file in its path) is not an error: everything is computed without caching, and
+:func:`warn_unwritable` says so once per process and root (the score cache, the perplexity memo of
+:mod:`swapkl.removal` and the GGUF conversion of :mod:`swapkl.gguf` share it).
 """
 from __future__ import annotations
 
@@ -26,6 +29,48 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def cache_root() -> Path:
     env = os.environ.get("SWAPKL_CACHE")
     return Path(env).expanduser() if env else PROJECT_ROOT / "cache"
+
+
+class CacheWarning(UserWarning):
+    """Something about the cache the user should know (a corrupt entry, an unwritable root); never fatal."""
+
+
+_WARNED_UNWRITABLE: set[str] = set()
+
+
+def _root_of(path: Path) -> Path:
+    root = cache_root()
+    try:
+        Path(path).relative_to(root)
+        return root
+    except ValueError:
+        return Path(path)
+
+
+def warn_unwritable(path: str | os.PathLike, err: OSError) -> str:
+    """Warn (:class:`CacheWarning`, once per process and cache root) that writing ``path`` failed with ``err`` and
+    the run goes on without caching; returns the message."""
+    root = _root_of(Path(path))
+    msg = (f"cannot write the cache under {root} ({type(err).__name__}: {err.strerror or err}); computing without "
+           "caching (set SWAPKL_CACHE to a writable folder)")
+    if str(root) not in _WARNED_UNWRITABLE:
+        _WARNED_UNWRITABLE.add(str(root))
+        warnings.warn(msg, CacheWarning, stacklevel=3)
+    return msg
+
+
+def writable_error(folder: str | os.PathLike) -> OSError | None:
+    """None if a file can be created in ``folder`` (made if missing), else the error (a cheap probe, no data)."""
+    import tempfile
+
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return e
+    return None
 
 
 # ----------------------------------------------------------------------------- file fingerprints
@@ -65,28 +110,41 @@ class ScoreEntry:
         self.key = stable_hash({"model": ident, "contract": contract_key, "version": __version__})[:20]
         self.dir = (root or cache_root()) / "scores" / self.key
         self.problems: list[str] = []
+        self.writable = True  # False after the first failed write: the rest of the run computes without caching
 
     @property
     def pairs_dir(self) -> Path:
         return self.dir / "pairs"
 
+    def _write(self, path: Path, text: str) -> None:
+        if not self.writable:
+            return
+        try:
+            atomic_write_text(path, text)
+        except OSError as e:
+            self.writable = False
+            self.problems.append(warn_unwritable(path, e))
+
     def write_meta(self, meta: dict) -> None:
-        atomic_write_text(self.dir / "meta.json", json.dumps(
+        self._write(self.dir / "meta.json", json.dumps(
             {"identity": self.identity, "contract_key": self.contract_key, "swapkl_version": __version__, **meta}))
 
     def read_meta(self) -> dict | None:
         try:
-            return json.loads((self.dir / "meta.json").read_text())
-        except FileNotFoundError:
+            meta = json.loads((self.dir / "meta.json").read_text())
+            if not isinstance(meta, dict):
+                raise ValueError(f"a JSON {type(meta).__name__}, not an object")
+            return meta
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             self._problem(self.dir / "meta.json", f"unreadable ({e})")
             return None
 
     def _problem(self, path: Path, why: str) -> None:
         msg = f"corrupt cache entry {path}: {why}; it will be recomputed"
         self.problems.append(msg)
-        warnings.warn(msg, stacklevel=3)
+        warnings.warn(msg, CacheWarning, stacklevel=3)
         try:
             path.unlink()
         except OSError:
@@ -97,7 +155,7 @@ class ScoreEntry:
 
     def write_pair(self, i: int, j: int, vectors: dict) -> None:
         vec = {k: [float(x) for x in vectors[k]] for k in ("repl_ij", "repl_ji", "inter")}
-        atomic_write_text(self.pair_path(i, j), json.dumps({"i": i, "j": j, **vec, "checksum": _checksum(vec)}))
+        self._write(self.pair_path(i, j), json.dumps({"i": i, "j": j, **vec, "checksum": _checksum(vec)}))
 
     def read_pairs(self, num_prompts: int, wanted=None) -> dict:
         """Finished pairs ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (lists of floats, nats); corrupt
@@ -120,7 +178,7 @@ class ScoreEntry:
                     raise ValueError("wrong shape")
                 if d.get("checksum") != _checksum(vec):
                     raise ValueError("checksum mismatch")
-            except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            except (OSError, KeyError, TypeError, ValueError) as e:  # bad JSON or UTF-8 are ValueErrors
                 self._problem(f, str(e))
                 continue
             out[(i, j)] = vec

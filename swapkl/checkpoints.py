@@ -4,11 +4,21 @@ Specs: ``default`` (the built-in SmolLM2-135M-Instruct), a ``.gguf`` file, a loc
 hub id with optional revision (``org/name@rev``, or ``--revision``).  The architecture is checked from the
 config *before* any weights are read; ``trust_remote_code`` is off unless the caller asks; safetensors are
 preferred (transformers' default when both formats exist).
+
+Hostile or damaged files: a local folder's ``config.json`` must be a JSON object and every ``*.safetensors`` file
+must hold as many bytes as its header describes (:func:`check_model_files`, before transformers reads anything).
+A folder with only PyTorch pickles (``pytorch_model.bin``) is loaded with ``torch.load(weights_only=True)`` and
+nothing else (passed explicitly): plain tensors load, a pickle that would build any other object is refused with
+one line.  Pickled code never runs.
 """
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import re
+import struct
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +30,9 @@ from swapkl.errors import ModelLoadError
 DEFAULT_ALIASES = ("default", "builtin", "builtin:default", "builtin:smollm2-135m-instruct")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch's weights-only unpickler warns about the pickle protocol of nearly every old .bin; the load itself says
+# all that matters (it loads, or it is refused with one line)
+warnings.filterwarnings("ignore", message=r"Detected pickle protocol \d+ in the checkpoint", category=UserWarning)
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,92 @@ def _local_folder(spec: Spec) -> tuple[str, dict]:
                          "fingerprint": folder_fingerprint(spec.source), "display": spec.display}
 
 
+SAFETENSORS_MAX_HEADER = 100 * 2**20  # bytes; the safetensors format's own limit on the JSON header
+
+
+def _check_config_file(path: Path) -> None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"{path} is not a JSON file (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(d, dict):
+        raise ModelLoadError(f"{path} is not a model config (a JSON {type(d).__name__}, not an object)")
+
+
+def _check_safetensors_file(path: Path) -> None:
+    """The header parses and the tensor data it describes is exactly the rest of the file (bytes)."""
+    bad = f"{path.name} in {path.parent} is truncated or corrupt"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelLoadError(f"{bad}: {size} bytes, shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(SAFETENSORS_MAX_HEADER, size - 8):
+                raise ModelLoadError(f"{bad}: its header claims {n:,} bytes, the file holds {size:,}")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise ModelLoadError(f"{bad}: its header is not valid JSON") from None
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        raise ModelLoadError(f"{bad}: its header has no valid tensor offsets") from None
+    data = size - 8 - n
+    need = max(ends, default=0)
+    if need != data:
+        raise ModelLoadError(f"{bad}: its header describes {need:,} bytes of tensor data, the file holds "
+                             f"{data:,} after the header (re-download or re-save the model)")
+
+
+def check_model_files(folder: str | os.PathLike) -> None:
+    """Refuse a model folder whose files are not what they claim, before transformers reads them (no tensor
+    data is read): ``config.json`` must be a JSON object; every ``*.safetensors`` file's header must parse and
+    describe exactly the bytes that follow it; a ``model.safetensors.index.json`` must name existing shards.
+    Raises :class:`ModelLoadError` naming the file and the problem."""
+    folder = Path(folder)
+    _check_config_file(folder / "config.json")
+    for f in sorted(folder.glob("*.safetensors")):
+        _check_safetensors_file(f)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            raise ModelLoadError(f"{index} is not a valid safetensors index (no weight_map)") from None
+        missing = sorted(str(s) for s in shards if not (folder / str(s)).is_file())
+        if missing:
+            raise ModelLoadError(f"{index} names missing weight files: {', '.join(missing[:5])}")
+
+
+def _weights_error(source: str, e: Exception) -> ModelLoadError | None:
+    """One line for a weights file that cannot be read (a refused pickle, a truncated file), else None."""
+    from safetensors import SafetensorError
+
+    if isinstance(e, SafetensorError):
+        return ModelLoadError(f"cannot load the model in {source}: a safetensors file is corrupt or truncated "
+                              f"({str(e).splitlines()[0][:200]})")
+    bins = ", ".join(sorted(p.name for p in Path(source).glob("*.bin"))) if Path(source).is_dir() else ""
+    what = bins or "the PyTorch weights file"
+    if isinstance(e, pickle.UnpicklingError) and "weights only" in str(e).lower():
+        return ModelLoadError(
+            f"cannot load the model in {source}: {what} holds pickled objects other than tensors, refused by "
+            "torch.load(weights_only=True); swapkl never runs pickled code (convert it to safetensors where the "
+            "file is trusted)")
+    if isinstance(e, (pickle.UnpicklingError, EOFError)) or (
+            isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)):
+        first = str(e).strip().split(". ")[0].splitlines()[0][:200] if str(e).strip() else ""
+        return ModelLoadError(f"cannot load the model in {source}: {what} is not a readable PyTorch weights file "
+                              f"({type(e).__name__}: {first})")
+    return None
+
+
 def load_config(spec: Spec, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
@@ -135,9 +234,10 @@ def load_config(spec: Spec, trust_remote_code: bool = False):
         except Exception as e:  # noqa: BLE001 - every hub failure becomes one readable line
             raise _hub_error(spec, e) from e
     folder, _ = _local_folder(spec)
+    check_model_files(folder)
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except ValueError as e:
+    except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read the config in {folder}: {str(e).splitlines()[0]}") from e
 
 
@@ -188,15 +288,21 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         source, identity = _local_folder(sp)
     kw = dict(revision=sp.revision) if sp.kind == "hub" else {}
     try:
+        # weights_only=True: a pytorch_model.bin is unpickled as plain tensors or refused (see the module docstring)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
-            device_map=device_map, **kw)
-    except (OSError, ValueError) as e:
+            device_map=device_map, weights_only=True, **kw)
+    except Exception as e:  # noqa: BLE001 - sorted below: file problems become one line, anything else re-raised
+        bad = _weights_error(source, e)
+        if bad is not None:
+            raise bad from e
+        if isinstance(e, torch.OutOfMemoryError):
+            raise ModelLoadError(f"out of memory loading {sp.display}; try --dtype bfloat16 or device_map=auto") from e
+        if not isinstance(e, (OSError, ValueError)):
+            raise
         if sp.kind == "hub":
             raise _hub_error(sp, e) from e
         raise ModelLoadError(f"cannot load the model in {source}: {str(e).splitlines()[0][:300]}") from e
-    except torch.OutOfMemoryError as e:
-        raise ModelLoadError(f"out of memory loading {sp.display}; try --dtype bfloat16 or device_map=auto") from e
     if device_map is None:
         model.to(dev)
     else:

@@ -2,7 +2,8 @@
 
 Each command lives in ``swapkl/commands/<name>.py`` and exposes ``register(subparsers)``, which adds its
 parser and sets ``func`` (a callable taking the parsed args and returning an exit code).  User errors
-(:class:`swapkl.errors.SwapklError`) print as one line on stderr with exit code 2, never a traceback.
+(:class:`swapkl.errors.SwapklError`) print as one line on stderr with exit code 2, never a traceback; warnings
+(a corrupt or unwritable cache) print as one ``warning: ...`` line each.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from swapkl.errors import SwapklError
 
@@ -37,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings show as one ``warning: ...`` line on stderr (not Python's two-line file:line format)."""
+    print(f"warning: {str(message).strip().splitlines()[0] if str(message).strip() else category.__name__}",
+          file=sys.stderr if file is None else file, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         return int(args.func(args) or 0)
     except SwapklError as e:

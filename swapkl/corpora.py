@@ -71,19 +71,37 @@ def join_rows(rows) -> str:
 def from_text(text: str, name: str, label: str | None = None, is_fallback: bool = False) -> Corpus:
     words = tuple(text.split())
     if not words:
-        raise CorpusError(f"corpus '{name}' is empty")
+        raise CorpusError(f"corpus '{name}' is empty (no words)")
     return Corpus(name=name, words=words, label=label or name, is_fallback=is_fallback)
 
 
+MAX_INVALID_UTF8 = 0.10  # share of characters that may be invalid UTF-8 (a stray Latin-1 accent passes)
+
+
+def decode_text(data: bytes, path: str | os.PathLike) -> str:
+    """``data`` as text, or :class:`CorpusError` naming ``path`` when it is not text: it holds NUL bytes (any
+    binary: executables, archives, UTF-16) or more than :data:`MAX_INVALID_UTF8` of its characters are not
+    valid UTF-8.  A few invalid bytes become U+FFFD."""
+    if b"\0" in data:
+        raise CorpusError(f"{path} is not a text file (it contains NUL bytes); give a UTF-8 text file")
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    if text and bad > MAX_INVALID_UTF8 * len(text):
+        raise CorpusError(f"{path} is not a text file ({100 * bad / len(text):.0f} % of it is not valid UTF-8); "
+                          "give a UTF-8 text file")
+    return text
+
+
 def from_file(path: str | os.PathLike) -> Corpus:
+    """A corpus from a UTF-8 text file; :class:`CorpusError` for a missing, unreadable, binary or empty file."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise CorpusError(f"no such text file: {p}")
     try:
-        text = p.read_text(encoding="utf-8", errors="replace")
+        data = p.read_bytes()
     except OSError as e:
         raise CorpusError(f"cannot read {p}: {e}") from e
-    rows = text.splitlines()
+    rows = decode_text(data, p).splitlines()
     return from_text(join_rows(rows), name=str(p), label=f"local file {p.name}")
 
 

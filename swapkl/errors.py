@@ -20,3 +20,7 @@ class CacheError(SwapklError):
 
 class ComputeInterrupted(SwapklError):
     """A computation stopped by its caller; what finished is in the cache."""
+
+
+class OutputPathError(SwapklError):
+    """An output path that cannot be written, or whose writing would destroy an input or unrelated files."""

@@ -9,7 +9,9 @@ plain ``from_pretrained(folder)`` without the ``gguf`` package.
 The folder is written into a temporary directory beside its final place and moved there with one
 ``os.replace`` (atomic on one file system), so a crash or a concurrent reader never sees half a model.
 A ``swapkl_source.json`` inside it records the GGUF it came from (path, sha256, size in bytes); a folder
-without it, or with a different sha256, is not trusted and is converted again.
+without it, or with a different sha256, is not trusted and is converted again.  A cache that cannot be written
+is not an error: the conversion then goes into the system's temporary folder for the life of the process
+(warned once, :func:`swapkl.cache.warn_unwritable`).
 
 The sha256 of a big file costs ~0.3 s per 100 MB; it is memoised in ``<cache>/sha256.json`` keyed by
 (resolved path, size in bytes, mtime in ns), so an unchanged file is hashed once.
@@ -233,44 +235,77 @@ def gguf_to_hf_folder(gguf_path: str | os.PathLike, cache_root: str | os.PathLik
     if is_complete(final, digest):
         return final
     require_gguf_packages()
+    from swapkl.cache import warn_unwritable, writable_error
+
+    err = writable_error(final.parent)
+    if err is not None:  # an unwritable cache: convert into a folder that lives as long as this process
+        warn_unwritable(final.parent, err)
+        return _uncached_folder(src, digest, say)
     with _file_lock(final.parent / f".{final.name}.lock"):
         if is_complete(final, digest):  # another process finished it while we waited
             return final
         # temp folders of this name can only be left over by a killed conversion (we hold the lock): drop them
         for leftover in final.parent.glob(f".{final.name}.*.tmp"):
             shutil.rmtree(leftover, ignore_errors=True)
-        say(f"converting {src.name} to a float32 Hugging Face folder (once; ~20 s per 100M parameters)")
-        t0 = time.perf_counter()
-        model, tokenizer = load_gguf(src)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by the CLI and the dashboard
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            record = {
-                "gguf_path": str(src),
-                "gguf_name": src.name,
-                "sha256": digest,
-                "size_bytes": src.stat().st_size,
-                "dtype": "float32",
-                "model_type": getattr(model.config, "model_type", None),
-                "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
-                "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "seconds": round(time.perf_counter() - t0, 2),
-            }
-            with contextlib.suppress(ImportError):
-                import transformers
-
-                record["transformers_version"] = transformers.__version__
-            (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
-            del model
-            atomic_replace_dir(tmp, final)  # an incomplete or stale folder is moved aside, then dropped
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        say(f"converted in {time.perf_counter() - t0:.1f} s: {final}")
+        tmp = _convert_into(src, digest, final.parent, f".{final.name}.", say)
+        atomic_replace_dir(tmp, final)  # an incomplete or stale folder is moved aside, then dropped
+        say(f"converted: {final}")
     return final
+
+
+def _convert_into(src: Path, digest: str, parent: Path, prefix: str, say) -> Path:
+    """Convert ``src`` into a new temporary folder under ``parent`` (config, float32 safetensors, tokenizer,
+    source record) and return it; nothing is left behind on failure."""
+    say(f"converting {src.name} to a float32 Hugging Face folder (once; ~20 s per 100M parameters)")
+    t0 = time.perf_counter()
+    model, tokenizer = load_gguf(src)
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by the CLI and the dashboard
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        record = {
+            "gguf_path": str(src),
+            "gguf_name": src.name,
+            "sha256": digest,
+            "size_bytes": src.stat().st_size,
+            "dtype": "float32",
+            "model_type": getattr(model.config, "model_type", None),
+            "num_hidden_layers": getattr(model.config, "num_hidden_layers", None),
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        with contextlib.suppress(ImportError):
+            import transformers
+
+            record["transformers_version"] = transformers.__version__
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"converted in {time.perf_counter() - t0:.1f} s")
+    return tmp
+
+
+_UNCACHED: dict[str, Path] = {}  # sha256 -> this process's conversion (when the cache cannot be written)
+
+
+def _uncached_folder(src: Path, digest: str, say) -> Path:
+    """A conversion in the system's temporary folder, reused within this process and deleted at its exit."""
+    import atexit
+
+    hit = _UNCACHED.get(digest)
+    if hit is not None and is_complete(hit, digest):
+        return hit
+    try:
+        tmp = _convert_into(src, digest, Path(tempfile.gettempdir()), "swapkl-gguf-", say)
+    except OSError as e:
+        raise GGUFError(f"cannot convert {src}: neither the cache nor the temporary folder {tempfile.gettempdir()} "
+                        f"can be written ({type(e).__name__}: {e.strerror or e})") from e
+    atexit.register(shutil.rmtree, tmp, True)
+    _UNCACHED[digest] = tmp
+    return tmp
 
 
 def source_record(folder: str | os.PathLike) -> dict:

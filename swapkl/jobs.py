@@ -384,7 +384,7 @@ class JobManager:
         cluster run) and optionally a ``curves --json`` file -- so the pages can browse it on a machine that
         has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
         curves from another model."""
-        from swapkl.removal import CurvesResult, check_scores
+        from swapkl.removal import CurvesResult, check_same_model
         from swapkl.results import SwapResult
 
         def as_dict(x):
@@ -403,8 +403,7 @@ class JobManager:
                 curves = CurvesResult.from_json(json.dumps(as_dict(curves_json)))
             except (TypeError, KeyError) as e:
                 raise SwapklError(f"not a swapkl curves file ({e})") from e
-            check_scores({"replacement": result.replacement(), "interchange": result.interchange()},
-                         result.num_layers, result.identity, curves.model)
+            check_same_model(result, curves.model)
         ident = result.identity or {}
         model = str(ident.get("id") or ident.get("display") or "result file")
         budget = int(curves.budget) if curves is not None else 0
@@ -565,6 +564,10 @@ class JobManager:
         job.checkpoint = ck
         L = ck.num_layers
         job.note(f"loaded {ck.identity.get('display') or req.model}: {L} layers on {ck.device}")
+        if req.wants_curves:  # an evaluator window beyond the model's context fails now, not after the scores
+            from swapkl.removal import check_evaluator_context
+
+            check_evaluator_context(ck.model, self._evaluator(req), name=ck.identity.get("display"))
 
         def publish(res):
             job.result = res
@@ -595,13 +598,18 @@ class JobManager:
         per_chunk = max(2, -(-n_pairs // chunks))
         return {"max_live": max(3, min(lim["max_live"], 3 * per_chunk))}
 
+    @staticmethod
+    def _evaluator(req: AnalysisRequest):
+        from swapkl.evaluate import Evaluator, get_evaluator
+
+        return Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
+
     def _run_curves(self, job: Job, ck, res) -> None:
         from swapkl.corpora import load_corpus
-        from swapkl.evaluate import Evaluator, get_evaluator
         from swapkl.removal import disk_memo, removal_curves
 
         req: AnalysisRequest = job.request
-        ev = Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
+        ev = self._evaluator(req)
         corpus = load_corpus(req.contract.corpus)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
         memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart

@@ -69,7 +69,7 @@ def make_prompts(tokenizer, corpus: Corpus, num_prompts: int, num_tokens: int, s
     n_windows = len(stream) // body
     if n_windows < num_prompts:
         raise ContractError(
-            f"corpus '{corpus.label}' is too short: its prompt region has {len(stream)} tokens, room for "
+            f"corpus {corpus.name} is too short: its prompt region has {len(stream)} tokens, room for "
             f"{n_windows} windows of {num_tokens} tokens; {num_prompts} prompts were asked for"
         )
     rng = np.random.default_rng(seed)

@@ -14,7 +14,8 @@ original as well.  Hooks registered on the copy do not reach the original (and v
 registered after the copy was made).
 
 :func:`save_pruned` writes the copy with ``save_pretrained`` (safetensors) plus ``swapkl_prune.json``; the folder
-reloads with ``AutoModelForCausalLM.from_pretrained`` and gives the same logits as the in-memory copy.
+reloads with ``AutoModelForCausalLM.from_pretrained`` and gives the same logits as the in-memory copy.  It never
+writes into the source model's folder, and replaces an existing non-empty folder only when forced.
 """
 from __future__ import annotations
 
@@ -126,26 +127,38 @@ def _identity_of(model) -> dict:
             "num_layers": arch.locate(model).num_layers}
 
 
+def source_folders(model: torch.nn.Module, identity: dict | None = None) -> list[str]:
+    """The folders and files ``model`` was loaded from (its ``name_or_path`` when that is a local path, a local
+    or GGUF identity's ``id``): what a pruned copy may never be written into."""
+    out = [getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)]
+    if identity and identity.get("kind") in ("local", "gguf"):
+        out.append(identity.get("id"))
+    return [str(p) for p in out if p and Path(str(p)).expanduser().exists()]
+
+
 def save_pruned(model: torch.nn.Module, remove: Iterable[int], out_dir: str | os.PathLike, tokenizer=None,
-                identity: dict | None = None) -> Path:
+                identity: dict | None = None, force: bool = False) -> Path:
     """Save ``model`` with blocks ``remove`` deleted to ``out_dir`` (safetensors) and return the folder.
 
     Writes ``save_pretrained`` output, the tokenizer when given, and ``swapkl_prune.json`` with the source
     identity (``identity`` or what the model knows about itself), the removed and kept layers (old indices)
     and the new layer count.  A model loaded from a GGUF file carries a quantiser that refuses to save; it is
     removed from the *copy* only.  The input model is not changed.
+
+    ``out_dir`` may not be the source folder or inside it (:func:`source_folders`); an existing non-empty
+    folder is refused unless ``force``, and then its old weight files are replaced, none left beside the new
+    ones (:func:`swapkl.outputs.write_model_folder`).  Raises :class:`~swapkl.errors.OutputPathError`.
     """
+    from swapkl.outputs import check_output_dir, write_model_folder
+
+    out = check_output_dir(out_dir, "output folder", force=force, protected=source_folders(model, identity),
+                           force_hint="force=True (prune --force)")
     src = identity or _identity_of(model)
     n_src = arch.locate(model).num_layers
     rem = validate_remove(remove, n_src)
     pruned = pruned_copy(model, rem)
     if getattr(pruned, "hf_quantizer", None) is not None:
         pruned.hf_quantizer.remove_quantization_config(pruned)
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    pruned.save_pretrained(out, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
     record = {"source": src, "removed": rem, "kept": [i for i in range(n_src) if i not in rem],
               "num_layers_before": n_src, "num_layers_after": n_src - len(rem),
               "tool": "swapkl"}
@@ -154,8 +167,14 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int], out_dir: str | os
         record["swapkl_version"] = __version__
     except Exception:  # pragma: no cover
         pass
-    atomic_write_text(out / PRUNE_FILE, json.dumps(record, indent=2, default=str))
-    return out
+
+    def write(folder: Path) -> None:
+        pruned.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))
+
+    return write_model_folder(out, write)
 
 
 def read_prune_record(folder: str | os.PathLike) -> dict | None:

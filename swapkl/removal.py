@@ -15,6 +15,7 @@ frozenset of removed layers (see ``docs/removal.md``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -316,7 +317,8 @@ class EvalMemo:
     One instance serves a whole run (all budgets, all methods, SLEB's trial sets); pass the same instance to
     another :func:`removal_curves` call on the same model and text to reuse it across calls.  With ``disk`` (a
     folder, see :func:`disk_memo`) every evaluation is also written there atomically as it finishes and read
-    back by later runs, so an interrupted curves run loses nothing.  ``hits``/``misses`` count lookups
+    back by later runs, so an interrupted curves run loses nothing (a folder that cannot be written is warned about
+once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``hits``/``misses`` count lookups
     (``disk_hits`` those served from the folder)."""
 
     def __init__(self, fingerprint: object = None, disk: "str | os.PathLike | None" = None):
@@ -327,6 +329,7 @@ class EvalMemo:
         self.disk_hits = 0
         self.seconds = 0.0
         self.disk = Path(disk) if disk is not None else None
+        self.disk_writable = True  # False after the first failed write (the rest stays in memory)
 
     def _file(self, key) -> Path:
         from swapkl.contract import stable_hash
@@ -351,16 +354,24 @@ class EvalMemo:
                              kl=np.asarray(d["window_kl"], float) if d.get("window_kl") is not None else None,
                              seconds=float(d.get("seconds", 0.0)))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            warnings.warn(f"corrupt cache entry {f}: {e}; it will be recomputed", stacklevel=3)
-            f.unlink(missing_ok=True)
+            from swapkl.cache import CacheWarning
+
+            warnings.warn(f"corrupt cache entry {f}: {e}; it will be recomputed", CacheWarning, stacklevel=3)
+            with contextlib.suppress(OSError):
+                f.unlink(missing_ok=True)
             return None
 
     def _save(self, key, val) -> None:
+        if not self.disk_writable:
+            return
         d = val.to_dict(with_windows=True) | {"text_key": key[0], "removed": sorted(key[1])}
         try:
             atomic_write_text(self._file(key), json.dumps(d))
-        except OSError:  # a read-only cache: keep going in memory
-            pass
+        except OSError as e:  # an unwritable cache: say so once, keep going in memory
+            from swapkl.cache import warn_unwritable
+
+            self.disk_writable = False
+            warn_unwritable(self._file(key), e)
 
     def get(self, text_key: str, removed: Iterable[int], compute: Callable[[], object]):
         key = (text_key, frozenset(int(i) for i in removed))
@@ -399,9 +410,10 @@ def disk_memo(identity: dict | None, kl: bool = True) -> EvalMemo:
     return EvalMemo(disk=cache_root() / "ppl" / key)
 
 
-def check_scores(scores: dict, num_layers: int, identity: dict | None = None, model_identity: dict | None = None):
+def check_scores(scores: dict, num_layers: int, identity: dict | None = None, model_identity: dict | None = None,
+                 what: str = "the scores file is for a different model"):
     """Raise :class:`ScoresMismatch` when score matrices do not fit the model (layer count; identity when both
-    sides give one)."""
+    sides give one).  ``what`` starts the identity message."""
     for name, d in scores.items():
         d = np.asarray(d)
         if d.shape != (num_layers, num_layers):
@@ -416,7 +428,26 @@ def check_scores(scores: dict, num_layers: int, identity: dict | None = None, mo
             a, b = identity.get(key), model_identity.get(key)
             if a is not None and b is not None and a != b:
                 name = identity.get("display") or identity.get("id") or "?"
-                raise ScoresMismatch(f"the scores file is for a different model ({name}; {key} {a} != {b})")
+                raise ScoresMismatch(f"{what} ({name}; {key} {a} != {b})")
+
+
+def check_same_model(result, curves_model: dict | None,
+                     what: str = "the scores and the removal curves are for different models") -> None:
+    """Raise :class:`ScoresMismatch` when removal curves (their ``model`` identity) were computed on another model
+    than the score result ``result`` (a :class:`~swapkl.results.SwapResult`): the one check for every place that
+    shows the two together (the dashboard's file upload, ``report --scores --curves``)."""
+    check_scores({"replacement": result.replacement(), "interchange": result.interchange()}, result.num_layers,
+                 result.identity, curves_model, what=what)
+
+
+def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
+    """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
+    from swapkl import architectures as arch
+    from swapkl.evaluate import get_evaluator
+
+    ev = get_evaluator(evaluator)
+    arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
+                       "use an evaluator whose window is at most {limit} tokens", name=name)
 
 
 def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str] = (
@@ -453,6 +484,7 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     if any(s.rule_candidates for s in specs):  # fail before any evaluation
         check_budget(budget, cands, spacing)
     ev = E.get_evaluator(evaluator)
+    check_evaluator_context(model, ev, name=(identity or {}).get("display"))
     if corpus is None:
         from swapkl.corpora import load_corpus
         corpus = load_corpus()

@@ -1,8 +1,9 @@
-"""Arguments shared by commands that load a model and score it."""
+"""Arguments shared by commands that load a model and score it, and the up-front checks of their paths."""
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
 
 from swapkl.contract import Contract
 
@@ -34,12 +35,41 @@ def add_contract_args(p, pairs_default: str = "adjacent") -> None:
 
 
 def contract_from_args(a) -> Contract:
-    """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly."""
+    """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly.  A
+    ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""
     given = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "corpus": a.corpus, "seed": a.seed,
              "dtype": a.dtype, "device": a.device, "aggregation": a.aggregation}
     if a.positions is not None:
         given["positions"] = a.positions
-    return Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
+    contract = Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
+    if contract.corpus:
+        from swapkl.corpora import load_corpus
+
+        load_corpus(contract.corpus)  # memoised: score() gets the same object
+    return contract
+
+
+def model_inputs(a) -> list[str]:
+    """The local folder or GGUF file that ``a.model`` names (nothing for a hub id or the built-in model): what
+    no output of the command may overwrite."""
+    if not getattr(a, "model", None):
+        return []
+    from swapkl.checkpoints import parse_spec
+
+    sp = parse_spec(a.model, getattr(a, "revision", None))
+    return [sp.source] if sp.kind in ("local", "gguf") else []
+
+
+def check_outputs(a, files: dict, inputs: Iterable = ()) -> None:
+    """Check every output file of a command before anything is loaded or computed
+    (:func:`swapkl.outputs.check_output_file`): ``files`` maps a flag (``"--json"``) to its path (None = not
+    given); ``inputs`` are further files the command reads (scores, curves, corpus), besides the model's own."""
+    from swapkl.outputs import check_output_file
+
+    ins = [*model_inputs(a), *(i for i in inputs if i), getattr(a, "corpus", None)]
+    for flag, path in files.items():
+        if path:
+            check_output_file(path, flag, ins)
 
 
 def load_from_args(a):

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
-    load_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args, load_from_args
 from swapkl.errors import SwapklError
 
 DEFAULT_METHODS = "replacement,interchange,random,bi,sleb"
@@ -72,10 +72,11 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 def run(a) -> int:
     from swapkl import corpora
     from swapkl.evaluate import get_evaluator
-    from swapkl.removal import EvalMemo, check_scores, removal_curves
+    from swapkl.removal import EvalMemo, check_evaluator_context, check_scores, removal_curves
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     from swapkl import methods as M
     for m in methods:
@@ -97,6 +98,7 @@ def run(a) -> int:
     if partners == "all":
         partners = None
     ck = load_from_args(a)
+    check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
     if a.scores:
         scores, ident, _ = load_scores(a.scores)

@@ -12,7 +12,8 @@ import argparse
 import os
 import sys
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args
 
 
 def _add_args(p) -> None:
@@ -40,6 +41,7 @@ def run(a) -> int:
     from swapkl.distributed import rank_info, restrict_gpus
 
     contract = contract_from_args(a)  # validates before any loading
+    check_outputs(a, {"--json": a.json})
     info = rank_info()
     if a.gpus_per_rank:
         restrict_gpus(info, a.gpus_per_rank)  # before CUDA is first touched

@@ -2,7 +2,7 @@
 ``from_pretrained``)."""
 from __future__ import annotations
 
-from swapkl.commands.common import add_model_args, load_from_args
+from swapkl.commands.common import add_model_args, load_from_args, model_inputs
 from swapkl.errors import SwapklError
 
 
@@ -21,7 +21,10 @@ def register(sub) -> None:
     p = sub.add_parser("prune", help="remove layers and save the pruned model (save_pretrained, safetensors)")
     add_model_args(p)
     p.add_argument("--remove", required=True, help="comma-separated layer indices to remove, e.g. 3,7")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder: new or empty; never the source model's folder or inside it")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out: its old weight files are replaced (none left beside the new)")
     p.add_argument("--verify", action="store_true",
                    help="reload the saved folder and check its logits equal the in-memory pruned model's")
     p.set_defaults(func=run)
@@ -32,10 +35,13 @@ def run(a) -> int:
 
     from swapkl.prune import pruned_copy, save_pruned, validate_remove
 
+    from swapkl.outputs import check_output_dir
+
     remove = parse_layers(a.remove)
+    check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a))  # before loading anything
     ck = load_from_args(a)
     remove = validate_remove(remove, ck.num_layers)
-    out = save_pruned(ck.model, remove, a.out, tokenizer=ck.tokenizer, identity=ck.identity)
+    out = save_pruned(ck.model, remove, a.out, tokenizer=ck.tokenizer, identity=ck.identity, force=a.force)
     kept = [i for i in range(ck.num_layers) if i not in remove]
     print(f"saved {out}: removed layers {remove}, {len(kept)} of {ck.num_layers} kept")
     if a.verify:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, contract_from_args, \
-    load_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args, load_from_args
 from swapkl.errors import SwapklError
 
 DEFAULT_METHODS = "replacement,interchange,random"
@@ -59,13 +59,24 @@ def run(a) -> int:
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
     if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory)):
         raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text])
     result = report.as_result(a.scores) if a.scores else None
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
+    if result is not None and curves is not None:  # never one report from two models
+        from swapkl.removal import check_same_model
+
+        check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
+                                                            "different models")
 
     ck = None
     if a.model and (want_curves or (result is None and curves is None and traj is None)):
         ck = load_from_args(a)
+        if want_curves:  # the evaluator must fit the model before the scores are computed
+            from swapkl.evaluate import get_evaluator
+            from swapkl.removal import check_evaluator_context
+
+            check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:
         from swapkl.api import score
 

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, contract_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, check_outputs, contract_from_args
 
 
 def register(sub) -> None:
@@ -96,6 +96,7 @@ def run_trajectory(a) -> int:
 
     contract = contract_from_args(a)  # validates --pairs etc. before any loading
     specs = parse_checkpoints(a.checkpoints)
+    check_outputs(a, {"--json": a.json}, inputs=[s.spec for s in specs])
     if not a.quiet:
         print(f"{len(specs)} checkpoints: " + ", ".join(s.display() for s in specs), file=sys.stderr)
     traj = compute_trajectory(specs, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
@@ -119,6 +120,10 @@ def run_demo(a) -> int:
         if not a.quiet:
             print(f"  [{time.perf_counter() - t0:6.1f}s] step {step}/{total}: {msg}", file=sys.stderr, flush=True)
 
+    if a.out:  # the library decides whether a folder's content may be replaced; a file in the way fails now
+        from swapkl.outputs import check_output_dir
+
+        check_output_dir(a.out, "--out", force=True)
     out = train_demo_trajectory(a.out, settings=s, force=a.force, progress=progress)
     m = read_manifest(out) or {}
     if not a.quiet:
