@@ -28,7 +28,8 @@ def start_page() -> None:
                "KL(base ‖ variant) in nats (swap-KL). Lower = more redundant.")
     mgr = common.manager()
     # once this session shows a result, the settings fold away so the result is the first thing on screen
-    showing = mgr.get(st.session_state.get("job_analysis")) is not None or bool(st.session_state.get("compute"))
+    me = common.session_id()
+    showing = mgr.get(st.session_state.get("job_analysis"), viewer=me) is not None or bool(st.session_state.get("compute"))
     with st.expander("Checkpoint · evaluation contract · layer budget", expanded=not showing, icon=":material/tune:"):
         request, err = common.request_from_widgets()
     st.markdown("**Contract**")
@@ -42,11 +43,12 @@ def start_page() -> None:
     if go and request is not None:
         st.session_state.pop("job_pinned", None)
         job = common.start(request)
-        common.set_query(request)
+        if job is not None:
+            common.set_query(request)
     elif opened is not None or st.session_state.get("job_pinned"):
-        job = opened or mgr.get(st.session_state.get("job_pinned"))
+        job = opened or mgr.get(st.session_state.get("job_pinned"), viewer=me)
     elif request is not None:
-        job = mgr.find(request)  # the same request running in another tab / before a refresh
+        job = common.find(request)  # the same request running in another tab / before a refresh
         if job is not None:
             st.session_state["job_analysis"] = job.key
     if job is None:
@@ -68,8 +70,10 @@ def open_files_view():
         curves_file = st.file_uploader("curves JSON (optional)", type=["json"], key="open_curves")
         if st.button("Open", key="open_files", disabled=res_file is None):
             try:
-                job = common.manager().open_files(res_file.getvalue(),
-                                                  curves_file.getvalue() if curves_file is not None else None)
+                data = res_file.getvalue()
+                cdata = curves_file.getvalue() if curves_file is not None else None
+                common.policy().check_upload(len(data) + len(cdata or b""))
+                job = common.manager().open_files(data, cdata, owner=common.session_id())
             except SwapklError as e:
                 st.error(str(e))
                 return None

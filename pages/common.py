@@ -16,12 +16,28 @@ from swapkl.defaults import (DEFAULT_BUDGET, DEFAULT_METHODS, OFFERED_METHODS, d
                              evaluator_choices)
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, Job, JobManager
+from swapkl.policy import Policy, PolicyError
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 1.0
 SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
 PAIR_SETS = ("adjacent", "gap:2", "gap:3", "all")
 OTHER = "other path…"
+
+
+@st.cache_resource(show_spinner=False)
+def policy() -> Policy:
+    """This server's :class:`~swapkl.policy.Policy` (demo mode or not), read once at start."""
+    return Policy.from_env()
+
+
+def session_id() -> str:
+    """An id of this browser session (owner of the files it opens and of the jobs it submits)."""
+    if "_session" not in st.session_state:
+        import uuid
+
+        st.session_state["_session"] = uuid.uuid4().hex
+    return st.session_state["_session"]
 
 
 @st.cache_resource(show_spinner=False)
@@ -41,7 +57,8 @@ def keep_widget_state() -> None:
 
 # ============================================================================================ model choices
 def local_model_folders() -> list[str]:
-    """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``."""
+    """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``
+    (never called in demo mode, which offers only its allow-list)."""
     from swapkl.cache import cache_root
 
     out = []
@@ -66,8 +83,17 @@ def _init_defaults() -> None:
          "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
          "w_methods": list(DEFAULT_METHODS)}
     q = st.query_params
+    pol = policy()
+    if pol.demo:
+        d["w_demo_model"] = pol.models[0]
     try:
-        if "model" in q:
+        if "model" in q and pol.demo:  # a shared link: only allow-listed checkpoints, matched as strings
+            try:
+                pol.check_model(q["model"], q.get("revision"))
+                d["w_demo_model"] = q["model"]
+            except PolicyError:
+                pass
+        elif "model" in q:
             m = q["model"]
             if m in ("default", "builtin"):
                 d["w_source"] = SOURCES[0]
@@ -95,8 +121,26 @@ def _init_defaults() -> None:
         st.session_state.setdefault(k, v)
 
 
+def demo_model_widgets(pol: Policy) -> tuple[str, str | None]:
+    """Demo mode: a choice among the allow-listed checkpoints (no typed path ever reaches the server's disk);
+    a revision only for hub models the list allows at any revision."""
+    names = {m: ("Built-in default (SmolLM2-135M-Instruct)" if m.lower() in ("default", "builtin") else m)
+             for m in pol.models}
+    if st.session_state.get("w_demo_model") not in names:
+        st.session_state["w_demo_model"] = pol.models[0]
+    spec = st.selectbox("Checkpoint (this demo server's list)", list(names), format_func=names.get,
+                        key="w_demo_model")
+    rev = None
+    if "/" in spec and "@" not in spec and not spec.startswith((".", "/", "~")):
+        rev = st.text_input("Revision", key="w_demo_rev", placeholder="main / step143000", max_chars=80) or None
+    return spec, rev
+
+
 def model_widgets() -> tuple[str, str | None]:
     """Checkpoint choice -> (spec, revision)."""
+    pol = policy()
+    if pol.demo:
+        return demo_model_widgets(pol)
     src = st.radio("Checkpoint", SOURCES, key="w_source", horizontal=True)
     rev = None
     if src == SOURCES[0]:
@@ -120,7 +164,11 @@ def model_widgets() -> tuple[str, str | None]:
 def contract_widgets() -> tuple[Contract | None, str | None]:
     """Contract widgets -> (Contract, None) or (None, error message)."""
     c1, c2, c3, c4 = st.columns(4)
-    pairs = c1.selectbox("Pair set", PAIR_SETS, key="w_pairs",
+    pol = policy()
+    offered = tuple(p for p in PAIR_SETS if p in pol.pair_sets) if pol.demo else PAIR_SETS
+    if st.session_state.get("w_pairs") not in offered:
+        st.session_state["w_pairs"] = offered[0]
+    pairs = c1.selectbox("Pair set", offered, key="w_pairs",
                          help="adjacent: |i-j| = 1 (L-1 pairs, enough for the verdict and the curves); gap:K: "
                               "|i-j| <= K; all: L(L-1)/2 pairs")
     prompts = c2.number_input("Prompts P", 1, 4096, key="w_prompts", step=1)
@@ -133,8 +181,10 @@ def contract_widgets() -> tuple[Contract | None, str | None]:
                                help="max of the two directed means = the paper's Definition 1")
     seed = c8.number_input("Prompt seed", 0, 10**6, key="w_seed", step=1)
     try:
-        return Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
-                        device=device, aggregation=aggregation, seed=int(seed)), None
+        c = Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
+                     device=device, aggregation=aggregation, seed=int(seed))
+        pol.check_contract(c)
+        return c, None
     except SwapklError as e:
         return None, str(e)
 
@@ -200,9 +250,9 @@ def current_job(kind: str = "analysis") -> Job | None:
     """The job this session looks at: the one it started, else (a fresh tab or a refresh) the newest job of
     this kind that the server has."""
     mgr = manager()
-    job = mgr.get(st.session_state.get(f"job_{kind}"))
+    job = mgr.get(st.session_state.get(f"job_{kind}"), viewer=session_id())
     if job is None:
-        for j in mgr.jobs():
+        for j in mgr.jobs(viewer=session_id()):  # never another session's opened file
             if j.request.kind == kind:
                 job = j
                 st.session_state[f"job_{kind}"] = j.key
@@ -210,10 +260,28 @@ def current_job(kind: str = "analysis") -> Job | None:
     return job
 
 
-def start(request) -> Job:
-    job = manager().submit(request)
+def start(request) -> Job | None:
+    """Submit ``request`` for this session (the server's policy first: demo mode bounds the request and the
+    jobs per session); a refusal is shown as one message and gives None."""
+    pol = policy()
+    try:
+        pol.check_request(request)
+        job = manager().submit(request, owner=session_id(),
+                               max_active=pol.max_jobs_per_session if pol.demo else None)
+    except SwapklError as e:
+        st.error(str(e), icon=":material/block:")
+        return None
     st.session_state[f"job_{request.kind}"] = job.key
     return job
+
+
+def find(request) -> Job | None:
+    """The job of an identical request (another tab, before a refresh), if the policy allows the request."""
+    try:
+        policy().check_request(request)
+    except SwapklError:
+        return None
+    return manager().find(request)
 
 
 def fmt_s(s: float | None) -> str:
@@ -360,6 +428,43 @@ def safe_name(s: str) -> str:
     return keep.strip("-")[:60] or "swapkl"
 
 
+def export_view(job: Job, removed, label: str, key: str = "export") -> None:
+    """Export the job's model with layers ``removed`` deleted (a folder that reloads with ``from_pretrained``).
+
+    Local server: an output folder typed here (a non-empty one needs the "replace" box).  Demo mode: no path
+    from the browser -- the server writes ``<cache>/exports/<name derived from model, fingerprint and layers>``
+    (reused when already exported) and offers it as a zip download."""
+    from swapkl.cache import cache_root
+    from swapkl.outputs import folder_zip
+
+    pol = policy()
+    ident = (job.result.identity if job.result is not None else None) or {}
+    tail = job.request.model.rstrip("/").split("/")[-1] + (f"@{job.request.revision}" if job.request.revision else "")
+    name = safe_name(f"{tail}-{str(ident.get('fingerprint') or '')[:8]}-minus-{'-'.join(map(str, removed))}")
+    if pol.demo:
+        out = pol.export_dir(name, cache_root())
+        st.caption(f"The server saves it as `exports/{out.name}` and offers it for download.")
+        force = out.is_dir()
+    else:
+        out = st.text_input("output folder", value=str(cache_root() / "exports" / name), key=f"w_{key}_out_{name}")
+        force = st.checkbox("replace the model files if the folder is not empty", key=f"w_{key}_force")
+    if st.button(label, key=key):
+        try:
+            with st.spinner("saving…"):
+                path = manager().export_pruned(job, list(removed), out, force=force)
+            st.session_state[f"_export_{key}"] = str(path)
+        except SwapklError as e:
+            st.error(str(e))
+        except Exception as e:  # noqa: BLE001 - shown, the app keeps working
+            st.error(f"export failed: {type(e).__name__}: {e}")
+    done = st.session_state.get(f"_export_{key}")
+    if done and Path(done).name == Path(out).name:
+        st.success(f"Saved to {done if not pol.demo else 'exports/' + Path(done).name} (reload with "
+                   f"AutoModelForCausalLM.from_pretrained).")
+        st.download_button("⬇ pruned model (zip)", data=lambda: folder_zip(done), file_name=f"{Path(done).name}.zip",
+                           mime="application/zip", key=f"dl_{key}", on_click="ignore")
+
+
 def download_figure(fig, name: str, key: str) -> None:
     st.download_button(f"⬇ {name} (HTML)", data=lambda: plots.figure_html(fig), file_name=f"{safe_name(name)}.html",
                        mime="text/html", key=key, on_click="ignore")
@@ -414,7 +519,7 @@ def sidebar() -> None:
             st.caption("none yet — start one on the Start page")
         else:
             st.caption(f"{job.status}: {request_caption(job.request)}")
-        others = [j for j in manager().active() if job is None or j.key != job.key]
+        others = [j for j in manager().jobs(viewer=session_id()) if j.running and (job is None or j.key != job.key)]
         if others:
             st.markdown("**Also running**")
             for j in others:

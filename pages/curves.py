@@ -72,25 +72,12 @@ def body(job) -> None:
     if not det:
         st.caption("No method with a deterministic removal set.")
         return
-    e1, e2, e3 = st.columns([1, 1, 2])
+    e1, e2 = st.columns(2)
     m = e1.selectbox("method", det, key="w_exp_method")
     ns = [e["n"] for e in curves.methods[m]]
     n = e2.selectbox("n", ns, key="w_exp_n") if ns else None
     entry = next(e for e in curves.methods[m] if e["n"] == n)
-    from swapkl.cache import cache_root
-
-    name = common.safe_name(f"{job.request.model.rstrip('/').split('/')[-1]}-minus-{'-'.join(map(str, entry['removed']))}")
-    out = e3.text_input("output folder", value=str(cache_root() / "exports" / name), key=f"w_exp_out_{m}_{n}")
-    if st.button(f"Export pruned model (remove {entry['removed']})", key="export"):
-        try:
-            with st.spinner("saving…"):
-                path = common.manager().export_pruned(job, entry["removed"], out)
-            st.session_state["last_export"] = str(path)
-            st.success(f"Saved to {path} (reload with AutoModelForCausalLM.from_pretrained).")
-        except Exception as e:  # noqa: BLE001 - shown, the app keeps working
-            from swapkl.errors import SwapklError
-
-            st.error(str(e) if isinstance(e, SwapklError) else f"export failed: {type(e).__name__}: {e}")
+    common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export")
 
 
 common.live(job, body, "curves")

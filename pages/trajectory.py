@@ -65,7 +65,7 @@ b2.button("Train the demo trajectory and score it", key="demo_traj", on_click=_t
 if b1.button("Compute trajectory", type="primary", disabled=request is None, key="compute_traj"):
     job = common.start(request)
 elif request is not None:
-    job = common.manager().find(request)
+    job = common.find(request)
 if job is None:
     job = common.current_job("trajectory")
 

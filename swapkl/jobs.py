@@ -203,6 +203,8 @@ class Job:
         self._phase_t0 = time.perf_counter()
         self._phase_done0 = 0
         self.checkpoint = None  # the loaded Checkpoint (analysis jobs), for exports
+        self.owner: str | None = None      # set for a private job (an opened file): only that session sees it
+        self.submitter: str | None = None  # the session that submitted a computation (per-session limits)
 
     # ---------------------------------------------------------------- state
     @property
@@ -352,10 +354,14 @@ class JobManager:
         t.start()
         return t
 
-    def submit(self, request) -> Job:
+    def submit(self, request, owner: str | None = None, max_active: int | None = None) -> Job:
         """The job for ``request``: the existing one when an identical request is queued, running or done
         (a failed or cancelled one is retried), else a new job -- finished at once from a snapshot when one
-        exists, otherwise queued for the worker."""
+        exists, otherwise queued for the worker.
+
+        ``owner`` (a browser session) is recorded as the job's submitter; ``max_active``: a new job is refused
+        with :class:`~swapkl.policy.PolicyError` while that owner already has this many queued or running
+        (demo mode: one visitor cannot occupy the machine).  Joining an identical existing job costs nothing."""
         try:
             key = request_key(request)
         except SwapklError as e:  # a bad path or checkpoint list: a job that failed at once
@@ -369,7 +375,16 @@ class JobManager:
             old = self._jobs.get(key)
             if old is not None and old.status not in (ERROR, CANCELLED):
                 return old
+            if max_active is not None and owner is not None:
+                mine = [j for j in self._jobs.values() if j.submitter == owner and j.running]
+                if len(mine) >= max_active:
+                    from swapkl.policy import PolicyError
+
+                    raise PolicyError(f"you already have {len(mine)} computation{'s' * (len(mine) != 1)} queued "
+                                      f"or running (at most {max_active} on this server): wait for "
+                                      f"{'it' if len(mine) == 1 else 'one'} to finish or cancel it")
             job = Job(key, request)
+            job.submitter = owner
             self._remember(job)
             if self.use_snapshots and self._load_snapshot(job):
                 return job
@@ -379,11 +394,13 @@ class JobManager:
         job.note("queued")
         return job
 
-    def open_files(self, result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None) -> Job:
+    def open_files(self, result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None,
+                   owner: str | None = None) -> Job:
         """A finished analysis job from saved files -- a ``score --json`` result (e.g. the merged result of a
         cluster run) and optionally a ``curves --json`` file -- so the pages can browse it on a machine that
         has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
-        curves from another model."""
+        curves from another model.  ``owner``: the browser session that opened it; only that session sees the
+        job (:meth:`jobs` with ``viewer``), it never becomes another visitor's "last analysis"."""
         from swapkl.removal import CurvesResult, check_same_model
         from swapkl.results import SwapResult
 
@@ -411,12 +428,14 @@ class JobManager:
         request = AnalysisRequest(model=model, revision=ident.get("revision") if ident.get("kind") == "hub" else None,
                                   contract=Contract.from_dict(result.contract), budget=budget, methods=methods,
                                   evaluator=curves.evaluator if curves is not None else None)
-        key = "file-" + stable_hash({"result": rd, "curves": None if curves is None else curves.to_dict()})[:16]
+        key = "file-" + stable_hash({"result": rd, "curves": None if curves is None else curves.to_dict(),
+                                     "owner": owner})[:16]
         with self._lock:
             old = self._jobs.get(key)
             if old is not None:
                 return old
             job = Job(key, request)
+            job.owner = owner
             job.result, job.curves, job.from_snapshot = result, curves, True
             job.started = time.time()
             job._finish(DONE)
@@ -424,9 +443,13 @@ class JobManager:
             self._remember(job)
         return job
 
-    def get(self, key: str | None) -> Job | None:
+    def get(self, key: str | None, viewer: str | None = None) -> Job | None:
+        """The job ``key``; with ``viewer``, None for another session's private job."""
         with self._lock:
-            return self._jobs.get(key) if key else None
+            job = self._jobs.get(key) if key else None
+        if job is not None and viewer is not None and job.owner not in (None, viewer):
+            return None
+        return job
 
     def find(self, request) -> Job | None:
         """The job of an identical request, if any (without submitting)."""
@@ -436,10 +459,14 @@ class JobManager:
             return None
         return self.get(key)
 
-    def jobs(self) -> list[Job]:
-        """All jobs, newest first."""
+    def jobs(self, viewer: str | None = None) -> list[Job]:
+        """The jobs ``viewer`` (a browser session; None = every job) may see, newest first: every shared job
+        plus the private ones (opened files) it owns."""
         with self._lock:
-            return [self._jobs[k] for k in reversed(self._order)]
+            out = [self._jobs[k] for k in reversed(self._order)]
+        if viewer is None:
+            return out
+        return [j for j in out if j.owner is None or j.owner == viewer]
 
     def active(self) -> list[Job]:
         return [j for j in self.jobs() if j.running]
@@ -489,14 +516,15 @@ class JobManager:
         with self._models_lock:
             return list(self._models)
 
-    def export_pruned(self, job: Job, removed, out_dir: str | Path) -> Path:
+    def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False) -> Path:
         """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.prune.save_pruned`;
-        the shared model is not changed).  Returns the folder."""
+        the shared model is not changed; an existing non-empty folder needs ``force``).  Returns the folder."""
         from swapkl.prune import save_pruned
 
         req = job.request
         ck = self.checkpoint_for(req.model, req.revision, req.contract.dtype, req.contract.device)
-        return save_pruned(ck.model, list(removed), out_dir, tokenizer=ck.tokenizer, identity=ck.identity)
+        return save_pruned(ck.model, list(removed), out_dir, tokenizer=ck.tokenizer, identity=ck.identity,
+                           force=force)
 
     # ---------------------------------------------------------------- internals
     def _remember(self, job: Job) -> None:

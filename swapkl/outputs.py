@@ -123,3 +123,22 @@ def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) ->
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def folder_zip(folder: str | os.PathLike, max_bytes: int = 4 << 30) -> bytes:
+    """The regular files of ``folder`` (recursively, no symlinks followed) as a stored (uncompressed) zip in
+    memory -- a pruned model offered as a download.  Refuses a folder larger than ``max_bytes``."""
+    import io
+    import zipfile
+
+    root = Path(folder)
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
+    total = sum(p.stat().st_size for p in files)
+    if total > max_bytes:
+        raise OutputPathError(f"{root.name} has {total / 1e9:.1f} GB; too large to offer as a download "
+                              f"(at most {max_bytes / 1e9:.1f} GB)")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+        for p in files:
+            z.write(p, f"{root.name}/{p.relative_to(root).as_posix()}")
+    return buf.getvalue()
