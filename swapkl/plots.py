@@ -417,7 +417,8 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
         best = int(np.argmin(adj[col].to_numpy()))
         fig.add_trace(go.Scatter(x=[x[best]], y=yv([adj[col].iloc[best]]), mode="markers+text",
                                  marker={"symbol": "star", "size": 18, "color": colour, "line": {"width": 1, "color": "black"}},
-                                 text=[f"best {name}: {labels[best]}"], textposition="top center",
+                                 text=[f"best {name}: {labels[best]}"],
+                                 textposition="top center" if name == "replacement" else "bottom center",
                                  textfont={"color": colour, "size": 11}, name=f"best {name} pair", legendgroup=name,
                                  showlegend=False, hovertemplate=f"best {name} pair {labels[best]}: "
                                  f"{_f(adj[col].iloc[best])} nats<extra></extra>", meta={"best": labels[best]}))
