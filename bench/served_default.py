@@ -68,14 +68,18 @@ def cpu_s(pid: int) -> float:
 
 
 def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children of each of its threads: Chromium starts renderers from a
+    launcher thread, so ``task/<pid>/children`` alone misses them)."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            kids = []
-        for k in kids:
+        kids = []
+        for f in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids += f.read_text().split()
+            except OSError:
+                pass
+        for k in dict.fromkeys(kids):
             out.append(int(k))
             todo.append(int(k))
     return out

@@ -15,11 +15,11 @@ from swapkl.contract import Contract
 from swapkl.defaults import (DEFAULT_BUDGET, DEFAULT_METHODS, OFFERED_METHODS, default_contract,
                              evaluator_choices)
 from swapkl.errors import SwapklError
-from swapkl.jobs import AnalysisRequest, Job, JobManager
+from swapkl.jobs import AnalysisRequest, Job, JobManager, fmt_s
 from swapkl.policy import Policy, PolicyError
 
 ROOT = Path(__file__).resolve().parent.parent
-POLL_S = 1.0
+POLL_S = float(os.environ.get("SWAPKL_POLL_S", "1.0"))  # seconds between progress polls while a job runs
 SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
 PAIR_SETS = ("adjacent", "gap:2", "gap:3", "all")
 OTHER = "other path…"
@@ -43,7 +43,8 @@ def session_id() -> str:
 @st.cache_resource(show_spinner=False)
 def manager() -> JobManager:
     """The one job manager of this server process (shared by every session and tab)."""
-    mgr = JobManager()
+    progress = ROOT / "static" / "progress" if st.get_option("server.enableStaticServing") else None
+    mgr = JobManager(progress_dir=progress)
     mgr.warm_up()
     return mgr
 
@@ -284,21 +285,13 @@ def find(request) -> Job | None:
     return manager().find(request)
 
 
-def fmt_s(s: float | None) -> str:
-    if s is None:
-        return "…"
-    s = int(round(s))
-    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
-
-
-def progress_view(job: Job) -> None:
-    """Status, progress bar (what + ETA) and a cancel button; errors as one line."""
+def progress_view(job: Job, bar: bool = True) -> None:
+    """Status: while running the progress bar (``bar``; the live component draws its own) and a Cancel
+    button; then one line -- done, cancelled (partial results below) or the error."""
     p = job.progress()
-    if job.status in ("queued", "running"):
-        head = "queued (another computation runs first)" if job.status == "queued" else \
-            f"step {p.step}/{p.steps}: {p.phase}"
-        txt = f"{head} — {p.what} — {p.done}/{p.total} · elapsed {fmt_s(p.elapsed_s)} · ETA (this step) {fmt_s(p.eta_s)}"
-        st.progress(p.fraction, text=txt)
+    if job.running:
+        if bar:
+            st.progress(p.fraction, text=job.progress_line())
         if st.button("Cancel", key=f"cancel_{job.key}", help="stop now; finished pairs stay in the cache"):
             manager().cancel(job.key)
             st.rerun(scope="app")
@@ -311,37 +304,57 @@ def progress_view(job: Job) -> None:
         st.error(f"Error: {job.error}", icon=":material/error:")
 
 
-#: seconds the live progress fragment spent per job key: {"polls": n, "seconds": s, "redraws": k} (logged once
-#: when the job finishes; bench/served_default.py reports it)
-VIEW_COST: dict = {}
 #: a running job's results are redrawn at most this often (s); its progress line every POLL_S
-MIN_REDRAW_S = 2.0
+MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "5.0"))
+#: polls of the server-side fallback per job key: {"polls": n, "seconds": s, "redraws": k} (logged once)
+VIEW_COST: dict = {}
+
+_LIVE_CSS = """
+.swapkl-live .bar { height: 0.5rem; border-radius: 0.25rem; background: var(--st-secondary-background-color, #eee);
+                    overflow: hidden; margin: 0.25rem 0; }
+.swapkl-live .fill { height: 100%; width: 0; background: var(--st-primary-color, #ff4b4b); }
+.swapkl-live .txt { font-size: 0.875rem; margin-bottom: 0.5rem; }
+"""
 
 
-def _version(job: Job) -> tuple:
-    """Changes exactly when something drawable changed (a new partial result, curves or trajectory, a status)."""
-    return (job.key, job.status, id(job.result), id(job.curves), id(job.trajectory))
+@st.cache_resource(show_spinner=False)
+def _live_component():
+    return st.components.v2.component("swapkl_live_progress", html="", css=_LIVE_CSS,
+                                      js=(ROOT / "pages" / "live_progress.js").read_text(encoding="utf-8"))
+
+
+def _browser_polls(job: Job) -> bool:
+    """The live line can poll the job's progress file from the browser: the server serves the static folder
+    and the job writes into it."""
+    return job.progress_path is not None and bool(st.get_option("server.enableStaticServing"))
 
 
 def live(job: Job | None, body, key: str) -> None:
-    """Draw ``progress_view(job)`` and ``body(job)``; while the job runs, keep them current at no cost to the
+    """Draw the job's status and ``body(job)``; while the job runs, keep them current at no cost to the
     computation, which shares the CPU with this server and the browser.
 
-    Only the progress line (bar, counts, ETA, Cancel) sits in a fragment polled every ``POLL_S`` seconds: a
-    poll redraws nothing else, so neither the server nor the browser re-renders figures or tables that did not
-    change.  When the job has published a new partial result, the poll triggers one full rerun (at most every
-    ``MIN_REDRAW_S`` seconds), which draws ``body`` anew -- whose derived figures and statistics are memoised
-    on the result (:func:`memo`); the final state is always drawn when the job ends."""
+    The progress line is a small browser-side component that polls the job's progress file
+    (``static/progress/<key>.json``, :meth:`swapkl.jobs.Job.progress_dict`) every ``POLL_S`` seconds -- no
+    script run at all.  When the job has something new to draw (its ``revision`` changed, at most every
+    ``MIN_REDRAW_S`` seconds) or ends, the component triggers one rerun, which draws ``body`` anew (its figures
+    and statistics are memoised on the result, :func:`memo`).  Without static serving, a fragment polls the
+    server instead (same redraw rule)."""
     if job is None:
         return
-    running = job.running
-    drawn = _version(job)
-    if not running:
+    if not job.running:
         progress_view(job)
         body(job)
         return
+    if _browser_polls(job):
+        _live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "revision": job.revision,
+                                "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),
+                                "min_redraw_ms": int(MIN_REDRAW_S * 1000)},
+                          key=f"live_{key}_{job.key}", on_redraw_change=lambda: None)
+        progress_view(job, bar=False)
+        body(job)
+        return
     state = st.session_state.setdefault("_live", {})
-    state[key] = (drawn, time.monotonic())
+    state[key] = (job.revision, time.monotonic())
 
     @st.fragment(run_every=POLL_S)
     def _poll():
@@ -350,15 +363,15 @@ def live(job: Job | None, body, key: str) -> None:
         c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0})
         c["polls"] += 1
         c["seconds"] += time.perf_counter() - t0
-        last_v, last_t = state.get(key, (drawn, 0.0))
+        last_v, last_t = state.get(key, (job.revision, 0.0))
         if not job.running:
             import logging
 
             logging.getLogger("swapkl.jobs").info(
-                "live view of job %s (%s): %d polls, %.2f s drawing progress, %d result redraws",
+                "live view of job %s (%s): %d server polls, %.2f s drawing progress, %d result redraws",
                 job.key, key, c["polls"], c["seconds"], c["redraws"])
             st.rerun(scope="app")
-        elif _version(job) != last_v and time.monotonic() - last_t >= MIN_REDRAW_S:
+        elif job.revision != last_v and time.monotonic() - last_t >= MIN_REDRAW_S:
             c["redraws"] += 1
             st.rerun(scope="app")
 

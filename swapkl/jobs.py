@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 import traceback
@@ -155,6 +156,14 @@ def request_key(request) -> str:
 
 
 # ============================================================================================ jobs
+def fmt_s(s: float | None) -> str:
+    """Seconds as "42 s" / "3 min 05 s"; "…" when unknown."""
+    if s is None:
+        return "…"
+    s = int(round(s))
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
 @dataclass
 class Progress:
     """``done`` of ``total`` units (variants while scoring, evaluations during curves) in step ``step`` of
@@ -185,6 +194,9 @@ class Job:
     def __init__(self, key: str, request):
         self.key = key
         self.request = request
+        self.revision = 0  # bumped whenever result, curves or trajectory is replaced (something new to draw)
+        self.progress_path: Path | None = None  # where _publish writes the progress JSON (the dashboard's poll)
+        self._published = 0.0
         self.status = QUEUED
         self.result = None
         self.curves = None
@@ -207,6 +219,13 @@ class Job:
         self.submitter: str | None = None  # the session that submitted a computation (per-session limits)
 
     # ---------------------------------------------------------------- state
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in ("result", "curves", "trajectory"):
+            super().__setattr__("revision", getattr(self, "revision", 0) + 1)
+            if getattr(self, "progress_path", None) is not None:
+                self._publish(force=True)
+
     @property
     def running(self) -> bool:
         return self.status in (QUEUED, RUNNING)
@@ -229,6 +248,36 @@ class Job:
     def note(self, msg: str) -> None:
         self.log.append(f"{time.strftime('%H:%M:%S')} {msg}")
 
+    def progress_line(self) -> str:
+        """The one-line status a page shows while the job runs: step, phase, item, counts, elapsed, ETA."""
+        p = self.progress()
+        if self.status == QUEUED:
+            return "queued (another computation runs first)"
+        return (f"step {p.step}/{p.steps}: {p.phase} — {p.what} — {p.done}/{p.total} · elapsed {fmt_s(p.elapsed_s)} "
+                f"· ETA (this step) {fmt_s(p.eta_s)}")
+
+    def progress_dict(self) -> dict:
+        """What a polling page needs, JSON-able: status, ``revision`` (changes when there is something new to
+        draw), ``fraction`` (0..1) and ``text`` (:meth:`progress_line`)."""
+        return {"key": self.key, "status": self.status, "finished": not self.running, "revision": self.revision,
+                "fraction": self.progress().fraction, "text": self.progress_line()}
+
+    def _publish(self, force: bool = False, min_interval_s: float = 0.5) -> None:
+        """Write :meth:`progress_dict` to ``progress_path`` (at most every ``min_interval_s`` unless ``force``):
+        the dashboard's progress line polls this small file from the browser, so following a job costs the
+        server nothing.  Readers see the old or the new file (write + rename); errors are ignored."""
+        path = self.progress_path
+        now = time.monotonic()
+        if path is None or (not force and now - self._published < min_interval_s):
+            return
+        self._published = now
+        try:
+            tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(self.progress_dict()), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
     # ---------------------------------------------------------------- worker side
     def _phase(self, step: int, steps: int, phase: str, total: int = 0) -> None:
         with self._lock:
@@ -236,6 +285,7 @@ class Job:
             self._phase_t0 = time.perf_counter()
             self._phase_done0 = 0
         self.note(f"step {step}/{steps}: {phase}")
+        self._publish(force=True)
 
     def _tick(self, done: int, total: int | None, what: str) -> None:
         with self._lock:
@@ -251,6 +301,7 @@ class Job:
             dt = time.perf_counter() - self._phase_t0
             worked = p.done - self._phase_done0
             p.eta_s = (dt / worked * (p.total - p.done)) if worked > 0 and dt > 0 else None
+        self._publish()
 
     def _should_stop(self) -> bool:
         return self._cancel.is_set()
@@ -265,6 +316,7 @@ class Job:
                 self._progress.done = self._progress.total
                 self._progress.eta_s = 0.0
         self.note(f"{status}" + (f": {error}" if error else ""))
+        self._publish(force=True)
         self._done_evt.set()
 
     def summary(self) -> dict:
@@ -306,16 +358,27 @@ class JobManager:
 
     ``max_models``: loaded checkpoints kept (LRU); ``root``: snapshot folder (default
     ``<cache>/dashboard``); ``log_path``: where tracebacks go (default ``<cache>/logs/dashboard.log``);
-    ``loader``: ``load_checkpoint``-compatible callable (tests)."""
+    ``loader``: ``load_checkpoint``-compatible callable (tests); ``progress_dir``: a folder the browser can read
+    (the dashboard's static folder) where every job keeps ``<key>.json`` = :meth:`Job.progress_dict` current."""
 
     def __init__(self, max_models: int = 2, root: str | Path | None = None, log_path: str | Path | None = None,
-                 loader: Callable | None = None, use_snapshots: bool = True):
+                 loader: Callable | None = None, use_snapshots: bool = True, progress_dir: str | Path | None = None):
         from swapkl.cache import cache_root
 
         self.root = Path(root) if root is not None else cache_root() / "dashboard"
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
         self.max_models = max(1, int(max_models))
         self.use_snapshots = use_snapshots
+        self.progress_dir = Path(progress_dir) if progress_dir is not None else None
+        if self.progress_dir is not None:
+            try:
+                self.progress_dir.mkdir(parents=True, exist_ok=True)
+                for f in self.progress_dir.glob("*.json"):  # other servers' files, left from earlier days
+                    if time.time() - f.stat().st_mtime > 86400:
+                        f.unlink(missing_ok=True)
+            except OSError as e:
+                log.warning("no progress files (%s): the pages poll the server instead", e)
+                self.progress_dir = None
         self._loader = loader
         self._jobs: dict[str, Job] = {}
         self._order: list[str] = []
@@ -385,6 +448,8 @@ class JobManager:
                                       f"{'it' if len(mine) == 1 else 'one'} to finish or cancel it")
             job = Job(key, request)
             job.submitter = owner
+            if self.progress_dir is not None:
+                job.progress_path = self.progress_dir / f"{key}.json"
             self._remember(job)
             if self.use_snapshots and self._load_snapshot(job):
                 return job

@@ -1,0 +1,43 @@
+// swapkl's live progress line (a Streamlit components.v2 component; see pages/common.py `live`).
+// Polls the running job's small progress file (`data.url`, served from the app's static folder) and redraws
+// only this bar -- no Streamlit script run, so following a job costs the server and this page nothing.
+// When the job has something new to draw (`revision` changed, at most every `min_redraw_ms`) or has ended,
+// it sends one trigger, and that rerun draws the page with the new results.
+export default function (component) {
+  const { data, parentElement, setTriggerValue } = component;
+  const root = document.createElement("div");
+  root.className = "swapkl-live";
+  root.innerHTML = '<div class="bar"><div class="fill"></div></div><div class="txt"></div>';
+  parentElement.appendChild(root);
+  const fill = root.querySelector(".fill");
+  const txt = root.querySelector(".txt");
+  let drawn = data.revision;
+  let last = Date.now();
+  let stopped = false;
+  let timer = null;
+  const show = (p) => {
+    fill.style.width = (100 * Math.max(0, Math.min(1, p.fraction || 0))).toFixed(1) + "%";
+    txt.textContent = p.text || "";
+  };
+  show(data.progress);
+  const tick = async () => {
+    if (stopped) return;
+    try {
+      const r = await fetch(data.url + "?t=" + Date.now(), { cache: "no-store" });
+      if (r.ok) {
+        const p = await r.json();
+        show(p);
+        const now = Date.now();
+        if (p.finished || (p.revision !== drawn && now - last >= data.min_redraw_ms)) {
+          drawn = p.revision;
+          last = now;
+          setTriggerValue("redraw", p.revision);
+          if (p.finished) { stopped = true; return; }
+        }
+      }
+    } catch (e) { /* the server restarts or the file is being replaced: try again */ }
+    timer = setTimeout(tick, data.poll_ms);
+  };
+  timer = setTimeout(tick, data.poll_ms);
+  return () => { stopped = true; if (timer) clearTimeout(timer); root.remove(); };
+}
