@@ -20,6 +20,8 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+LIVE_TEXT_JS = """return [...document.querySelectorAll('*')].filter(e => e.shadowRoot)
+  .map(e => e.shadowRoot.querySelector('.swapkl-live .txt')).filter(Boolean).map(t => t.textContent);"""
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
@@ -53,11 +55,15 @@ def test_browser_end_to_end(server, browser):
     wait.until(EC.presence_of_element_located(
         (By.XPATH, "//code[contains(., 'stories260K') and contains(., '4 prompts × 16 tokens')]")))
     click_text(drv, wait, "Compute", "p")
-    # live progress (a progress bar with a Cancel button, polled by a fragment), then the summary
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']")
-               or d.find_elements(By.XPATH, "//*[contains(text(), 'Done:')]"))
-    WebDriverWait(drv, 400, poll_frequency=1).until(
-        EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Done:')]")))
+    # live progress: the browser-side line (in the component's shadow root) polls the job's progress file and
+    # its text moves on while the job runs, with a Cancel button beside it; then the summary
+    seen: list[str] = []
+    deadline = time.time() + 400
+    while not drv.find_elements(By.XPATH, "//*[contains(text(), 'Done:')]"):
+        seen += [t for t in drv.execute_script(LIVE_TEXT_JS) if t and (not seen or seen[-1] != t)]
+        assert time.time() < deadline, f"no Done; live line said {seen[-3:]}"
+        time.sleep(0.5)
+    assert len(set(seen)) >= 2 and all(t.startswith(("step ", "queued")) for t in seen), seen
     wait.until(EC.presence_of_element_located((By.XPATH, "//h3[contains(., 'prefer')]")))
     screenshot(drv, ARTIFACTS, "start.png")
 
