@@ -218,6 +218,6 @@ def test_defaults_per_device():
     wins = make_windows(801, ev.window, ev.stride)
     assert len(wins) == 4 and sum(w.n_scored for w in wins) == 800
     gpu = default_contract("cuda")
-    assert (gpu.prompts, gpu.tokens, gpu.device) == (64, 128, "cuda")
+    assert (gpu.prompts, gpu.tokens, gpu.device, gpu.pairs) == (64, 128, "cuda", "gap:3")
     assert default_evaluator("cuda").name == "matched"
     assert DEFAULT_BUDGET == 4 and DEFAULT_METHODS == ("replacement", "interchange", "random")
