@@ -20,3 +20,8 @@ class CacheError(SwapklError):
 
 class ComputeInterrupted(SwapklError):
     """A computation stopped by its caller; what finished is in the cache."""
+
+
+class UploadError(SwapklError):
+    """A result, curves or scores file from outside (browser upload, ``--scores``/``--curves``, a saved file) that
+    is not valid; the message names the file and the field (see :mod:`swapkl.schema`)."""
