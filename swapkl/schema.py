@@ -107,7 +107,7 @@ def parse_json(raw: bytes | bytearray | str, what: str = "result file", max_byte
 
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_DEPTH_CHUNK = 1 << 20
+_DEPTH_CHUNK = 1 << 16  # brackets per numpy step (256 KiB of int32 running depth)
 
 
 def nesting_depth(text: str, stop_above: int | None = None) -> int:
@@ -118,7 +118,8 @@ def nesting_depth(text: str, stop_above: int | None = None) -> int:
     depth, deepest = 0, 0
     for k in range(0, len(b), _DEPTH_CHUNK):
         c = b[k:k + _DEPTH_CHUNK]
-        run = depth + np.cumsum(np.where((c == ord("[")) | (c == ord("{")), 1, -1), dtype=np.int64)
+        steps = ((c == ord("[")) | (c == ord("{"))).view(np.int8) * np.int8(2) - np.int8(1)  # +1 open, -1 close
+        run = depth + np.cumsum(steps, dtype=np.int32)
         deepest, depth = max(deepest, int(run.max())), int(run[-1])
         if stop_above is not None and deepest > stop_above:
             break
@@ -241,7 +242,8 @@ def score_matrices(d: Any, what: str = "scores file") -> tuple[dict, dict, dict]
             if key not in d:
                 raise _Invalid(f"{key} is missing (not a swapkl scores file: no replacement/interchange matrices)")
         L = len(_matrix(d["replacement"], "replacement", None, MAX_KL))
-        spec = {"replacement": _skip, "interchange": lambda v, w: _matrix(v, w, L, MAX_KL), "model": identity,
+        spec = {"replacement": _skip, "interchange": lambda v, w: _matrix(v, w, L, MAX_KL, "the size of replacement"),
+                "model": identity,
                 "contract": contract}
         f = _fields(d, "", spec, extra=_json)
     conv = lambda m: np.array([[np.nan if v is None else float(v) for v in row] for row in m], dtype=float)
@@ -356,27 +358,27 @@ def _kl_vector(v, where: str, shape: dict) -> list:
     shape["total"] += n
     if shape["total"] > MAX_VALUES:
         raise _Invalid(f"per_prompt holds more than {MAX_VALUES} values")
-    for k, x in enumerate(v):
-        if not (_is_number(x) and -MAX_KL <= x <= MAX_KL):
+    if not _plain_numbers(v, MAX_KL):
+        for k, x in enumerate(v):
             _number(x, f"{where}[{k}]", -MAX_KL, MAX_KL)
     return v
 
 
-def _matrix(x, where: str, L: int | None, bound: float) -> list:
-    """An L×L matrix (L given, or 1..MAX_LAYERS square) of numbers |x| <= bound or null."""
+def _matrix(x, where: str, L: int | None, bound: float, size_of: str = "num_layers") -> list:
+    """An L×L matrix (L given, by ``size_of``; or any square 1..MAX_LAYERS) of numbers |x| <= bound or null."""
     rows = _array(x, where, MAX_LAYERS, f"has more than {MAX_LAYERS} rows")
     n = len(rows) if L is None else L
     if n < 1:
         _fail(where, rows, "is empty")
     if len(rows) != n:
-        _fail(where, rows, f"has {len(rows)} rows; num_layers is {n}")
+        _fail(where, rows, f"has {len(rows)} rows, not {n} ({size_of})")
     for r, row in enumerate(rows):
         w = f"{where}[{r}]"
         row = _array(row, w, MAX_LAYERS)
         if len(row) != n:
-            _fail(w, row, f"has {len(row)} values; an {n}×{n} matrix needs {n}")
-        for c, v in enumerate(row):
-            if v is not None and not (_is_number(v) and -bound <= v <= bound):
+            _fail(w, row, f"has {len(row)} values; the matrix is {n}×{n}")
+        if not _plain_numbers([v for v in row if v is not None], bound):
+            for c, v in enumerate(row):
                 _number(v, f"{w}[{c}]", -bound, bound, null=True)
     return rows
 
@@ -390,8 +392,8 @@ def _token_ids(x, where: str) -> list:
         total += len(row)
         if total > MAX_VALUES:
             raise _Invalid(f"{where} holds more than {MAX_VALUES} token ids")
-        for c, t in enumerate(row):
-            if not (_is_int(t) and 0 <= t < 2 ** 31):
+        if row and not (set(map(type, row)) <= {int} and min(row) >= 0 and max(row) < 2 ** 31):
+            for c, t in enumerate(row):
                 _int(t, f"{w}[{c}]", 0, 2 ** 31 - 1)
     return rows
 
@@ -498,7 +500,7 @@ def _delta_ratio(x, where: str) -> list:
     number = lambda v, w: _number(v, w, null=True)
     spec = {"n": lambda v, w: _int(v, w, 1, MAX_LAYERS), "ratio": number, "interchange_delta_pct": number,
             "replacement_delta_pct": number}
-    return [_fields(r, f"{where}[{k}]", spec, required=("n",), extra=_scalar)
+    return [_fields(r, f"{where}[{k}]", spec, required=("n", "ratio"), extra=_scalar)
             for k, r in enumerate(_array(x, where, MAX_LAYERS))]
 
 
@@ -604,6 +606,20 @@ def _array(x, where: str, max_len: int, too_long: str | None = None) -> list | t
     if len(x) > max_len:
         _fail(where, x, too_long or f"has more than {max_len} items")
     return x
+
+
+_PLAIN = {int, float}
+
+
+def _plain_numbers(v: list, bound: float) -> bool:
+    """The fast path (C loops): True when every item is a plain int/float with |x| <= bound and none is NaN.  False
+    means "look closer": the caller then checks item by item and names the culprit (numpy scalars pass there)."""
+    if not v:
+        return True
+    if not set(map(type, v)) <= _PLAIN or not (-bound <= min(v) and max(v) <= bound):
+        return False
+    total = sum(v)  # the items are bounded, so the sum is NaN exactly when one of them is
+    return not math.isnan(total)
 
 
 def _is_int(x) -> bool:
