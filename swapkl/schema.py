@@ -242,9 +242,8 @@ def score_matrices(d: Any, what: str = "scores file") -> tuple[dict, dict, dict]
             if key not in d:
                 raise _Invalid(f"{key} is missing (not a swapkl scores file: no replacement/interchange matrices)")
         L = len(_matrix(d["replacement"], "replacement", None, MAX_KL))
-        spec = {"replacement": _skip, "interchange": lambda v, w: _matrix(v, w, L, MAX_KL, "the size of replacement"),
-                "model": identity,
-                "contract": contract}
+        same_size = lambda v, w: _matrix(v, w, L, MAX_KL, "the size of replacement")
+        spec = {"replacement": _skip, "interchange": same_size, "model": identity, "contract": contract}
         f = _fields(d, "", spec, extra=_json)
     conv = lambda m: np.array([[np.nan if v is None else float(v) for v in row] for row in m], dtype=float)
     return ({"replacement": conv(d["replacement"]), "interchange": conv(d["interchange"])}, f.get("model", {}),

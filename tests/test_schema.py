@@ -296,9 +296,12 @@ def test_plain_score_matrices(tmp_path):
         "display": "x"} and contract == {}
     for bad, message in [
         ({"replacement": [[0.1, "a"], [0.2, 0.3]], "interchange": m}, 'replacement[0][1] = "a" is not a number'),
-        ({"replacement": [[0.1, 0.2], [0.3]], "interchange": m}, "replacement[1] = [0.3] has 1 values; the matrix is 2×2"),
-        ({"replacement": [[0.1, 0.2]], "interchange": m}, "replacement[0] = [0.1, 0.2] has 2 values; the matrix is 1×1"),
-        ({"replacement": m, "interchange": [[0.1]]}, "interchange = an array of 1 has 1 rows, not 5 (the size of replacement)"),
+        ({"replacement": [[0.1, 0.2], [0.3]], "interchange": m},
+         "replacement[1] = [0.3] has 1 values; the matrix is 2×2"),
+        ({"replacement": [[0.1, 0.2]], "interchange": m},
+         "replacement[0] = [0.1, 0.2] has 2 values; the matrix is 1×1"),
+        ({"replacement": m, "interchange": [[0.1]]},
+         "interchange = an array of 1 has 1 rows, not 5 (the size of replacement)"),
         ({"replacement": [[0.0]] * 1025, "interchange": m}, "replacement = an array of 1025 has more than 1024 rows"),
         ({"replacement": [], "interchange": m}, "replacement = [] is empty"),
         ({"interchange": m}, "replacement is missing"),
