@@ -454,6 +454,10 @@ def _entry(x, where: str, L: int) -> dict:
                 "seed": lambda a, b: _int(a, b, -MAX_INT, MAX_INT), "removed": removed, "ppl": _ppl,
                 "delta_pct": _number}, extra=_scalar) for k, s in enumerate(_array(v, w, MAX_SEEDS))]}
     out = _fields(e, where, spec, extra=_scalar)
+    for lo, hi in (("delta_pct_min", "delta_pct_max"), ("ppl_min", "ppl_max")):  # a spread is drawn as a pair
+        if (out.get(lo) is None) != (out.get(hi) is None):
+            one = lo if out.get(lo) is not None else hi
+            _fail(_at(where, one), out[one], f"comes without its other end ({hi if one == lo else lo})")
     out["n"] = n
     return out
 

@@ -47,7 +47,14 @@ def real(stories_path, wikitext_path):
                                                                  "bi"], Evaluator("tiny", 200, 128, 64), corpus,
                             memo=EvalMemo(), identity=ck.identity,
                             method_params={"bi": {"calib_tokens": 128}})
-    return {"result": json.dumps(res.to_json()), "curves": curves.to_json(), "res": res, "cv": curves}
+    return _Files(result=json.dumps(res.to_json()), curves=curves.to_json(), res=res, cv=curves)
+
+
+class _Files(dict):
+    """The real files; a short repr for hypothesis' falsifying-example report."""
+
+    def __repr__(self) -> str:
+        return "<stories260K result and curves files>"
 
 
 def result_doc(real) -> dict:
@@ -243,6 +250,14 @@ def test_curves_fields(real, path, value, message):
     doc = json.loads(real["curves"])
     msg, _ = rejected(CurvesResult.from_json, mutated(doc, path, value))
     assert msg.startswith(f"curves file: {message}"), msg
+
+
+def test_curves_spread_needs_both_ends(real):
+    """Found by the fuzzer: the curves figure reads delta_pct_max whenever delta_pct_min is there."""
+    doc = json.loads(real["curves"])
+    doc["methods"]["random"][0]["delta_pct_min"] = 12.5
+    msg, _ = rejected(CurvesResult.from_json, mutated(doc, ("methods", "random", 0, "delta_pct_max"), None))
+    assert msg == "curves file: methods.random[0].delta_pct_min = 12.5 comes without its other end (delta_pct_max)"
 
 
 def test_curves_method_names_and_nan(real):
