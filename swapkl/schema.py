@@ -273,8 +273,8 @@ def contract(x: Any, where: str = "contract") -> dict:
     c = _fields(x, where, spec, extra=None)
     try:
         Contract.from_dict(c)
-    except ContractError as e:
-        raise _Invalid(f"{where}: {e}") from None
+    except ContractError as e:  # its message may quote a 4096-character value, or one with a newline
+        raise _Invalid(f"{where}: {_clip(str(e), 200)}") from None
     return c
 
 

@@ -364,7 +364,7 @@ def hostile_files(draw, base_text: str) -> bytes:
         if op == "delete":
             del node[key]
         elif op == "replace":
-            node[key] = draw(HOSTILE)
+            node[key] = copy.deepcopy(draw(HOSTILE))  # never let a later mutation change HOSTILE's lists
         elif op == "duplicate" and isinstance(node, list):
             node.append(copy.deepcopy(node[key]))
         elif op == "rename" and isinstance(node, dict):
