@@ -24,3 +24,8 @@ class ComputeInterrupted(SwapklError):
 
 class OutputPathError(SwapklError):
     """An output path that cannot be written, or whose writing would destroy an input or unrelated files."""
+
+
+class UploadError(SwapklError):
+    """A result, curves or scores file from outside (browser upload, ``--scores``/``--curves``, a saved file) that
+    is not valid; the message names the file and the field (see :mod:`swapkl.schema`)."""

@@ -469,20 +469,17 @@ class JobManager:
         from swapkl.removal import CurvesResult, check_same_model
         from swapkl.results import SwapResult
 
-        def as_dict(x):
-            if isinstance(x, dict):
-                return x
-            try:
-                return json.loads(x.decode() if isinstance(x, bytes) else x)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise SwapklError(f"not a JSON file ({e})") from e
+        def as_dict(x, what):  # size, depth and NaN limits; from_json checks every field (swapkl.schema)
+            from swapkl.schema import parse_json
 
-        rd = as_dict(result_json)
+            return x if isinstance(x, dict) else parse_json(x, what, keep_constants=True)
+
+        rd = as_dict(result_json, "result file")
         result = SwapResult.from_json(rd)
         curves = None
         if curves_json is not None:
             try:
-                curves = CurvesResult.from_json(json.dumps(as_dict(curves_json)))
+                curves = CurvesResult.from_json(as_dict(curves_json, "curves file"))
             except (TypeError, KeyError) as e:
                 raise SwapklError(f"not a swapkl curves file ({e})") from e
             check_same_model(result, curves.model)

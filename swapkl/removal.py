@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import numpy as np
 
 from swapkl.errors import ComputeInterrupted, ContractError, SwapklError
 from swapkl.results import CONDITIONAL, STRONG, atomic_write_text  # thresholds in nats (METHOD §1)
+from swapkl.results import finite_json as _jsonable
 
 
 class BudgetError(ContractError):
@@ -284,31 +284,24 @@ class CurvesResult:
         return s
 
     @classmethod
-    def from_json(cls, s_or_path) -> "CurvesResult":
-        from pathlib import Path
+    def from_json(cls, s_or_path, what: str = "curves file") -> "CurvesResult":
+        """From :meth:`to_json`'s text (``str`` starting with ``{``, or ``bytes``), its parsed dict, or a path.
+        Validated by :func:`swapkl.schema.curves_fields` before anything is built; a bad file raises
+        :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
+        from swapkl import schema
+
         s = s_or_path
-        if not (isinstance(s, str) and s.lstrip().startswith("{")):
-            s = Path(s_or_path).read_text()
-        d = json.loads(s)
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        if isinstance(s, (bytes, bytearray)) or (isinstance(s, str) and s.lstrip().startswith("{")):
+            d = schema.parse_json(s, what, keep_constants=True)
+        elif isinstance(s, dict):
+            d = s
+        else:
+            d = schema.read_json_file(s, what, keep_constants=True)
+            what = f"{what} {s}"
+        return cls(**schema.curves_fields(d, what))
 
     def curve(self, method: str) -> list[dict]:
         return self.methods[method]
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    return x
 
 
 class EvalMemo:

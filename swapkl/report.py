@@ -41,42 +41,50 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.92em} th,td{border:1px s
 
 
 # ============================================================================================ inputs
-def _load_json(obj) -> Any:
+def _load_json(obj, keep_constants: bool = False) -> Any:
+    """A dict as it is; JSON text or a path parsed within :mod:`swapkl.schema`'s size and depth limits."""
+    from swapkl import schema
+
     if isinstance(obj, (str, Path)) and not (isinstance(obj, str) and obj.lstrip().startswith("{")):
-        p = Path(obj)
-        try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise SwapklError(f"no such file: {p}") from None
-        except (OSError, ValueError) as e:
-            raise SwapklError(f"cannot read {p}: {e}") from None
-    if isinstance(obj, str):
-        return json.loads(obj)
+        return schema.read_json_file(obj, "file", keep_constants=keep_constants)
+    if isinstance(obj, (str, bytes)):
+        return schema.parse_json(obj, "JSON text", keep_constants=keep_constants)
     return obj
 
 
 def as_result(obj):
-    """A SwapResult from a SwapResult, its ``to_json()`` dict, JSON text or a path to a ``score --json`` file."""
+    """A SwapResult from a SwapResult, its ``to_json()`` dict, JSON text or a path to a ``score --json`` file
+    (validated by :func:`swapkl.schema.result_fields`)."""
     from swapkl.results import SwapResult
 
     if obj is None or isinstance(obj, SwapResult):
         return obj
-    d = _load_json(obj)
+    d = _load_json(obj, keep_constants=True)
     if not isinstance(d, dict) or "per_prompt" not in d:
         raise SwapklError("not a swapkl score result (expected the JSON written by 'python -m swapkl score --json')")
-    return SwapResult.from_json(d)
+    return SwapResult.from_json(d, _label("scores file", obj))
 
 
 def as_curves(obj) -> dict | None:
-    """A curves dict (``CurvesResult.to_dict()`` form) from a CurvesResult, dict, JSON text or path."""
+    """A curves dict (``CurvesResult.to_dict()`` form) from a CurvesResult, dict, JSON text or path (validated
+    by :func:`swapkl.schema.curves_fields`)."""
+    from swapkl import schema
+
     if obj is None:
         return None
     if hasattr(obj, "to_dict") and hasattr(obj, "methods"):
         return json.loads(obj.to_json())
-    d = _load_json(obj)
+    d = _load_json(obj, keep_constants=True)
     if not isinstance(d, dict) or "methods" not in d:
         raise SwapklError("not a swapkl curves file (expected the JSON written by 'python -m swapkl curves --json')")
-    return d
+    return schema.curves_fields(d, _label("curves file", obj))
+
+
+def _label(what: str, obj) -> str:
+    """``what`` plus the path when ``obj`` is one (for messages)."""
+    if isinstance(obj, Path) or (isinstance(obj, str) and not obj.lstrip().startswith("{")):
+        return f"{what} {obj}"
+    return what
 
 
 def as_trajectory(obj):

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from swapkl import __version__
-from swapkl.errors import CacheError
 
 STRONG = 0.05       # nats: "strong" swap-similarity
 CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
@@ -64,6 +63,23 @@ def matrix_json(m) -> list:
     figure specs hold."""
     a = np.asarray(m, dtype=float)
     return [[float(v) if math.isfinite(v) else None for v in row] for row in a.tolist()]
+
+
+def finite_json(x):
+    """``x`` with numpy scalars/arrays as Python values, tuples as lists, keys as strings and every non-finite
+    float as None: what ``json.dumps(..., allow_nan=False)`` accepts and :mod:`swapkl.schema` reads back."""
+    if isinstance(x, dict):
+        return {str(k): finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, np.ndarray):
+        return finite_json(x.tolist())
+    return x
 
 
 def _none_to_nan(rows) -> np.ndarray:
@@ -237,39 +253,35 @@ class SwapResult:
             "model": self.identity,
             "prompt_token_ids": self.prompt_token_ids,
             "prompts": self.prompts_info,
-            "noise_floor": self.noise_floor,
-            "summary": self.summary(),
+            "noise_floor": finite_json(self.noise_floor),
+            "summary": finite_json(self.summary()),  # e.g. a KL ratio of all-zero replacement KLs is NaN
             "per_prompt": {
                 "replacement_directed": {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt["repl"].items()},
                 "interchange": {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt["inter"].items()},
             },
-            "meta": self.meta,
+            "meta": finite_json(self.meta),
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "SwapResult":
-        try:
-            pp = d["per_prompt"]
-            repl = {tuple(map(int, k.split(","))): np.asarray(v, float) for k, v in pp["replacement_directed"].items()}
-            inter = {tuple(map(int, k.split(","))): np.asarray(v, float) for k, v in pp["interchange"].items()}
-            return cls(num_layers=int(d["num_layers"]), pairs=[tuple(p) for p in d["pairs"]],
-                       per_prompt={"repl": repl, "inter": inter}, contract=d["contract"], identity=d.get("model", {}),
-                       prompt_token_ids=d.get("prompt_token_ids", []), prompts_info=d.get("prompts", {}),
-                       noise_floor=d.get("noise_floor"), meta=d.get("meta", {}))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise CacheError(f"not a swapkl result file ({type(e).__name__}: {e})") from e
+    def from_json(cls, d, what: str = "result file") -> "SwapResult":
+        """From :meth:`to_json`'s dict, or its JSON text (``str``/``bytes``).  Everything is validated by
+        :func:`swapkl.schema.result_fields` before anything is built; a bad file raises
+        :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
+        from swapkl import schema
+
+        if isinstance(d, (str, bytes, bytearray)):
+            d = schema.parse_json(d, what, keep_constants=True)
+        return cls(**schema.result_fields(d, what))
 
     def save(self, path: str | os.PathLike) -> Path:
         atomic_write_text(path, json.dumps(self.to_json()))
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "SwapResult":
-        p = Path(path)
-        try:
-            d = json.loads(p.read_text())
-        except FileNotFoundError as e:
-            raise CacheError(f"no such result file: {p}") from e
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CacheError(f"cannot read result file {p}: {e}") from e
-        return cls.from_json(d)
+    def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> "SwapResult":
+        """Read a :meth:`save` / ``score --json`` file (at most ``max_bytes``, default
+        :data:`swapkl.schema.MAX_BYTES`), validated as :meth:`from_json`."""
+        from swapkl import schema
+
+        d = schema.read_json_file(path, "result file", max_bytes or schema.MAX_BYTES, keep_constants=True)
+        return cls.from_json(d, f"result file {path}")

@@ -110,9 +110,11 @@ def test_report_from_trajectory_json_and_curves_only():
     # curves alone: model from the curves, the stored verdict is shown
     c = fake_curves()
     c["baseline"] = {}
+    # a verdict as regime_verdict writes it (the dashboard reads every evidence field, so files must hold them)
+    proto = lambda m: {"n_pairs": 4, "below_0.05": 0, "below_threshold": int(m < 0.1), "min": m,  # noqa: E731
+                       "median": 2 * m, "best_pair": [1, 2]}
     c["verdict"] = {"regime": "divergent", "prefer": "interchange", "sentence": "Divergent regime: test.",
-                    "evidence": {"threshold": 0.1, "replacement": {"n_pairs": 4, "min": 0.2},
-                                 "interchange": {"n_pairs": 4, "min": 0.05}}}
+                    "evidence": {"threshold": 0.1, "replacement": proto(0.2), "interchange": proto(0.05)}}
     doc = report.build_report(curves=CurvesResult.from_json(json.dumps(c)))
     assert "Divergent regime: test." in doc and report.figure_count(doc) == 2
     assert "toy-model" in doc

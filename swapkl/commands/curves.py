@@ -2,10 +2,8 @@
 swap-KL-guided selection and baselines, the ΔPPL ratio and the regime verdict."""
 from __future__ import annotations
 
-import json
 import sys
 
-import numpy as np
 
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
@@ -47,26 +45,17 @@ def register(sub) -> None:
 
 def load_scores(path: str) -> tuple[dict, dict, dict]:
     """(scores {"replacement", "interchange"} as L×L arrays, model identity, contract) from a ``score --json``
-    file, or from a plain ``{"replacement": [[...]], "interchange": [[...]]}`` JSON (NaN as null)."""
-    from pathlib import Path
+    file, or from a plain ``{"replacement": [[...]], "interchange": [[...]]}`` JSON (NaN as null).  Both are
+    validated (:mod:`swapkl.schema`) before anything is built from them."""
+    from swapkl import schema
+    from swapkl.results import SwapResult
 
-    p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SwapklError(f"no such scores file: {p}") from None
-    except (OSError, ValueError) as e:
-        raise SwapklError(f"cannot read scores file {p}: {e}") from None
-    if not isinstance(d, dict) or "replacement" not in d or "interchange" not in d:
-        raise SwapklError(f"{p} is not a swapkl scores file (no replacement/interchange matrices)")
-    if "per_prompt" in d:
-        from swapkl.results import SwapResult
-
-        res = SwapResult.from_json(d)
+    d = schema.read_json_file(path, "scores file", keep_constants=True)
+    what = f"scores file {path}"
+    if isinstance(d, dict) and "per_prompt" in d:
+        res = SwapResult.from_json(d, what)
         return {"replacement": res.replacement(), "interchange": res.interchange()}, res.identity, res.contract
-    conv = lambda m: np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)  # noqa: E731
-    return ({"replacement": conv(d["replacement"]), "interchange": conv(d["interchange"])}, d.get("model", {}),
-            d.get("contract", {}))
+    return schema.score_matrices(d, what)
 
 
 def run(a) -> int:
@@ -97,11 +86,12 @@ def run(a) -> int:
             raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
     if partners == "all":
         partners = None
+    loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
-    if a.scores:
-        scores, ident, _ = load_scores(a.scores)
+    if loaded is not None:
+        scores, ident, _ = loaded
         check_scores(scores, ck.num_layers, ident, ck.identity)
         src = f"scores from {a.scores}"
     else:
