@@ -59,7 +59,7 @@ def start_page() -> None:
     if request is None or job.request != request:
         st.caption(f"Showing the last analysis ({job.request.label()}); press Compute for the settings above.")
     st.divider()
-    common.live(job, summary_view, "summary")
+    common.live(job, summary_view, "summary", watch=("result",))
 
 
 def open_files_view():
@@ -106,6 +106,10 @@ def summary_view(job) -> None:
     else:
         st.markdown(f"### {verdict['regime']} — prefer {verdict['prefer']}")
         st.write(verdict["sentence"])
+    if job.running:  # while computing, redraws stay light: the figure and the verdict; the tables come at the end
+        st.caption("Evidence tables, best pairs and the gap statistics follow when the run is done.")
+        return
+    if verdict is not None:
         ev = verdict["evidence"]
         rows = []
         for name in ("replacement", "interchange"):

@@ -305,7 +305,7 @@ def progress_view(job: Job, bar: bool = True) -> None:
 
 
 #: a running job's results are redrawn at most this often (s); its progress line every POLL_S
-MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "5.0"))
+MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "10.0"))
 #: polls of the server-side fallback per job key: {"polls": n, "seconds": s, "redraws": k} (logged once)
 VIEW_COST: dict = {}
 
@@ -329,50 +329,54 @@ def _browser_polls(job: Job) -> bool:
     return job.progress_path is not None and bool(st.get_option("server.enableStaticServing"))
 
 
-def live(job: Job | None, body, key: str) -> None:
+def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "trajectory")) -> None:
     """Draw the job's status and ``body(job)``; while the job runs, keep them current at no cost to the
     computation, which shares the CPU with this server and the browser.
 
     The progress line is a small browser-side component that polls the job's progress file
     (``static/progress/<key>.json``, :meth:`swapkl.jobs.Job.progress_dict`) every ``POLL_S`` seconds -- no
-    script run at all.  When the job has something new to draw (its ``revision`` changed, at most every
-    ``MIN_REDRAW_S`` seconds) or ends, the component triggers one rerun, which draws ``body`` anew (its figures
-    and statistics are memoised on the result, :func:`memo`).  Without static serving, a fragment polls the
-    server instead (same redraw rule)."""
+    script run at all.  When the job has something new for this page (one of the parts in ``watch`` changed,
+    at most every ``MIN_REDRAW_S`` seconds, the first result at once) or ends, the component triggers one
+    rerun, which draws ``body`` anew (its figures and statistics are memoised on the result, :func:`memo`).
+    Without static serving, a fragment polls the server instead (same redraw rule)."""
     if job is None:
         return
+    c = VIEW_COST.get(job.key)
     if not job.running:
+        if c is not None and not c.get("logged"):
+            c["logged"] = True
+            import logging
+
+            logging.getLogger("swapkl.jobs").info("live view of job %s (%s): %d server polls, %.2f s drawing "
+                                                  "progress, %d result redraws", job.key, key, c["polls"],
+                                                  c["seconds"], c["redraws"])
         progress_view(job)
         body(job)
         return
+    seen = sum(job.updates[w] for w in watch)
+    c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0})
+    c["redraws"] += 1
     if _browser_polls(job):
-        _live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "revision": job.revision,
-                                "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),
+        _live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "watch": list(watch),
+                                "drawn": seen, "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),
                                 "min_redraw_ms": int(MIN_REDRAW_S * 1000)},
                           key=f"live_{key}_{job.key}", on_redraw_change=lambda: None)
         progress_view(job, bar=False)
         body(job)
         return
     state = st.session_state.setdefault("_live", {})
-    state[key] = (job.revision, time.monotonic())
+    state[key] = (seen, time.monotonic())
 
     @st.fragment(run_every=POLL_S)
     def _poll():
         t0 = time.perf_counter()
         progress_view(job)
-        c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0})
         c["polls"] += 1
         c["seconds"] += time.perf_counter() - t0
-        last_v, last_t = state.get(key, (job.revision, 0.0))
+        last_v, last_t = state.get(key, (seen, 0.0))
         if not job.running:
-            import logging
-
-            logging.getLogger("swapkl.jobs").info(
-                "live view of job %s (%s): %d server polls, %.2f s drawing progress, %d result redraws",
-                job.key, key, c["polls"], c["seconds"], c["redraws"])
             st.rerun(scope="app")
-        elif job.revision != last_v and time.monotonic() - last_t >= MIN_REDRAW_S:
-            c["redraws"] += 1
+        elif sum(job.updates[w] for w in watch) != last_v and (last_v == 0 or time.monotonic() - last_t >= MIN_REDRAW_S):
             st.rerun(scope="app")
 
     _poll()

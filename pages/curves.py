@@ -80,4 +80,4 @@ def body(job) -> None:
     common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export")
 
 
-common.live(job, body, "curves")
+common.live(job, body, "curves", watch=("curves",))

@@ -88,4 +88,4 @@ def body(job) -> None:
             common.download_figure(pfig, f"pair-{i}-{j}-per-prompt", key="dl_pairfig")
 
 
-common.live(job, body, "heatmaps")
+common.live(job, body, "heatmaps", watch=("result",))

@@ -1,8 +1,8 @@
 // swapkl's live progress line (a Streamlit components.v2 component; see pages/common.py `live`).
 // Polls the running job's small progress file (`data.url`, served from the app's static folder) and redraws
 // only this bar -- no Streamlit script run, so following a job costs the server and this page nothing.
-// When the job has something new to draw (`revision` changed, at most every `min_redraw_ms`) or has ended,
-// it sends one trigger, and that rerun draws the page with the new results.
+// When the job has something new for this page (the parts in `data.watch` changed -- the first result at once,
+// then at most every `min_redraw_ms`) or has ended, it sends one trigger, and that rerun draws the new results.
 export default function (component) {
   const { data, parentElement, setTriggerValue } = component;
   const root = document.createElement("div");
@@ -11,7 +11,8 @@ export default function (component) {
   parentElement.appendChild(root);
   const fill = root.querySelector(".fill");
   const txt = root.querySelector(".txt");
-  let drawn = data.revision;
+  let drawn = data.drawn;
+  const seen = (p) => data.watch.reduce((a, w) => a + ((p.updates || {})[w] || 0), 0);
   let last = Date.now();
   let stopped = false;
   let timer = null;
@@ -28,10 +29,11 @@ export default function (component) {
         const p = await r.json();
         show(p);
         const now = Date.now();
-        if (p.finished || (p.revision !== drawn && now - last >= data.min_redraw_ms)) {
-          drawn = p.revision;
+        const v = seen(p);
+        if (p.finished || (v !== drawn && (drawn === 0 || now - last >= data.min_redraw_ms))) {
+          drawn = v;
           last = now;
-          setTriggerValue("redraw", p.revision);
+          setTriggerValue("redraw", v);
           if (p.finished) { stopped = true; return; }
         }
       }

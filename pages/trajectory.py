@@ -105,6 +105,6 @@ def body(job) -> None:
 
 if job is not None:
     st.divider()
-    common.live(job, body, "trajectory")
+    common.live(job, body, "trajectory", watch=("trajectory",))
 else:
     st.info("Press **Compute trajectory**; checkpoints already scored under this contract come from the cache.")

@@ -194,7 +194,8 @@ class Job:
     def __init__(self, key: str, request):
         self.key = key
         self.request = request
-        self.revision = 0  # bumped whenever result, curves or trajectory is replaced (something new to draw)
+        # per drawable part, how often it was replaced (a page redraws only when a part it shows changed)
+        self.updates = {"result": 0, "curves": 0, "trajectory": 0}
         self.progress_path: Path | None = None  # where _publish writes the progress JSON (the dashboard's poll)
         self._published = 0.0
         self.status = QUEUED
@@ -221,8 +222,8 @@ class Job:
     # ---------------------------------------------------------------- state
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name in ("result", "curves", "trajectory"):
-            super().__setattr__("revision", getattr(self, "revision", 0) + 1)
+        if name in ("result", "curves", "trajectory") and "updates" in self.__dict__:
+            self.updates[name] += 1
             if getattr(self, "progress_path", None) is not None:
                 self._publish(force=True)
 
@@ -257,9 +258,9 @@ class Job:
                 f"· ETA (this step) {fmt_s(p.eta_s)}")
 
     def progress_dict(self) -> dict:
-        """What a polling page needs, JSON-able: status, ``revision`` (changes when there is something new to
-        draw), ``fraction`` (0..1) and ``text`` (:meth:`progress_line`)."""
-        return {"key": self.key, "status": self.status, "finished": not self.running, "revision": self.revision,
+        """What a polling page needs, JSON-able: status, ``updates`` (per drawable part -- result, curves,
+        trajectory -- how often it changed), ``fraction`` (0..1) and ``text`` (:meth:`progress_line`)."""
+        return {"key": self.key, "status": self.status, "finished": not self.running, "updates": dict(self.updates),
                 "fraction": self.progress().fraction, "text": self.progress_line()}
 
     def _publish(self, force: bool = False, min_interval_s: float = 0.5) -> None:
