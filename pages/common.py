@@ -348,14 +348,15 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
             import logging
 
             logging.getLogger("swapkl.jobs").info("live view of job %s (%s): %d server polls, %.2f s drawing "
-                                                  "progress, %d result redraws", job.key, key, c["polls"],
-                                                  c["seconds"], c["redraws"])
+                                                  "progress, %d result redraws (at %s s)", job.key, key,
+                                                  c["polls"], c["seconds"], c["redraws"], c.get("at"))
         progress_view(job)
         body(job)
         return
     seen = sum(job.updates[w] for w in watch)
-    c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0})
+    c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0, "at": []})
     c["redraws"] += 1
+    c["at"].append(round(time.time() - (job.started or time.time()), 1))
     if _browser_polls(job):
         _live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "watch": list(watch),
                                 "drawn": seen, "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),

@@ -5,6 +5,11 @@
 // then at most every `min_redraw_ms`) or has ended, it sends one trigger, and that rerun draws the new results.
 export default function (component) {
   const { data, parentElement, setTriggerValue } = component;
+  // Streamlit may call this function again for the same element when a rerun sends new data: one poller per
+  // job, or every earlier poller would go on triggering reruns of its own (each a full redraw).
+  const reg = (globalThis.__swapklLive = globalThis.__swapklLive || {});
+  if (reg[data.url]) reg[data.url]();
+  parentElement.querySelectorAll(".swapkl-live").forEach((e) => e.remove());
   const root = document.createElement("div");
   root.className = "swapkl-live";
   root.innerHTML = '<div class="bar"><div class="fill"></div></div><div class="txt"></div>';
@@ -40,6 +45,8 @@ export default function (component) {
     } catch (e) { /* the server restarts or the file is being replaced: try again */ }
     timer = setTimeout(tick, data.poll_ms);
   };
+  const stop = () => { stopped = true; if (timer) clearTimeout(timer); };
+  reg[data.url] = stop;
   timer = setTimeout(tick, data.poll_ms);
-  return () => { stopped = true; if (timer) clearTimeout(timer); root.remove(); };
+  return () => { stop(); if (reg[data.url] === stop) delete reg[data.url]; root.remove(); };
 }
