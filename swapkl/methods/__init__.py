@@ -182,3 +182,4 @@ from swapkl.methods import bi as _bi  # noqa: E402,F401
 from swapkl.methods import sleb as _sleb  # noqa: E402,F401
 from swapkl.methods import taylor as _taylor  # noqa: E402,F401
 from swapkl.methods import laco as _laco  # noqa: E402,F401
+from swapkl import recommend as _recommend  # noqa: E402,F401  (registers "recommend")
