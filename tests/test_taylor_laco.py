@@ -176,3 +176,24 @@ def test_taylor_and_laco_in_curves_runner(stories):
     assert res.methods["taylor"][0]["removed"] == [order[0]]
     from swapkl.removal import CurvesResult
     CurvesResult.from_json(res.to_json())  # the merge label passes the schema
+
+
+def test_prune_cli_merge(stories_path, tmp_path, capsys, monkeypatch):
+    import transformers as tf
+
+    from swapkl.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "merged"
+    assert main(["prune", str(stories_path), "--merge", "1-2", "--merge-mode", "laco", "--out", str(out),
+                 "--device", "cpu", "--verify"]) == 0
+    text = capsys.readouterr().out
+    assert "merged 1-2 (laco), removed layers [2], 4 of 5 kept" in text and "verified" in text
+    rec = json.loads((out / "swapkl_prune.json").read_text())
+    assert rec["merge"]["groups"] == [[1, 2]] and rec["merge"]["mode"] == "laco" and rec["removed"] == [2]
+    assert tf.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 4
+    for args, msg in ((["--merge", "2-1"], "lower to a higher"), (["--merge", "a-b"], "groups such as"),
+                      ([], "give --remove"), (["--merge", "1-2", "--remove", "1"], "does not match")):
+        assert main(["prune", str(stories_path), "--out", str(tmp_path / "y"), "--device", "cpu", *args]) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.strip()][-1]
+        assert err.startswith("error: ") and msg in err, err
