@@ -136,8 +136,8 @@ def source_folders(model: torch.nn.Module, identity: dict | None = None) -> list
     return [str(p) for p in out if p and Path(str(p)).expanduser().exists()]
 
 
-def save_pruned(model: torch.nn.Module, remove: Iterable[int], out_dir: str | os.PathLike, tokenizer=None,
-                identity: dict | None = None, force: bool = False) -> Path:
+def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: str | os.PathLike, tokenizer=None,
+                identity: dict | None = None, force: bool = False, merge=None) -> Path:
     """Save ``model`` with blocks ``remove`` deleted to ``out_dir`` (safetensors) and return the folder.
 
     Writes ``save_pretrained`` output, the tokenizer when given, and ``swapkl_prune.json`` with the source
@@ -148,6 +148,11 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int], out_dir: str | os
     ``out_dir`` may not be the source folder or inside it (:func:`source_folders`); an existing non-empty
     folder is refused unless ``force``, and then its old weight files are replaced, none left beside the new
     ones (:func:`swapkl.outputs.write_model_folder`).  Raises :class:`~swapkl.errors.OutputPathError`.
+
+    ``merge``: save a *merged* model instead (:func:`swapkl.merge.merged_copy`): a list of groups of consecutive
+    slots (``[[3, 4]]``: blocks 3 and 4 merged into slot 3, block 4 removed) or ``{"groups": [...], "mode":
+    "average" | "laco"}``.  ``remove`` may then be None (it is derived: every group member but the lowest) or must
+    equal the derived set.  The merge (groups, mode, formula) is recorded in ``swapkl_prune.json``.
     """
     from swapkl.outputs import check_output_dir, write_model_folder
 
@@ -155,13 +160,25 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int], out_dir: str | os
                            force_hint="force=True (prune --force)")
     src = identity or _identity_of(model)
     n_src = arch.locate(model).num_layers
+    plan = None
+    if merge is not None:
+        from swapkl.merge import merge_plan, merged_copy
+
+        plan = merge_plan(merge, n_src)
+        if remove is not None and validate_remove(remove, n_src) != plan["removed"]:
+            raise PruneError(f"remove={sorted(remove)} does not match the merge, which removes {plan['removed']}")
+        remove = plan["removed"]
+    elif remove is None:
+        raise PruneError("give the layers to remove (or a merge)")
     rem = validate_remove(remove, n_src)
-    pruned = pruned_copy(model, rem)
+    pruned = pruned_copy(model, rem) if plan is None else merged_copy(model, plan["groups"], plan["mode"])
     if getattr(pruned, "hf_quantizer", None) is not None:
         pruned.hf_quantizer.remove_quantization_config(pruned)
     record = {"source": src, "removed": rem, "kept": [i for i in range(n_src) if i not in rem],
               "num_layers_before": n_src, "num_layers_after": n_src - len(rem),
               "tool": "swapkl"}
+    if plan is not None:
+        record["merge"] = plan
     try:
         from swapkl import __version__
         record["swapkl_version"] = __version__

@@ -515,24 +515,33 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     counter["points"] += 1
     report(f"baseline PPL {baseline.ppl:.4g}")
 
-    def evaluate_set(removed: Sequence[int]) -> "E.PPLResult":
+    def evaluate_set(removed: Sequence[int], merge: dict | None = None) -> "E.PPLResult":
         stop_check()
 
         def compute():
             counter["evals"] += 1
-            pm = pruned_copy(model, removed)
+            if merge is None:
+                pm = pruned_copy(model, removed)
+            else:  # a merged model (swapkl.merge): new tensors for the merged blocks only
+                from swapkl.merge import merged_copy
+                pm = merged_copy(model, merge["groups"], merge["mode"])
             r = E.evaluate_ppl(pm, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
                                reference=reference, should_stop=should_stop)
             return r
-        return memo.get(text_key, removed, compute)
+        key = text_key if merge is None else f"{text_key}|merge:{merge['mode']}:{merge['groups']}"
+        return memo.get(key, removed, compute)
 
-    def entry(n: int, removed: Sequence[int]) -> dict:
-        r = evaluate_set(removed)
+    def entry(n: int, removed: Sequence[int], merge: dict | None = None) -> dict:
+        r = evaluate_set(removed, merge)
         counter["points"] += 1
         report(f"n={n} removed {sorted(int(i) for i in removed)}: PPL {r.ppl:.4g}")
-        return {"n": n, "removed": sorted(int(i) for i in removed), "ppl": r.ppl, "ppl_ci": list(r.ci()),
-                "delta_pct": E.delta_pct(r, baseline), "delta_pct_ci": list(E.delta_pct_ci(r, baseline)),
-                "kl_to_base": r.kl_to_base}
+        e = {"n": n, "removed": sorted(int(i) for i in removed), "ppl": r.ppl, "ppl_ci": list(r.ci()),
+             "delta_pct": E.delta_pct(r, baseline), "delta_pct_ci": list(E.delta_pct_ci(r, baseline)),
+             "kl_to_base": r.kl_to_base}
+        if merge is not None:
+            # a scalar (curve entries hold scalars only): "average: 3+4, 7+8"; the groups are in method_info
+            e["merge"] = f"{merge['mode']}: " + ", ".join("+".join(str(i) for i in g) for g in merge["groups"])
+        return e
 
     result = CurvesResult(
         model=identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
@@ -560,7 +569,9 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
             info["settings"] = out.settings
             info["selection_seconds"] = time.perf_counter() - t0
             if out.runs is None:
-                entries = [entry(k + 1, s) for k, s in enumerate(out.sets)]
+                var = out.variant if out.variant and out.variant.get("kind") == "merge" else None
+                entries = [entry(k + 1, s, None if var is None else {"groups": var["groups"][k], "mode": var["mode"]})
+                           for k, s in enumerate(out.sets)]
                 if len(entries) < budget and not out.notes:
                     result.notes.append(f"{spec.name}: curve stops at n={len(entries)}")
                 result.methods[spec.name] = entries

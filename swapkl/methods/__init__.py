@@ -26,13 +26,17 @@ from swapkl.errors import SwapklError
 class MethodOutput:
     """``sets``: nested sorted sets for n = 1..len; ``runs``: {seed: sets} for seeded methods; ``info``:
     anything worth keeping (per-layer scores, calibration PPL per step, ...); ``settings``: the parameters used;
-    ``notes``: human sentences (e.g. why a curve is shorter than the budget)."""
+    ``notes``: human sentences (e.g. why a curve is shorter than the budget).  ``variant``: None for plain
+    removal, or ``{"kind": "merge", "mode": "average" | "laco", "groups": [groups for n = 1, 2, ...]}`` when
+    ``sets[k]`` is the set removed by merging ``groups[k]`` (:func:`swapkl.merge.merged_copy`): the runner
+    evaluates the merged model, not the pruned one."""
 
     sets: list = field(default_factory=list)
     runs: dict | None = None
     info: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    variant: dict | None = None
 
 
 @dataclass
@@ -176,3 +180,6 @@ from swapkl.methods import guided as _guided  # noqa: E402,F401  (registers repl
 from swapkl.methods import random as _random  # noqa: E402,F401
 from swapkl.methods import bi as _bi  # noqa: E402,F401
 from swapkl.methods import sleb as _sleb  # noqa: E402,F401
+from swapkl.methods import taylor as _taylor  # noqa: E402,F401
+from swapkl.methods import laco as _laco  # noqa: E402,F401
+from swapkl import recommend as _recommend  # noqa: E402,F401  (registers "recommend")

@@ -1,0 +1,146 @@
+"""``python -m swapkl recommend MODEL --budget N``: which n layers to remove (n = 1..N), chosen on calibration text
+by a beam search seeded by every method, with the held-out ΔPPL and one sentence of evidence per n."""
+from __future__ import annotations
+
+import sys
+
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args, load_from_args
+from swapkl.errors import SwapklError
+
+
+def register(sub) -> None:
+    from swapkl.recommend import DEFAULT_CALIB_TOKENS, DEFAULT_WIDTH, SEED_METHODS
+
+    p = sub.add_parser("recommend", help="which n layers to remove: beam search on calibration text, seeded by "
+                                         "every method, with held-out ΔPPL and the evidence")
+    add_model_args(p)
+    p.add_argument("--budget", type=int, required=True, help="largest number of removed layers N (answers 1..N)")
+    p.add_argument("--scores", default=None, metavar="SCORES.json",
+                   help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
+    p.add_argument("--eval-text", default=None, metavar="PATH",
+                   help="text file: held-out perplexity on its evaluation region, calibration on the rest")
+    p.add_argument("--evaluator", default="matched", choices=["matched", "standard"])
+    p.add_argument("--max-words", type=int, default=None, help="override the evaluator's word count (labelled)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="beam width (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="best layers taken from each protocol as candidates (default max(3, ceil(L/5)))")
+    p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS,
+                   help="calibration tokens from the corpus's prompt region (default %(default)s)")
+    p.add_argument("--max-evals", default="sleb",
+                   help="calibration evaluations allowed: sleb (what SLEB-iterative spends, default), an integer, "
+                        "or none (no cap)")
+    p.add_argument("--seeds-from", default=",".join(SEED_METHODS),
+                   help="methods whose sets seed the beam (default %(default)s)")
+    p.add_argument("--constrained", action="store_true",
+                   help="use the guided methods' candidates (no first/last layer) and spacing --spacing")
+    p.add_argument("--spacing", type=int, default=1, help="Δ for the guided seeds (and with --constrained)")
+    p.add_argument("--no-kl", action="store_true", help="skip the KL of each chosen model to the base model")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the recommendation JSON here")
+    p.add_argument("--quiet", action="store_true")
+    add_contract_args(p)
+    p.set_defaults(func=run)
+
+
+def parse_max_evals(s: str):
+    """``sleb`` | ``none`` | a positive integer; a clear error for anything else."""
+    v = str(s).strip().lower()
+    if v in ("sleb", "none"):
+        return None if v == "none" else "sleb"
+    try:
+        n = int(v)
+    except ValueError:
+        raise SwapklError(f"--max-evals must be sleb, none or a positive integer (got '{s}')") from None
+    if n < 1:
+        raise SwapklError(f"--max-evals must be positive (got {n})")
+    return n
+
+
+def run(a) -> int:
+    from swapkl import corpora
+    from swapkl import methods as M
+    from swapkl.commands.curves import load_scores
+    from swapkl.evaluate import Evaluator, get_evaluator
+    from swapkl.recommend import recommend
+    from swapkl.removal import EvalMemo, check_evaluator_context, check_scores
+
+    if a.budget < 1:
+        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    for flag, v, lo in (("--width", a.width, 1), ("--calib-tokens", a.calib_tokens, 16), ("--spacing", a.spacing, 0)):
+        if v < lo:
+            raise SwapklError(f"{flag} must be at least {lo} (got {v})")
+    if a.top_k is not None and a.top_k < 1:
+        raise SwapklError(f"--top-k must be at least 1 (got {a.top_k})")
+    max_evals = parse_max_evals(a.max_evals)
+    seeds = [m.strip() for m in a.seeds_from.split(",") if m.strip()]
+    for m in seeds:
+        if m == "recommend":
+            raise SwapklError("--seeds-from cannot name recommend itself")
+        M.get(m)  # unknown names fail before loading anything
+    check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
+    ev = get_evaluator(a.evaluator)
+    if a.max_words is not None:
+        if a.max_words < 1:
+            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
+        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
+    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    ev_words = ev.max_words
+    if ev_words > corpus.split_point:
+        raise SwapklError(f"the evaluation text is too short: corpus '{corpus.name}' has {corpus.split_point} words "
+                          f"of evaluation text, the evaluator needs {ev_words} (use --max-words)")
+    loaded = load_scores(a.scores) if a.scores else None
+    ck = load_from_args(a)
+    check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
+    # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained)
+    from swapkl.removal import check_budget, default_candidates
+    L = ck.num_layers
+    if a.constrained:
+        check_budget(a.budget, default_candidates(L), a.spacing)
+    else:
+        check_budget(a.budget, list(range(L - 1)), 0)
+    progress = ProgressPrinter(a.quiet)
+    if loaded is not None:
+        scores, ident, _ = loaded
+        check_scores(scores, L, ident, ck.identity)
+    else:
+        from swapkl.api import score
+
+        res = score(ck, contract_from_args(a), progress=progress, use_cache=not a.no_cache)
+        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+
+    def prog(done, total, msg):
+        if not a.quiet:
+            print(f"  {msg}", file=sys.stderr, flush=True)
+
+    rec = recommend(ck.model, ck.tokenizer, scores, a.budget, corpus, ev, width=a.width, top_k=a.top_k,
+                    calib_tokens=a.calib_tokens, max_evals=max_evals, seeds=seeds, constrained=a.constrained,
+                    memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
+                    kl=not a.no_kl)
+    if a.json:
+        rec.to_json(a.json)
+    if not a.quiet:
+        print(render(rec))
+    return 0
+
+
+def render(rec) -> str:
+    ev = rec.evaluator
+    lo_hi = rec.baseline_ppl_ci or [float("nan")] * 2
+    lines = [f"model: {rec.model.get('display') or rec.model.get('id') or rec.model.get('name_or_path')}",
+             f"held-out: {ev.get('name')} ({ev.get('max_words')} words, window {ev.get('window')}, stride "
+             f"{ev.get('stride')}) on {rec.corpus.get('label')}; baseline PPL {rec.baseline_ppl:.4g} "
+             f"[{lo_hi[0]:.4g}, {lo_hi[1]:.4g}]",
+             f"calibration: {rec.settings.get('calib_tokens')} tokens of the prompt region, baseline PPL "
+             f"{rec.calib_base_ppl:.4g}; candidates {rec.candidates}; width {rec.settings.get('width')}; "
+             f"{rec.stats.get('evaluations')} calibration evaluations (SLEB-iterative: "
+             f"{rec.stats.get('sleb_evaluations')})",
+             f"{'n':>3}  {'removed':<20} {'calib PPL':>10} {'held-out ΔPPL % [CI]':>28}  evals"]
+    for e in rec.entries:
+        ci = e.get("delta_pct_ci") or [float("nan")] * 2
+        held = f"{e['delta_pct']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]" if e.get("delta_pct") is not None else "-"
+        lines.append(f"{e['n']:>3}  {str(e['removed']):<20} {e['calib_ppl']:>10.4g} {held:>28}  {e['evaluations']}")
+    for e in rec.entries:
+        lines.append(rec.explain(e["n"]))
+    for n in rec.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
