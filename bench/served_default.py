@@ -281,7 +281,7 @@ def main() -> int:
     cache = fresh_cache("served")
     try:
         s = served_cold(cache, tmp)
-        print(f"served cold (s from Compute): " + ", ".join(f"{k} {v:.1f}" for k, v in s["cold_s"].items())
+        print("served cold (s from Compute): " + ", ".join(f"{k} {v:.1f}" for k, v in s["cold_s"].items())
               + f"; first paint {s['first_paint_s']:.2f} s")
         print(f"  CPU during the run: server process {s['server_cpu_s']:.1f} s, chromium {s['browser_cpu_s']:.1f} s; "
               f"watcher overflows in the server log: {s['watcher_overflows']}; {s['live_view'] or ''}")

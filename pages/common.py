@@ -229,7 +229,7 @@ def set_query(req: AnalysisRequest) -> None:
         q["revision"] = req.revision
     try:
         st.query_params.from_dict({k: str(v) for k, v in q.items()})
-    except Exception:  # noqa: BLE001 - deep links are a convenience
+    except Exception:  # deep links are a convenience
         pass
 
 
@@ -472,7 +472,7 @@ def export_view(job: Job, removed, label: str, key: str = "export") -> None:
             st.session_state[f"_export_{key}"] = str(path)
         except SwapklError as e:
             st.error(str(e))
-        except Exception as e:  # noqa: BLE001 - shown, the app keeps working
+        except Exception as e:  # shown, the app keeps working
             st.error(f"export failed: {type(e).__name__}: {e}")
     done = st.session_state.get(f"_export_{key}")
     if done and Path(done).name == Path(out).name:

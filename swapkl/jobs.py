@@ -409,9 +409,9 @@ class JobManager:
         Compute of a freshly started server does not wait for them (~3-4 s on 2 cores)."""
         def _imports():
             try:
-                import swapkl.api  # noqa: F401  (torch, transformers)
+                import swapkl.api
                 import swapkl.removal  # noqa: F401
-            except Exception as e:  # noqa: BLE001 - the job that needs them reports the real error
+            except Exception as e:  # the job that needs them reports the real error
                 log.warning("warm-up import failed: %s", e)
 
         t = threading.Thread(target=_imports, name="swapkl-warm-up", daemon=True)
@@ -631,7 +631,7 @@ class JobManager:
             if partial is not None and job.request.kind == "analysis" and hasattr(partial, "methods"):
                 job.curves = partial
             job._finish(CANCELLED, "cancelled; finished pairs are kept in the cache")
-        except BaseException as e:  # noqa: BLE001 - every failure becomes one readable line, the app goes on
+        except BaseException as e:  # every failure becomes one readable line, the app goes on
             phase = job.progress().phase
             msg, kind = readable_error(e, phase, self.log_path)
             if kind != "user":

@@ -284,7 +284,7 @@ class CurvesResult:
         return s
 
     @classmethod
-    def from_json(cls, s_or_path, what: str = "curves file") -> "CurvesResult":
+    def from_json(cls, s_or_path, what: str = "curves file") -> CurvesResult:
         """From :meth:`to_json`'s text (``str`` starting with ``{``, or ``bytes``), its parsed dict, or a path.
         Validated by :func:`swapkl.schema.curves_fields` before anything is built; a bad file raises
         :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
@@ -314,7 +314,7 @@ class EvalMemo:
 once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``hits``/``misses`` count lookups
     (``disk_hits`` those served from the folder)."""
 
-    def __init__(self, fingerprint: object = None, disk: "str | os.PathLike | None" = None):
+    def __init__(self, fingerprint: object = None, disk: str | os.PathLike | None = None):
         self.fingerprint = fingerprint
         self.store: dict = {}
         self.hits = 0
@@ -515,7 +515,7 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     counter["points"] += 1
     report(f"baseline PPL {baseline.ppl:.4g}")
 
-    def evaluate_set(removed: Sequence[int]) -> "E.PPLResult":
+    def evaluate_set(removed: Sequence[int]) -> E.PPLResult:
         stop_check()
 
         def compute():

@@ -132,7 +132,7 @@ def _table(df, caption: str | None = None, row_class=None, nd: int = 4) -> str:
     head = "".join(f"<th class=\"l\">{_e(c)}</th>" if df[c].dtype == object else f"<th>{_e(c)}</th>"
                    for c in df.columns)
     rows = []
-    for k, (_, r) in enumerate(df.iterrows()):
+    for _, r in df.iterrows():
         cells = []
         for c in df.columns:
             v = r[c]
@@ -327,7 +327,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
              f'<p class="caption">contract: {_e(caption)}</p>',
              f'<p class="caption">generated {_dt.datetime.now().strftime("%Y-%m-%d %H:%M")} by swapkl '
              f'{_e(_version())}; swap-KL = KL(base ‖ variant) in nats: replacement runs block j\'s weights in slot '
-             f'i (d_repl = {_e((result.aggregation if result is not None else "max"))} of the two directions), '
+             f'i (d_repl = {_e(result.aggregation if result is not None else "max")} of the two directions), '
              f'interchange swaps blocks i and j.</p>']
     parts.append(_model_html(result, curves))
     parts.append(_verdict_html(_verdict(result, curves)))
