@@ -10,13 +10,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from swapkl import methods as methods_registry
 from swapkl import plots
 from swapkl.contract import Contract
-from swapkl.defaults import (DEFAULT_BUDGET, DEFAULT_METHODS, OFFERED_METHODS, default_contract,
+from swapkl.defaults import (DEFAULT_BUDGET, default_contract,
                              evaluator_choices)
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, Job, JobManager, fmt_s
 from swapkl.policy import Policy, PolicyError
+from swapkl.verdict import regime_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = float(os.environ.get("SWAPKL_POLL_S", "1.0"))  # seconds between progress polls while a job runs
@@ -82,7 +84,7 @@ def _init_defaults() -> None:
          "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
          "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
          "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
-         "w_methods": list(DEFAULT_METHODS)}
+         "w_methods": list(methods_registry.default_set("dashboard"))}
     q = st.query_params
     pol = policy()
     if pol.demo:
@@ -115,7 +117,7 @@ def _init_defaults() -> None:
             if k in q:
                 d[f"w_{k}"] = conv(q[k])
         if "methods" in q:
-            d["w_methods"] = [m for m in q["methods"].split(",") if m in OFFERED_METHODS]
+            d["w_methods"] = [m for m in q["methods"].split(",") if m in methods_registry.offered()]
     except (ValueError, TypeError):
         pass
     for k, v in d.items():
@@ -199,7 +201,7 @@ def removal_widgets(device: str) -> tuple[int, tuple, dict]:
                            help="; ".join(f"{k}: {v.max_words} words, window {v.window}/stride {v.stride}"
                                           for k, v in evs.items()))
     budget = c2.number_input("Layer budget (0 = no curves)", 0, 64, key="w_budget", step=1)
-    methods = c3.multiselect("Removal methods", OFFERED_METHODS, key="w_methods")
+    methods = c3.multiselect("Removal methods", list(methods_registry.offered()), key="w_methods")
     return int(budget), tuple(methods), evs[ev_name].to_dict()
 
 
@@ -386,7 +388,6 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
 def job_verdict(job: Job) -> dict | None:
     """The regime verdict of a job: the curves' (when computed) or from the adjacent pairs; None until every
     adjacent pair is scored."""
-    from swapkl.removal import regime_verdict
 
     if job.curves is not None and job.curves.verdict:
         return job.curves.verdict

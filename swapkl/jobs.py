@@ -14,8 +14,8 @@ An analysis job runs, in order (each step reports ``progress(done, total, what)`
 2. swap-KL on the **adjacent** pairs (:func:`swapkl.api.score`, both protocols), so the regime verdict is
    available early; ``on_partial`` publishes the partial :class:`~swapkl.results.SwapResult` after every pair;
 3. swap-KL on the contract's wider pair set (``gap:K`` / ``all``), reusing the adjacent pairs from the cache;
-4. removal curves (:func:`swapkl.removal.removal_curves`) one method after the other with one shared
-   :class:`~swapkl.removal.EvalMemo`, publishing a partial ``CurvesResult`` after each method (guided ones first).
+4. removal curves (:func:`swapkl.curves.removal_curves`) one method after the other with one shared
+   :class:`~swapkl.memo.EvalMemo`, publishing a partial ``CurvesResult`` after each method (guided ones first).
 
 Finished jobs are snapshotted under ``<cache>/dashboard/<key>/`` (``result.json``, ``curves.json`` or
 ``trajectory.json``); a later identical request is served from the snapshot at once, without loading the
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from swapkl import __version__
+from swapkl import methods as M
 from swapkl.contract import Contract, stable_hash
 from swapkl.errors import ComputeInterrupted, SwapklError
 
@@ -46,7 +47,6 @@ log = logging.getLogger("swapkl.jobs")
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
 FINISHED = (DONE, ERROR, CANCELLED)
-DEFAULT_METHODS = ("replacement", "interchange", "random")
 
 
 # ============================================================================================ requests
@@ -74,7 +74,7 @@ class AnalysisRequest:
     revision: str | None = None
     contract: Contract = field(default_factory=Contract)
     budget: int = 0
-    methods: tuple = DEFAULT_METHODS
+    methods: tuple = field(default_factory=lambda: M.default_set("dashboard"))
     evaluator: Any = None
     kind: str = "analysis"
 
@@ -410,7 +410,7 @@ class JobManager:
         def _imports():
             try:
                 import swapkl.api
-                import swapkl.removal  # noqa: F401
+                import swapkl.curves  # noqa: F401
             except Exception as e:  # the job that needs them reports the real error
                 log.warning("warm-up import failed: %s", e)
 
@@ -467,7 +467,7 @@ class JobManager:
         has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
         curves from another model.  ``owner``: the browser session that opened it; only that session sees the
         job (:meth:`jobs` with ``viewer``), it never becomes another visitor's "last analysis"."""
-        from swapkl.removal import CurvesResult, check_same_model
+        from swapkl.curves import CurvesResult, check_same_model
         from swapkl.results import SwapResult
 
         def as_dict(x, what):  # size, depth and NaN limits; from_json checks every field (swapkl.schema)
@@ -656,7 +656,7 @@ class JobManager:
         L = ck.num_layers
         job.note(f"loaded {ck.identity.get('display') or req.model}: {L} layers on {ck.device}")
         if req.wants_curves:  # an evaluator window beyond the model's context fails now, not after the scores
-            from swapkl.removal import check_evaluator_context
+            from swapkl.curves import check_evaluator_context
 
             check_evaluator_context(ck.model, self._evaluator(req), name=ck.identity.get("display"))
 
@@ -697,14 +697,15 @@ class JobManager:
 
     def _run_curves(self, job: Job, ck, res) -> None:
         from swapkl.corpora import load_corpus
-        from swapkl.removal import disk_memo, removal_curves
+        from swapkl.curves import disk_memo, removal_curves
 
         req: AnalysisRequest = job.request
         ev = self._evaluator(req)
         corpus = load_corpus(req.contract.corpus)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
         memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart
-        total = [self._expected_evals(req, scores, ck.num_layers)]
+        plan = M.EvalPlan(budget=req.budget, num_layers=ck.num_layers, scores=scores)
+        total = [M.expected_evaluations(req.methods, plan)]
 
         def prog(_done, _total, what):
             done = memo.misses + memo.disk_hits
@@ -714,39 +715,13 @@ class JobManager:
         job._tick(0, total[0], "baseline perplexity")
         # guided methods first; one call per added method so each finished curve shows at once (the memo makes
         # the repeated methods free)
-        order = [m for m in ("replacement", "interchange") if m in req.methods] + \
-                [m for m in req.methods if m not in ("replacement", "interchange")]
+        order = M.run_order(req.methods)
         for k in range(len(order)):
             curves = removal_curves(ck.model, ck.tokenizer, scores, req.budget, methods=order[: k + 1],
                                     evaluator=ev, corpus=corpus, progress=prog, should_stop=job._should_stop,
                                     memo=memo, identity=ck.identity)
             job.curves = curves
         job._tick(memo.misses + memo.disk_hits, memo.misses + memo.disk_hits, "removal curves finished")
-
-    @staticmethod
-    def _expected_evals(req: AnalysisRequest, scores: dict, L: int) -> int:
-        """Number of distinct perplexity evaluations the curves will need (baseline included; an estimate for
-        methods whose sets depend on evaluations, e.g. SLEB)."""
-        from swapkl.removal import default_candidates, random_sets, select
-
-        sets: set = set()
-        extra = 0
-        cands = default_candidates(L)
-        for m in req.methods:
-            try:
-                if m in ("replacement", "interchange", "anti-replacement", "anti-interchange"):
-                    d = scores["replacement" if "replacement" in m else "interchange"]
-                    for s in select(d, req.budget, anti=m.startswith("anti"), strict=False):
-                        sets.add(frozenset(s))
-                elif m == "random":
-                    for seed in range(5):
-                        for s in random_sets(cands, req.budget, seed=seed):
-                            sets.add(frozenset(s))
-                else:
-                    extra += req.budget
-            except SwapklError:
-                extra += req.budget
-        return 1 + len(sets) + extra
 
     # ---------------------------------------------------------------- trajectory
     def _run_trajectory(self, job: Job) -> None:
@@ -819,7 +794,7 @@ class JobManager:
                 job.trajectory = Trajectory(specs=specs, results=results, contract=t.get("contract", {}))
                 job.result = results[-1] if results else None
             else:
-                from swapkl.removal import CurvesResult
+                from swapkl.curves import CurvesResult
                 from swapkl.results import SwapResult
 
                 job.result = SwapResult.load(d / "result.json")

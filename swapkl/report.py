@@ -3,7 +3,7 @@
 :func:`build_report` puts together, for whatever it is given:
 
 * ``result`` (a :class:`~swapkl.results.SwapResult`, its JSON dict, or a path to a ``score --json`` file): model
-  and contract, the regime verdict with its evidence (:func:`swapkl.removal.regime_verdict` on the adjacent
+  and contract, the regime verdict with its evidence (:func:`swapkl.verdict.regime_verdict` on the adjacent
   pairs, 0.10 nats threshold), summary statistics (gap distribution in nats with bootstrap CIs, KL ratio, counts
   below 0.05 / 0.10 nats, Pearson r, noise floor), the replacement/interchange heatmaps (one shared colour
   scale), the gap heatmap, the top-pairs table;
@@ -179,7 +179,7 @@ def _verdict(result, curves: dict | None) -> dict | None:
     ``{"error": message}`` when the adjacent pairs are not scored."""
     if result is not None:
         try:
-            from swapkl.removal import regime_verdict
+            from swapkl.verdict import regime_verdict
         except ImportError as e:  # pragma: no cover - removal module missing
             return {"error": f"no regime verdict ({e})"}
         try:

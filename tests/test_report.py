@@ -186,9 +186,10 @@ def test_cli_report_errors(tmp_path):
 
 
 def test_cli_report_computes_scores_and_curves(stories_path, tmp_path, monkeypatch):
-    """MODEL without files: scores through api.score (cached), curves through removal.removal_curves (stubbed
+    """MODEL without files: scores through api.score (cached), curves through curves.removal_curves (stubbed
     here: the real evaluation takes a minute on this machine)."""
-    from swapkl import cli, removal
+    from swapkl import cli
+    from swapkl import curves as curves_mod
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     seen = {}
@@ -199,7 +200,7 @@ def test_cli_report_computes_scores_and_curves(stories_path, tmp_path, monkeypat
         return CurvesResult(**{k: c[k] for k in ("model", "evaluator", "corpus", "budget", "selection",
                                                  "baseline_ppl", "baseline_ppl_ci", "methods")}, baseline={})
 
-    monkeypatch.setattr(removal, "removal_curves", fake_removal_curves)
+    monkeypatch.setattr(curves_mod, "removal_curves", fake_removal_curves)
     out = tmp_path / "r.html"
     rc = cli.main(["report", str(stories_path), "--device", "cpu", "--pairs", "adjacent", "--prompts", "4",
                    "--tokens", "16", "--budget", "2", "--methods", "replacement,interchange", "--out", str(out),
