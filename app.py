@@ -83,6 +83,40 @@ def open_files_view():
     return None
 
 
+def recommendation_view(job) -> None:
+    """The answer to "which n layers should I remove?" when the curves ran the ``recommend`` method: per n the
+    set, its held-out ΔPPL with CI and one sentence of evidence, with its contract and an export."""
+    from swapkl.errors import SwapklError
+    from swapkl.recommend import Recommendation
+
+    curves = job.curves
+    if curves is None or job.running:
+        return
+    if "recommend" not in (curves.methods or {}) or not curves.methods["recommend"]:
+        st.caption("Which layers to remove? Add **recommended** to the removal methods (settings) for a search "
+                   "over removal sets seeded by every method and scored on calibration text (a few minutes on a CPU).")
+        return
+    try:
+        rec = common.memo("recommendation", common.result_key(job) + ("curves", id(curves)),
+                          lambda: Recommendation.from_curves(curves))
+    except SwapklError as e:
+        st.warning(f"no recommendation: {e}")
+        return
+    ns = [e["n"] for e in rec.entries]
+    st.subheader("Recommended removal")
+    n = st.select_slider("layers to remove", ns, value=ns[-1], key="w_rec_n") if len(ns) > 1 else ns[0]
+    e = rec.entry(n)
+    lo, hi = e.get("delta_pct_ci") or (None, None)
+    ci = f" [{lo:+.1f}, {hi:+.1f}]" if lo is not None and hi is not None else ""
+    st.success(f"remove layers {{{', '.join(map(str, e['removed']))}}}: ΔPPL {e['delta_pct']:+.1f} %{ci}")
+    st.write(rec.explain(n))
+    from swapkl import plots
+
+    st.caption(f"contract: {plots.contract_caption(curves)}")
+    with st.expander("Export the recommended model"):
+        common.export_view(job, e["removed"], f"Export pruned model (remove {e['removed']})", key="export_rec")
+
+
 def summary_view(job) -> None:
     """The first view (below the progress line that :func:`pages.common.live` draws): the lead figure (depth profile for adjacent pairs, else the heatmaps), the
     regime verdict with its evidence, best pairs and the gap statistics.  Everything derived from the result is
@@ -109,6 +143,7 @@ def summary_view(job) -> None:
     if job.running:  # while computing, redraws stay light: the figure and the verdict; the tables come at the end
         st.caption("Evidence tables, best pairs and the gap statistics follow when the run is done.")
         return
+    recommendation_view(job)
     if verdict is not None:
         ev = verdict["evidence"]
         rows = []

@@ -46,7 +46,9 @@ def main() -> int:
     t_import = time.perf_counter()
     import torch
 
-    from swapkl.defaults import DEFAULT_BUDGET, DEFAULT_METHODS, default_contract, default_evaluator
+    from swapkl import methods
+    from swapkl.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
+    DEFAULT_METHODS = methods.default_set("dashboard")
     from swapkl.jobs import AnalysisRequest, JobManager
 
     t_import = time.perf_counter() - t_import

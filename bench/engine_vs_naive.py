@@ -67,7 +67,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     ap.add_argument("--quick", action="store_true", help="4 layers, for a smoke test")
     a = ap.parse_args(argv)
-    from conftest import tiny_model  # noqa: E402  (sets one thread for tests: reset below)
+    from conftest import tiny_model
 
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     layers = 4 if a.quick else a.layers

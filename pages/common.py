@@ -10,13 +10,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from swapkl import methods as methods_registry
 from swapkl import plots
 from swapkl.contract import Contract
-from swapkl.defaults import (DEFAULT_BUDGET, DEFAULT_METHODS, OFFERED_METHODS, default_contract,
+from swapkl.defaults import (DEFAULT_BUDGET, default_contract,
                              evaluator_choices)
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, Job, JobManager, fmt_s
 from swapkl.policy import Policy, PolicyError
+from swapkl.verdict import regime_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = float(os.environ.get("SWAPKL_POLL_S", "1.0"))  # seconds between progress polls while a job runs
@@ -82,7 +84,7 @@ def _init_defaults() -> None:
          "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
          "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
          "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
-         "w_methods": list(DEFAULT_METHODS)}
+         "w_methods": list(methods_registry.default_set("dashboard"))}
     q = st.query_params
     pol = policy()
     if pol.demo:
@@ -115,7 +117,7 @@ def _init_defaults() -> None:
             if k in q:
                 d[f"w_{k}"] = conv(q[k])
         if "methods" in q:
-            d["w_methods"] = [m for m in q["methods"].split(",") if m in OFFERED_METHODS]
+            d["w_methods"] = [m for m in q["methods"].split(",") if m in methods_registry.offered()]
     except (ValueError, TypeError):
         pass
     for k, v in d.items():
@@ -199,7 +201,7 @@ def removal_widgets(device: str) -> tuple[int, tuple, dict]:
                            help="; ".join(f"{k}: {v.max_words} words, window {v.window}/stride {v.stride}"
                                           for k, v in evs.items()))
     budget = c2.number_input("Layer budget (0 = no curves)", 0, 64, key="w_budget", step=1)
-    methods = c3.multiselect("Removal methods", OFFERED_METHODS, key="w_methods")
+    methods = c3.multiselect("Removal methods", list(methods_registry.offered()), key="w_methods")
     return int(budget), tuple(methods), evs[ev_name].to_dict()
 
 
@@ -229,7 +231,7 @@ def set_query(req: AnalysisRequest) -> None:
         q["revision"] = req.revision
     try:
         st.query_params.from_dict({k: str(v) for k, v in q.items()})
-    except Exception:  # noqa: BLE001 - deep links are a convenience
+    except Exception:  # deep links are a convenience
         pass
 
 
@@ -304,8 +306,11 @@ def progress_view(job: Job, bar: bool = True) -> None:
         st.error(f"Error: {job.error}", icon=":material/error:")
 
 
-#: a running job's results are redrawn at most this often (s); its progress line every POLL_S
-MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "10.0"))
+#: a running job's results are redrawn when the first arrives, when a step of the job ends (all adjacent pairs
+#: scored: the verdict) and otherwise at most this often (s); its progress line every POLL_S.  Each redraw costs
+#: the computation a script run and a figure render on the same 2 cores (bench/served_default.py: 5 redraws
+#: 10 s apart made the default run 1.18x the library's; none at all 1.03x).
+MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "60.0"))
 #: polls of the server-side fallback per job key: {"polls": n, "seconds": s, "redraws": k} (logged once)
 VIEW_COST: dict = {}
 
@@ -336,7 +341,7 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
     The progress line is a small browser-side component that polls the job's progress file
     (``static/progress/<key>.json``, :meth:`swapkl.jobs.Job.progress_dict`) every ``POLL_S`` seconds -- no
     script run at all.  When the job has something new for this page (one of the parts in ``watch`` changed,
-    at most every ``MIN_REDRAW_S`` seconds, the first result at once) or ends, the component triggers one
+    the first result at once, when a step of the job ends, else at most every ``MIN_REDRAW_S`` seconds) or ends, the component triggers one
     rerun, which draws ``body`` anew (its figures and statistics are memoised on the result, :func:`memo`).
     Without static serving, a fragment polls the server instead (same redraw rule)."""
     if job is None:
@@ -366,7 +371,7 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
         body(job)
         return
     state = st.session_state.setdefault("_live", {})
-    state[key] = (seen, time.monotonic())
+    state[key] = (seen, time.monotonic(), job.progress().step)
 
     @st.fragment(run_every=POLL_S)
     def _poll():
@@ -374,10 +379,11 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
         progress_view(job)
         c["polls"] += 1
         c["seconds"] += time.perf_counter() - t0
-        last_v, last_t = state.get(key, (seen, 0.0))
+        last_v, last_t, last_step = state.get(key, (seen, 0.0, None))
         if not job.running:
             st.rerun(scope="app")
-        elif sum(job.updates[w] for w in watch) != last_v and (last_v == 0 or time.monotonic() - last_t >= MIN_REDRAW_S):
+        elif sum(job.updates[w] for w in watch) != last_v and (
+                last_v == 0 or job.progress().step != last_step or time.monotonic() - last_t >= MIN_REDRAW_S):
             st.rerun(scope="app")
 
     _poll()
@@ -387,7 +393,6 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
 def job_verdict(job: Job) -> dict | None:
     """The regime verdict of a job: the curves' (when computed) or from the adjacent pairs; None until every
     adjacent pair is scored."""
-    from swapkl.removal import regime_verdict
 
     if job.curves is not None and job.curves.verdict:
         return job.curves.verdict
@@ -446,7 +451,7 @@ def safe_name(s: str) -> str:
     return keep.strip("-")[:60] or "swapkl"
 
 
-def export_view(job: Job, removed, label: str, key: str = "export") -> None:
+def export_view(job: Job, removed, label: str, key: str = "export", merge: dict | None = None) -> None:
     """Export the job's model with layers ``removed`` deleted (a folder that reloads with ``from_pretrained``).
 
     Local server: an output folder typed here (a non-empty one needs the "replace" box).  Demo mode: no path
@@ -458,7 +463,9 @@ def export_view(job: Job, removed, label: str, key: str = "export") -> None:
     pol = policy()
     ident = (job.result.identity if job.result is not None else None) or {}
     tail = job.request.model.rstrip("/").split("/")[-1] + (f"@{job.request.revision}" if job.request.revision else "")
-    name = safe_name(f"{tail}-{str(ident.get('fingerprint') or '')[:8]}-minus-{'-'.join(map(str, removed))}")
+    what = (f"merged-{merge['mode']}-" + "-".join("+".join(map(str, g)) for g in merge["groups"])) if merge else \
+        f"minus-{'-'.join(map(str, removed))}"
+    name = safe_name(f"{tail}-{str(ident.get('fingerprint') or '')[:8]}-{what}")
     if pol.demo:
         out = pol.export_dir(name, cache_root())
         st.caption(f"The server saves it as `exports/{out.name}` and offers it for download.")
@@ -469,11 +476,11 @@ def export_view(job: Job, removed, label: str, key: str = "export") -> None:
     if st.button(label, key=key):
         try:
             with st.spinner("saving…"):
-                path = manager().export_pruned(job, list(removed), out, force=force)
+                path = manager().export_pruned(job, list(removed), out, force=force, merge=merge)
             st.session_state[f"_export_{key}"] = str(path)
         except SwapklError as e:
             st.error(str(e))
-        except Exception as e:  # noqa: BLE001 - shown, the app keeps working
+        except Exception as e:  # shown, the app keeps working
             st.error(f"export failed: {type(e).__name__}: {e}")
     done = st.session_state.get(f"_export_{key}")
     if done and Path(done).name == Path(out).name:

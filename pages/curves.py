@@ -77,7 +77,13 @@ def body(job) -> None:
     ns = [e["n"] for e in curves.methods[m]]
     n = e2.selectbox("n", ns, key="w_exp_n") if ns else None
     entry = next(e for e in curves.methods[m] if e["n"] == n)
-    common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export")
+    groups = ((curves.method_info.get(m) or {}).get("groups") or [None] * n)[n - 1] if entry.get("merge") else None
+    if groups:  # a merged model (LaCo): the merged blocks are written, not just the others kept
+        mode = str(entry["merge"]).split(":")[0]
+        common.export_view(job, entry["removed"], f"Export merged model ({entry['merge']})", key="export",
+                           merge={"groups": groups, "mode": mode})
+    else:
+        common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export")
 
 
 common.live(job, body, "curves", watch=("curves",))

@@ -19,6 +19,7 @@ export default function (component) {
   let drawn = data.drawn;
   const seen = (p) => data.watch.reduce((a, w) => a + ((p.updates || {})[w] || 0), 0);
   let last = Date.now();
+  let step = (data.progress || {}).step;
   let stopped = false;
   let timer = null;
   const show = (p) => {
@@ -35,7 +36,11 @@ export default function (component) {
         show(p);
         const now = Date.now();
         const v = seen(p);
-        if (p.finished || (v !== drawn && (drawn === 0 || now - last >= data.min_redraw_ms))) {
+        // redraw: the job ended; or something new for this page and (it is the first, a step of the job
+        // ended -- e.g. every adjacent pair is scored --, or min_redraw_ms passed since the last redraw)
+        const stepEnded = p.step !== step;
+        step = p.step;
+        if (p.finished || (v !== drawn && (drawn === 0 || stepEnded || now - last >= data.min_redraw_ms))) {
           drawn = v;
           last = now;
           setTriggerValue("redraw", v);

@@ -147,7 +147,7 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
             for name, fn in (("batching", engine.noise_floor), ("precision", engine.precision_floor)):
                 try:
                     floors[name] = fn()
-                except Exception as e:  # noqa: BLE001 - one prompt's forward may not fit; not essential
+                except Exception as e:  # one prompt's forward may not fit; not essential
                     if not is_oom(e):
                         raise
             info["noise_floor_parts"] = floors

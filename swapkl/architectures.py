@@ -165,7 +165,7 @@ def _locate_with(model: torch.nn.Module, fam: Family) -> Located:
     return Located(fam, blocks, norm, head)
 
 
-_GENERIC: "weakref.WeakKeyDictionary[torch.nn.Module, Family]" = weakref.WeakKeyDictionary()
+_GENERIC: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
 
 
 def generic_family(model: torch.nn.Module) -> Family:
@@ -232,7 +232,7 @@ def _validate(model: torch.nn.Module, fam: Family) -> str | None:
     handles.append(loc.blocks[-1].register_forward_hook(post))
     try:
         logits = model(input_ids=ids, use_cache=False).logits
-    except Exception as e:  # noqa: BLE001 - any failure means "cannot validate"
+    except Exception as e:  # any failure means "cannot validate"
         return f"forward failed ({type(e).__name__})"
     finally:
         for h in handles:
@@ -241,7 +241,7 @@ def _validate(model: torch.nn.Module, fam: Family) -> str | None:
         return "the blocks are not each called once per forward"
     try:
         again = loc.head(loc.final_norm(outs[0])).float()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return f"final norm + head do not apply to the last block's output ({type(e).__name__})"
     tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
     scale = logits.float().abs().max().clamp_min(1.0)

@@ -231,7 +231,7 @@ def load_config(spec: Spec, trust_remote_code: bool = False):
     if spec.kind == "hub":
         try:
             return AutoConfig.from_pretrained(spec.source, revision=spec.revision, trust_remote_code=trust_remote_code)
-        except Exception as e:  # noqa: BLE001 - every hub failure becomes one readable line
+        except Exception as e:  # every hub failure becomes one readable line
             raise _hub_error(spec, e) from e
     folder, _ = _local_folder(spec)
     check_model_files(folder)
@@ -292,7 +292,7 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
             device_map=device_map, weights_only=True, **kw)
-    except Exception as e:  # noqa: BLE001 - sorted below: file problems become one line, anything else re-raised
+    except Exception as e:  # sorted below: file problems become one line, anything else re-raised
         bad = _weights_error(source, e)
         if bad is not None:
             raise bad from e

@@ -97,11 +97,11 @@ class Contract:
         if self.bos not in ("auto", "yes", "no"):
             raise ContractError("bos must be auto, yes or no")
 
-    def with_(self, **kw) -> "Contract":
+    def with_(self, **kw) -> Contract:
         return replace(self, **kw)
 
     @classmethod
-    def preset(cls, name: str, **kw) -> "Contract":
+    def preset(cls, name: str, **kw) -> Contract:
         if name not in PRESETS:
             raise ContractError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **kw})
@@ -113,7 +113,7 @@ class Contract:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Contract":
+    def from_dict(cls, d: dict) -> Contract:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
 

@@ -16,9 +16,8 @@ from swapkl.contract import Contract
 
 DEFAULT_MODEL = "default"
 DEFAULT_BUDGET = 4
-DEFAULT_METHODS = ("replacement", "interchange", "random")
-#: every method the dashboard offers, in display order (the library's registry decides what exists)
-OFFERED_METHODS = ("replacement", "interchange", "random", "anti-replacement", "anti-interchange", "bi", "sleb")
+# The methods the dashboard offers and preselects are the registry's: swapkl.methods.offered() and
+# swapkl.methods.default_set("dashboard").
 
 # CPU: P x T prompt windows and a "quick" evaluator (256-token windows, stride 192, over the first 600 words)
 CPU_PROMPTS, CPU_TOKENS = 16, 32
@@ -68,7 +67,7 @@ def default_evaluator(device: str | None = "auto"):
 
 def evaluator_choices(device: str | None = "auto") -> dict:
     """Evaluators offered by the dashboard, by name: the device's default (``quick`` on a CPU) and the two
-    named contracts of METHOD §3."""
+    named contracts of docs/method.md §3."""
     from swapkl.evaluate import EVALUATORS
 
     out = {}

@@ -161,7 +161,7 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
             ck = load_checkpoint(model, revision=revision, dtype=contract.dtype, device=dev,
                                  trust_remote_code=trust_remote_code, device_map=device_map)
             report["device"] = str(ck.device)
-        except Exception as e:  # noqa: BLE001 - reported to every rank, re-raised below
+        except Exception as e:  # reported to every rank, re-raised below
             report["error"] = f"{type(e).__name__}: {e}"
         # every rank has its model (or failed) before anyone reads the cache
         loaded = _gather(report["error"], info)
@@ -172,7 +172,7 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
             part = score(ck, contract, progress=progress if info.rank == 0 else None,
                          shard=(info.rank, info.world) if info.world > 1 else None, engine_kw=engine_kw)
             report["computed"] = [list(p) for p in part.meta.get("computed_pair_list", [])]
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             report["error"] = f"{type(e).__name__}: {e}"
         report["seconds"] = time.perf_counter() - t0
         reports = _gather(report, info)  # also the barrier: every pair of every rank is on disk now
@@ -194,7 +194,7 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
                 merged.meta["distributed"] = dist_meta
                 if json_out:
                     merged.save(json_out)
-            except Exception as e:  # noqa: BLE001 - told to every rank, re-raised below
+            except Exception as e:  # told to every rank, re-raised below
                 merge_error = f"{type(e).__name__}: {e}"
         # rank 0 has merged (and written the JSON) before anyone returns or tears the group down
         merge_error = _gather(merge_error, info)[0]

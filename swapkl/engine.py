@@ -103,7 +103,7 @@ class BatchController:
                 self._check_fault(m, where)
                 outs.append(fn(k, k + m))
                 k += m
-            except Exception as e:  # noqa: BLE001 - only out-of-memory is retried
+            except Exception as e:  # only out-of-memory is retried
                 if not is_oom(e):
                     raise
                 _free_cached_memory()
@@ -555,7 +555,7 @@ class SwapEngine:
                 groups.setdefault(r.overrides.get(s, s), []).append(r)
             for block, rows in groups.items():
                 x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
-                y = self.batch.run(lambda part, b=block: self.runner.run_slot(self.base, s, b, part), x, "block")
+                y = self.batch.run(lambda part, b=block, s=s: self.runner.run_slot(self.base, s, b, part), x, "block")
                 calls += x.shape[0]
                 off = 0
                 for r in rows:

@@ -55,7 +55,7 @@ class Evaluator:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Evaluator":
+    def from_dict(cls, d: dict) -> Evaluator:
         return cls(**{k: d[k] for k in ("name", "max_words", "window", "stride", "drop_first_target") if k in d})
 
 
@@ -65,7 +65,7 @@ EVALUATORS: dict[str, Evaluator] = {
 }
 
 
-def get_evaluator(spec: "str | Evaluator", drop_first_target: bool | None = None) -> Evaluator:
+def get_evaluator(spec: str | Evaluator, drop_first_target: bool | None = None) -> Evaluator:
     """Resolve ``"matched"`` / ``"standard"`` (or pass an :class:`Evaluator` through)."""
     if isinstance(spec, Evaluator):
         ev = spec
@@ -79,7 +79,7 @@ def get_evaluator(spec: "str | Evaluator", drop_first_target: bool | None = None
     return ev
 
 
-def eval_ids(corpus, tokenizer, evaluator: "str | Evaluator") -> torch.Tensor:
+def eval_ids(corpus, tokenizer, evaluator: str | Evaluator) -> torch.Tensor:
     """Token ids (1-D LongTensor) of the evaluator's text: ``corpus.eval_text(max_words)`` tokenised once with the
     tokenizer's defaults (Llama adds one BOS, GPT-2/NeoX nothing).  Raises :class:`EvalTextError` when the
     corpus has fewer words than the contract needs or the text is shorter than one window."""
@@ -158,7 +158,7 @@ class PPLResult:
     drop_first_target: bool = False
     kl: np.ndarray | None = None
     seconds: float = 0.0
-    reference: "Reference | None" = field(default=None, repr=False, compare=False)
+    reference: Reference | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_scored(self) -> int:
@@ -268,7 +268,7 @@ def _auto_batch(keep: int, vocab: int) -> int:
 
 @torch.no_grad()
 def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_first_target: bool = False,
-                 batch_size: int | None = None, device: "str | torch.device | None" = None,
+                 batch_size: int | None = None, device: str | torch.device | None = None,
                  reference: Reference | None = None, capture_reference: bool = False,
                  should_stop: Callable[[], bool] | None = None) -> PPLResult:
     """Sliding-window perplexity of ``model`` on ``input_ids`` (1-D LongTensor of N tokens).
@@ -397,7 +397,7 @@ def kl_to_base(base, model, input_ids: torch.Tensor, window: int, stride: int, d
     return evaluate_ppl(model, input_ids, window, stride, drop_first_target, reference=reference, **kw).kl_to_base
 
 
-def evaluate_contract(model, tokenizer, corpus, evaluator: "str | Evaluator", **kw) -> PPLResult:
+def evaluate_contract(model, tokenizer, corpus, evaluator: str | Evaluator, **kw) -> PPLResult:
     """Tokenise the contract's text from ``corpus`` and evaluate (convenience)."""
     ev = get_evaluator(evaluator)
     ids = eval_ids(corpus, tokenizer, ev)

@@ -14,8 +14,8 @@ An analysis job runs, in order (each step reports ``progress(done, total, what)`
 2. swap-KL on the **adjacent** pairs (:func:`swapkl.api.score`, both protocols), so the regime verdict is
    available early; ``on_partial`` publishes the partial :class:`~swapkl.results.SwapResult` after every pair;
 3. swap-KL on the contract's wider pair set (``gap:K`` / ``all``), reusing the adjacent pairs from the cache;
-4. removal curves (:func:`swapkl.removal.removal_curves`) one method after the other with one shared
-   :class:`~swapkl.removal.EvalMemo`, publishing a partial ``CurvesResult`` after each method (guided ones first).
+4. removal curves (:func:`swapkl.curves.removal_curves`) one method after the other with one shared
+   :class:`~swapkl.memo.EvalMemo`, publishing a partial ``CurvesResult`` after each method (guided ones first).
 
 Finished jobs are snapshotted under ``<cache>/dashboard/<key>/`` (``result.json``, ``curves.json`` or
 ``trajectory.json``); a later identical request is served from the snapshot at once, without loading the
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from swapkl import __version__
+from swapkl import methods as M
 from swapkl.contract import Contract, stable_hash
 from swapkl.errors import ComputeInterrupted, SwapklError
 
@@ -46,7 +47,6 @@ log = logging.getLogger("swapkl.jobs")
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
 FINISHED = (DONE, ERROR, CANCELLED)
-DEFAULT_METHODS = ("replacement", "interchange", "random")
 
 
 # ============================================================================================ requests
@@ -74,7 +74,7 @@ class AnalysisRequest:
     revision: str | None = None
     contract: Contract = field(default_factory=Contract)
     budget: int = 0
-    methods: tuple = DEFAULT_METHODS
+    methods: tuple = field(default_factory=lambda: M.default_set("dashboard"))
     evaluator: Any = None
     kind: str = "analysis"
 
@@ -259,9 +259,11 @@ class Job:
 
     def progress_dict(self) -> dict:
         """What a polling page needs, JSON-able: status, ``updates`` (per drawable part -- result, curves,
-        trajectory -- how often it changed), ``fraction`` (0..1) and ``text`` (:meth:`progress_line`)."""
+        trajectory -- how often it changed), ``step`` (the pipeline step: a page redraws when a step ends, e.g.
+        when the adjacent pairs are complete), ``fraction`` (0..1) and ``text`` (:meth:`progress_line`)."""
+        p = self.progress()
         return {"key": self.key, "status": self.status, "finished": not self.running, "updates": dict(self.updates),
-                "fraction": self.progress().fraction, "text": self.progress_line()}
+                "step": p.step, "fraction": p.fraction, "text": self.progress_line()}
 
     def _publish(self, force: bool = False, min_interval_s: float = 0.5) -> None:
         """Write :meth:`progress_dict` to ``progress_path`` (at most every ``min_interval_s`` unless ``force``):
@@ -409,9 +411,9 @@ class JobManager:
         Compute of a freshly started server does not wait for them (~3-4 s on 2 cores)."""
         def _imports():
             try:
-                import swapkl.api  # noqa: F401  (torch, transformers)
-                import swapkl.removal  # noqa: F401
-            except Exception as e:  # noqa: BLE001 - the job that needs them reports the real error
+                import swapkl.api
+                import swapkl.curves  # noqa: F401
+            except Exception as e:  # the job that needs them reports the real error
                 log.warning("warm-up import failed: %s", e)
 
         t = threading.Thread(target=_imports, name="swapkl-warm-up", daemon=True)
@@ -467,7 +469,7 @@ class JobManager:
         has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
         curves from another model.  ``owner``: the browser session that opened it; only that session sees the
         job (:meth:`jobs` with ``viewer``), it never becomes another visitor's "last analysis"."""
-        from swapkl.removal import CurvesResult, check_same_model
+        from swapkl.curves import CurvesResult, check_same_model
         from swapkl.results import SwapResult
 
         def as_dict(x, what):  # size, depth and NaN limits; from_json checks every field (swapkl.schema)
@@ -579,15 +581,16 @@ class JobManager:
         with self._models_lock:
             return list(self._models)
 
-    def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False) -> Path:
+    def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None) -> Path:
         """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.prune.save_pruned`;
-        the shared model is not changed; an existing non-empty folder needs ``force``).  Returns the folder."""
+        the shared model is not changed; an existing non-empty folder needs ``force``).  ``merge``: a LaCo-style
+        merged model instead (``{"groups": [[3, 4], ...], "mode": "average" | "laco"}``).  Returns the folder."""
         from swapkl.prune import save_pruned
 
         req = job.request
         ck = self.checkpoint_for(req.model, req.revision, req.contract.dtype, req.contract.device)
-        return save_pruned(ck.model, list(removed), out_dir, tokenizer=ck.tokenizer, identity=ck.identity,
-                           force=force)
+        return save_pruned(ck.model, None if merge else list(removed), out_dir, tokenizer=ck.tokenizer,
+                           identity=ck.identity, force=force, merge=merge)
 
     # ---------------------------------------------------------------- internals
     def _remember(self, job: Job) -> None:
@@ -631,7 +634,7 @@ class JobManager:
             if partial is not None and job.request.kind == "analysis" and hasattr(partial, "methods"):
                 job.curves = partial
             job._finish(CANCELLED, "cancelled; finished pairs are kept in the cache")
-        except BaseException as e:  # noqa: BLE001 - every failure becomes one readable line, the app goes on
+        except BaseException as e:  # every failure becomes one readable line, the app goes on
             phase = job.progress().phase
             msg, kind = readable_error(e, phase, self.log_path)
             if kind != "user":
@@ -656,7 +659,7 @@ class JobManager:
         L = ck.num_layers
         job.note(f"loaded {ck.identity.get('display') or req.model}: {L} layers on {ck.device}")
         if req.wants_curves:  # an evaluator window beyond the model's context fails now, not after the scores
-            from swapkl.removal import check_evaluator_context
+            from swapkl.curves import check_evaluator_context
 
             check_evaluator_context(ck.model, self._evaluator(req), name=ck.identity.get("display"))
 
@@ -697,14 +700,15 @@ class JobManager:
 
     def _run_curves(self, job: Job, ck, res) -> None:
         from swapkl.corpora import load_corpus
-        from swapkl.removal import disk_memo, removal_curves
+        from swapkl.curves import disk_memo, removal_curves
 
         req: AnalysisRequest = job.request
         ev = self._evaluator(req)
         corpus = load_corpus(req.contract.corpus)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
         memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart
-        total = [self._expected_evals(req, scores, ck.num_layers)]
+        plan = M.EvalPlan(budget=req.budget, num_layers=ck.num_layers, scores=scores)
+        total = [M.expected_evaluations(req.methods, plan)]
 
         def prog(_done, _total, what):
             done = memo.misses + memo.disk_hits
@@ -714,39 +718,13 @@ class JobManager:
         job._tick(0, total[0], "baseline perplexity")
         # guided methods first; one call per added method so each finished curve shows at once (the memo makes
         # the repeated methods free)
-        order = [m for m in ("replacement", "interchange") if m in req.methods] + \
-                [m for m in req.methods if m not in ("replacement", "interchange")]
+        order = M.run_order(req.methods)
         for k in range(len(order)):
             curves = removal_curves(ck.model, ck.tokenizer, scores, req.budget, methods=order[: k + 1],
                                     evaluator=ev, corpus=corpus, progress=prog, should_stop=job._should_stop,
                                     memo=memo, identity=ck.identity)
             job.curves = curves
         job._tick(memo.misses + memo.disk_hits, memo.misses + memo.disk_hits, "removal curves finished")
-
-    @staticmethod
-    def _expected_evals(req: AnalysisRequest, scores: dict, L: int) -> int:
-        """Number of distinct perplexity evaluations the curves will need (baseline included; an estimate for
-        methods whose sets depend on evaluations, e.g. SLEB)."""
-        from swapkl.removal import default_candidates, random_sets, select
-
-        sets: set = set()
-        extra = 0
-        cands = default_candidates(L)
-        for m in req.methods:
-            try:
-                if m in ("replacement", "interchange", "anti-replacement", "anti-interchange"):
-                    d = scores["replacement" if "replacement" in m else "interchange"]
-                    for s in select(d, req.budget, anti=m.startswith("anti"), strict=False):
-                        sets.add(frozenset(s))
-                elif m == "random":
-                    for seed in range(5):
-                        for s in random_sets(cands, req.budget, seed=seed):
-                            sets.add(frozenset(s))
-                else:
-                    extra += req.budget
-            except SwapklError:
-                extra += req.budget
-        return 1 + len(sets) + extra
 
     # ---------------------------------------------------------------- trajectory
     def _run_trajectory(self, job: Job) -> None:
@@ -819,7 +797,7 @@ class JobManager:
                 job.trajectory = Trajectory(specs=specs, results=results, contract=t.get("contract", {}))
                 job.result = results[-1] if results else None
             else:
-                from swapkl.removal import CurvesResult
+                from swapkl.curves import CurvesResult
                 from swapkl.results import SwapResult
 
                 job.result = SwapResult.load(d / "result.json")

@@ -16,15 +16,15 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from swapkl import methods as M
 from swapkl.results import matrix_json
 
 SEP = " · "
 LOG_FLOOR = 1e-6  # nats: values <= 0 are drawn at this floor on the log scale (hover shows the true value)
 
-PROMINENT = {"replacement": "#1f77b4", "interchange": "#d62728"}
+# the two protocols' colours in the score figures (the guided methods' curves use the same, from their registry style)
+PROTOCOL_COLOURS = {"replacement": "#1f77b4", "interchange": "#d62728"}
 BASELINE_COLOURS = ["#7f7f7f", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e"]
-METHOD_LABELS = {"replacement": "replacement-guided", "interchange": "interchange-guided", "random": "random",
-                 "anti": "anti-guided (replacement)", "bi": "Block Influence", "sleb": "SLEB-iterative"}
 
 
 # ============================================================================================ captions
@@ -384,7 +384,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     directed replacement means ``R[i][i+1]`` (slot i ← block i+1) and ``R[i+1][i]`` are drawn too (otherwise
     they are in the legend, hidden until clicked); dashed lines at the strong (0.05) and conditional (0.10 nats)
     thresholds; the best pair of each protocol marked with a star; ``verdict`` (a
-    :func:`swapkl.removal.regime_verdict` dict) in the title.  ``log_y``: KLs span decades, so
+    :func:`swapkl.verdict.regime_verdict` dict) in the title.  ``log_y``: KLs span decades, so
     the y axis is logarithmic by default (values <= 0 drawn at :data:`LOG_FLOOR`, hover shows the true value).
     Only adjacent pairs are drawn (a wider pair set is the heatmaps' job)."""
     import plotly.graph_objects as go
@@ -402,8 +402,8 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     def yv(vals):
         return [max(float(v), LOG_FLOOR) if log_y else float(v) for v in vals]
 
-    for name, col, colour, width in (("replacement", "d_repl", PROMINENT["replacement"], 3.0),
-                                     ("interchange", "d_inter", PROMINENT["interchange"], 3.0)):
+    for name, col, colour, width in (("replacement", "d_repl", PROTOCOL_COLOURS["replacement"], 3.0),
+                                     ("interchange", "d_inter", PROTOCOL_COLOURS["interchange"], 3.0)):
         if bands and f"{col}_lo" in adj.columns:
             lo, hi = yv(adj[f"{col}_lo"]), yv(adj[f"{col}_hi"])
             fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", mode="lines", line={"width": 0},
@@ -425,7 +425,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     for col, name, dash in (("R_ij", "R[i][i+1] (slot i ← block i+1)", "dot"),
                             ("R_ji", "R[i+1][i] (slot i+1 ← block i)", "dashdot")):
         fig.add_trace(go.Scatter(x=x, y=yv(adj[col]), mode="lines+markers", name=name, visible=True if directed else "legendonly",
-                                 line={"color": PROMINENT["replacement"], "width": 1.2, "dash": dash}, marker={"size": 4},
+                                 line={"color": PROTOCOL_COLOURS["replacement"], "width": 1.2, "dash": dash}, marker={"size": 4},
                                  text=[f"pair {lab}<br>{name} = {_f(v)} nats" for lab, v in zip(labels, adj[col])],
                                  hovertemplate="%{text}<extra></extra>", meta={"directed": col}))
     for thr, what in ((STRONG, "strong"), (CONDITIONAL, "conditional")):
@@ -478,21 +478,34 @@ def top_pairs_table(result, k: int = 10):
 
 # ============================================================================================ removal curves
 def _method_order(methods: Iterable[str]) -> list[str]:
-    ms = list(methods)
-    first = [m for m in ("replacement", "interchange") if m in ms]
-    return first + [m for m in ms if m not in first]
+    return M.run_order(methods)
 
 
 def _label(m: str) -> str:
-    return METHOD_LABELS.get(m, m)
+    return M.label(m)
+
+
+def _guided(m: str) -> bool:
+    spec = M.find(m)
+    return spec is not None and spec.guided
+
+
+def _seeded(m: str) -> bool:
+    spec = M.find(m)
+    return spec is not None and spec.seeded
 
 
 def _style(m: str, k: int) -> dict:
-    if m in PROMINENT:
-        return {"color": PROMINENT[m], "width": 3.5}
-    if m == "random":
-        return {"color": "#7f7f7f", "width": 1.5, "dash": "dash"}
+    """The line style of method ``m`` (its registry style; the k-th baseline colour, dotted, otherwise)."""
+    spec = M.find(m)
+    if spec is not None and spec.style:
+        return {key: v for key, v in spec.style.items() if key != "marker"}
     return {"color": BASELINE_COLOURS[(k + 1) % len(BASELINE_COLOURS)], "width": 1.5, "dash": "dot"}
+
+
+def _marker_size(m: str) -> int:
+    spec = M.find(m)
+    return int((spec.style or {}).get("marker", 5)) if spec is not None else 5
 
 
 def _rgba(hex_col: str, alpha: float) -> str:
@@ -516,7 +529,7 @@ def _focus_range(all_methods: dict, chosen: list) -> tuple[float, float] | None:
             if v is None or not math.isfinite(float(v)):
                 continue
             every += [float(v)] + [float(x) for x in (e.get("delta_pct_max"), e.get("delta_pct_min")) if x is not None]
-            if e.get("delta_pct_min") is None and m != "random":
+            if e.get("delta_pct_min") is None and not _seeded(m):
                 det.append(float(v))
     if not det:
         return None
@@ -554,7 +567,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
         st = _style(m, k)
         ns = [int(e["n"]) for e in entries]
         if bands:
-            if m == "random" or entries[0].get("delta_pct_min") is not None:
+            if _seeded(m) or entries[0].get("delta_pct_min") is not None:
                 lo = [e.get("delta_pct_min") for e in entries]
                 hi = [e.get("delta_pct_max") for e in entries]
                 band_kind = "min–max over seeds"
@@ -564,8 +577,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
                 band_kind = "95 % CI"
             if all(v is not None for v in lo + hi):
                 fig.add_trace(go.Scatter(x=ns + ns[::-1], y=hi + lo[::-1], fill="toself", mode="lines",
-                                         line={"width": 0}, fillcolor=_rgba(st["color"], 0.15 if m in PROMINENT
-                                                                            else 0.08),
+                                         line={"width": 0}, fillcolor=_rgba(st["color"], 0.15 if _guided(m) else 0.08),
                                          name=f"{m} band", legendgroup=m, showlegend=False, hoverinfo="skip",
                                          meta={"band": band_kind}))
         hover = []
@@ -580,8 +592,8 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
                 s += f"<br>PPL {_f(e['ppl'], 3)}"
             hover.append(s)
         fig.add_trace(go.Scatter(x=ns, y=[float(e["delta_pct"]) for e in entries], mode="lines+markers",
-                                 name=_label(m) + (" (mean of seeds)" if m == "random" else ""), legendgroup=m,
-                                 line=st, marker={"size": {"replacement": 11, "interchange": 7}.get(m, 5), "color": st["color"]},
+                                 name=_label(m) + (" (mean of seeds)" if _seeded(m) else ""), legendgroup=m,
+                                 line=st, marker={"size": _marker_size(m), "color": st["color"]},
                                  text=hover, hovertemplate="%{text}<extra>" + _label(m) + "</extra>",
                                  meta={"method": m}))
     base = d.get("baseline_ppl")

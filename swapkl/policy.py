@@ -61,7 +61,7 @@ class Policy:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_env(cls, environ: dict | None = None, config_file: str | os.PathLike | None = None) -> "Policy":
+    def from_env(cls, environ: dict | None = None, config_file: str | os.PathLike | None = None) -> Policy:
         """The policy of this server: ``[demo]`` of ``.streamlit/swapkl.toml`` (when present), then the
         environment.  A malformed file or value is a :class:`PolicyError` (the server refuses to start in a
         state its operator did not ask for)."""

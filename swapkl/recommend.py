@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 
 from swapkl.errors import SwapklError
 from swapkl.methods import MethodOutput, register
@@ -84,7 +83,7 @@ def search(ctx, budget: int) -> MethodOutput:
     from swapkl.removal import BudgetError, layer_scores
 
     t0 = time.perf_counter()
-    p = lambda k, d: ctx.param("recommend", k, d)  # noqa: E731
+    p = lambda k, d: ctx.param("recommend", k, d)
     L = ctx.num_layers
     cands_all, spacing, settings = ctx.literature_candidates("recommend", budget)
     width = int(p("width", DEFAULT_WIDTH))
@@ -259,7 +258,9 @@ def search(ctx, budget: int) -> MethodOutput:
 
 
 @register("recommend", description="recommended: beam search over removal sets seeded by every method, "
-                                   "chosen by calibration PPL", rule_candidates=False)
+                                   "chosen by calibration PPL", rule_candidates=False,
+          label="recommended", offered=True, order=20,  # last: drawn over the other curves
+          style={"color": "#111111", "width": 4.5, "marker": 12})
 def recommend_method(ctx, budget):
     return search(ctx, budget)
 
@@ -322,7 +323,7 @@ class Recommendation:
                 bits.append(f"single-layer calibration rank {r['calibration']}")
             parts.append(f"layer {i}: " + (" and ".join(bits[:2]) + ("; " + "; ".join(bits[2:]) if bits[2:] else "")
                                            if bits else "no signal rank"))
-        is_beam = lambda s: s.startswith(("beam:", "candidate", "single"))  # noqa: E731
+        is_beam = lambda s: s.startswith(("beam:", "candidate", "single"))
         seeds = [s for s in e.get("sources", []) if not is_beam(s)]
         found = [s for s in e.get("sources", []) if is_beam(s)]
         how = []
@@ -370,7 +371,7 @@ class Recommendation:
         return s
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Recommendation":
+    def from_dict(cls, d: dict) -> Recommendation:
         """From :meth:`to_dict` (or its parsed JSON).  Raises :class:`SwapklError` for a malformed dict."""
         if not isinstance(d, dict):
             raise SwapklError("a recommendation must be a JSON object")
@@ -386,7 +387,7 @@ class Recommendation:
                       for k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_json(cls, s_or_path) -> "Recommendation":
+    def from_json(cls, s_or_path) -> Recommendation:
         from pathlib import Path
 
         s = s_or_path
@@ -395,7 +396,7 @@ class Recommendation:
         return cls.from_dict(json.loads(s))
 
     @classmethod
-    def from_curves(cls, curves) -> "Recommendation":
+    def from_curves(cls, curves) -> Recommendation:
         """From a :class:`~swapkl.removal.CurvesResult` (or its dict) that ran the ``"recommend"`` method: the
         chosen sets, their calibration evidence (``method_info``) and their held-out points (``methods``)."""
         d = curves.to_dict() if hasattr(curves, "to_dict") else curves

@@ -3,7 +3,7 @@
 :func:`build_report` puts together, for whatever it is given:
 
 * ``result`` (a :class:`~swapkl.results.SwapResult`, its JSON dict, or a path to a ``score --json`` file): model
-  and contract, the regime verdict with its evidence (:func:`swapkl.removal.regime_verdict` on the adjacent
+  and contract, the regime verdict with its evidence (:func:`swapkl.verdict.regime_verdict` on the adjacent
   pairs, 0.10 nats threshold), summary statistics (gap distribution in nats with bootstrap CIs, KL ratio, counts
   below 0.05 / 0.10 nats, Pearson r, noise floor), the replacement/interchange heatmaps (one shared colour
   scale), the gap heatmap, the top-pairs table;
@@ -132,7 +132,7 @@ def _table(df, caption: str | None = None, row_class=None, nd: int = 4) -> str:
     head = "".join(f"<th class=\"l\">{_e(c)}</th>" if df[c].dtype == object else f"<th>{_e(c)}</th>"
                    for c in df.columns)
     rows = []
-    for k, (_, r) in enumerate(df.iterrows()):
+    for _, r in df.iterrows():
         cells = []
         for c in df.columns:
             v = r[c]
@@ -179,7 +179,7 @@ def _verdict(result, curves: dict | None) -> dict | None:
     ``{"error": message}`` when the adjacent pairs are not scored."""
     if result is not None:
         try:
-            from swapkl.removal import regime_verdict
+            from swapkl.verdict import regime_verdict
         except ImportError as e:  # pragma: no cover - removal module missing
             return {"error": f"no regime verdict ({e})"}
         try:
@@ -345,7 +345,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
              f'<p class="caption">contract: {_e(caption)}</p>',
              f'<p class="caption">generated {_dt.datetime.now().strftime("%Y-%m-%d %H:%M")} by swapkl '
              f'{_e(_version())}; swap-KL = KL(base ‖ variant) in nats: replacement runs block j\'s weights in slot '
-             f'i (d_repl = {_e((result.aggregation if result is not None else "max"))} of the two directions), '
+             f'i (d_repl = {_e(result.aggregation if result is not None else "max")} of the two directions), '
              f'interchange swaps blocks i and j.</p>']
     parts.append(_model_html(result, curves))
     parts.append(_verdict_html(_verdict(result, curves)))

@@ -106,7 +106,7 @@ class SwapResult:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_pair_vectors(cls, num_layers, pair_vectors: dict, **kw) -> "SwapResult":
+    def from_pair_vectors(cls, num_layers, pair_vectors: dict, **kw) -> SwapResult:
         """From ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (as the engine and cache give them)."""
         repl, inter = {}, {}
         pairs = sorted(pair_vectors, key=lambda p: (p[1] - p[0], p[0]))
@@ -165,13 +165,13 @@ class SwapResult:
     # ------------------------------------------------------------------ per-pair statistics
     def _pair_stat_boot(self, idx: np.ndarray, agg: str) -> tuple[np.ndarray, np.ndarray]:
         """d_repl and d_inter per pair under prompt resamples ``idx`` [B, P] -> two arrays [B, npairs]."""
-        R, I = [], []
+        reps, inters = [], []
         for i, j in self.pairs:
             a = self.per_prompt["repl"][(i, j)][idx].mean(-1)
             b = self.per_prompt["repl"][(j, i)][idx].mean(-1)
-            R.append(np.maximum(a, b) if agg == "max" else (a + b) / 2 if agg == "mean" else a)
-            I.append(self.per_prompt["inter"][(i, j)][idx].mean(-1))
-        return np.stack(R, -1), np.stack(I, -1)
+            reps.append(np.maximum(a, b) if agg == "max" else (a + b) / 2 if agg == "mean" else a)
+            inters.append(self.per_prompt["inter"][(i, j)][idx].mean(-1))
+        return np.stack(reps, -1), np.stack(inters, -1)
 
     def _boot_idx(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
         rng = np.random.default_rng(seed)
@@ -263,7 +263,7 @@ class SwapResult:
         }
 
     @classmethod
-    def from_json(cls, d, what: str = "result file") -> "SwapResult":
+    def from_json(cls, d, what: str = "result file") -> SwapResult:
         """From :meth:`to_json`'s dict, or its JSON text (``str``/``bytes``).  Everything is validated by
         :func:`swapkl.schema.result_fields` before anything is built; a bad file raises
         :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
@@ -278,7 +278,7 @@ class SwapResult:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> "SwapResult":
+    def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> SwapResult:
         """Read a :meth:`save` / ``score --json`` file (at most ``max_bytes``, default
         :data:`swapkl.schema.MAX_BYTES`), validated as :meth:`from_json`."""
         from swapkl import schema

@@ -197,7 +197,7 @@ def result_fields(d: Any, what: str = "result file") -> dict:
 
 def curves_fields(d: Any, what: str = "curves file") -> dict:
     """Check a parsed ``curves --json`` file and return the keyword arguments of
-    :class:`~swapkl.removal.CurvesResult` (``model`` as a dict; optional fields filled with their defaults).
+    :class:`~swapkl.curves.CurvesResult` (``model`` as a dict; optional fields filled with their defaults).
     Perplexities must be positive and finite, ΔPPL % finite, removed layers valid indices of the model
     (``model.num_layers`` when given, else < :data:`MAX_LAYERS`).  Raises :class:`UploadError`."""
     with _document(what):
@@ -524,7 +524,7 @@ def _selection(x, where: str, L: int) -> dict:
 
 
 def _verdict(x, where: str, L: int) -> dict:
-    """The regime verdict of :func:`swapkl.removal.regime_verdict` with its full evidence (the dashboard shows
+    """The regime verdict of :func:`swapkl.verdict.regime_verdict` with its full evidence (the dashboard shows
     every field)."""
     count = lambda v, w: _int(v, w, 0, MAX_LAYERS * MAX_LAYERS)
     kl = lambda v, w: _number(v, w, -MAX_KL, MAX_KL)

@@ -48,7 +48,7 @@ def tiny_model(kind: str, num_layers: int = 4, seed: int = 0, **kw):
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(tiny_config(kind, num_layers, **kw))
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() >= 2:
                 p.mul_(3.0)
     return model.eval()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -342,3 +342,26 @@ def test_open_saved_result_files_without_the_model(cache, tmp_path, stories_path
     assert hm["data"][0]["z"] == _nan_to_none(res.replacement())
     assert hm["data"][1]["z"] == _nan_to_none(res.interchange())
     assert mgr.loaded_models() == []                        # nothing was loaded to draw it
+
+
+def test_recommendation_panel_and_export(cache, tmp_path):
+    """With "recommended" among the removal methods the start page answers "which layers?": the set and held-out
+    ΔPPL of the library's Recommendation, its sentence of evidence, and an export that reloads without them."""
+    from swapkl.recommend import Recommendation
+
+    at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=1)
+    at.multiselect(key="w_methods").set_value(["replacement", "interchange", "recommend"]).run()
+    job = _compute(at)
+    assert job.status == "done", job.error
+    rec = Recommendation.from_curves(job.curves)
+    e = rec.entry(1)
+    assert any(h.value == "Recommended removal" for h in at.subheader)
+    shown = [s.value for s in at.success if s.value.startswith("remove layers")]
+    assert shown and shown[0].startswith(f"remove layers {{{', '.join(map(str, e['removed']))}}}: ΔPPL {e['delta_pct']:+.1f} %"), shown
+    assert any(rec.explain(1) == m.value for m in at.markdown), [m.value for m in at.markdown][:8]
+    out = tmp_path / "rec-export"
+    at.text_input(key=[w.key for w in at.text_input if w.key.startswith("w_export_rec_out")][0]).set_value(str(out)).run()
+    at.button(key="export_rec").click().run()
+    assert not at.exception, at.exception
+    meta = json.loads((out / "swapkl_prune.json").read_text())
+    assert meta["removed"] == e["removed"]

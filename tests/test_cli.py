@@ -50,7 +50,7 @@ def test_bad_input_one_line(stories_path, tmp_path, args, msg):
     r = run_cli(*args, env_extra={"SWAPKL_CACHE": str(tmp_path / "c")})
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
-    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert lines[-1].startswith("error: ") and msg in lines[-1], r.stderr
 
 

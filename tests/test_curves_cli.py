@@ -24,7 +24,7 @@ def _env(monkeypatch, tmp_path):
 def err_line(capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    return [l for l in err.splitlines() if l.strip()][-1]
+    return [ln for ln in err.splitlines() if ln.strip()][-1]
 
 
 def test_prune_cli(stories_path, tmp_path, capsys):

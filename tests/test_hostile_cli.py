@@ -31,7 +31,7 @@ def run_cli(*args, cache: Path, timeout: int = 300):
 def one_error_line(stderr: str, pattern: str) -> str:
     """stderr is exactly one line, ``error: ...`` matching ``pattern`` (a regex searched in the line)."""
     assert "Traceback" not in stderr, stderr
-    lines = [l for l in stderr.splitlines() if l.strip()]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, stderr
     assert lines[0].startswith("error: "), stderr
     assert re.search(pattern, lines[0]), lines[0]
@@ -237,7 +237,7 @@ def test_unwritable_cache_computes_and_warns_once(stories_path, tmp_path, blocke
                 "--tokens", "8", "--max-words", "300", "--quiet", "--json", out, cache=blocked_cache)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and re.search(WARN_UNWRITABLE, lines[0]), r.stderr
     assert json.loads(out.read_text())["methods"]["replacement"][0]["ppl"] > 1
 
@@ -292,7 +292,6 @@ def test_unwritable_cache_gguf_conversion(tmp_path, blocked_cache, monkeypatch, 
 
 # ============================================================================== 5. one report from two models
 def test_report_refuses_scores_and_curves_of_two_models(stories_path, tmp_path, monkeypatch, capsys):
-    import torch
     from safetensors.torch import load_file, save_file
 
     from swapkl.cli import main
@@ -339,7 +338,7 @@ def test_corrupt_meta_is_rewritten(stories_path, tmp_path, monkeypatch, capsys):
 
     r = run_cli(*args, "--json", tmp_path / "1.json", cache=cache)
     assert r.returncode == 0, r.stderr
-    warn = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warn) == 1 and re.search(rf"^warning: corrupt cache entry {re.escape(str(meta))}: unreadable .*; "
                                         "it will be recomputed$", warn[0]), r.stderr
     assert "from cache: 4" in r.stdout and "noise floor nan" not in r.stdout

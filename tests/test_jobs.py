@@ -207,7 +207,8 @@ def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path,
 
 
 def test_defaults_per_device():
-    from swapkl.defaults import DEFAULT_BUDGET, DEFAULT_METHODS, default_contract, default_evaluator
+    from swapkl import methods
+    from swapkl.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
     from swapkl.evaluate import make_windows
 
     cpu = default_contract("cpu")
@@ -220,4 +221,4 @@ def test_defaults_per_device():
     gpu = default_contract("cuda")
     assert (gpu.prompts, gpu.tokens, gpu.device, gpu.pairs) == (64, 128, "cuda", "gap:3")
     assert default_evaluator("cuda").name == "matched"
-    assert DEFAULT_BUDGET == 4 and DEFAULT_METHODS == ("replacement", "interchange", "random")
+    assert DEFAULT_BUDGET == 4 and methods.default_set("dashboard") == ("replacement", "interchange", "random")

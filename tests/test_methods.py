@@ -63,7 +63,7 @@ def test_new_baseline_is_one_function(stories):
 def test_block_influence_per_token(kind):
     model = tiny_model(kind, num_layers=4)
     ids = torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(0))
-    hooks = lambda: [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]  # noqa: E731
+    hooks = lambda: [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
     before = hooks()
     bi = block_influence(model, ids, window=32)
     assert hooks() == before  # hooks went on a private module tree, never on the caller's model

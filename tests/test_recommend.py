@@ -181,7 +181,7 @@ def test_recommend_is_a_curves_method(stories):
 def _err(capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    return [l for l in err.splitlines() if l.strip()][-1]
+    return [ln for ln in err.splitlines() if ln.strip()][-1]
 
 
 @pytest.mark.parametrize("args,msg", [(["--budget", "0"], "--budget must be at least 1"),

@@ -17,7 +17,7 @@ import pytest
 from swapkl import plots, report
 from swapkl.errors import SwapklError
 from swapkl.removal import CurvesResult, regime_verdict
-from test_plots import fake_curves, synthetic  # noqa: E402  (tests/ is on sys.path under pytest)
+from test_plots import fake_curves, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def run_cli(*args, env_extra=None, timeout=300):
 
 def figure_json(doc: str, k: int) -> dict:
     """The data of figure k (1-based) as embedded in the report."""
-    m = re.search(r'Plotly\.newPlot\(\s*"swapkl-fig-%d",\s*(\[.*?\]),\s*\{' % k, doc, re.S)
+    m = re.search(rf'Plotly\.newPlot\(\s*"swapkl-fig-{k}",\s*(\[.*?\]),\s*\{{', doc, re.S)
     assert m, f"figure {k} not found"
     return json.loads(m.group(1))
 
@@ -111,7 +111,7 @@ def test_report_from_trajectory_json_and_curves_only():
     c = fake_curves()
     c["baseline"] = {}
     # a verdict as regime_verdict writes it (the dashboard reads every evidence field, so files must hold them)
-    proto = lambda m: {"n_pairs": 4, "below_0.05": 0, "below_threshold": int(m < 0.1), "min": m,  # noqa: E731
+    proto = lambda m: {"n_pairs": 4, "below_0.05": 0, "below_threshold": int(m < 0.1), "min": m,
                        "median": 2 * m, "best_pair": [1, 2]}
     c["verdict"] = {"regime": "divergent", "prefer": "interchange", "sentence": "Divergent regime: test.",
                     "evidence": {"threshold": 0.1, "replacement": proto(0.2), "interchange": proto(0.05)}}
@@ -186,9 +186,10 @@ def test_cli_report_errors(tmp_path):
 
 
 def test_cli_report_computes_scores_and_curves(stories_path, tmp_path, monkeypatch):
-    """MODEL without files: scores through api.score (cached), curves through removal.removal_curves (stubbed
+    """MODEL without files: scores through api.score (cached), curves through curves.removal_curves (stubbed
     here: the real evaluation takes a minute on this machine)."""
-    from swapkl import cli, removal
+    from swapkl import cli
+    from swapkl import curves as curves_mod
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     seen = {}
@@ -199,7 +200,7 @@ def test_cli_report_computes_scores_and_curves(stories_path, tmp_path, monkeypat
         return CurvesResult(**{k: c[k] for k in ("model", "evaluator", "corpus", "budget", "selection",
                                                  "baseline_ppl", "baseline_ppl_ci", "methods")}, baseline={})
 
-    monkeypatch.setattr(removal, "removal_curves", fake_removal_curves)
+    monkeypatch.setattr(curves_mod, "removal_curves", fake_removal_curves)
     out = tmp_path / "r.html"
     rc = cli.main(["report", str(stories_path), "--device", "cpu", "--pairs", "adjacent", "--prompts", "4",
                    "--tokens", "16", "--budget", "2", "--methods", "replacement,interchange", "--out", str(out),

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest
 
-from swapkl.contract import Contract  # noqa: E402
-from swapkl.evaluate import Evaluator  # noqa: E402
+from swapkl.contract import Contract
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")

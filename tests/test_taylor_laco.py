@@ -195,5 +195,5 @@ def test_prune_cli_merge(stories_path, tmp_path, capsys, monkeypatch):
     for args, msg in ((["--merge", "2-1"], "lower to a higher"), (["--merge", "a-b"], "groups such as"),
                       ([], "give --remove"), (["--merge", "1-2", "--remove", "1"], "does not match")):
         assert main(["prune", str(stories_path), "--out", str(tmp_path / "y"), "--device", "cpu", *args]) == 2
-        err = [l for l in capsys.readouterr().err.splitlines() if l.strip()][-1]
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()][-1]
         assert err.startswith("error: ") and msg in err, err

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import sys
 
-
+from swapkl import methods as M
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
-
-DEFAULT_METHODS = "replacement,interchange,random,bi,sleb"
-
 
 def register(sub) -> None:
     p = sub.add_parser("curves", help="removal curves: guided (replacement / interchange) vs baselines")
@@ -18,7 +15,7 @@ def register(sub) -> None:
     p.add_argument("--budget", type=int, required=True, help="largest number of removed layers N (curves for 1..N)")
     p.add_argument("--scores", default=None, metavar="SCORES.json",
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
-    p.add_argument("--methods", default=DEFAULT_METHODS,
+    p.add_argument("--methods", default=",".join(M.default_set("cli")),
                    help="comma-separated: replacement, interchange, anti (both protocols), anti-replacement, "
                         "anti-interchange, random, bi, sleb, ... (default: %(default)s)")
     p.add_argument("--eval-text", default=None, metavar="PATH",
@@ -34,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--include-boundary", action="store_true", help="allow removing the first and last layer")
     p.add_argument("--partners", default=None,
                    help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
-    p.add_argument("--seeds", type=int, default=5, help="random baseline seeds (>= 5)")
+    p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds (>= 5)")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens for bi/sleb")
     p.add_argument("--no-kl", action="store_true", help="skip the KL of each pruned model to the base model")
     p.add_argument("--json", default=None, metavar="OUT", help="write the curves JSON here")
@@ -61,13 +58,12 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 def run(a) -> int:
     from swapkl import corpora
     from swapkl.evaluate import get_evaluator
-    from swapkl.removal import EvalMemo, check_evaluator_context, check_scores, removal_curves
+    from swapkl.curves import EvalMemo, check_evaluator_context, check_scores, removal_curves
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    from swapkl import methods as M
     for m in methods:
         if m not in M.GROUPS:
             M.get(m)  # unknown names fail before loading anything

@@ -3,18 +3,16 @@
 From files (no model computation): ``--scores SCORES.json`` (``swapkl score --json``), ``--curves CURVES.json``
 (``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON).  Otherwise the scores are computed
 through :func:`swapkl.api.score` (cached) under the contract arguments, and with ``--budget N`` the removal curves
-through :func:`swapkl.removal.removal_curves`.  MODEL may be omitted when files provide everything.
+through :func:`swapkl.curves.removal_curves`.  MODEL may be omitted when files provide everything.
 """
 from __future__ import annotations
 
 import sys
 
+from swapkl import methods as M
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
-
-DEFAULT_METHODS = "replacement,interchange,random"
-
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report (scores, verdict, curves, trajectory)")
@@ -30,14 +28,14 @@ def register(sub) -> None:
     p.add_argument("--trajectory", default=None, metavar="TRAJ.json", help="a trajectory JSON file")
     p.add_argument("--budget", type=int, default=None,
                    help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
-    p.add_argument("--methods", default=DEFAULT_METHODS,
+    p.add_argument("--methods", default=",".join(M.default_set("dashboard")),
                    help="removal methods for --budget, comma-separated (default: %(default)s)")
     p.add_argument("--evaluator", default="matched", choices=["matched", "standard"],
                    help="perplexity evaluator for --budget (matched: 5,000 words, 512/256; standard: 20,000, "
                         "1024/512)")
     p.add_argument("--eval-text", default=None, metavar="PATH", help="text file for perplexity (default: WikiText-2)")
     p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
-    p.add_argument("--seeds", type=int, default=5, help="random baseline seeds")
+    p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds")
     p.add_argument("--title", default=None, help="report title")
     p.add_argument("--top", type=int, default=10, help="rows of the top-pairs table (default 10)")
     p.add_argument("--out", default="report.html", help="output HTML file (default: %(default)s)")
@@ -64,7 +62,7 @@ def run(a) -> int:
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
     if result is not None and curves is not None:  # never one report from two models
-        from swapkl.removal import check_same_model
+        from swapkl.curves import check_same_model
 
         check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
                                                             "different models")
@@ -74,7 +72,7 @@ def run(a) -> int:
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
             from swapkl.evaluate import get_evaluator
-            from swapkl.removal import check_evaluator_context
+            from swapkl.curves import check_evaluator_context
 
             check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:
@@ -97,7 +95,7 @@ def run(a) -> int:
 def _compute_curves(a, ck, result):
     from swapkl import corpora
     from swapkl.evaluate import get_evaluator
-    from swapkl.removal import check_scores, removal_curves
+    from swapkl.curves import check_scores, removal_curves
 
     if result is None:
         raise SwapklError("--budget needs swap-KL scores (give MODEL, or --scores)")

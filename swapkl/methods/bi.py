@@ -10,27 +10,37 @@ True}`` applies the guided methods' candidates and spacing instead).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from swapkl import architectures as arch
 from swapkl.methods import MethodOutput, register
-from swapkl.removal import nested, scan
+from swapkl.selection import nested, scan
+
+# torch (and swapkl.architectures, which needs it) are imported inside the functions that compute: the registry
+# imports this module, and the dashboard's first paint and ``swapkl --help`` must not load torch.
 
 
 def _hidden(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
-@torch.no_grad()
-def run_block_io(model, ids: torch.Tensor, on_block, window: int = 512, batch_size: int = 4) -> int:
+def run_block_io(model, ids, on_block, window: int = 512, batch_size: int = 4) -> int:
     """Feed ``ids`` (1-D LongTensor) in non-overlapping windows through a private copy of ``model`` and call
     ``on_block(k, h_in, h_out)`` (float32, (B, T, H)) for every block k and batch, from forward hooks.  The
     caller's model never carries a hook.  Returns the number of tokens fed."""
+    import torch
+
+    with torch.no_grad():
+        return _run_block_io(model, ids, on_block, window, batch_size)
+
+
+def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
+    import torch
+
+    from swapkl import architectures as arch
     from swapkl.prune import pruned_copy
 
     priv = pruned_copy(model, [])
     blocks = arch.locate(priv).blocks
-    inputs: dict[int, torch.Tensor] = {}
+    inputs: dict = {}
     handles = []
     count = 0
 
@@ -61,9 +71,13 @@ def run_block_io(model, ids: torch.Tensor, on_block, window: int = 512, batch_si
     return count
 
 
-def block_influence(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
+def block_influence(model, ids, window: int = 512, batch_size: int = 4) -> np.ndarray:
     """(L,) float64: BI of every block on ``ids`` (1-D LongTensor) cut into non-overlapping windows:
     ``1 - mean over tokens of cos(h_in_t, h_out_t)`` (per token, not over the flattened sequence)."""
+    import torch
+
+    from swapkl import architectures as arch
+
     L = arch.locate(model).num_layers
     sums = np.zeros(L)
 
@@ -74,9 +88,13 @@ def block_influence(model, ids: torch.Tensor, window: int = 512, batch_size: int
     return 1.0 - sums / count
 
 
-def linear_cka(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
+def linear_cka(model, ids, window: int = 512, batch_size: int = 4) -> np.ndarray:
     """(L,) float64: linear CKA between each block's input and output over all tokens (features centred),
     ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``, accumulated in float64 (hidden × hidden Gram matrices)."""
+    import torch
+
+    from swapkl import architectures as arch
+
     L = arch.locate(model).num_layers
     acc: dict[int, dict] = {}
 
@@ -119,12 +137,12 @@ def _calibrated(ctx, budget, name, score_fn, descending):
 
 
 @register("bi", description="Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first",
-          rule_candidates=False)
+          rule_candidates=False, label="Block Influence", offered=True, cli_default=True, order=5)
 def bi(ctx, budget):
     return _calibrated(ctx, budget, "bi", block_influence, descending=False)
 
 
 @register("cka", description="linear CKA of block input vs output: highest (most similar) first",
-          rule_candidates=False)
+          rule_candidates=False, order=7)
 def cka(ctx, budget):
     return _calibrated(ctx, budget, "cka", linear_cka, descending=True)

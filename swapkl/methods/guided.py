@@ -1,8 +1,8 @@
-"""Swap-KL-guided removal (METHOD §4) and the anti-guided baseline (METHOD §5)."""
+"""Swap-KL-guided removal (docs/method.md §4) and the anti-guided baseline (docs/method.md §5)."""
 from __future__ import annotations
 
 from swapkl.methods import MethodOutput, register
-from swapkl.removal import layer_scores, select
+from swapkl.selection import layer_scores, select
 
 
 def _guided(ctx, budget: int, protocol: str, anti: bool) -> MethodOutput:
@@ -18,23 +18,37 @@ def _guided(ctx, budget: int, protocol: str, anti: bool) -> MethodOutput:
     return out
 
 
-@register("replacement", needs=("replacement",), description="replacement-guided: lowest min-partner d_repl first")
+def _planned(protocol: str, anti: bool):
+    """Cost: the sets the guided rule will pick (known from the scores before any evaluation)."""
+    def cost(spec, plan):
+        return select(plan.scores[protocol], plan.budget, spacing=plan.spacing, candidates=plan.candidates,
+                      anti=anti, strict=False)
+    return cost
+
+
+@register("replacement", needs=("replacement",), description="replacement-guided: lowest min-partner d_repl first",
+          label="replacement-guided", offered=True, default=True, cli_default=True, order=0, guided=True,
+          style={"color": "#1f77b4", "width": 3.5, "marker": 11}, cost=_planned("replacement", False))
 def replacement(ctx, budget):
     return _guided(ctx, budget, "replacement", anti=False)
 
 
-@register("interchange", needs=("interchange",), description="interchange-guided: lowest min-partner d_inter first")
+@register("interchange", needs=("interchange",), description="interchange-guided: lowest min-partner d_inter first",
+          label="interchange-guided", offered=True, default=True, cli_default=True, order=1, guided=True,
+          style={"color": "#d62728", "width": 3.5, "marker": 7}, cost=_planned("interchange", False))
 def interchange(ctx, budget):
     return _guided(ctx, budget, "interchange", anti=False)
 
 
 @register("anti-replacement", needs=("replacement",), group="anti",
-          description="anti-guided on d_repl: highest layer score first")
+          description="anti-guided on d_repl: highest layer score first", offered=True, order=3,
+          cost=_planned("replacement", True))
 def anti_replacement(ctx, budget):
     return _guided(ctx, budget, "replacement", anti=True)
 
 
 @register("anti-interchange", needs=("interchange",), group="anti",
-          description="anti-guided on d_inter: highest layer score first")
+          description="anti-guided on d_inter: highest layer score first", offered=True, order=4,
+          cost=_planned("interchange", True))
 def anti_interchange(ctx, budget):
     return _guided(ctx, budget, "interchange", anti=True)

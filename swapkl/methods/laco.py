@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from swapkl.merge import groups_from_pairs
 from swapkl.methods import MethodOutput, register
 
 
@@ -20,24 +19,27 @@ def merge_order(d, candidates) -> list[tuple[int, int]]:
     """Adjacent pairs ``(l, l+1)`` with ``l+1`` in ``candidates``, by ascending ``d`` (symmetrised; NaN skipped)."""
     d = np.asarray(d, dtype=float)
     pairs = []
-    for l in range(len(d) - 1):
-        if l + 1 not in set(candidates):
+    for lo in range(len(d) - 1):
+        if lo + 1 not in set(candidates):
             continue
-        v = d[l, l + 1] if not np.isnan(d[l, l + 1]) else d[l + 1, l]
+        v = d[lo, lo + 1] if not np.isnan(d[lo, lo + 1]) else d[lo + 1, lo]
         if not np.isnan(v):
-            pairs.append((float(v), l, l + 1))
+            pairs.append((float(v), lo, lo + 1))
     pairs.sort()
     return [(a, b) for _, a, b in pairs]
 
 
 @register("laco", description="LaCo-style merge: the adjacent pair with the lowest swap-KL merged (parameters "
-                              "averaged) into the lower slot, the upper block removed")
+                              "averaged) into the lower slot, the upper block removed",
+          label="LaCo merge", offered=True, order=9)
 def laco(ctx, budget):
     protocol = ctx.param("laco", "protocol", "replacement" if "replacement" in ctx.scores else "interchange")
     mode = ctx.param("laco", "mode", "average")
     if protocol not in ctx.scores:
         from swapkl.errors import SwapklError
         raise SwapklError(f"laco needs {protocol} scores")
+    from swapkl.merge import groups_from_pairs  # deferred: swapkl.merge imports torch (the registry must not)
+
     order = merge_order(ctx.scores[protocol], ctx.candidates)
     sets, groups = [], []
     for k in range(1, min(budget, len(order)) + 1):

@@ -12,7 +12,7 @@ from swapkl.methods import MethodOutput, register
 
 
 @register("sleb", description="SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat",
-          rule_candidates=False)
+          rule_candidates=False, label="SLEB-iterative", offered=True, cli_default=True, order=6)
 def sleb(ctx, budget):
     max_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
     cands, spacing, settings = ctx.literature_candidates("sleb", budget)

@@ -13,11 +13,13 @@ applies the rule's).
 from __future__ import annotations
 
 import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from swapkl import architectures as arch
+if TYPE_CHECKING:
+    import torch
+
 from swapkl.methods import MethodOutput, register
-from swapkl.removal import nested, scan
+from swapkl.selection import nested, scan
 
 
 def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
@@ -25,7 +27,10 @@ def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: i
 
     ``ids``: 1-D LongTensor of calibration tokens, cut into non-overlapping windows of ``window`` tokens (a
     shorter tail is dropped unless it is the only window).  Costs one forward + backward per window batch."""
+    import torch  # deferred: the registry is imported by --help and the dashboard's first paint
     from torch.func import functional_call
+
+    from swapkl import architectures as arch
 
     loc = arch.locate(model)
     L = loc.num_layers
@@ -74,7 +79,8 @@ def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: i
 
 
 @register("taylor", description="Taylor importance: lowest sum over the block of |dL/dθ · θ| (calibration text) "
-                                "first", rule_candidates=False)
+                                "first", rule_candidates=False,
+          label="Taylor", offered=True, order=8)
 def taylor(ctx, budget):
     max_tokens = int(ctx.param("taylor", "calib_tokens", 1024))
     ids = ctx.calib_ids(max_tokens)
