@@ -334,6 +334,16 @@ def _browser_polls(job: Job) -> bool:
     return job.progress_path is not None and bool(st.get_option("server.enableStaticServing"))
 
 
+def _has_content(part) -> bool:
+    """Whether a job's result / curves / trajectory holds something to draw (a scored pair, a curve point)."""
+    if part is None:
+        return False
+    for attr in ("pairs", "methods", "points", "checkpoints"):
+        if hasattr(part, attr):
+            return bool(getattr(part, attr))
+    return True
+
+
 def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "trajectory")) -> None:
     """Draw the job's status and ``body(job)``; while the job runs, keep them current at no cost to the
     computation, which shares the CPU with this server and the browser.
@@ -359,12 +369,14 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
         body(job)
         return
     seen = sum(job.updates[w] for w in watch)
+    # nothing of the watched parts drawn yet: the first that arrives is drawn at once
+    empty = not any(_has_content(getattr(job, w, None)) for w in watch)
     c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0, "at": []})
     c["redraws"] += 1
     c["at"].append(round(time.time() - (job.started or time.time()), 1))
     if _browser_polls(job):
         _live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "watch": list(watch),
-                                "drawn": seen, "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),
+                                "drawn": seen, "empty": empty, "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),
                                 "min_redraw_ms": int(MIN_REDRAW_S * 1000)},
                           key=f"live_{key}_{job.key}", on_redraw_change=lambda: None)
         progress_view(job, bar=False)
@@ -380,10 +392,11 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
         c["polls"] += 1
         c["seconds"] += time.perf_counter() - t0
         last_v, last_t, last_step = state.get(key, (seen, 0.0, None))
+        first = not any(_has_content(getattr(job, w, None)) for w in watch) or last_v == 0
         if not job.running:
             st.rerun(scope="app")
         elif sum(job.updates[w] for w in watch) != last_v and (
-                last_v == 0 or job.progress().step != last_step or time.monotonic() - last_t >= MIN_REDRAW_S):
+                first or job.progress().step != last_step or time.monotonic() - last_t >= MIN_REDRAW_S):
             st.rerun(scope="app")
 
     _poll()

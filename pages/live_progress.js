@@ -20,6 +20,7 @@ export default function (component) {
   const seen = (p) => data.watch.reduce((a, w) => a + ((p.updates || {})[w] || 0), 0);
   let last = Date.now();
   let step = (data.progress || {}).step;
+  let empty = !!data.empty;  // nothing drawn yet: the first result is drawn at once
   let stopped = false;
   let timer = null;
   const show = (p) => {
@@ -40,9 +41,10 @@ export default function (component) {
         // ended -- e.g. every adjacent pair is scored --, or min_redraw_ms passed since the last redraw)
         const stepEnded = p.step !== step;
         step = p.step;
-        if (p.finished || (v !== drawn && (drawn === 0 || stepEnded || now - last >= data.min_redraw_ms))) {
+        if (p.finished || (v !== drawn && (empty || stepEnded || now - last >= data.min_redraw_ms))) {
           drawn = v;
           last = now;
+          empty = false;
           setTriggerValue("redraw", v);
           if (p.finished) { stopped = true; return; }
         }
