@@ -55,6 +55,9 @@ def start_page() -> None:
         job = common.current_job("analysis")
     if job is None:
         st.info("Nothing computed yet. Press **Compute**: results that are already cached show at once.")
+        from swapkl import plots
+
+        st.plotly_chart(common.memo("frame", (), plots.profile_frame), key="start_frame", width="stretch")
         return
     if request is None or job.request != request:
         st.caption(f"Showing the last analysis ({job.request.label()}); press Compute for the settings above.")

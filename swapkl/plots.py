@@ -446,6 +446,32 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     return _stamp(fig, title, caption or contract_caption(result))
 
 
+def profile_frame(num_layers: int | None = None):
+    """The empty frame of :func:`depth_profile` -- axes, the 0.05 / 0.10 nats thresholds (definitions, not
+    results) and a note where the two protocols' curves will appear -- for a page with nothing computed yet.
+    It holds no number measured on any model, so it carries no contract.  (Drawing it also loads the browser's
+    plot library before the first result arrives: a cached result then shows in a fraction of a second.)"""
+    import plotly.graph_objects as go
+
+    from swapkl.results import CONDITIONAL, STRONG
+
+    fig = go.Figure()
+    for thr, what in ((STRONG, "strong"), (CONDITIONAL, "conditional")):
+        fig.add_hline(y=thr, line={"color": "#555", "width": 1, "dash": "dash"},
+                      annotation_text=f"{what} < {thr:g} nats", annotation_position="bottom right",
+                      annotation_font_size=10)
+    fig.add_annotation(text="press Compute: replacement and interchange swap-KL of each adjacent pair appear "
+                            "here, against layer depth", xref="paper", yref="paper", x=0.5, y=0.5,
+                       showarrow=False, font={"size": 13, "color": "#777"})
+    fig.update_xaxes(title_text="layer depth", range=[0, (num_layers or 30) - 1], showgrid=True, gridcolor="#eee")
+    fig.update_yaxes(title_text="swap-KL, nats (log scale)", type="log", range=[-3, 1], showgrid=True,
+                     gridcolor="#eee")
+    fig.update_layout(height=300, plot_bgcolor="white", margin={"t": 30, "b": 40},
+                      title={"text": "Swap-KL by layer depth (adjacent pairs; lower = more redundant)",
+                             "font": {"size": 14}})
+    return fig
+
+
 def top_pairs_table(result, k: int = 10):
     """pandas DataFrame of the k most redundant pairs (lowest swap-KL, nats) under each protocol side by side.
 

@@ -102,7 +102,8 @@ def test_served_default_with_venv_tree(project, tmp_path):
             elapsed = time.perf_counter() - t0
             wait.until(EC.presence_of_element_located((By.XPATH, "//h3[contains(., 'prefer')]")))
             # the first view leads with the depth profile of the 29 adjacent pairs
-            wait.until(lambda d: any("layer depth" in e.text for e in d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")))
+            wait.until(lambda d: any("layer depth" in e.text and e.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace")
+                                     for e in d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")))
             done = drv.find_element(By.XPATH, "//*[contains(text(), 'Done:')]")
             drv.execute_script("arguments[0].scrollIntoView({block: 'start'});", done)
             time.sleep(0.5)
