@@ -139,7 +139,8 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
                 progress(progress_at[0], total, msg)
 
         limits.setdefault("on_oom", on_oom)
-        engine = SwapEngine(checkpoint.model, prompts.ids, positions=contract.positions, **limits)
+        engine = SwapEngine(checkpoint.model, prompts.ids, positions=contract.positions,
+                            kl_dtype=getattr(torch, contract.kl_dtype), **limits)
         if info["noise_floor"] is None:
             # the noise floor is the larger of two numerical effects: batching (batched baseline vs batch-of-one
             # forwards) and, below float32, precision (the same weights computed in float32)

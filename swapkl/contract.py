@@ -61,7 +61,8 @@ class Contract:
     * ``prompts`` x ``tokens``: P windows of T tokens cut (seeded by ``seed``) from the prompt region of
       ``corpus`` (a spec for :func:`swapkl.corpora.load_corpus`; None = automatic choice).
     * ``positions``: ``all`` (mean KL over every position of a window, then over prompts) or ``last``.
-    * ``dtype``: weights/activations dtype; KL and log-softmax are always float32 (``kl_dtype``).
+    * ``dtype``: weights/activations dtype.  ``kl_dtype``: log-softmax and KL in float32 (default, as the paper's
+      scripts) or float64 (more accurate, twice the memory per KL chunk; for checking tiny KLs against the noise floor).
     * ``aggregation``: how ``d_repl`` combines the two directed means (``max`` = Definition 1).
     * ``bos``: ``auto`` (start each window with BOS when the tokenizer adds one by default), ``yes``, ``no``.
     """

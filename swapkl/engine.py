@@ -307,15 +307,17 @@ def _float32(obj):
 
 
 def kl_rows(logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(base || variant) per position: ``logp_base`` float32 log-probs [..., V], ``logits`` [..., V] ->
-    [...] in nats (float32).  The textbook form; :func:`kl_from_logits` is the fast one."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    """KL(base || variant) per position: ``logp_base`` log-probs [..., V] (float32, or float64 for
+    ``kl_dtype="float64"``), ``logits`` [..., V] -> [...] in nats, in ``logp_base``'s dtype.  The textbook
+    form; :func:`kl_from_logits` is the fast one."""
+    logp = torch.log_softmax(logits.to(logp_base.dtype), dim=-1)
     return (logp_base.exp() * (logp_base - logp)).sum(-1)
 
 
-def base_distribution(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """From baseline logits [..., V]: probabilities ``p`` and log-probabilities ``log p`` (float32, [..., V])."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+def base_distribution(logits: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """From baseline logits [..., V]: probabilities ``p`` and log-probabilities ``log p`` ([..., V], in
+    ``dtype``: float32, or float64 for the contract's ``kl_dtype="float64"``)."""
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
     return logp.exp(), logp
 
 
@@ -324,8 +326,9 @@ def kl_from_logits(p_base: torch.Tensor, logp_base: torch.Tensor, logits: torch.
     variant's ``logits`` [..., V].  Equal to :func:`kl_rows` (same float32 summation, same accuracy) but
     with the base's exp cached and every intermediate formed in place: about 3x faster for large V.
     (A dot product ``p . (log p - log q)`` through BLAS is faster still but loses two digits: its blocked
-    float32 accumulation is worse than torch's cascade sum.)"""
-    logq = torch.log_softmax(logits.float(), dim=-1)
+    float32 accumulation is worse than torch's cascade sum.)  Computed in ``logp_base``'s dtype (float64 when
+    the contract asks for ``kl_dtype="float64"``)."""
+    logq = torch.log_softmax(logits.to(logp_base.dtype), dim=-1)
     return torch.sub(logp_base, logq, out=logq).mul_(p_base).sum(-1)
 
 
@@ -367,9 +370,13 @@ class SwapEngine:
     def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
                  max_rows: int = 64, max_live: int = 48, kl_chunk_rows: int | None = None,
                  logp_budget: int = 512 * 2**20, fault: Callable | None = None,
-                 on_oom: Callable[[dict], None] | None = None):
+                 on_oom: Callable[[dict], None] | None = None, kl_dtype: torch.dtype = torch.float32):
         if positions not in ("all", "last"):
             raise ValueError(positions)
+        if kl_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"kl_dtype must be float32 or float64, got {kl_dtype}")
+        self.kl_dtype = kl_dtype
+        item = torch.finfo(kl_dtype).bits // 8  # bytes per log-prob
         self.runner = BlockRunner(model)
         self.ids = ids
         self.positions = positions
@@ -380,14 +387,14 @@ class SwapEngine:
         V = self._vocab()
         P, T = ids.shape
         Ts = T if positions == "all" else 1
-        # rows per KL chunk: keep two [rows, Ts, V] float32 tensors under ~256 MB
-        kl_rows_ = kl_chunk_rows or max(1, int(256 * 2**20 // (8 * Ts * V)))
+        # rows per KL chunk: keep two [rows, Ts, V] log-prob tensors under ~256 MB
+        kl_rows_ = kl_chunk_rows or max(1, int(256 * 2**20 // (2 * item * Ts * V)))
         self.kl_batch = BatchController(kl_rows_, fault=fault, where="kl", on_retry=on_oom, retries=retries)
         t0 = time.perf_counter()
         self.base = self.runner.baseline(ids, self.batch)
         self.stats.seconds += time.perf_counter() - t0
         self._base_cache = None  # (p, log p), each [P, Ts, V], when both fit logp_budget
-        if 2 * P * Ts * V * 4 <= logp_budget:
+        if 2 * P * Ts * V * item <= logp_budget:
             parts = self.kl_batch.map(lambda a, b: self._base_dist(a, b), P, "kl")
             self._base_cache = (torch.cat([x[0] for x in parts], 0), torch.cat([x[1] for x in parts], 0))
 
@@ -410,7 +417,7 @@ class SwapEngine:
     @torch.inference_mode()
     def _base_logp(self, a: int, b: int) -> torch.Tensor:
         h = self._scored(self.base.states[-1][a:b])
-        return torch.log_softmax(self.runner.logits(h).float(), dim=-1)
+        return torch.log_softmax(self.runner.logits(h).to(self.kl_dtype), dim=-1)
 
     @torch.inference_mode()
     def _base_dist(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -418,7 +425,7 @@ class SwapEngine:
         if self._base_cache is not None:
             return self._base_cache[0][a:b], self._base_cache[1][a:b]
         h = self._scored(self.base.states[-1][a:b])
-        return base_distribution(self.runner.logits(h))
+        return base_distribution(self.runner.logits(h), self.kl_dtype)
 
     @torch.inference_mode()
     def kl_many(self, h_lasts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -437,7 +444,7 @@ class SwapEngine:
             for h in h_lasts:
                 logits = self.runner.logits(self._scored(h[a:b]))
                 p, logp = p.to(logits.device), logp.to(logits.device)
-                out.append(kl_from_logits(p, logp, logits).mean(-1).float().cpu())
+                out.append(kl_from_logits(p, logp, logits).mean(-1).cpu())
             return torch.stack(out, 0)  # [variants, b - a]
 
         return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))

@@ -87,3 +87,51 @@ def test_fast_kl_equals_textbook_kl():
     torch.testing.assert_close(fast.double(), exact, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(fast, kl_rows(torch.log_softmax(zb, -1), z), rtol=1e-6, atol=1e-7)
     assert exact.min() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_kl_dtype_float64_is_honoured(kind):
+    """Contract ``kl_dtype="float64"``: on a float64 model the engine's KLs equal the float64 reference to
+    ~1e-12, two orders better than float32 log-softmax can reach (so a float32 path cannot pass)."""
+    model = tiny_model(kind, num_layers=4).double()
+    ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(7))
+    pairs = pair_list("adjacent", 4)
+    ref = reference_sweep(model, ids, pairs, kl_dtype=torch.float64)
+
+    def worst(got):
+        return max((got[p][k].double() - ref[p][k]).abs().max().item() for p in pairs for k in ref[p])
+
+    got64 = SwapEngine(model, ids, kl_dtype=torch.float64).sweep(pairs)
+    got32 = SwapEngine(model, ids, kl_dtype=torch.float32).sweep(pairs)
+    assert all(v.dtype == torch.float64 for p in pairs for v in got64[p].values())
+    assert worst(got64) < 1e-10
+    assert worst(got32) > 100 * worst(got64)
+    with pytest.raises(ValueError):
+        SwapEngine(model, ids, kl_dtype=torch.float16)
+
+
+def test_contract_kl_dtype_reaches_the_engine(stories, cache_dir, monkeypatch):
+    """``score(ck, Contract(kl_dtype="float64"))`` builds its engine with float64 KL (the setting is in the
+    cache key and is read); both contracts agree to float32 rounding."""
+    from swapkl import api
+    from swapkl.contract import Contract
+
+    seen = []
+    real = api.SwapEngine
+
+    def spy(*a, **kw):
+        seen.append(kw.get("kl_dtype"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(api, "SwapEngine", spy)
+    c32 = Contract(pairs="adjacent", prompts=2, tokens=8)
+    c64 = c32.with_(kl_dtype="float64")
+    a = api.score(stories, c32)
+    b = api.score(stories, c64)
+    assert seen == [torch.float32, torch.float64]
+    import numpy as np
+
+    ra, rb = a.replacement(), b.replacement()
+    assert np.array_equal(np.isnan(ra), np.isnan(rb)) and np.nanmin(ra) > 1e-2
+    diff = np.nanmax(abs(ra - rb))
+    assert 0 < diff < 1e-5  # different arithmetic (so float64 was used), same values to float32 rounding
