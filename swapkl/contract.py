@@ -19,7 +19,7 @@ DEVICES = ("auto", "cpu", "cuda")
 AGGREGATIONS = ("max", "mean", "forward")
 
 PRESETS = {
-    # the canonical default (METHOD §2)
+    # the canonical default (docs/method.md §2)
     "canonical": {},
     # the paper's GPT-2/OPT/Pythia static runs: last position only
     "paper-last-token": {"positions": "last"},

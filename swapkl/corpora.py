@@ -47,7 +47,7 @@ class Corpus:
         return min(EVAL_REGION_WORDS, len(self.words) // 2)
 
     def eval_text(self, max_words: int) -> str:
-        """The first ``max_words`` words of the evaluation region, joined by single spaces (METHOD §3)."""
+        """The first ``max_words`` words of the evaluation region, joined by single spaces (docs/method.md §3)."""
         if max_words > self.split_point:
             raise CorpusError(
                 f"corpus '{self.name}' has {self.split_point} words of evaluation text; {max_words} were asked for"
@@ -64,7 +64,7 @@ class Corpus:
 
 
 def join_rows(rows) -> str:
-    """METHOD §3: drop empty rows and join with blank lines."""
+    """docs/method.md §3: drop empty rows and join with blank lines."""
     return "\n\n".join(r for r in rows if r.strip())
 
 

@@ -1,10 +1,10 @@
 """The swap-KL sweep: both protocols, both replacement directions, per-prompt KL vectors, in one pass.
 
-Notation (METHOD §1): slots 0..L-1; ``M[i<-j]`` runs block j's weights in slot i (replacement, directed);
+Notation (docs/method.md §1): slots 0..L-1; ``M[i<-j]`` runs block j's weights in slot i (replacement, directed);
 ``M[i<->j]`` exchanges the weights of slots i and j (interchange).  All KLs are ``KL(p_base || p_variant)``
 in nats, from float32 log-softmax.
 
-The sweep is exact (no approximation) and uses the speed-ups of METHOD §7:
+The sweep is exact (no approximation) and uses the speed-ups of docs/method.md §7:
 
 * **prefix reuse** - a variant equals the baseline before its first modified slot, so it starts from the
   cached baseline residual stream ``h[s]`` (input of slot s);

@@ -1,4 +1,4 @@
-"""Sliding-window perplexity (METHOD §3), with per-window sums for bootstrap CIs and an optional KL to a base model.
+"""Sliding-window perplexity (docs/method.md §3), with per-window sums for bootstrap CIs and an optional KL to a base model.
 
 Windows: ``window`` tokens, step ``stride`` (``1 <= stride <= window``).  With ``stride < window`` every token
 after the first is scored exactly once, predicted with as much left context as its window allows (the first
@@ -121,7 +121,7 @@ class Window:
 
 
 def make_windows(n_tokens: int, window: int, stride: int, drop_first_target: bool = False) -> list[Window]:
-    """The sliding windows over ``n_tokens`` tokens (METHOD §3).  Raises :class:`EvalTextError` below 2 tokens."""
+    """The sliding windows over ``n_tokens`` tokens (docs/method.md §3).  Raises :class:`EvalTextError` below 2 tokens."""
     if window < 2 or stride < 1 or stride > window:
         raise SwapklError(f"need window >= 2 and 1 <= stride <= window (got window {window}, stride {stride})")
     if n_tokens < 2:

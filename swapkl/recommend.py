@@ -3,7 +3,7 @@
 The search (:func:`search`, also registered as the removal method ``"recommend"``, label "recommended"):
 
 1. **Candidates**: the union of the ``top_k`` best layers of each protocol (ascending layer score
-   ``s(i) = min_j d(i, j)``, METHOD §4, over the literature candidates: every layer, or the rule's with
+   ``s(i) = min_j d(i, j)``, docs/method.md §4, over the literature candidates: every layer, or the rule's with
    ``constrained``), ordered by their best rank under either protocol, ties broken by Block Influence rank.
 2. **Seeds**: every other method's proposed set for each n (replacement- and interchange-guided, BI, CKA,
    Taylor, the LaCo-merge's removed layers), so the final choice is never worse *on calibration text* than any

@@ -107,7 +107,7 @@ def nested(picks: Sequence[int]) -> list[list[int]]:
 
 def select(d, n: int, spacing: int = 1, exclude_boundary: bool = True, candidates: Iterable[int] | None = None,
            anti: bool = False, partners=None, strict: bool = True) -> list[list[int]]:
-    """The score-to-removal rule (METHOD §4).  Returns nested sets: element ``k-1`` is the sorted set for budget k.
+    """The score-to-removal rule (docs/method.md §4).  Returns nested sets: element ``k-1`` is the sorted set for budget k.
 
     ``d``: (L, L) pair scores in nats, NaN where not scored.  ``candidates``: layers allowed (default: all but
     the first and last when ``exclude_boundary``).  ``partners``: see :func:`partner_mask`.  ``anti``: highest

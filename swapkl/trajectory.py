@@ -7,7 +7,7 @@ Inputs are checkpoints in training order, each giving two L x L matrices (nats) 
 * ``d_inter`` [L, L]: symmetric interchange swap-KL (``SwapResult.interchange()``);
 * ``pairs``: the scored ``(i, j)`` pairs; a pair with NaN in either matrix is left out.
 
-Per checkpoint (:func:`checkpoint_stats`) the gap ``g = d_repl - d_inter`` (nats; may be negative, METHOD §1)
+Per checkpoint (:func:`checkpoint_stats`) the gap ``g = d_repl - d_inter`` (nats; may be negative, docs/method.md §1)
 is summarised by its mean, median, 75th percentile (numpy's linear interpolation) and max over the pairs,
 the per-pair KL ratio ``d_inter / d_repl`` (dimensionless; NaN where ``d_repl <= 0``, left out of the mean and
 median) by its mean and median, and the two protocols' per-pair vectors by their Pearson correlation (NaN

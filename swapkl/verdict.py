@@ -21,7 +21,7 @@ def _sym(d: np.ndarray, i: int, j: int) -> float:
 
 def regime_verdict(d_repl, d_inter, pairs: Sequence[tuple[int, int]] | None = None,
                    threshold: float = CONDITIONAL) -> dict:
-    """The paper's decision rule (METHOD §5) on the adjacent pairs (or ``pairs``).
+    """The paper's decision rule (docs/method.md §5) on the adjacent pairs (or ``pairs``).
 
     A protocol is *low* when at least one of the pairs scores below ``threshold`` (0.10 nats, "conditional"),
     *high* otherwise.  high replacement + low interchange → ``"divergent"`` (prefer interchange-guided removal);

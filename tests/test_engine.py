@@ -65,7 +65,7 @@ def test_engine_runs_fewer_blocks_than_naive():
     ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(4))
     eng = SwapEngine(model, ids)
     eng.sweep(pair_list("all", 6))
-    # METHOD §7: prefix reuse + shared branch run well under 60 % of the naive block evaluations
+    # docs/method.md §7: prefix reuse + shared branch run well under 60 % of the naive block evaluations
     assert eng.stats.block_calls < 0.6 * eng.stats.naive_block_calls
 
 

@@ -1,5 +1,5 @@
 """Taylor importance (first-order): ``I_b = Σ_{θ in block b} |∂L/∂θ · θ|`` (elementwise product, absolute value,
-summed over every parameter element of the block), lowest removed first (METHOD §5, optional baselines).
+summed over every parameter element of the block), lowest removed first (docs/method.md §5, optional baselines).
 
 ``L`` is the mean next-token cross-entropy (nats per token) over the calibration text (the corpus's prompt region,
 never the test text), cut into non-overlapping windows; the gradient of the mean over all scored tokens is
