@@ -13,6 +13,8 @@ def test_every_method_citation_names_a_section_of_docs_method_md():
     assert sections == {str(i) for i in range(1, 9)}
     cited = {}
     for f in list((ROOT / "swapkl").rglob("*.py")) + list((ROOT / "tests").glob("*.py")):
+        if f.name == Path(__file__).name:
+            continue
         text = f.read_text()
         assert "METHOD §" not in text, f"{f} cites the unshipped METHOD document"
         for n in re.findall(r"docs/method\.md §(\d+)", text):
