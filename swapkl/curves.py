@@ -53,7 +53,15 @@ class CurvesResult:
     complete: bool = True
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """Every field, JSON-able (NaN/inf as None), so ``json.dumps`` and :meth:`from_dict` take it as is."""
+        return _jsonable({k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "curves") -> CurvesResult:
+        """Inverse of :meth:`to_dict`, validated (:func:`swapkl.schema.curves_fields`)."""
+        from swapkl import schema
+
+        return cls(**schema.curves_fields(d, what))
 
     def to_json(self, path=None, indent: int = 2) -> str:
         s = json.dumps(_jsonable(self.to_dict()), indent=indent, allow_nan=False)

@@ -237,6 +237,17 @@ class SwapResult:
         return self.pair_table()
 
     # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict:
+        """The JSON-able dict of this result (:meth:`to_json`'s; the one shape every result type has)."""
+        return self.to_json()
+
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "result") -> SwapResult:
+        """Inverse of :meth:`to_dict`, validated (:func:`swapkl.schema.result_fields`)."""
+        from swapkl import schema
+
+        return cls(**schema.result_fields(d, what))
+
     def to_json(self) -> dict:
         """A JSON-able dict: the documented fields (num_layers, pairs, replacement_directed, replacement,
         interchange, prompt_token_ids, contract) plus identity, per-prompt vectors, summary, noise floor."""

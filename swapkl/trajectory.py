@@ -20,6 +20,7 @@ No Streamlit here.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -30,7 +31,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from swapkl.errors import ComputeInterrupted, SwapklError
+from swapkl.errors import ComputeInterrupted, SwapklError, UploadError
+from swapkl.results import SwapResult
 
 MANIFEST = "trajectory.json"
 
@@ -389,6 +391,28 @@ class Trajectory:
     def depth(self):
         """:func:`gap_vs_depth` of the last finished checkpoint."""
         return gap_vs_depth(self.points())
+
+    def to_dict(self) -> dict:
+        """The JSON-able dict (:meth:`to_json`'s); :meth:`from_dict` is its inverse."""
+        return self.to_json()
+
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "trajectory") -> Trajectory:
+        """Inverse of :meth:`to_dict`: the checkpoint specs and every checkpoint's result (each validated as
+        :meth:`swapkl.results.SwapResult.from_dict`); the summary and depth rows are recomputed from them."""
+        if not isinstance(d, dict) or not isinstance(d.get("checkpoints"), list) or not isinstance(
+                d.get("results"), list) or len(d["results"]) > len(d["checkpoints"]):
+            raise UploadError(f"{what}: not a swapkl trajectory (checkpoints and results lists expected)")
+        try:
+            specs = []
+            for c in d["checkpoints"]:
+                sp = CheckpointSpec(str(c["spec"]), c.get("revision"), c.get("step"))
+                label = c.get("label") or ""  # to_dict writes display(): keep only a label that was given
+                specs.append(sp if label == sp.display() else dataclasses.replace(sp, label=str(label)))
+        except (KeyError, TypeError) as e:
+            raise UploadError(f"{what}: a checkpoint entry lacks its spec ({e})") from None
+        results = [SwapResult.from_dict(r, f"{what} result {k}") for k, r in enumerate(d["results"])]
+        return cls(specs=specs, results=results, contract=dict(d.get("contract") or {}))
 
     def to_json(self) -> dict:
         """JSON-able: contract, checkpoints (spec, revision, step, label), per-checkpoint summary, last
