@@ -17,8 +17,8 @@ from swapkl.cache import ScoreEntry
 from swapkl.checkpoints import Checkpoint, load_checkpoint  # noqa: F401  (re-exported)
 from swapkl.contract import Contract
 from swapkl.corpora import load_corpus
-from swapkl.engine import ProgressFn, SwapEngine, is_oom
-from swapkl.errors import ContractError
+from swapkl.engine import ProgressFn, SwapEngine
+from swapkl.errors import ContractError, is_oom
 from swapkl.prompts import make_prompts
 from swapkl.results import SwapResult
 

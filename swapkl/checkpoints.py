@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from swapkl.architectures import Family, generic_family, known_family
-from swapkl.errors import ModelLoadError
+from swapkl.errors import ModelLoadError, is_oom
 
 DEFAULT_ALIASES = ("default", "builtin", "builtin:default", "builtin:smollm2-135m-instruct")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -296,7 +296,7 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         bad = _weights_error(source, e)
         if bad is not None:
             raise bad from e
-        if isinstance(e, torch.OutOfMemoryError):
+        if is_oom(e):
             raise ModelLoadError(f"out of memory loading {sp.display}; try --dtype bfloat16 or device_map=auto") from e
         if not isinstance(e, (OSError, ValueError)):
             raise

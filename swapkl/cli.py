@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from swapkl.errors import SwapklError
+from swapkl.errors import SwapklError, is_oom
 
 # the order commands are listed in --help; any other module in swapkl/commands/ with register() follows
 PREFERRED_ORDER = ("score", "curves", "prune", "trajectory", "report")
@@ -66,6 +66,8 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("interrupted; finished work is kept in the cache", file=sys.stderr)
         return 130
-    except MemoryError:
+    except Exception as e:
+        if not is_oom(e):
+            raise
         print("error: out of memory; try fewer prompts or tokens, or --dtype bfloat16", file=sys.stderr)
         return 2

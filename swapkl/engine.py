@@ -30,7 +30,7 @@ import torch
 from torch.func import functional_call
 
 from swapkl.architectures import locate
-from swapkl.errors import ComputeInterrupted, ModelLoadError, SwapklError
+from swapkl.errors import ComputeInterrupted, ModelLoadError, SwapklError, is_oom
 
 ProgressFn = Callable[[int, int, str], None]
 PairFn = Callable[[int, int, dict], None]
@@ -38,20 +38,6 @@ PairFn = Callable[[int, int, dict], None]
 
 class DeviceOutOfMemory(SwapklError):
     """Out of memory although the batch was already down to one prompt row (halving cannot help)."""
-
-
-def is_oom(err: BaseException) -> bool:
-    """True for a CUDA/CPU out-of-memory error (the kind a smaller batch can fix)."""
-    if isinstance(err, DeviceOutOfMemory):
-        return False
-    if isinstance(err, getattr(torch, "OutOfMemoryError", ())):
-        return True
-    if isinstance(err, torch.cuda.OutOfMemoryError if hasattr(torch.cuda, "OutOfMemoryError") else ()):
-        return True
-    msg = str(err)
-    return isinstance(err, (RuntimeError, MemoryError)) and (
-        "out of memory" in msg.lower() or isinstance(err, MemoryError)
-    )
 
 
 def _free_cached_memory() -> None:

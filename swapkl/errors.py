@@ -1,5 +1,7 @@
 """User-facing errors.  Anything raised as a :class:`SwapklError` is a one-line message for the user (the CLI
-prints it and exits 2; the dashboard shows it); anything else is a bug."""
+prints it and exits 2; the dashboard shows it); anything else is a bug.  :func:`is_oom` is the one test for an
+out-of-memory error (the engine retries with a smaller batch, the CLI and the dashboard give advice)."""
+import sys
 
 
 class SwapklError(Exception):
@@ -29,3 +31,16 @@ class OutputPathError(SwapklError):
 class UploadError(SwapklError):
     """A result, curves or scores file from outside (browser upload, ``--scores``/``--curves``, a saved file) that
     is not valid; the message names the file and the field (see :mod:`swapkl.schema`)."""
+
+
+def is_oom(err: BaseException) -> bool:
+    """True for an out-of-memory error of any device: ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA or
+    CPU allocator), or a ``RuntimeError`` whose message says "out of memory" (older torch / other backends).
+    torch is consulted only when already imported (this module stays import-light)."""
+    if isinstance(err, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if oom_type is not None and isinstance(err, oom_type):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()

@@ -222,3 +222,42 @@ def test_defaults_per_device():
     assert (gpu.prompts, gpu.tokens, gpu.device, gpu.pairs) == (64, 128, "cuda", "gap:3")
     assert default_evaluator("cuda").name == "matched"
     assert DEFAULT_BUDGET == 4 and methods.default_set("dashboard") == ("replacement", "interchange", "random")
+
+
+def test_job_owns_its_transitions():
+    """queued -> running -> done through the job's own methods; a cancel before start ends it at start."""
+    from swapkl.jobs import CANCELLED, DONE, QUEUED, RUNNING, AnalysisRequest, Job
+
+    job = Job("k1", AnalysisRequest("default"))
+    assert job.status == QUEUED and job.running and not job.should_stop()
+    assert job.start() and job.status == RUNNING and job.started is not None
+    job.phase(1, 2, "scoring", total=10)
+    job.tick(4, 10, "pair 0-1")
+    p = job.progress()
+    assert (p.step, p.steps, p.done, p.total, p.what) == (1, 2, 4, 10, "pair 0-1")
+    job.finish(DONE)
+    assert job.status == DONE and not job.running and job.wait(0) and job.progress().done == 10
+    late = Job("k2", AnalysisRequest("default"))
+    late.request_cancel()
+    assert late.should_stop() and not late.start()
+    assert late.status == CANCELLED and late.error == "cancelled before it started"
+    snap = Job("k3", AnalysisRequest("default"))
+    before = dict(snap.updates)
+    snap.done_from("loaded from the cache", result="R")
+    assert snap.status == DONE and snap.from_snapshot and snap.result == "R"
+    assert snap.updates["result"] == before["result"] + 1 and snap.updates["curves"] == before["curves"]
+
+
+def test_one_oom_classifier():
+    import torch
+
+    from swapkl.engine import DeviceOutOfMemory
+    from swapkl.errors import is_oom
+    from swapkl.jobs import readable_error
+
+    assert is_oom(MemoryError()) and is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_oom(RuntimeError("CUDA error: out of memory")) and not is_oom(RuntimeError("shape mismatch"))
+    assert not is_oom(DeviceOutOfMemory("out of memory even at batch 1"))  # already explained: not retried
+    assert not is_oom(ValueError("out of memory"))
+    assert readable_error(MemoryError(), "scoring", None)[1] == "oom"
+    assert readable_error(DeviceOutOfMemory("out of memory even at batch 1"), "scoring", None)[1] == "user"

@@ -1,0 +1,40 @@
+"""The loaded checkpoints a job manager keeps: a small LRU shared by every job (a shared model is never
+mutated -- removal uses :func:`swapkl.prune.pruned_copy`, which shares tensors but not modules)."""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable
+
+
+class ModelCache:
+    """At most ``max_models`` loaded checkpoints, least recently used dropped first.  ``loader``: a
+    ``load_checkpoint``-compatible callable (None = :func:`swapkl.checkpoints.load_checkpoint`; tests pass one)."""
+
+    def __init__(self, max_models: int = 2, loader: Callable | None = None):
+        self.max_models = max(1, int(max_models))
+        self.loader = loader
+        self._models: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, model: str, revision: str | None, dtype: str = "float32", device: str = "auto"):
+        """A loaded checkpoint (loaded on a miss).  Callers must not mutate it."""
+        key = (model, revision, dtype, device)
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+        loader = self.loader
+        if loader is None:
+            from swapkl.checkpoints import load_checkpoint as loader  # deferred: imports torch
+        ck = loader(model, revision=revision, dtype=dtype, device=device)
+        with self._lock:
+            self._models[key] = ck
+            self._models.move_to_end(key)
+            while len(self._models) > self.max_models:
+                self._models.popitem(last=False)
+        return ck
+
+    def keys(self) -> list[tuple]:
+        with self._lock:
+            return list(self._models)

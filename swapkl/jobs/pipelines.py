@@ -1,0 +1,130 @@
+"""What a job computes, step by step (each step reports ``progress(done, total, what)`` through
+:meth:`Job.tick` and polls :meth:`Job.should_stop`).
+
+* :func:`run_analysis`: load the checkpoint; swap-KL on the **adjacent** pairs first (the regime verdict is
+  available early; the partial :class:`~swapkl.results.SwapResult` is published after every pair); then the
+  contract's wider pair set, reusing the adjacent pairs from the cache; then :func:`run_curves`.
+* :func:`run_curves`: removal curves one method after the other with one shared evaluation memo, publishing a
+  partial ``CurvesResult`` after each method (guided ones first).
+* :func:`run_trajectory`: every checkpoint of a list (optionally training the demo model first).
+
+The library's modules that import torch are imported inside these functions on purpose: importing
+``swapkl.jobs`` (the dashboard does it before its first page is drawn) must not wait for torch.
+"""
+from __future__ import annotations
+
+from swapkl import methods as M
+from swapkl.contract import Contract, pair_list
+from swapkl.corpora import load_corpus
+from swapkl.curves import check_evaluator_context, disk_memo, removal_curves
+from swapkl.trajectory import Trajectory, compute_trajectory, parse_checkpoints
+
+from .job import Job
+from .models import ModelCache
+from .requests import AnalysisRequest, TrajectoryRequest
+
+
+def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
+    """Engine limits that split a sweep into about ``chunks`` chunks of pairs (never more variants alive
+    than the memory-based limit allows), so progress, partial results and cancel come several times per
+    step instead of once at its end."""
+    from swapkl.api import engine_limits  # deferred: torch
+
+    lim = engine_limits(ck, contract.prompts, contract.tokens)
+    per_chunk = max(2, -(-n_pairs // chunks))
+    return {"max_live": max(3, min(lim["max_live"], 3 * per_chunk))}
+
+
+def evaluator_of(req: AnalysisRequest):
+    """The request's perplexity evaluator (``matched`` when it names none)."""
+    from swapkl.evaluate import Evaluator, get_evaluator  # deferred: torch
+
+    return Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
+
+
+def run_analysis(job: Job, models: ModelCache) -> None:
+    from swapkl.api import score  # deferred: torch (looked up at call time, so tests can patch it)
+
+    req: AnalysisRequest = job.request
+    c = req.contract
+    wider = c.pairs != "adjacent"
+    steps = 2 + int(wider) + int(req.wants_curves)
+    job.phase(1, steps, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
+    ck = models.get(req.model, req.revision, c.dtype, c.device)
+    job.checkpoint = ck
+    L = ck.num_layers
+    job.note(f"loaded {ck.identity.get('display') or req.model}: {L} layers on {ck.device}")
+    if req.wants_curves:  # an evaluator window beyond the model's context fails now, not after the scores
+        check_evaluator_context(ck.model, evaluator_of(req), name=ck.identity.get("display"))
+
+    def publish(res):
+        job.result = res
+
+    job.phase(2, steps, "swap-KL on the adjacent pairs (both protocols)")
+    adjacent = pair_list("adjacent", L)
+    adj = score(ck, c, progress=job.tick, should_stop=job.should_stop, on_partial=publish,
+                pairs=adjacent, engine_kw=engine_kw(ck, c, len(adjacent)))
+    job.result = adj
+    full = adj
+    if wider:
+        job.phase(3, steps, f"swap-KL on the pair set {c.pairs} (adjacent pairs reused)")
+        full = score(ck, c, progress=job.tick, should_stop=job.should_stop, on_partial=publish,
+                     engine_kw=engine_kw(ck, c, len(c.pair_list(L))))
+        job.result = full
+    if req.wants_curves:
+        job.phase(steps, steps, f"removal curves up to n = {req.budget}")
+        run_curves(job, ck, full)
+
+
+def run_curves(job: Job, ck, res) -> None:
+    req: AnalysisRequest = job.request
+    ev = evaluator_of(req)
+    corpus = load_corpus(req.contract.corpus)
+    scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart
+    plan = M.EvalPlan(budget=req.budget, num_layers=ck.num_layers, scores=scores)
+    total = [M.expected_evaluations(req.methods, plan)]
+
+    def prog(_done, _total, what):
+        done = memo.misses + memo.disk_hits
+        total[0] = max(total[0], done + 1)
+        job.tick(done, total[0], what)
+
+    job.tick(0, total[0], "baseline perplexity")
+    # guided methods first; one call per added method so each finished curve shows at once (the memo makes
+    # the repeated methods free)
+    order = M.run_order(req.methods)
+    for k in range(len(order)):
+        job.curves = removal_curves(ck.model, ck.tokenizer, scores, req.budget, methods=order[: k + 1],
+                                    evaluator=ev, corpus=corpus, progress=prog, should_stop=job.should_stop,
+                                    memo=memo, identity=ck.identity)
+    job.tick(memo.misses + memo.disk_hits, memo.misses + memo.disk_hits, "removal curves finished")
+
+
+def run_trajectory(job: Job) -> None:
+    req: TrajectoryRequest = job.request
+    steps = 2 if req.train_demo else 1
+    if req.train_demo:
+        from swapkl import demo_trajectory  # deferred: torch
+
+        job.phase(1, 2, "training the demo model (GPT-NeoX, CPU, about 3 min)")
+        demo_trajectory.train_demo_trajectory(req.checkpoints, progress=job.tick, should_stop=job.should_stop)
+    specs = parse_checkpoints(req.checkpoints)
+    n = len(specs)
+    job.phase(steps, steps, f"trajectory: {n} checkpoints, pairs {req.contract.pairs}")
+    results: list = []
+    cur = {"k": 0}
+
+    def on_checkpoint(k, spec, res):
+        results.append(res)
+        cur["k"] = k + 1
+        job.trajectory = Trajectory(specs=specs, results=list(results), contract=req.contract.to_dict())
+        job.result = res
+
+    def prog(done, total, what):
+        # progress over the whole list: finished checkpoints + the current one's fraction
+        frac = done / total if total else 0.0
+        job.tick(int(1000 * (cur["k"] + frac)), 1000 * n, what)
+
+    job.trajectory = compute_trajectory(specs, req.contract, progress=prog, should_stop=job.should_stop,
+                                        on_checkpoint=on_checkpoint)

@@ -1,0 +1,112 @@
+"""What a page asks the job manager for: :class:`AnalysisRequest` and :class:`TrajectoryRequest`, and the job
+key (:func:`request_key`: the request, a cheap content fingerprint of the model files and the swapkl version)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from swapkl import __version__, builtin
+from swapkl import methods as M
+from swapkl.cache import file_sha256, folder_fingerprint
+from swapkl.contract import Contract, stable_hash
+from swapkl.trajectory import parse_checkpoints
+
+
+def _evaluator_dict(ev) -> dict | None:
+    """An evaluator given as a name (``"matched"``), an :class:`~swapkl.evaluate.Evaluator` or its dict -> dict."""
+    if ev is None:
+        return None
+    if isinstance(ev, dict):
+        return dict(ev)
+    if isinstance(ev, str):
+        from swapkl.evaluate import get_evaluator  # deferred: swapkl.evaluate imports torch
+
+        return get_evaluator(ev).to_dict()
+    return ev.to_dict()
+
+
+@dataclass(frozen=True)
+class AnalysisRequest:
+    """One dashboard analysis: both protocols under ``contract``, then removal curves up to ``budget``.
+
+    ``budget = 0`` or no ``methods`` skips the curves.  ``evaluator``: ``"matched"`` / ``"standard"``, an
+    :class:`~swapkl.evaluate.Evaluator`, or its dict (stored as the dict)."""
+
+    model: str = "default"
+    revision: str | None = None
+    contract: Contract = field(default_factory=Contract)
+    budget: int = 0
+    methods: tuple = field(default_factory=lambda: M.default_set("dashboard"))
+    evaluator: Any = None
+    kind: str = "analysis"
+
+    def __post_init__(self):
+        object.__setattr__(self, "model", str(self.model).strip())
+        object.__setattr__(self, "revision", (str(self.revision).strip() or None) if self.revision else None)
+        object.__setattr__(self, "methods", tuple(m for m in self.methods if m))
+        object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
+        object.__setattr__(self, "budget", int(self.budget or 0))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "revision": self.revision,
+                "contract": self.contract.to_dict(), "budget": self.budget, "methods": list(self.methods),
+                "evaluator": self.evaluator}
+
+    @property
+    def wants_curves(self) -> bool:
+        return self.budget > 0 and bool(self.methods)
+
+    def label(self) -> str:
+        m = self.model + (f"@{self.revision}" if self.revision else "")
+        c = self.contract
+        s = f"{m} · pairs {c.pairs} · {c.prompts}×{c.tokens}"
+        return s + (f" · budget {self.budget}" if self.wants_curves else "")
+
+
+@dataclass(frozen=True)
+class TrajectoryRequest:
+    """Both protocols on every checkpoint of ``checkpoints`` (a list text for
+    :func:`swapkl.trajectory.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
+    a folder that :func:`swapkl.demo_trajectory.train_demo_trajectory` first fills (reused when already
+    trained with the default settings)."""
+
+    checkpoints: str
+    contract: Contract = field(default_factory=Contract)
+    train_demo: bool = False
+    kind: str = "trajectory"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "checkpoints": self.checkpoints.strip(), "contract": self.contract.to_dict(),
+                "train_demo": self.train_demo}
+
+    def label(self) -> str:
+        what = "demo trajectory" if self.train_demo else f"trajectory of {self.checkpoints.strip()[:60]}"
+        return f"{what} · pairs {self.contract.pairs}"
+
+
+def quick_fingerprint(model: str, revision: str | None = None) -> str:
+    """A content fingerprint of a checkpoint spec without loading the model (sha256s are memoised on disk):
+    built-in / GGUF: the GGUF file's sha256; local folder: its config + weight files; hub: ``id@revision``.
+    Raises :class:`~swapkl.errors.ModelLoadError` for a missing path."""
+    from swapkl.checkpoints import parse_spec  # deferred: swapkl.checkpoints imports torch
+
+    sp = parse_spec(model, revision)
+    if sp.kind == "builtin":
+        return "builtin:" + file_sha256(builtin.default_gguf_path())
+    if sp.kind == "gguf":
+        return "gguf:" + file_sha256(sp.source)
+    if sp.kind == "local":
+        return "local:" + folder_fingerprint(sp.source)
+    return f"hub:{sp.source}@{sp.revision or 'main'}"
+
+
+def request_key(request) -> str:
+    """The job key: hash of the request, the model fingerprint(s) and the swapkl version."""
+    d = request.to_dict()
+    if request.kind == "analysis":
+        d["fingerprint"] = quick_fingerprint(request.model, request.revision)
+    elif getattr(request, "train_demo", False):
+        d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings
+    else:
+        d["fingerprint"] = [quick_fingerprint(s.spec, s.revision) for s in parse_checkpoints(request.checkpoints)]
+    return stable_hash({"request": d, "version": __version__})[:20]
