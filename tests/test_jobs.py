@@ -90,7 +90,7 @@ def test_different_requests_get_different_jobs(manager, stories_path):
     assert ja.wait(60) and ja.status == "done" and ja.curves is None
     # the loaded model is reused for the second job (LRU), not loaded again
     loads = []
-    manager._loader = lambda *x, **k: loads.append(x) or pytest.fail("should come from the LRU")
+    manager.models.loader = lambda *x, **k: loads.append(x) or pytest.fail("should come from the LRU")
     jb = manager.submit(b)
     assert jb.wait(60) and jb.status == "done", jb.error
     assert loads == [] and len(manager.loaded_models()) == 1
@@ -144,16 +144,16 @@ def test_errors_are_one_line_and_the_manager_keeps_working(manager, stories_path
     assert j.wait(60) and j.status == ERROR and j.error_kind == "user"
     assert j.error.startswith("unsupported architecture: opt")
     # out of memory and an unexpected bug: one line each, the bug's traceback goes to the log file
-    manager._loader = lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried"))
+    manager.models.loader = lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried"))
     j = manager.submit(_request(stories_path, budget=0))
     assert j.wait(60) and j.error_kind == "oom" and j.error.startswith("out of memory while loading")
-    manager._loader = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom\nsecond line"))
+    manager.models.loader = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom\nsecond line"))
     j2 = manager.submit(_request(stories_path, budget=0))      # the failed request is retried as a new job
     assert j2 is not j and j2.wait(60) and j2.error_kind == "bug"
     assert "RuntimeError: boom" in j2.error and "\n" not in j2.error and "dashboard.log" in j2.error
     assert "Traceback" in (cache / "logs" / "dashboard.log").read_text()
     # the manager still runs a good job afterwards
-    manager._loader = None
+    manager.models.loader = None
     ok = manager.submit(_request(stories_path, budget=0))
     assert ok.wait(60) and ok.status == "done" and len(ok.result.pairs) == 7
 

@@ -11,21 +11,64 @@ from pathlib import Path
 from typing import Callable
 
 from swapkl.cache import cache_root
-from swapkl.contract import Contract, stable_hash
-from swapkl.curves import CurvesResult, check_same_model
+from swapkl.contract import stable_hash
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.policy import PolicyError
-from swapkl.results import SwapResult
-from swapkl.schema import parse_json
 
 from . import pipelines
 from .failures import readable_error
 from .job import CANCELLED, DONE, ERROR, QUEUED, Job
 from .models import ModelCache
-from .requests import AnalysisRequest, request_key
+from .opened import opened_job
+from .requests import request_key
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("swapkl.jobs")
+
+
+def _file_log(path: Path) -> None:
+    """Send this package's log (tracebacks of failed jobs) to ``path`` once; a read-only cache: no file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in log.handlers):
+            h = logging.FileHandler(path, encoding="utf-8")
+            h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            log.addHandler(h)
+            log.setLevel(logging.INFO)
+    except OSError:
+        pass
+
+
+def _progress_folder(folder) -> Path | None:
+    """The browser-readable folder of the jobs' progress files (stale ones, older than a day, removed), or
+    None when it cannot be written (the pages then poll the server)."""
+    if folder is None:
+        return None
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in folder.glob("*.json"):  # other servers' files, left from earlier days
+            if time.time() - f.stat().st_mtime > 86400:
+                f.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("no progress files (%s): the pages poll the server instead", e)
+        return None
+    return folder
+
+
+def warm_up() -> threading.Thread:
+    """Import the heavy modules (torch, transformers, the engine) on a daemon thread, so that the first
+    Compute of a freshly started server does not wait for them (~3-4 s on 2 cores)."""
+    def _imports():
+        try:
+            import swapkl.api
+            import swapkl.curves  # noqa: F401
+        except Exception as e:  # the job that needs them reports the real error
+            log.warning("warm-up import failed: %s", e)
+
+    t = threading.Thread(target=_imports, name="swapkl-warm-up", daemon=True)
+    t.start()
+    return t
 
 
 class JobManager:
@@ -43,16 +86,7 @@ class JobManager:
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
         self.models = ModelCache(max_models, loader)
         self.use_snapshots = use_snapshots
-        self.progress_dir = Path(progress_dir) if progress_dir is not None else None
-        if self.progress_dir is not None:
-            try:
-                self.progress_dir.mkdir(parents=True, exist_ok=True)
-                for f in self.progress_dir.glob("*.json"):  # other servers' files, left from earlier days
-                    if time.time() - f.stat().st_mtime > 86400:
-                        f.unlink(missing_ok=True)
-            except OSError as e:
-                log.warning("no progress files (%s): the pages poll the server instead", e)
-                self.progress_dir = None
+        self.progress_dir = _progress_folder(progress_dir)
         self._jobs: dict[str, Job] = {}
         self._order: list[str] = []
         self._lock = threading.RLock()
@@ -60,33 +94,10 @@ class JobManager:
         self._wake = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
         self._closed = False
-        self._setup_log()
-
-    def _setup_log(self) -> None:
-        try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            if not any(getattr(h, "baseFilename", None) == str(self.log_path.resolve()) for h in log.handlers):
-                h = logging.FileHandler(self.log_path, encoding="utf-8")
-                h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-                log.addHandler(h)
-                log.setLevel(logging.INFO)
-        except OSError:  # a read-only cache: no log file, errors still show
-            pass
+        _file_log(self.log_path)
 
     # ---------------------------------------------------------------- public API
-    def warm_up(self) -> threading.Thread:
-        """Import the heavy modules (torch, transformers, the engine) on a daemon thread, so that the first
-        Compute of a freshly started server does not wait for them (~3-4 s on 2 cores)."""
-        def _imports():
-            try:
-                import swapkl.api
-                import swapkl.curves  # noqa: F401
-            except Exception as e:  # the job that needs them reports the real error
-                log.warning("warm-up import failed: %s", e)
-
-        t = threading.Thread(target=_imports, name="swapkl-warm-up", daemon=True)
-        t.start()
-        return t
+    warm_up = staticmethod(warm_up)  # the module function, also as a method
 
     def submit(self, request, owner: str | None = None, max_active: int | None = None) -> Job:
         """The job for ``request``: the existing one when an identical request is queued, running or done
@@ -130,39 +141,15 @@ class JobManager:
 
     def open_files(self, result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None,
                    owner: str | None = None) -> Job:
-        """A finished analysis job from saved files -- a ``score --json`` result (e.g. the merged result of a
-        cluster run) and optionally a ``curves --json`` file -- so the pages can browse it on a machine that
-        has neither the model nor the cache.  Raises :class:`SwapklError` for a file that is not a result or
-        curves from another model.  ``owner``: the browser session that opened it; only that session sees the
-        job (:meth:`jobs` with ``viewer``), it never becomes another visitor's "last analysis"."""
-        def as_dict(x, what):  # size, depth and NaN limits; from_json checks every field (swapkl.schema)
-            return x if isinstance(x, dict) else parse_json(x, what, keep_constants=True)
-
-        rd = as_dict(result_json, "result file")
-        result = SwapResult.from_json(rd)
-        curves = None
-        if curves_json is not None:
-            try:
-                curves = CurvesResult.from_json(as_dict(curves_json, "curves file"))
-            except (TypeError, KeyError) as e:
-                raise SwapklError(f"not a swapkl curves file ({e})") from e
-            check_same_model(result, curves.model)
-        ident = result.identity or {}
-        model = str(ident.get("id") or ident.get("display") or "result file")
-        budget = int(curves.budget) if curves is not None else 0
-        methods = tuple(curves.methods) if curves is not None else ()
-        request = AnalysisRequest(model=model, revision=ident.get("revision") if ident.get("kind") == "hub" else None,
-                                  contract=Contract.from_dict(result.contract), budget=budget, methods=methods,
-                                  evaluator=curves.evaluator if curves is not None else None)
-        key = "file-" + stable_hash({"result": rd, "curves": None if curves is None else curves.to_dict(),
-                                     "owner": owner})[:16]
+        """A finished analysis job from saved files (:func:`swapkl.jobs.opened.opened_job`: a ``score --json``
+        result, optionally its ``curves --json``), so the pages can browse it without the model or the cache.
+        ``owner``: the browser session that opened it; only that session sees the job (:meth:`jobs` with
+        ``viewer``), it never becomes another visitor's "last analysis"."""
+        job = opened_job(result_json, curves_json, owner)
         with self._lock:
-            old = self._jobs.get(key)
+            old = self._jobs.get(job.key)
             if old is not None:
                 return old
-            job = Job(key, request)
-            job.owner = owner
-            job.done_from("opened from file", result=result, curves=curves)
             self._remember(job)
         return job
 
@@ -224,14 +211,6 @@ class JobManager:
 
     def loaded_models(self) -> list[tuple]:
         return self.models.keys()
-
-    @property
-    def _loader(self):  # tests swap the loader
-        return self.models.loader
-
-    @_loader.setter
-    def _loader(self, fn) -> None:
-        self.models.loader = fn
 
     def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None) -> Path:
         """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.prune.save_pruned`;

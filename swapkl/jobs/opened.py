@@ -1,0 +1,44 @@
+"""Results computed elsewhere (a cluster run's merged ``score --json``, a colleague's files) as a finished job,
+so the pages can browse them on a machine that has neither the model nor the cache.  Every file is validated
+(:mod:`swapkl.schema`: size, depth, NaN limits and every field) before anything is built from it."""
+from __future__ import annotations
+
+from swapkl.contract import Contract, stable_hash
+from swapkl.curves import CurvesResult, check_same_model
+from swapkl.errors import SwapklError
+from swapkl.results import SwapResult
+from swapkl.schema import parse_json
+
+from .job import Job
+from .requests import AnalysisRequest
+
+
+def opened_job(result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None,
+               owner: str | None = None) -> Job:
+    """A done job holding the result (and curves) of these files, private to ``owner`` (a browser session).
+    Raises :class:`~swapkl.errors.SwapklError` for a file that is not a result, or curves of another model."""
+    def as_dict(x, what):
+        return x if isinstance(x, dict) else parse_json(x, what, keep_constants=True)
+
+    rd = as_dict(result_json, "result file")
+    result = SwapResult.from_json(rd)
+    curves = None
+    if curves_json is not None:
+        try:
+            curves = CurvesResult.from_json(as_dict(curves_json, "curves file"))
+        except (TypeError, KeyError) as e:
+            raise SwapklError(f"not a swapkl curves file ({e})") from e
+        check_same_model(result, curves.model)
+    ident = result.identity or {}
+    model = str(ident.get("id") or ident.get("display") or "result file")
+    request = AnalysisRequest(model=model, revision=ident.get("revision") if ident.get("kind") == "hub" else None,
+                              contract=Contract.from_dict(result.contract),
+                              budget=int(curves.budget) if curves is not None else 0,
+                              methods=tuple(curves.methods) if curves is not None else (),
+                              evaluator=curves.evaluator if curves is not None else None)
+    key = "file-" + stable_hash({"result": rd, "curves": None if curves is None else curves.to_dict(),
+                                 "owner": owner})[:16]
+    job = Job(key, request)
+    job.owner = owner
+    job.done_from("opened from file", result=result, curves=curves)
+    return job
