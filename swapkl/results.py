@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swapkl import __version__
+from swapkl import __version__, schema
 
 STRONG = 0.05       # nats: "strong" swap-similarity
 CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
@@ -267,7 +267,6 @@ class SwapResult:
         """From :meth:`to_json`'s dict, or its JSON text (``str``/``bytes``).  Everything is validated by
         :func:`swapkl.schema.result_fields` before anything is built; a bad file raises
         :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
-        from swapkl import schema
 
         if isinstance(d, (str, bytes, bytearray)):
             d = schema.parse_json(d, what, keep_constants=True)
@@ -281,7 +280,6 @@ class SwapResult:
     def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> SwapResult:
         """Read a :meth:`save` / ``score --json`` file (at most ``max_bytes``, default
         :data:`swapkl.schema.MAX_BYTES`), validated as :meth:`from_json`."""
-        from swapkl import schema
 
         d = schema.read_json_file(path, "result file", max_bytes or schema.MAX_BYTES, keep_constants=True)
         return cls.from_json(d, f"result file {path}")

@@ -427,8 +427,8 @@ def compute_trajectory(checkpoint_specs, contract, progress: ProgressFn | None =
     :class:`~swapkl.errors.ComputeInterrupted` is raised with the finished part as ``.partial``
     (a :class:`Trajectory`).
     """
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.api import score  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     if isinstance(checkpoint_specs, (str, os.PathLike)) or (
             isinstance(checkpoint_specs, (list, tuple)) and checkpoint_specs

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from swapkl import methods as M
+from swapkl import corpora, methods as M, schema
+from swapkl import curves as C
+from swapkl.curves import check_evaluator_context, check_scores, EvalMemo
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
+from swapkl.results import SwapResult
 
 def register(sub) -> None:
     p = sub.add_parser("curves", help="removal curves: guided (replacement / interchange) vs baselines")
@@ -44,8 +47,6 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
     """(scores {"replacement", "interchange"} as L×L arrays, model identity, contract) from a ``score --json``
     file, or from a plain ``{"replacement": [[...]], "interchange": [[...]]}`` JSON (NaN as null).  Both are
     validated (:mod:`swapkl.schema`) before anything is built from them."""
-    from swapkl import schema
-    from swapkl.results import SwapResult
 
     d = schema.read_json_file(path, "scores file", keep_constants=True)
     what = f"scores file {path}"
@@ -56,9 +57,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 
 
 def run(a) -> int:
-    from swapkl import corpora
-    from swapkl.evaluate import get_evaluator
-    from swapkl.curves import EvalMemo, check_evaluator_context, check_scores, removal_curves
+    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -71,7 +70,7 @@ def run(a) -> int:
     if a.max_words is not None:
         if a.max_words < 1:
             raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        from swapkl.evaluate import Evaluator
+        from swapkl.evaluate import Evaluator  # deferred: pulls torch; the CLI's --help must not
         ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
     corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
     partners = a.partners
@@ -91,7 +90,7 @@ def run(a) -> int:
         check_scores(scores, ck.num_layers, ident, ck.identity)
         src = f"scores from {a.scores}"
     else:
-        from swapkl.api import score
+        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
 
         contract = contract_from_args(a)
         res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
@@ -105,7 +104,7 @@ def run(a) -> int:
         if not a.quiet:
             print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
-    result = removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
+    result = C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
                             spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,
                             seeds=tuple(range(a.seeds)), kl=not a.no_kl, identity=ck.identity,
                             memo=EvalMemo() if a.no_cache else None,

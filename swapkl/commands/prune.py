@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from swapkl.commands.common import add_model_args, load_from_args, model_inputs
 from swapkl.errors import SwapklError
+from swapkl.outputs import check_output_dir
 
 
 def parse_layers(s: str) -> list[int]:
@@ -57,9 +58,7 @@ def register(sub) -> None:
 def run(a) -> int:
     import torch
 
-    from swapkl.prune import pruned_copy, save_pruned, validate_remove
-
-    from swapkl.outputs import check_output_dir
+    from swapkl.prune import pruned_copy, save_pruned, validate_remove  # deferred: pulls torch; the CLI's --help must not
 
     if a.remove is None and a.merge is None:
         raise SwapklError("give --remove LAYERS or --merge GROUPS")
@@ -69,7 +68,7 @@ def run(a) -> int:
     ck = load_from_args(a)
     merge = None
     if groups is not None:
-        from swapkl.merge import merge_plan
+        from swapkl.merge import merge_plan  # deferred: pulls torch; the CLI's --help must not
 
         merge = merge_plan({"groups": groups, "mode": a.merge_mode}, ck.num_layers)
         if remove is not None and validate_remove(remove, ck.num_layers) != merge["removed"]:
@@ -90,7 +89,7 @@ def run(a) -> int:
         x = x.to(ck.device)
         with torch.no_grad():
             if merge is not None:
-                from swapkl.merge import merged_copy
+                from swapkl.merge import merged_copy  # deferred: pulls torch; the CLI's --help must not
                 mem = merged_copy(ck.model, merge["groups"], merge["mode"])
             else:
                 mem = pruned_copy(ck.model, remove)

@@ -35,8 +35,8 @@ def run_block_io(model, ids, on_block, window: int = 512, batch_size: int = 4) -
 def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
     import torch
 
-    from swapkl import architectures as arch
-    from swapkl.prune import pruned_copy
+    from swapkl import architectures as arch  # deferred: pulls torch; the method registry must import without it
+    from swapkl.prune import pruned_copy  # deferred: pulls torch; the method registry must import without it
 
     priv = pruned_copy(model, [])
     blocks = arch.locate(priv).blocks
@@ -76,7 +76,7 @@ def block_influence(model, ids, window: int = 512, batch_size: int = 4) -> np.nd
     ``1 - mean over tokens of cos(h_in_t, h_out_t)`` (per token, not over the flattened sequence)."""
     import torch
 
-    from swapkl import architectures as arch
+    from swapkl import architectures as arch  # deferred: pulls torch; the method registry must import without it
 
     L = arch.locate(model).num_layers
     sums = np.zeros(L)
@@ -93,7 +93,7 @@ def linear_cka(model, ids, window: int = 512, batch_size: int = 4) -> np.ndarray
     ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``, accumulated in float64 (hidden × hidden Gram matrices)."""
     import torch
 
-    from swapkl import architectures as arch
+    from swapkl import architectures as arch  # deferred: pulls torch; the method registry must import without it
 
     L = arch.locate(model).num_layers
     acc: dict[int, dict] = {}
