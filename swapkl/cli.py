@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import sys
 import warnings
 
@@ -21,8 +22,6 @@ PREFERRED_ORDER = ("score", "curves", "prune", "trajectory", "report")
 
 
 def command_modules() -> list[str]:
-    import pkgutil
-
     names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "common"]
     names.sort(key=lambda n: (PREFERRED_ORDER.index(n) if n in PREFERRED_ORDER else len(PREFERRED_ORDER), n))
     return [f"swapkl.commands.{n}" for n in names]

@@ -19,6 +19,9 @@ from swapkl.results import finite_json as _jsonable
 from swapkl.selection import as_matrix, check_budget, default_candidates
 from swapkl.verdict import regime_verdict
 
+# Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
+# dashboard imports this module for CurvesResult before torch is loaded.
+
 
 class ScoresMismatch(SwapklError):
     """A scores file that belongs to a different model (or layer count)."""
@@ -114,7 +117,7 @@ def check_same_model(result, curves_model: dict | None,
 def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
     """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
     from swapkl import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.evaluate import get_evaluator
 
     ev = get_evaluator(evaluator)
     arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
@@ -143,10 +146,10 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     # paint before torch is loaded
     import torch
 
-    from swapkl import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl import evaluate as E  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.prune import pruned_copy  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.merge import merged_copy  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl import architectures as arch
+    from swapkl import evaluate as E
+    from swapkl.prune import pruned_copy
+    from swapkl.merge import merged_copy
 
     t_start = time.perf_counter()
     loc = arch.locate(model)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from swapkl.contract import Contract
 
+# Deferred imports: torch and swapkl.evaluate are imported inside the functions: the dashboard and the CLI import
+# the defaults without them.
+
 DEFAULT_MODEL = "default"
 DEFAULT_BUDGET = 4
 # The methods the dashboard offers and preselects are the registry's: swapkl.methods.offered() and

@@ -34,6 +34,9 @@ from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.corpora import builtin
 from swapkl.gguf import default_cache_root
 
+# Deferred imports: torch, transformers and tokenizers are imported by the functions that train: the CLI's --help
+# and the dashboard import this module without them.
+
 FORMAT = "swapkl.demo-trajectory/1"
 MANIFEST = "trajectory.json"
 SPECIAL = "<|endoftext|>"

@@ -39,6 +39,9 @@ from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model
 from swapkl.commands.score import render_summary
 from swapkl.errors import ContractError, SwapklError
 
+# Deferred imports: torch (and torch.distributed) and the torch-based swapkl modules are imported inside the
+# functions that use them: the CLI's --help registers this command without loading them.
+
 
 class DistributedError(SwapklError):
     """A rank failed, or the distributed environment is not usable."""
@@ -152,7 +155,7 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
     ``meta["distributed"] = {"world", "rank", "ranks": [{"rank", "device", "computed": [[i, j], ...],
     "seconds", "error"}]}``.  Raises :class:`DistributedError` on every rank when any rank failed."""
     from swapkl.api import score  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.checkpoints import load_checkpoint
 
     info = info or rank_info()
     started = _init(info, backend, timeout_s)

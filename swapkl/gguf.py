@@ -20,7 +20,9 @@ Remote code is never run (``trust_remote_code=False``).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +34,9 @@ from swapkl import cache
 from swapkl.cache import file_sha256, read_json_dict, warn_unwritable, writable_error
 from swapkl.results import atomic_replace_dir
 from swapkl.errors import ModelLoadError, SwapklError
+
+# Deferred imports: torch and transformers are imported by the functions that convert or load: the cache lookups and
+# the dashboard's model list must not load them.
 
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "swapkl_source.json"
@@ -101,8 +106,6 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 def require_gguf_packages() -> None:
     """Raise :class:`MissingDependency` unless ``gguf`` and ``accelerate`` (both needed by transformers'
     GGUF loader) can be imported."""
-    import importlib.util
-
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
         pins = {"gguf": "gguf==0.19.0", "accelerate": "accelerate==1.15.0"}
@@ -141,7 +144,7 @@ def _file_lock(lock_path: Path):
     """An exclusive advisory lock (POSIX ``flock``) so two processes do not convert the same file at once;
     a no-op where ``fcntl`` is unavailable."""
     try:
-        import fcntl
+        import fcntl  # deferred: POSIX only (no lock on Windows)
     except ImportError:  # pragma: no cover - Windows
         yield
         return
@@ -259,8 +262,6 @@ _UNCACHED: dict[str, Path] = {}  # sha256 -> this process's conversion (when the
 
 def _uncached_folder(src: Path, digest: str, say) -> Path:
     """A conversion in the system's temporary folder, reused within this process and deleted at its exit."""
-    import atexit
-
     hit = _UNCACHED.get(digest)
     if hit is not None and is_complete(hit, digest):
         return hit

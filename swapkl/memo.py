@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -40,8 +41,6 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
         return self.disk / f"{stable_hash([key[0], sorted(key[1])])[:24]}.json"
 
     def _load(self, key):
-        import warnings
-
         from swapkl.evaluate import PPLResult  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
         f = self._file(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html as _html
 import json
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -19,6 +20,9 @@ import numpy as np
 from swapkl import methods as M
 from swapkl.results import CONDITIONAL, matrix_json, STRONG
 from swapkl.errors import SwapklError
+
+# Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the
+# dashboard's first paint import this module without them.
 
 SEP = " · "
 LOG_FLOOR = 1e-6  # nats: values <= 0 are drawn at this floor on the log scale (hover shows the true value)
@@ -89,7 +93,6 @@ def _curves_dict(curves) -> dict:
     if isinstance(curves, dict):
         return curves
     if isinstance(curves, str):
-        from pathlib import Path
         s = curves if curves.lstrip().startswith("{") else Path(curves).read_text()
         return json.loads(s)
     if hasattr(curves, "to_dict"):

@@ -31,6 +31,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 
@@ -39,6 +40,9 @@ from swapkl.methods import MethodOutput, register
 from swapkl import methods as M
 from swapkl.removal import BudgetError, layer_scores, removal_curves
 from swapkl.results import atomic_write_text, finite_json
+
+# Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
+# without it.
 
 #: methods whose proposed sets seed the beam (those that cannot run are skipped)
 SEED_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "laco")
@@ -385,8 +389,6 @@ class Recommendation:
 
     @classmethod
     def from_json(cls, s_or_path) -> Recommendation:
-        from pathlib import Path
-
         s = s_or_path
         if not (isinstance(s, str) and s.lstrip().startswith("{")):
             s = Path(s).read_text()

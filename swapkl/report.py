@@ -31,6 +31,9 @@ from swapkl.recommend import Recommendation
 from swapkl.results import atomic_write_text, SwapResult
 from swapkl.verdict import regime_verdict
 
+# Deferred imports: pandas and plotly are imported by the functions that build the HTML: the CLI's --help imports
+# this module without them.
+
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;
      padding:0 1em;color:#222;line-height:1.45}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from swapkl import __version__, schema
+
+# Deferred imports: pandas is imported by pair_table() only: the CLI and the dashboard import this module without
+# it.
 
 STRONG = 0.05       # nats: "strong" swap-similarity
 CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
@@ -48,8 +52,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """Put the finished folder ``tmp`` at ``final`` (same filesystem), replacing an old one: readers see the
     old folder or the whole new one.  The old one is first renamed aside, then deleted."""
-    import shutil
-
     final = Path(final)
     if final.exists():
         stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{time.time_ns()}")

@@ -32,6 +32,9 @@ import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError
 
+# Deferred imports: pandas, torch and the torch-based swapkl modules are imported inside the functions that use
+# them: the CLI and the dashboard import this module without them.
+
 MANIFEST = "trajectory.json"
 
 
@@ -428,7 +431,7 @@ def compute_trajectory(checkpoint_specs, contract, progress: ProgressFn | None =
     (a :class:`Trajectory`).
     """
     from swapkl.api import score  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.checkpoints import load_checkpoint
 
     if isinstance(checkpoint_specs, (str, os.PathLike)) or (
             isinstance(checkpoint_specs, (list, tuple)) and checkpoint_specs

@@ -6,6 +6,9 @@ from swapkl.commands.common import add_model_args, load_from_args, model_inputs
 from swapkl.errors import SwapklError
 from swapkl.outputs import check_output_dir
 
+# Deferred imports: torch, transformers and the torch-based swapkl modules are imported by run(): the CLI's --help
+# must not load them.
+
 
 def parse_layers(s: str) -> list[int]:
     """``"3,7"`` → [3, 7]; a clear error for anything else."""
@@ -56,9 +59,9 @@ def register(sub) -> None:
 
 
 def run(a) -> int:
-    import torch
+    import torch  # deferred: the CLI's --help must not
 
-    from swapkl.prune import pruned_copy, save_pruned, validate_remove  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.prune import pruned_copy, save_pruned, validate_remove
 
     if a.remove is None and a.merge is None:
         raise SwapklError("give --remove LAYERS or --merge GROUPS")
@@ -68,7 +71,7 @@ def run(a) -> int:
     ck = load_from_args(a)
     merge = None
     if groups is not None:
-        from swapkl.merge import merge_plan  # deferred: pulls torch; the CLI's --help must not
+        from swapkl.merge import merge_plan
 
         merge = merge_plan({"groups": groups, "mode": a.merge_mode}, ck.num_layers)
         if remove is not None and validate_remove(remove, ck.num_layers) != merge["removed"]:
@@ -89,7 +92,7 @@ def run(a) -> int:
         x = x.to(ck.device)
         with torch.no_grad():
             if merge is not None:
-                from swapkl.merge import merged_copy  # deferred: pulls torch; the CLI's --help must not
+                from swapkl.merge import merged_copy
                 mem = merged_copy(ck.model, merge["groups"], merge["mode"])
             else:
                 mem = pruned_copy(ck.model, remove)

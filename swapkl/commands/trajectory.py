@@ -18,6 +18,8 @@ from swapkl.outputs import check_output_dir
 from swapkl.results import atomic_write_text
 from swapkl.trajectory import compute_trajectory, parse_checkpoints
 
+# Deferred imports: pandas is imported by render() only: the CLI's --help must not load it.
+
 
 def register(sub) -> None:
     p = sub.add_parser(

@@ -160,7 +160,7 @@ class MethodContext:
     def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None) -> float:
         """PPL of the model without ``removed`` on the calibration text (non-overlapping windows), memoised."""
         from swapkl import evaluate as E  # deferred (torch), as above
-        from swapkl.prune import pruned_copy  # deferred: pulls torch; the method registry must import without it
+        from swapkl.prune import pruned_copy
 
         ids = self.calib_ids(max_tokens)
         win = min(window or self.evaluator.window, ids.numel())

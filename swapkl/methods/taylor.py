@@ -30,7 +30,7 @@ def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: i
     import torch  # deferred: the registry is imported by --help and the dashboard's first paint
     from torch.func import functional_call
 
-    from swapkl import architectures as arch  # deferred: pulls torch; the method registry must import without it
+    from swapkl import architectures as arch
 
     loc = arch.locate(model)
     L = loc.num_layers
