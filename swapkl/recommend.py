@@ -38,7 +38,7 @@ from typing import Sequence
 from swapkl.errors import SwapklError
 from swapkl.methods import MethodOutput, register
 from swapkl import methods as M
-from swapkl.removal import BudgetError, layer_scores, removal_curves
+from swapkl.selection import BudgetError, layer_scores
 from swapkl.results import atomic_write_text, finite_json
 
 # Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
@@ -436,6 +436,9 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
     the choice.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may be missing).  ``memo``:
     a :class:`~swapkl.removal.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
     Returns a :class:`Recommendation`."""
+    # deferred: swapkl.curves imports the method registry, whose discovery imports this module (methods/recommended)
+    from swapkl.curves import removal_curves
+
     params = dict(method_params or {})
     params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "max_evals": max_evals,
                            "seeds": list(seeds), "constrained": constrained} | (
