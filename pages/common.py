@@ -523,9 +523,9 @@ def result_json(job: Job) -> dict:
     """The whole analysis as one JSON object (swap-KL result, removal curves, request), contract included."""
     out = {"format": "swapkl.dashboard/1", "request": job.request.to_dict(), "created": time.time()}
     if job.result is not None:
-        out["result"] = job.result.to_json()
+        out["result"] = job.result.to_dict()
     if job.curves is not None:
-        out["curves"] = json.loads(job.curves.to_json())
+        out["curves"] = job.curves.to_dict()
     return out
 
 

@@ -78,7 +78,7 @@ def body(job) -> None:
         return
     stats = traj.summary()
     depth = traj.depth()
-    tj = traj.to_json()
+    tj = traj.to_dict()
     cap = plots.contract_caption(tj)
     st.caption(f"contract: {cap}")
     figs = plots.trajectory_figures(stats, depth, caption=cap)

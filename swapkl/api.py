@@ -21,6 +21,7 @@ from swapkl.engine import ProgressFn, SwapEngine
 from swapkl.errors import ContractError, is_oom
 from swapkl.prompts import make_prompts
 from swapkl.results import SwapResult
+from swapkl.architectures import check_context, locate
 
 
 def _model_devices(model: torch.nn.Module) -> list[torch.device]:
@@ -43,7 +44,6 @@ def engine_limits(checkpoint, num_prompts: int, num_tokens: int, positions: str 
     H = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 16))
     inter = int(getattr(cfg, "intermediate_size", None) or 4 * D)
     V = int(getattr(cfg, "vocab_size", 50000))
-    from swapkl.architectures import locate
 
     L = locate(model).num_layers
     elt = next(model.parameters()).element_size()
@@ -84,7 +84,6 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
         raise ContractError(f"the contract asks for {contract.dtype} but the model was loaded as {checkpoint.dtype}")
     L = checkpoint.num_layers
     wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(L))]
-    from swapkl.architectures import check_context
 
     check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
                   "use at most {limit}", name=checkpoint.identity.get("display"))

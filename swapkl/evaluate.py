@@ -29,9 +29,11 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from swapkl.errors import SwapklError
+from swapkl.errors import ComputeInterrupted, SwapklError
 
 from swapkl.results import BOOT_SEED, N_BOOT  # 1,000 resamples, seed 0: the project-wide bootstrap setting
+from swapkl import architectures as arch
+from swapkl.prune import pruned_copy
 LOGITS_BUDGET_BYTES = 2 ** 28  # float32 logits kept at once per batch (≈ 256 MiB)
 
 
@@ -294,8 +296,6 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
     verified = False
     if capture_reference or model.training:
         # a private module tree (shared tensors): the hook and eval mode never touch the caller's model
-        from swapkl import architectures as arch
-        from swapkl.prune import pruned_copy
         try:
             run_model = pruned_copy(model, []).eval()
         except SwapklError:
@@ -324,7 +324,6 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
             start = 0
             while start < len(members):
                 if should_stop is not None and should_stop():
-                    from swapkl.errors import ComputeInterrupted
                     raise ComputeInterrupted("perplexity evaluation stopped")
                 if bs is None:
                     if vocab is None:

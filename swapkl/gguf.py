@@ -20,8 +20,9 @@ Remote code is never run (``trust_remote_code=False``).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
-import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -29,12 +30,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from swapkl.results import atomic_replace_dir, atomic_write_text
+from swapkl import cache
+from swapkl.cache import file_sha256, read_json_dict, warn_unwritable, writable_error
+from swapkl.results import atomic_replace_dir
 from swapkl.errors import ModelLoadError, SwapklError
+
+# Deferred imports: torch and transformers are imported by the functions that convert or load: the cache lookups and
+# the dashboard's model list must not load them.
 
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "swapkl_source.json"
-SHA_MEMO_FILE = "sha256.json"
+SHA_MEMO_FILE = cache.SHA_MEMO_FILE  # the sha256 memo, kept by swapkl.cache
 SHA_PREFIX_LEN = 12
 ENV_CACHE = "SWAPKL_CACHE"
 # files a converted folder must hold (besides the weights) to count as complete
@@ -65,50 +71,17 @@ def is_gguf_spec(spec: object) -> bool:
 
 # --------------------------------------------------------------------------------------------- hashing
 
-_atomic_write_text = atomic_write_text
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+_read_json = read_json_dict
 
 
 def sha256_file(path: str | os.PathLike, cache_root: str | os.PathLike | None = None,
                 memo: bool = True) -> str:
-    """Hex sha256 of a file's bytes.
-
-    With ``memo`` (default) the digest is remembered in ``<cache_root>/sha256.json`` under the file's
-    resolved path together with its size (bytes) and mtime (ns); it is reused only while both are unchanged.
-    """
-    p = Path(path).expanduser().resolve()
+    """Hex sha256 of a file's bytes, memoised in ``<cache_root>/sha256.json`` (:func:`swapkl.cache.file_sha256`);
+    a file that cannot be read raises :class:`GGUFError`."""
     try:
-        st = p.stat()
-    except OSError as e:
-        raise GGUFError(f"cannot read {p}: {e.strerror or e}") from e
-    memo_path = Path(cache_root or default_cache_root()) / SHA_MEMO_FILE
-    key = str(p)
-    if memo:
-        hit = _read_json(memo_path).get(key)
-        if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns \
-                and isinstance(hit.get("sha256"), str):
-            return hit["sha256"]
-    h = hashlib.sha256()
-    try:
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-    except OSError as e:
-        raise GGUFError(f"cannot read {p}: {e.strerror or e}") from e
-    digest = h.hexdigest()
-    if memo:
-        with contextlib.suppress(OSError):
-            table = _read_json(memo_path)  # re-read: another process may have added entries meanwhile
-            table[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-            _atomic_write_text(memo_path, json.dumps(table, indent=1, sort_keys=True))
-    return digest
+        return file_sha256(path, cache_root or default_cache_root(), memo)
+    except ModelLoadError as e:
+        raise GGUFError(str(e)) from e
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -133,8 +106,6 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 def require_gguf_packages() -> None:
     """Raise :class:`MissingDependency` unless ``gguf`` and ``accelerate`` (both needed by transformers'
     GGUF loader) can be imported."""
-    import importlib.util
-
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
         pins = {"gguf": "gguf==0.19.0", "accelerate": "accelerate==1.15.0"}
@@ -173,7 +144,7 @@ def _file_lock(lock_path: Path):
     """An exclusive advisory lock (POSIX ``flock``) so two processes do not convert the same file at once;
     a no-op where ``fcntl`` is unavailable."""
     try:
-        import fcntl
+        import fcntl  # deferred: POSIX only (no lock on Windows)
     except ImportError:  # pragma: no cover - Windows
         yield
         return
@@ -235,8 +206,6 @@ def gguf_to_hf_folder(gguf_path: str | os.PathLike, cache_root: str | os.PathLik
     if is_complete(final, digest):
         return final
     require_gguf_packages()
-    from swapkl.cache import warn_unwritable, writable_error
-
     err = writable_error(final.parent)
     if err is not None:  # an unwritable cache: convert into a folder that lives as long as this process
         warn_unwritable(final.parent, err)
@@ -293,8 +262,6 @@ _UNCACHED: dict[str, Path] = {}  # sha256 -> this process's conversion (when the
 
 def _uncached_folder(src: Path, digest: str, say) -> Path:
     """A conversion in the system's temporary folder, reused within this process and deleted at its exit."""
-    import atexit
-
     hit = _UNCACHED.get(digest)
     if hit is not None and is_complete(hit, digest):
         return hit

@@ -5,12 +5,16 @@ import contextlib
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
 from swapkl.results import atomic_write_text
+from swapkl import __version__
+from swapkl.cache import cache_root, CacheWarning, warn_unwritable
+from swapkl.contract import stable_hash
 
 
 class EvalMemo:
@@ -34,14 +38,10 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
         self.disk_writable = True  # False after the first failed write (the rest stays in memory)
 
     def _file(self, key) -> Path:
-        from swapkl.contract import stable_hash
-
         return self.disk / f"{stable_hash([key[0], sorted(key[1])])[:24]}.json"
 
     def _load(self, key):
-        import warnings
-
-        from swapkl.evaluate import PPLResult
+        from swapkl.evaluate import PPLResult  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
         f = self._file(key)
         if not f.is_file():
@@ -56,8 +56,6 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
                              kl=np.asarray(d["window_kl"], float) if d.get("window_kl") is not None else None,
                              seconds=float(d.get("seconds", 0.0)))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            from swapkl.cache import CacheWarning
-
             warnings.warn(f"corrupt cache entry {f}: {e}; it will be recomputed", CacheWarning, stacklevel=3)
             with contextlib.suppress(OSError):
                 f.unlink(missing_ok=True)
@@ -70,8 +68,6 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
         try:
             atomic_write_text(self._file(key), json.dumps(d))
         except OSError as e:  # an unwritable cache: say so once, keep going in memory
-            from swapkl.cache import warn_unwritable
-
             self.disk_writable = False
             warn_unwritable(self._file(key), e)
 
@@ -101,9 +97,6 @@ def disk_memo(identity: dict | None, kl: bool = True) -> EvalMemo:
     """An :class:`EvalMemo` backed by ``<cache>/ppl/<key>/``, keyed by the model identity (id + revision +
     commit, or content fingerprint), whether KL to base is recorded, and the swapkl version; a plain in-memory
     memo when the identity cannot name the weights."""
-    from swapkl import __version__
-    from swapkl.cache import cache_root
-    from swapkl.contract import stable_hash
 
     ident = {k: (identity or {}).get(k) for k in ("kind", "id", "revision", "commit", "fingerprint", "dtype")}
     if not (ident["fingerprint"] or ident["commit"] or (ident["kind"] == "hub" and ident["revision"])):

@@ -9,7 +9,7 @@ formulas, applied to every parameter tensor of the block (same name in every mem
 
 Buffers (e.g. a per-block rotary ``inv_freq``) stay the lowest member's.
 
-:func:`merged_copy` builds on :func:`swapkl.prune.pruned_copy`: the result is a new module tree that shares every
+:func:`merged_copy` builds on :func:`swapkl.blocks.pruned_copy`: the result is a new module tree that shares every
 untouched tensor with the input model; only the merged blocks get new tensors (one block's worth of float memory
 per group).  The input model is never changed.
 """
@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 import torch
 
 from swapkl import architectures as arch
+from swapkl.blocks import pruned_copy
 from swapkl.errors import SwapklError
 
 MODES = ("average", "laco")
@@ -109,8 +110,6 @@ def merged_copy(model: torch.nn.Module, groups: Iterable[Sequence[int]], mode: s
     module docstring).  Untouched parameters are shared with ``model`` (no copy); each merged block gets new
     parameter tensors (``requires_grad=False``).  The kept blocks are re-numbered like :func:`pruned_copy`.
     Evaluate with ``use_cache=False``."""
-    from swapkl.prune import pruned_copy
-
     loc = arch.locate(model)
     plan = merge_plan({"groups": [list(g) for g in groups], "mode": mode}, loc.num_layers)
     keep = [i for i in range(loc.num_layers) if i not in set(plan["removed"])]

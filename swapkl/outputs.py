@@ -13,9 +13,11 @@ path fails in one line before minutes of work, not after:
 """
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -128,9 +130,6 @@ def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) ->
 def folder_zip(folder: str | os.PathLike, max_bytes: int = 4 << 30) -> bytes:
     """The regular files of ``folder`` (recursively, no symlinks followed) as a stored (uncompressed) zip in
     memory -- a pruned model offered as a download.  Refuses a folder larger than ``max_bytes``."""
-    import io
-    import zipfile
-
     root = Path(folder)
     files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
     total = sum(p.stat().st_size for p in files)

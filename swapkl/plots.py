@@ -12,12 +12,17 @@ from __future__ import annotations
 import html as _html
 import json
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
 from swapkl import methods as M
-from swapkl.results import matrix_json
+from swapkl.results import CONDITIONAL, matrix_json, STRONG
+from swapkl.errors import SwapklError
+
+# Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the
+# dashboard's first paint import this module without them.
 
 SEP = " · "
 LOG_FLOOR = 1e-6  # nats: values <= 0 are drawn at this floor on the log scale (hover shows the true value)
@@ -88,7 +93,6 @@ def _curves_dict(curves) -> dict:
     if isinstance(curves, dict):
         return curves
     if isinstance(curves, str):
-        from pathlib import Path
         s = curves if curves.lstrip().startswith("{") else Path(curves).read_text()
         return json.loads(s)
     if hasattr(curves, "to_dict"):
@@ -344,7 +348,6 @@ def pair_distribution(result, i: int, j: int, caption: str | None = None):
     ``M[i<->j]`` (interchange): one box per protocol with every prompt as a point; means as diamonds (trace
     "mean") and as the box's dashed line."""
     import plotly.graph_objects as go
-    from swapkl.errors import SwapklError
 
     a, b = sorted((int(i), int(j)))
     if (a, b) not in result.per_prompt["inter"]:
@@ -388,8 +391,6 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     the y axis is logarithmic by default (values <= 0 drawn at :data:`LOG_FLOOR`, hover shows the true value).
     Only adjacent pairs are drawn (a wider pair set is the heatmaps' job)."""
     import plotly.graph_objects as go
-
-    from swapkl.results import CONDITIONAL, STRONG
 
     table = result.pair_table(ci=bands)
     adj = table[table["j"] - table["i"] == 1].sort_values("i") if not table.empty else table
@@ -452,8 +453,6 @@ def profile_frame(num_layers: int | None = None):
     It holds no number measured on any model, so it carries no contract.  (Drawing it also loads the browser's
     plot library before the first result arrives: a cached result then shows in a fraction of a second.)"""
     import plotly.graph_objects as go
-
-    from swapkl.results import CONDITIONAL, STRONG
 
     fig = go.Figure()
     for thr, what in ((STRONG, "strong"), (CONDITIONAL, "conditional")):
@@ -702,7 +701,7 @@ def removed_layers_table(curves):
 def _traj_frames(stats_df, depth_df):
     import pandas as pd
 
-    if isinstance(stats_df, dict):  # a Trajectory.to_json() dict
+    if isinstance(stats_df, dict):  # a Trajectory.to_dict() dict
         d = stats_df
         stats_df = pd.DataFrame(d.get("summary") or [])
         if depth_df is None and d.get("gap_vs_depth"):

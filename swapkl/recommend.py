@@ -31,11 +31,18 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 
 from swapkl.errors import SwapklError
 from swapkl.methods import MethodOutput, register
+from swapkl import methods as M
+from swapkl.selection import BudgetError, layer_scores
+from swapkl.results import atomic_write_text, finite_json
+
+# Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
+# without it.
 
 #: methods whose proposed sets seed the beam (those that cannot run are skipped)
 SEED_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "laco")
@@ -79,8 +86,6 @@ def search(ctx, budget: int) -> MethodOutput:
     Returns a :class:`MethodOutput` whose ``sets[n-1]`` is the recommended set for n (not necessarily nested) and
     whose ``info["recommendation"]`` holds, per n, the calibration PPL, the sources that proposed the set, the
     per-layer signal ranks and the cumulative cost."""
-    from swapkl import methods as M
-    from swapkl.removal import BudgetError, layer_scores
 
     t0 = time.perf_counter()
     p = lambda k, d: ctx.param("recommend", k, d)
@@ -358,13 +363,9 @@ class Recommendation:
 
     # -- JSON
     def to_dict(self) -> dict:
-        from swapkl.results import finite_json
-
         return finite_json({k: getattr(self, k) for k in self.__dataclass_fields__})
 
     def to_json(self, path=None, indent: int = 2) -> str:
-        from swapkl.results import atomic_write_text
-
         s = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
         if path is not None:
             atomic_write_text(path, s)
@@ -388,8 +389,6 @@ class Recommendation:
 
     @classmethod
     def from_json(cls, s_or_path) -> Recommendation:
-        from pathlib import Path
-
         s = s_or_path
         if not (isinstance(s, str) and s.lstrip().startswith("{")):
             s = Path(s).read_text()
@@ -437,7 +436,8 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
     the choice.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may be missing).  ``memo``:
     a :class:`~swapkl.removal.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
     Returns a :class:`Recommendation`."""
-    from swapkl.removal import removal_curves
+    # deferred: swapkl.curves imports the method registry, whose discovery imports this module (methods/recommended)
+    from swapkl.curves import removal_curves
 
     params = dict(method_params or {})
     params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "max_evals": max_evals,

@@ -20,13 +20,18 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from swapkl import plots
+from swapkl import __version__, plots, schema
 from swapkl.errors import SwapklError
+from swapkl.recommend import Recommendation
+from swapkl.results import atomic_write_text, SwapResult
+from swapkl.verdict import regime_verdict
+
+# Deferred imports: pandas and plotly are imported by the functions that build the HTML: the CLI's --help imports
+# this module without them.
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;
@@ -43,7 +48,6 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.92em} th,td{border:1px s
 # ============================================================================================ inputs
 def _load_json(obj, keep_constants: bool = False) -> Any:
     """A dict as it is; JSON text or a path parsed within :mod:`swapkl.schema`'s size and depth limits."""
-    from swapkl import schema
 
     if isinstance(obj, (str, Path)) and not (isinstance(obj, str) and obj.lstrip().startswith("{")):
         return schema.read_json_file(obj, "file", keep_constants=keep_constants)
@@ -55,7 +59,6 @@ def _load_json(obj, keep_constants: bool = False) -> Any:
 def as_result(obj):
     """A SwapResult from a SwapResult, its ``to_json()`` dict, JSON text or a path to a ``score --json`` file
     (validated by :func:`swapkl.schema.result_fields`)."""
-    from swapkl.results import SwapResult
 
     if obj is None or isinstance(obj, SwapResult):
         return obj
@@ -68,12 +71,11 @@ def as_result(obj):
 def as_curves(obj) -> dict | None:
     """A curves dict (``CurvesResult.to_dict()`` form) from a CurvesResult, dict, JSON text or path (validated
     by :func:`swapkl.schema.curves_fields`)."""
-    from swapkl import schema
 
     if obj is None:
         return None
     if hasattr(obj, "to_dict") and hasattr(obj, "methods"):
-        return json.loads(obj.to_json())
+        return obj.to_dict()
     d = _load_json(obj, keep_constants=True)
     if not isinstance(d, dict) or "methods" not in d:
         raise SwapklError("not a swapkl curves file (expected the JSON written by 'python -m swapkl curves --json')")
@@ -96,8 +98,8 @@ def as_trajectory(obj):
         return None, obj[0], obj[1]
     if isinstance(obj, tuple) and len(obj) == 3:  # already converted
         return obj
-    if hasattr(obj, "to_json") and hasattr(obj, "specs"):
-        obj = obj.to_json()
+    if hasattr(obj, "to_dict") and hasattr(obj, "specs"):
+        obj = obj.to_dict()
     d = _load_json(obj)
     if not isinstance(d, dict) or "summary" not in d:
         raise SwapklError("not a swapkl trajectory result (expected the JSON written by "
@@ -178,10 +180,6 @@ def _verdict(result, curves: dict | None) -> dict | None:
     """The regime verdict on the adjacent pairs: from the result when given, else the curves' stored verdict;
     ``{"error": message}`` when the adjacent pairs are not scored."""
     if result is not None:
-        try:
-            from swapkl.verdict import regime_verdict
-        except ImportError as e:  # pragma: no cover - removal module missing
-            return {"error": f"no regime verdict ({e})"}
         try:
             return regime_verdict(result.replacement(), result.interchange())
         except SwapklError as e:
@@ -306,7 +304,6 @@ def _curves_html(curves: dict, fig, caption: str) -> str:
 
 def _recommend_html(curves: dict, caption: str) -> str:
     """"Recommended removal": the table of :meth:`swapkl.recommend.Recommendation.table` and one sentence per n."""
-    from swapkl.recommend import Recommendation
 
     try:
         rec = Recommendation.from_curves(curves)
@@ -387,7 +384,6 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
            f"<script type=\"text/javascript\">{_plotlyjs()}</script>\n</head><body>\n"
            + "\n".join(p for p in parts if p) + "\n</body></html>\n")
     if out is not None:
-        from swapkl.results import atomic_write_text
         atomic_write_text(out, doc)
     return doc
 
@@ -404,5 +400,4 @@ def _plotlyjs() -> str:
 
 
 def _version() -> str:
-    from swapkl import __version__
     return __version__

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from swapkl import __version__
+from swapkl import __version__, schema
+
+# Deferred imports: pandas is imported by pair_table() only: the CLI and the dashboard import this module without
+# it.
 
 STRONG = 0.05       # nats: "strong" swap-similarity
 CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
@@ -48,8 +52,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """Put the finished folder ``tmp`` at ``final`` (same filesystem), replacing an old one: readers see the
     old folder or the whole new one.  The old one is first renamed aside, then deleted."""
-    import shutil
-
     final = Path(final)
     if final.exists():
         stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{time.time_ns()}")
@@ -238,61 +240,50 @@ class SwapResult:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict:
-        """The JSON-able dict of this result (:meth:`to_json`'s; the one shape every result type has)."""
-        return self.to_json()
+        """A JSON-able dict: the documented fields (num_layers, pairs, replacement_directed, replacement,
+        interchange, prompt_token_ids, contract) plus identity, per-prompt vectors, summary, noise floor."""
+        pp = {name: {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt[key].items()}
+              for name, key in (("replacement_directed", "repl"), ("interchange", "inter"))}
+        return {"format": "swapkl.result/1", "swapkl_version": __version__, "num_layers": self.num_layers,
+                "pairs": [list(p) for p in self.pairs],
+                "replacement_directed": matrix_json(self.replacement_directed()),
+                "replacement": matrix_json(self.replacement()), "interchange": matrix_json(self.interchange()),
+                "gap": matrix_json(self.gap()), "contract": self.contract, "model": self.identity,
+                "prompt_token_ids": self.prompt_token_ids, "prompts": self.prompts_info,
+                "noise_floor": finite_json(self.noise_floor),
+                "summary": finite_json(self.summary()),  # e.g. a KL ratio of all-zero replacement KLs is NaN
+                "per_prompt": pp, "meta": finite_json(self.meta)}
 
     @classmethod
     def from_dict(cls, d: dict, what: str = "result") -> SwapResult:
         """Inverse of :meth:`to_dict`, validated (:func:`swapkl.schema.result_fields`)."""
-        from swapkl import schema
-
         return cls(**schema.result_fields(d, what))
 
-    def to_json(self) -> dict:
-        """A JSON-able dict: the documented fields (num_layers, pairs, replacement_directed, replacement,
-        interchange, prompt_token_ids, contract) plus identity, per-prompt vectors, summary, noise floor."""
-        return {
-            "format": "swapkl.result/1",
-            "swapkl_version": __version__,
-            "num_layers": self.num_layers,
-            "pairs": [list(p) for p in self.pairs],
-            "replacement_directed": matrix_json(self.replacement_directed()),
-            "replacement": matrix_json(self.replacement()),
-            "interchange": matrix_json(self.interchange()),
-            "gap": matrix_json(self.gap()),
-            "contract": self.contract,
-            "model": self.identity,
-            "prompt_token_ids": self.prompt_token_ids,
-            "prompts": self.prompts_info,
-            "noise_floor": finite_json(self.noise_floor),
-            "summary": finite_json(self.summary()),  # e.g. a KL ratio of all-zero replacement KLs is NaN
-            "per_prompt": {
-                "replacement_directed": {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt["repl"].items()},
-                "interchange": {f"{i},{j}": list(map(float, v)) for (i, j), v in self.per_prompt["inter"].items()},
-            },
-            "meta": finite_json(self.meta),
-        }
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """:meth:`to_dict` as strict JSON text (written atomically to ``path`` when given)."""
+        s = json.dumps(self.to_dict(), allow_nan=False)
+        if path is not None:
+            atomic_write_text(path, s)
+        return s
 
     @classmethod
     def from_json(cls, d, what: str = "result file") -> SwapResult:
-        """From :meth:`to_json`'s dict, or its JSON text (``str``/``bytes``).  Everything is validated by
+        """From :meth:`to_json`'s text (``str``/``bytes``) or :meth:`to_dict`'s dict.  Everything is validated by
         :func:`swapkl.schema.result_fields` before anything is built; a bad file raises
         :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
-        from swapkl import schema
 
         if isinstance(d, (str, bytes, bytearray)):
             d = schema.parse_json(d, what, keep_constants=True)
         return cls(**schema.result_fields(d, what))
 
     def save(self, path: str | os.PathLike) -> Path:
-        atomic_write_text(path, json.dumps(self.to_json()))
+        self.to_json(path)
         return Path(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> SwapResult:
         """Read a :meth:`save` / ``score --json`` file (at most ``max_bytes``, default
         :data:`swapkl.schema.MAX_BYTES`), validated as :meth:`from_json`."""
-        from swapkl import schema
 
         d = schema.read_json_file(path, "result file", max_bytes or schema.MAX_BYTES, keep_constants=True)
         return cls.from_json(d, f"result file {path}")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from swapkl.errors import ContractError, UploadError
+from swapkl.contract import Contract
 
 MAX_BYTES = 64 * 1024 * 1024   # bytes of JSON text accepted by default (a parameter of the readers)
 MAX_DEPTH = 32                 # nesting levels of arrays/objects (swapkl's own files use at most 7)
@@ -265,7 +266,6 @@ def identity(x: Any, where: str = "model") -> dict:
 def contract(x: Any, where: str = "contract") -> dict:
     """An evaluation contract: the settings of :class:`~swapkl.contract.Contract` (types here, values by the
     Contract itself) plus the recorded ``corpus_label``/``corpus_sha256``.  Unknown keys are refused."""
-    from swapkl.contract import Contract
 
     spec = dict(_CONTRACT)
     for name in Contract.__dataclass_fields__:  # a setting added to Contract later is known here at once

@@ -32,7 +32,10 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError, UploadError
-from swapkl.results import SwapResult
+from swapkl.results import SwapResult, atomic_write_text
+
+# Deferred imports: pandas, torch and the torch-based swapkl modules are imported inside the functions that use
+# them: the CLI and the dashboard import this module without them.
 
 MANIFEST = "trajectory.json"
 
@@ -392,9 +395,6 @@ class Trajectory:
         """:func:`gap_vs_depth` of the last finished checkpoint."""
         return gap_vs_depth(self.points())
 
-    def to_dict(self) -> dict:
-        """The JSON-able dict (:meth:`to_json`'s); :meth:`from_dict` is its inverse."""
-        return self.to_json()
 
     @classmethod
     def from_dict(cls, d: dict, what: str = "trajectory") -> Trajectory:
@@ -414,9 +414,16 @@ class Trajectory:
         results = [SwapResult.from_dict(r, f"{what} result {k}") for k, r in enumerate(d["results"])]
         return cls(specs=specs, results=results, contract=dict(d.get("contract") or {}))
 
-    def to_json(self) -> dict:
-        """JSON-able: contract, checkpoints (spec, revision, step, label), per-checkpoint summary, last
-        checkpoint's gap-vs-depth rows, and every checkpoint's full result (``SwapResult.to_json()``)."""
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """:meth:`to_dict` as strict JSON text (written atomically to ``path`` when given)."""
+        s = json.dumps(self.to_dict(), allow_nan=False)
+        if path is not None:
+            atomic_write_text(path, s)
+        return s
+
+    def to_dict(self) -> dict:
+        """JSON-able (:meth:`from_dict` is its inverse): contract, checkpoints (spec, revision, step, label), per-checkpoint summary, last
+        checkpoint's gap-vs-depth rows, and every checkpoint's full result (``SwapResult.to_dict()``)."""
         def clean(df):
             return json.loads(df.to_json(orient="records"))
 
@@ -428,7 +435,7 @@ class Trajectory:
                             for s in done],
             "summary": clean(self.summary()) if self.results else [],
             "gap_vs_depth": clean(self.depth()) if self.results else [],
-            "results": [r.to_json() if hasattr(r, "to_json") else None for r in self.results],
+            "results": [r.to_dict() if hasattr(r, "to_dict") else None for r in self.results],
         }
 
 
@@ -451,7 +458,7 @@ def compute_trajectory(checkpoint_specs, contract, progress: ProgressFn | None =
     :class:`~swapkl.errors.ComputeInterrupted` is raised with the finished part as ``.partial``
     (a :class:`Trajectory`).
     """
-    from swapkl.api import score
+    from swapkl.api import score  # deferred: pulls torch; the CLI and the dashboard import this module without it
     from swapkl.checkpoints import load_checkpoint
 
     if isinstance(checkpoint_specs, (str, os.PathLike)) or (

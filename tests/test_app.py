@@ -296,7 +296,7 @@ def test_trajectory_page(cache, tmp_path, stories_path):
     assert depth["x"] == pytest.approx(list(d["depth"])) and depth["y"] == pytest.approx(list(d["gap"]))
     table = at.dataframe[0].value
     assert list(table["gap_median"]) == pytest.approx(list(stats["gap_median"]))
-    assert plots.contract_caption(job.trajectory.to_json()) in figs[0]["layout"]["meta"]["contract"]
+    assert plots.contract_caption(job.trajectory.to_dict()) in figs[0]["layout"]["meta"]["contract"]
 
 
 def test_demo_report_download(cache):
@@ -319,7 +319,7 @@ def test_open_saved_result_files_without_the_model(cache, tmp_path, stories_path
     from swapkl.errors import SwapklError
 
     res = score(load_checkpoint(str(stories_path), device="cpu"), Contract(pairs="gap:2", prompts=3, tokens=12))
-    text = json.dumps(res.to_json())
+    text = res.to_json()
     mgr = _manager()
     job = mgr.open_files(text)
     assert job.status == "done" and job.result.pairs == res.pairs and mgr.loaded_models() == []

@@ -84,7 +84,7 @@ def test_caption_fields(res):
         assert part in c, (part, c)
     assert "\n" not in c
     # the JSON form gives the same caption
-    assert plots.contract_caption(res.to_json()) == c
+    assert plots.contract_caption(res.to_dict()) == c
     assert "evaluator matched" in plots.contract_caption(res, evaluator={"name": "matched", "max_words": 5000,
                                                                          "window": 512, "stride": 256})
 

@@ -104,7 +104,7 @@ def test_report_from_trajectory_json_and_curves_only():
     a, b = synthetic(), synthetic()
     t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step10", 10, "m@step10")],
                    results=[a, b], contract=dict(a.contract))
-    doc = report.build_report(trajectory=t.to_json())
+    doc = report.build_report(trajectory=t.to_dict())
     assert report.figure_count(doc) == 4
     assert "m@step0" in doc and "3 prompts × 8 tokens" in plain(doc)
     # curves alone: model from the curves, the stored verdict is shown
@@ -167,7 +167,7 @@ def test_cli_report_from_scores(scores_json, tmp_path):
     t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step9", 9, "m@step9")],
                    results=[synthetic(), synthetic()], contract=synthetic().contract)
     tj = tmp_path / "traj.json"
-    tj.write_text(json.dumps(t.to_json()))
+    tj.write_text(t.to_json())
     r = run_cli("report", "--scores", str(scores_json), "--trajectory", str(tj), "--out", str(out), "--quiet")
     assert r.returncode == 0, r.stderr
     doc = out.read_text()

@@ -39,9 +39,9 @@ def test_matrices_from_vectors():
     assert s["gap"]["max"] == pytest.approx(2.0 - 0.3)
     assert s["gap"]["min"] == pytest.approx(0.3 - 0.6) and s["gap"]["negative_pairs"] == 1
     assert s["interchange"]["best_pair"] == [0, 1]
-    back = SwapResult.from_json(json.loads(json.dumps(r.to_json())))
+    back = SwapResult.from_json(r.to_json())
     np.testing.assert_array_equal(back.replacement_directed(), R)
-    d = r.to_json()
+    d = r.to_dict()
     assert d["replacement"][0][2] is None and d["replacement_directed"][1][0] == 0.5
 
 

@@ -47,7 +47,7 @@ def real(stories_path, wikitext_path):
                                                                  "bi"], Evaluator("tiny", 200, 128, 64), corpus,
                             memo=EvalMemo(), identity=ck.identity,
                             method_params={"bi": {"calib_tokens": 128}})
-    return _Files(result=json.dumps(res.to_json()), curves=curves.to_json(), res=res, cv=curves)
+    return _Files(result=res.to_json(), curves=curves.to_json(), res=res, cv=curves)
 
 
 class _Files(dict):
@@ -280,8 +280,8 @@ def test_project_outputs_load_back(real, tmp_path):
     back = SwapResult.load(path)
     assert back.pairs == res.pairs and back.identity == res.identity and back.contract == res.contract
     np.testing.assert_array_equal(back.replacement_directed(), res.replacement_directed())
-    assert json.dumps(back.to_json()["per_prompt"]) == json.dumps(res.to_json()["per_prompt"])
-    assert SwapResult.from_json(res.to_json()).pairs == res.pairs          # the in-memory dict too
+    assert json.dumps(back.to_dict()["per_prompt"]) == json.dumps(res.to_dict()["per_prompt"])
+    assert SwapResult.from_json(res.to_dict()).pairs == res.pairs          # the in-memory dict too
     cv.to_json(tmp_path / "c.json")
     for src in (tmp_path / "c.json", str(tmp_path / "c.json"), real["curves"], real["curves"].encode(),
                 json.loads(real["curves"])):
@@ -294,7 +294,7 @@ def test_summary_nan_is_written_as_null(real):
     """A KL ratio over all-zero replacement KLs is NaN: to_json writes null, so the file loads back."""
     vec = {(0, 1): {"repl_ij": [0.0, 0.0], "repl_ji": [0.0, 0.0], "inter": [0.1, 0.2]}}
     r = SwapResult.from_pair_vectors(2, vec, contract={}, identity={})
-    text = json.dumps(r.to_json(), allow_nan=False)
+    text = json.dumps(r.to_dict(), allow_nan=False)
     assert json.loads(text)["summary"]["kl_ratio"]["mean"] is None
     assert SwapResult.from_json(text).pairs == [(0, 1)]
 
@@ -422,7 +422,7 @@ def test_mutated_result_files_only_raise_upload_error(real, data):
         event("valid result")
         res.replacement(), res.interchange(), res.pair_table()
         plots.top_pairs_table(res, 5), plots.contract_caption(res)
-        json.dumps(res.to_json(), allow_nan=False)
+        json.dumps(res.to_dict(), allow_nan=False)
 
 
 @PROPERTY

@@ -2,7 +2,6 @@
 cache/exports, bounded jobs per session), private opened files, and a loopback-only default server."""
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -161,7 +160,7 @@ def test_an_opened_file_is_private_to_its_session(cache, stories_path, tmp_path)
 
     ck = load_checkpoint(str(stories_path), device="cpu")
     res = score(ck, Contract(pairs="adjacent", prompts=3, tokens=8, device="cpu"))
-    data = json.dumps(res.to_json()).encode()
+    data = res.to_json().encode()
     a = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     owner = a.session_state["_session"]
     job = common.manager().open_files(data, owner=owner)

@@ -112,7 +112,7 @@ def test_swap_results_agree_with_their_summary():
     assert list(tr.checkpoint_stats([res0, res1])["step"]) == [0, 1]
     traj = tr.Trajectory(specs=[tr.CheckpointSpec("m", "step0", 0), tr.CheckpointSpec("m", "step1000", 1000)],
                          results=[res0, res1])
-    js = json.loads(json.dumps(traj.to_json()))
+    js = json.loads(traj.to_json())
     assert [c["step"] for c in js["checkpoints"]] == [0, 1000]
     assert js["summary"][1]["gap_mean"] == pytest.approx(-0.1)
     assert [r["gap"] for r in js["gap_vs_depth"]] == pytest.approx([-0.05, 0.25, -0.5])

@@ -5,7 +5,9 @@ import sys
 import time
 from collections.abc import Iterable
 
-from swapkl.contract import Contract
+from swapkl.contract import Contract, PRESETS
+from swapkl.corpora import load_corpus
+from swapkl.outputs import check_output_file
 
 
 def add_model_args(p) -> None:
@@ -18,8 +20,6 @@ def add_model_args(p) -> None:
 
 
 def add_contract_args(p, pairs_default: str = "adjacent") -> None:
-    from swapkl.contract import PRESETS
-
     p.add_argument("--preset", default="canonical", choices=sorted(PRESETS),
                    help="named contract (paper-last-token: KL at the last position only, as the paper's GPT-2/"
                         "Pythia runs); explicit flags below override it")
@@ -43,8 +43,6 @@ def contract_from_args(a) -> Contract:
         given["positions"] = a.positions
     contract = Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
     if contract.corpus:
-        from swapkl.corpora import load_corpus
-
         load_corpus(contract.corpus)  # memoised: score() gets the same object
     return contract
 
@@ -54,7 +52,7 @@ def model_inputs(a) -> list[str]:
     no output of the command may overwrite."""
     if not getattr(a, "model", None):
         return []
-    from swapkl.checkpoints import parse_spec
+    from swapkl.checkpoints import parse_spec  # deferred: pulls torch; the CLI's --help must not
 
     sp = parse_spec(a.model, getattr(a, "revision", None))
     return [sp.source] if sp.kind in ("local", "gguf") else []
@@ -64,7 +62,6 @@ def check_outputs(a, files: dict, inputs: Iterable = ()) -> None:
     """Check every output file of a command before anything is loaded or computed
     (:func:`swapkl.outputs.check_output_file`): ``files`` maps a flag (``"--json"``) to its path (None = not
     given); ``inputs`` are further files the command reads (scores, curves, corpus), besides the model's own."""
-    from swapkl.outputs import check_output_file
 
     ins = [*model_inputs(a), *(i for i in inputs if i), getattr(a, "corpus", None)]
     for flag, path in files.items():
@@ -73,7 +70,7 @@ def check_outputs(a, files: dict, inputs: Iterable = ()) -> None:
 
 
 def load_from_args(a):
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI's --help must not
 
     return load_checkpoint(a.model, revision=a.revision, dtype=a.dtype, device=a.device,
                            trust_remote_code=a.trust_remote_code, device_map=a.device_map)

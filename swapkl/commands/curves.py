@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from swapkl import methods as M
+from swapkl import corpora, methods as M, schema
+from swapkl import curves as C
+from swapkl.curves import check_evaluator_context, check_scores, EvalMemo
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
+from swapkl.results import SwapResult
 
 def register(sub) -> None:
     p = sub.add_parser("curves", help="removal curves: guided (replacement / interchange) vs baselines")
@@ -44,8 +47,6 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
     """(scores {"replacement", "interchange"} as L×L arrays, model identity, contract) from a ``score --json``
     file, or from a plain ``{"replacement": [[...]], "interchange": [[...]]}`` JSON (NaN as null).  Both are
     validated (:mod:`swapkl.schema`) before anything is built from them."""
-    from swapkl import schema
-    from swapkl.results import SwapResult
 
     d = schema.read_json_file(path, "scores file", keep_constants=True)
     what = f"scores file {path}"
@@ -56,9 +57,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 
 
 def run(a) -> int:
-    from swapkl import corpora
-    from swapkl.evaluate import get_evaluator
-    from swapkl.curves import EvalMemo, check_evaluator_context, check_scores, removal_curves
+    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -105,7 +104,7 @@ def run(a) -> int:
         if not a.quiet:
             print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
-    result = removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
+    result = C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
                             spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,
                             seeds=tuple(range(a.seeds)), kl=not a.no_kl, identity=ck.identity,
                             memo=EvalMemo() if a.no_cache else None,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from swapkl.commands.common import add_model_args, load_from_args, model_inputs
 from swapkl.errors import SwapklError
+from swapkl.outputs import check_output_dir
+
+# Deferred imports: torch, transformers and the torch-based swapkl modules are imported by run(): the CLI's --help
+# must not load them.
 
 
 def parse_layers(s: str) -> list[int]:
@@ -55,11 +59,9 @@ def register(sub) -> None:
 
 
 def run(a) -> int:
-    import torch
+    import torch  # deferred: the CLI's --help must not
 
     from swapkl.prune import pruned_copy, save_pruned, validate_remove
-
-    from swapkl.outputs import check_output_dir
 
     if a.remove is None and a.merge is None:
         raise SwapklError("give --remove LAYERS or --merge GROUPS")

@@ -7,11 +7,13 @@ import sys
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
+from swapkl import corpora, methods as M
+from swapkl.commands.curves import load_scores
+from swapkl.recommend import DEFAULT_CALIB_TOKENS, DEFAULT_WIDTH, recommend, SEED_METHODS
+from swapkl.removal import check_budget, check_evaluator_context, check_scores, default_candidates, EvalMemo
 
 
 def register(sub) -> None:
-    from swapkl.recommend import DEFAULT_CALIB_TOKENS, DEFAULT_WIDTH, SEED_METHODS
-
     p = sub.add_parser("recommend", help="which n layers to remove: beam search on calibration text, seeded by "
                                          "every method, with held-out ΔPPL and the evidence")
     add_model_args(p)
@@ -57,12 +59,7 @@ def parse_max_evals(s: str):
 
 
 def run(a) -> int:
-    from swapkl import corpora
-    from swapkl import methods as M
-    from swapkl.commands.curves import load_scores
-    from swapkl.evaluate import Evaluator, get_evaluator
-    from swapkl.recommend import recommend
-    from swapkl.removal import EvalMemo, check_evaluator_context, check_scores
+    from swapkl.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -92,7 +89,6 @@ def run(a) -> int:
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
     # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained)
-    from swapkl.removal import check_budget, default_candidates
     L = ck.num_layers
     if a.constrained:
         check_budget(a.budget, default_candidates(L), a.spacing)

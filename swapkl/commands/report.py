@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from swapkl import methods as M
+from swapkl import corpora, methods as M, report
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
+from swapkl import curves as C
+from swapkl.curves import check_evaluator_context, check_same_model, check_scores
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report (scores, verdict, curves, trajectory)")
@@ -49,8 +51,6 @@ def _say(a, msg: str) -> None:
 
 
 def run(a) -> int:
-    from swapkl import report
-
     if a.budget is not None and a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves
@@ -62,8 +62,6 @@ def run(a) -> int:
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
     if result is not None and curves is not None:  # never one report from two models
-        from swapkl.curves import check_same_model
-
         check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
                                                             "different models")
 
@@ -71,8 +69,7 @@ def run(a) -> int:
     if a.model and (want_curves or (result is None and curves is None and traj is None)):
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
-            from swapkl.evaluate import get_evaluator
-            from swapkl.curves import check_evaluator_context
+            from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
             check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:
@@ -93,9 +90,7 @@ def run(a) -> int:
 
 
 def _compute_curves(a, ck, result):
-    from swapkl import corpora
-    from swapkl.evaluate import get_evaluator
-    from swapkl.curves import check_scores, removal_curves
+    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if result is None:
         raise SwapklError("--budget needs swap-KL scores (give MODEL, or --scores)")
@@ -107,5 +102,5 @@ def _compute_curves(a, ck, result):
     def prog(done, total, msg):
         _say(a, f"  {msg}")
 
-    return removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, get_evaluator(a.evaluator), corpus,
+    return C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, get_evaluator(a.evaluator), corpus,
                           progress=prog, spacing=a.spacing, seeds=tuple(range(a.seeds)), identity=ck.identity)

@@ -7,11 +7,16 @@ the two protocols over the pairs, then the last checkpoint's gap against normali
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 from swapkl.commands.common import ProgressPrinter, add_contract_args, check_outputs, contract_from_args
+from swapkl import demo_trajectory
+from swapkl.demo_trajectory import DemoSettings, read_manifest
+from swapkl.outputs import check_output_dir
+from swapkl.trajectory import compute_trajectory, parse_checkpoints
+
+# Deferred imports: pandas is imported by render() only: the CLI's --help must not load it.
 
 
 def register(sub) -> None:
@@ -35,7 +40,6 @@ def register(sub) -> None:
         description="Train a small Pythia-style GPT-NeoX on the built-in corpus and save Hugging Face "
                     "checkpoints at step 0 (initialisation) and geometrically spaced later steps, with a "
                     "trajectory.json manifest.  Then: python -m swapkl trajectory OUT")
-    from swapkl.demo_trajectory import DemoSettings
 
     dflt = DemoSettings()
     d.add_argument("--out", default=None, metavar="DIR", help="output folder (default: cache/demo-trajectory)")
@@ -92,8 +96,6 @@ def render(traj) -> str:
 
 
 def run_trajectory(a) -> int:
-    from swapkl.trajectory import compute_trajectory, parse_checkpoints
-
     contract = contract_from_args(a)  # validates --pairs etc. before any loading
     specs = parse_checkpoints(a.checkpoints)
     check_outputs(a, {"--json": a.json}, inputs=[s.spec for s in specs])
@@ -101,17 +103,13 @@ def run_trajectory(a) -> int:
         print(f"{len(specs)} checkpoints: " + ", ".join(s.display() for s in specs), file=sys.stderr)
     traj = compute_trajectory(specs, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
     if a.json:
-        from swapkl.results import atomic_write_text
-
-        atomic_write_text(a.json, json.dumps(traj.to_json()))
+        traj.to_json(a.json)
     if not a.quiet:
         print(render(traj))
     return 0
 
 
 def run_demo(a) -> int:
-    from swapkl.demo_trajectory import DemoSettings, read_manifest, train_demo_trajectory
-
     s = DemoSettings(steps=a.steps, seconds=a.seconds, checkpoints=a.checkpoints, seed=a.seed, layers=a.layers,
                      hidden=a.hidden, heads=a.heads, vocab=a.vocab, threads=a.threads)
     t0 = time.perf_counter()
@@ -121,10 +119,8 @@ def run_demo(a) -> int:
             print(f"  [{time.perf_counter() - t0:6.1f}s] step {step}/{total}: {msg}", file=sys.stderr, flush=True)
 
     if a.out:  # the library decides whether a folder's content may be replaced; a file in the way fails now
-        from swapkl.outputs import check_output_dir
-
         check_output_dir(a.out, "--out", force=True)
-    out = train_demo_trajectory(a.out, settings=s, force=a.force, progress=progress)
+    out = demo_trajectory.train_demo_trajectory(a.out, settings=s, force=a.force, progress=progress)
     m = read_manifest(out) or {}
     if not a.quiet:
         print(f"demo trajectory in {out}: {m.get('parameters')} parameters, {m.get('num_layers')} layers, "

@@ -299,15 +299,18 @@ def resolve(names: Sequence[str], scores: dict | None = None) -> list[MethodSpec
     return out
 
 
-def discover() -> list[str]:
+def discover(*folders) -> list[str]:
     """Import every module of this package (each registers its methods); returns the module names.  Runs when
-    the package is imported; call again after adding a folder to ``swapkl.methods.__path__``."""
+    the package is imported.  ``folders``: more folders of method modules (a plugin directory, a test's temporary
+    one), added to ``swapkl.methods.__path__`` first; their modules import as ``swapkl.methods.<name>``."""
+    for folder in folders:
+        if str(folder) not in __path__:
+            __path__.append(str(folder))
     names = []
     for info in pkgutil.iter_modules(__path__):
         if not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")
             names.append(info.name)
     return names
-
 
 discover()

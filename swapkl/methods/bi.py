@@ -33,7 +33,7 @@ def run_block_io(model, ids, on_block, window: int = 512, batch_size: int = 4) -
 
 
 def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
-    import torch
+    import torch  # deferred: the method registry must import without it
 
     from swapkl import architectures as arch
     from swapkl.prune import pruned_copy
@@ -74,7 +74,7 @@ def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
 def block_influence(model, ids, window: int = 512, batch_size: int = 4) -> np.ndarray:
     """(L,) float64: BI of every block on ``ids`` (1-D LongTensor) cut into non-overlapping windows:
     ``1 - mean over tokens of cos(h_in_t, h_out_t)`` (per token, not over the flattened sequence)."""
-    import torch
+    import torch  # deferred: the method registry must import without it
 
     from swapkl import architectures as arch
 
@@ -91,7 +91,7 @@ def block_influence(model, ids, window: int = 512, batch_size: int = 4) -> np.nd
 def linear_cka(model, ids, window: int = 512, batch_size: int = 4) -> np.ndarray:
     """(L,) float64: linear CKA between each block's input and output over all tokens (features centred),
     ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``, accumulated in float64 (hidden × hidden Gram matrices)."""
-    import torch
+    import torch  # deferred: the method registry must import without it
 
     from swapkl import architectures as arch
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.methods import MethodOutput, register
+from swapkl.errors import SwapklError
 
 
 def merge_order(d, candidates) -> list[tuple[int, int]]:
@@ -36,7 +37,6 @@ def laco(ctx, budget):
     protocol = ctx.param("laco", "protocol", "replacement" if "replacement" in ctx.scores else "interchange")
     mode = ctx.param("laco", "mode", "average")
     if protocol not in ctx.scores:
-        from swapkl.errors import SwapklError
         raise SwapklError(f"laco needs {protocol} scores")
     from swapkl.merge import groups_from_pairs  # deferred: swapkl.merge imports torch (the registry must not)
 

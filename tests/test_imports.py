@@ -1,0 +1,223 @@
+"""Module structure: every module imports, the import graph (top-level and deferred imports alike) has no cycle,
+the torch-free modules stay torch-free, no class or function grows past a size limit unnoticed, and a new removal
+method is one file."""
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import swapkl
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "swapkl"
+
+#: the modules that import torch at module level; every other module must import without it (the CLI's --help,
+#: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
+TORCH_MODULES = {"swapkl.api", "swapkl.architectures", "swapkl.blocks", "swapkl.checkpoints", "swapkl.engine",
+                 "swapkl.evaluate", "swapkl.merge", "swapkl.prompts", "swapkl.prune", "swapkl.reference"}
+#: runs the CLI when imported
+NOT_IMPORTABLE = {"swapkl.__main__"}
+
+CLASS_LINES = 200
+FUNCTION_LINES = 80
+#: classes over CLASS_LINES and functions over FUNCTION_LINES lines, with the reason each is still one piece
+EXCEPTIONS = {
+    "swapkl.api.score": "one sweep: cache lookup, engine run, partial results and the cache write share the loop's "
+                        "state; split when sharding grows further",
+    "swapkl.curves.removal_curves": "the runner's closures (evaluate_set, entry, report) share the memo, the "
+                                    "baseline and the counters; to become a small runner class",
+    "swapkl.demo_trajectory._train_into": "one training loop with its checkpoint writes and stop checks",
+    "swapkl.engine.SwapEngine": "the engine's batching, OOM halving and KL chunking act on one set of buffers",
+    "swapkl.evaluate.evaluate_ppl": "the sliding-window loop with its batching, OOM retry and KL reference capture",
+    "swapkl.recommend.search": "the beam search: seeding, expansion and the evaluation budget share one state",
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _imported(mod: str, path: Path, node: ast.Import | ast.ImportFrom, known) -> list[str]:
+    """The swapkl modules one import statement loads (relative imports resolved; ``from swapkl import x`` is the
+    submodule ``swapkl.x`` when there is one, else the package)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+            pkg = pkg[:len(pkg) - (node.level - 1)]
+            base = ".".join(pkg + ([base] if base else []))
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    out = []
+    for n in names:
+        if n.split(".")[0] != "swapkl":
+            continue
+        while n not in known and "." in n:
+            n = n.rsplit(".", 1)[0]
+        if n != mod:
+            out.append(n)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import of a swapkl module, at module level or inside a function: ``{module: {imported modules}}``."""
+    mods = _modules()
+    graph = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[mod].update(_imported(mod, path, node, mods))
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(v):
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state and (c := visit(w)):
+                return c
+        stack.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (c := visit(v)):
+            return c
+    return None
+
+
+def test_every_module_imports():
+    names = [m.name for m in pkgutil.walk_packages(swapkl.__path__, "swapkl.") if m.name not in NOT_IMPORTABLE]
+    assert "swapkl.methods.random" in names and "swapkl.commands.score" in names
+    for name in names:
+        importlib.import_module(name)
+
+
+def test_find_cycle_reports_the_path():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert "swapkl.cache" in graph["swapkl.gguf"]  # deferred and top-level imports both count
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def _torch_after_import(modules) -> str:
+    code = ("import importlib, sys\n"
+            f"for m in {sorted(modules)!r}:\n"
+            "    importlib.import_module(m)\n"
+            "    if 'torch' in sys.modules:\n"
+            "        print(m); break\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_cli_registry_and_plots_import_without_torch():
+    first = _torch_after_import(["swapkl.cli", "swapkl.methods", "swapkl.plots", "swapkl.defaults", "swapkl.jobs"])
+    assert first == "", f"importing {first} loaded torch"
+
+
+def test_only_the_torch_modules_import_torch():
+    names = [m.name for m in pkgutil.walk_packages(swapkl.__path__, "swapkl.")
+             if m.name not in TORCH_MODULES | NOT_IMPORTABLE]
+    first = _torch_after_import(names)
+    assert first == "", f"importing {first} loaded torch (defer its torch-based imports, or list it in TORCH_MODULES)"
+
+
+def _oversized() -> dict[str, int]:
+    out = {}
+    for mod, path in _modules().items():
+
+        def walk(node, prefix):
+            for ch in ast.iter_child_nodes(node):
+                if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    q = f"{prefix}.{ch.name}"
+                    n = ch.end_lineno - ch.lineno + 1
+                    if n > (CLASS_LINES if isinstance(ch, ast.ClassDef) else FUNCTION_LINES):
+                        out[q] = n
+                    walk(ch, q)
+        walk(ast.parse(path.read_text(encoding="utf-8")), mod)
+    return out
+
+
+def test_no_oversized_class_or_function():
+    big = _oversized()
+    new = {q: n for q, n in big.items() if q not in EXCEPTIONS}
+    assert not new, (f"over {CLASS_LINES} lines (class) / {FUNCTION_LINES} (function): {new}; split it, or add it "
+                     "to EXCEPTIONS with the reason")
+    stale = sorted(set(EXCEPTIONS) - set(big))
+    assert not stale, f"no longer oversized, drop from EXCEPTIONS: {stale}"
+
+
+# ------------------------------------------------------------------------------------------ a new method is one file
+METHOD_FILE = '''
+"""Test baseline: remove the deepest n layers."""
+from swapkl.methods import MethodOutput, register
+
+
+def _sets(num_layers, budget):
+    return [list(range(num_layers - n, num_layers)) for n in range(1, budget + 1)]
+
+
+@register("reverse-depth", description="remove the last n layers", label="deepest layers", offered=True,
+          rule_candidates=False, order=90, cost=lambda spec, plan: _sets(plan.num_layers, plan.budget))
+def reverse_depth(ctx, budget):
+    return MethodOutput(sets=_sets(ctx.num_layers, budget))
+'''
+
+
+@pytest.fixture
+def plugin_method(tmp_path, monkeypatch):
+    """``reverse-depth`` written as one file into a temporary folder and discovered by the registry."""
+    from swapkl import methods as M
+
+    (tmp_path / "reverse_depth.py").write_text(textwrap.dedent(METHOD_FILE))
+    monkeypatch.setattr(M, "_REGISTRY", dict(M._REGISTRY))
+    monkeypatch.setattr(M, "__path__", list(M.__path__))
+    try:
+        assert "reverse_depth" in M.discover(tmp_path)
+        yield M
+    finally:
+        sys.modules.pop("swapkl.methods.reverse_depth", None)
+
+
+def test_new_method_is_one_file(plugin_method, stories, wikitext_path, cache_dir):
+    from swapkl import curves
+    from swapkl.corpora import from_file
+    from swapkl.evaluate import Evaluator
+
+    M = plugin_method
+    spec = M.get("reverse-depth")
+    assert M.label("reverse-depth") == "deepest layers" and "reverse-depth" in M.offered()
+    assert spec.runs == 0 and not spec.seeded and M.default_seeds([spec]) == list(range(M.DEFAULT_RUNS))
+    plan = M.EvalPlan(budget=2, num_layers=stories.num_layers)
+    assert M.expected_evaluations(["reverse-depth"], plan) == 1 + 2  # the baseline + its two planned sets
+    L = stories.num_layers
+    r = curves.removal_curves(stories.model, stories.tokenizer, None, 2, ["reverse-depth"],
+                              Evaluator("tiny", 200, 128, 64), from_file(wikitext_path), kl=False)
+    assert [e["removed"] for e in r.methods["reverse-depth"]] == [[L - 1], [L - 2, L - 1]]
