@@ -181,6 +181,13 @@ def test_trajectory_job(manager, tmp_path, stories_path):
     # identical weights at both steps: identical statistics
     assert stats["gap_mean"].iloc[0] == pytest.approx(stats["gap_mean"].iloc[1])
     assert job.progress().fraction == 1.0
+    # a restarted app serves it from the snapshot: the same checkpoints and statistics
+    from swapkl.jobs import JobManager
+
+    again = JobManager().submit(req)
+    assert again.status == "done" and again.from_snapshot and again.result is not None
+    assert [s.display() for s in again.trajectory.specs] == [s.display() for s in job.trajectory.specs]
+    assert list(again.trajectory.summary()["gap_mean"]) == pytest.approx(list(stats["gap_mean"]))
 
 
 def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path, monkeypatch):
@@ -261,3 +268,27 @@ def test_one_oom_classifier():
     assert not is_oom(ValueError("out of memory"))
     assert readable_error(MemoryError(), "scoring", None)[1] == "oom"
     assert readable_error(DeviceOutOfMemory("out of memory even at batch 1"), "scoring", None)[1] == "user"
+
+
+def test_engine_does_not_retry_what_halving_cannot_fix():
+    from swapkl import engine
+
+    calls = []
+
+    def fn(a, b):
+        calls.append((a, b))
+        raise engine.DeviceOutOfMemory("already at one row")
+
+    bc = engine.BatchController(8)
+    with pytest.raises(engine.DeviceOutOfMemory):
+        bc.map(fn, 8)
+    assert calls == [(0, 8)] and bc.max_rows == 8
+
+
+def test_is_oom_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from swapkl.errors import is_oom; is_oom(RuntimeError('x')); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
