@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -26,14 +25,10 @@ from pathlib import Path
 from swapkl import __version__
 from swapkl.contract import stable_hash
 from swapkl.errors import ModelLoadError
-from swapkl.results import atomic_write_text
+from swapkl.store import PROJECT_ROOT, CorruptEntry, cache_root, read_entry, read_entry_or_empty, write_entry
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def cache_root() -> Path:
-    env = os.environ.get("SWAPKL_CACHE")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "cache"
+__all__ = ["PROJECT_ROOT", "CacheWarning", "ScoreEntry", "cache_root", "file_sha256", "folder_fingerprint",
+           "warn_unwritable", "writable_error"]
 
 
 class CacheWarning(UserWarning):
@@ -78,15 +73,7 @@ def writable_error(folder: str | os.PathLike) -> OSError | None:
 
 # ----------------------------------------------------------------------------- file fingerprints
 SHA_MEMO_FILE = "sha256.json"
-
-
-def read_json_dict(path: Path) -> dict:
-    """The JSON object in ``path``, or {} when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+SHA_MEMO_KIND = "sha256-memo"
 
 
 def file_sha256(path: str | os.PathLike, root: str | os.PathLike | None = None, memo: bool = True) -> str:
@@ -104,7 +91,7 @@ def file_sha256(path: str | os.PathLike, root: str | os.PathLike | None = None, 
     memo_path = Path(root or cache_root()) / SHA_MEMO_FILE
     key = str(p)
     if memo:
-        hit = read_json_dict(memo_path).get(key)
+        hit = read_entry_or_empty(memo_path, SHA_MEMO_KIND).get(key)
         if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns \
                 and isinstance(hit.get("sha256"), str):
             return hit["sha256"]
@@ -118,9 +105,9 @@ def file_sha256(path: str | os.PathLike, root: str | os.PathLike | None = None, 
     digest = h.hexdigest()
     if memo:
         with contextlib.suppress(OSError):
-            table = read_json_dict(memo_path)  # re-read: another process may have added entries meanwhile
+            table = read_entry_or_empty(memo_path, SHA_MEMO_KIND)  # re-read: another process may have added some
             table[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-            atomic_write_text(memo_path, json.dumps(table, indent=1, sort_keys=True))
+            write_entry(memo_path, SHA_MEMO_KIND, table, indent=1)
     return digest
 
 
@@ -138,10 +125,6 @@ def folder_fingerprint(folder: str | os.PathLike) -> str:
 
 
 # ----------------------------------------------------------------------------- score entries
-def _checksum(vectors: dict) -> str:
-    return stable_hash({k: [round(float(x), 12) for x in vectors[k]] for k in sorted(vectors)})
-
-
 class ScoreEntry:
     """One cache entry: a (model, contract key, version) with any number of finished pairs."""
 
@@ -158,29 +141,25 @@ class ScoreEntry:
     def pairs_dir(self) -> Path:
         return self.dir / "pairs"
 
-    def _write(self, path: Path, text: str) -> None:
+    def _write(self, path: Path, kind: str, data: dict) -> None:
         if not self.writable:
             return
         try:
-            atomic_write_text(path, text)
+            write_entry(path, kind, data)
         except OSError as e:
             self.writable = False
             self.problems.append(warn_unwritable(path, e))
 
     def write_meta(self, meta: dict) -> None:
-        self._write(self.dir / "meta.json", json.dumps(
-            {"identity": self.identity, "contract_key": self.contract_key, "swapkl_version": __version__, **meta}))
+        self._write(self.dir / "meta.json", "score-meta",
+                    {"identity": self.identity, "contract_key": self.contract_key, "swapkl_version": __version__,
+                     **meta})
 
     def read_meta(self) -> dict | None:
         try:
-            meta = json.loads((self.dir / "meta.json").read_text())
-            if not isinstance(meta, dict):
-                raise ValueError(f"a JSON {type(meta).__name__}, not an object")
-            return meta
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except (OSError, ValueError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            self._problem(self.dir / "meta.json", f"unreadable ({e})")
+            return read_entry(self.dir / "meta.json", "score-meta")
+        except CorruptEntry as e:
+            self._problem(self.dir / "meta.json", str(e))
             return None
 
     def _problem(self, path: Path, why: str) -> None:
@@ -197,7 +176,7 @@ class ScoreEntry:
 
     def write_pair(self, i: int, j: int, vectors: dict) -> None:
         vec = {k: [float(x) for x in vectors[k]] for k in ("repl_ij", "repl_ji", "inter")}
-        self._write(self.pair_path(i, j), json.dumps({"i": i, "j": j, **vec, "checksum": _checksum(vec)}))
+        self._write(self.pair_path(i, j), "score-pair", {"i": i, "j": j, **vec})
 
     def read_pairs(self, num_prompts: int, wanted=None) -> dict:
         """Finished pairs ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (lists of floats, nats); corrupt
@@ -214,13 +193,11 @@ class ScoreEntry:
             if wanted is not None and (i, j) not in wanted:
                 continue
             try:
-                d = json.loads(f.read_text())
+                d = read_entry(f, "score-pair")  # CorruptEntry (a ValueError): torn, edited, old format
                 vec = {k: d[k] for k in ("repl_ij", "repl_ji", "inter")}
                 if (d["i"], d["j"]) != (i, j) or any(len(v) != num_prompts for v in vec.values()):
                     raise ValueError("wrong shape")
-                if d.get("checksum") != _checksum(vec):
-                    raise ValueError("checksum mismatch")
-            except (OSError, KeyError, TypeError, ValueError) as e:  # bad JSON or UTF-8 are ValueErrors
+            except (OSError, KeyError, TypeError, ValueError) as e:
                 self._problem(f, str(e))
                 continue
             out[(i, j)] = vec

@@ -14,7 +14,7 @@ from swapkl import methods as M, schema
 from swapkl.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.memo import EvalMemo, disk_memo
-from swapkl.results import atomic_write_text
+from swapkl.store import atomic_write_text
 from swapkl.results import finite_json as _jsonable
 from swapkl.selection import as_matrix, check_budget, default_candidates
 from swapkl.verdict import regime_verdict

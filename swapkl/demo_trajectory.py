@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from swapkl.results import atomic_replace_dir
+from swapkl.store import atomic_replace_dir, cache_root
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.corpora import builtin
-from swapkl.gguf import default_cache_root
 
 # Deferred imports: torch, transformers and tokenizers are imported by the functions that train: the CLI's --help
 # and the dashboard import this module without them.
@@ -114,7 +113,7 @@ def checkpoint_steps(total: int, n: int, first: int = 2) -> list[int]:
 
 
 def default_out_dir() -> Path:
-    return default_cache_root() / "demo-trajectory"
+    return cache_root() / "demo-trajectory"
 
 
 # ------------------------------------------------------------------------------------------ building blocks

@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -31,8 +30,8 @@ import time
 from pathlib import Path
 
 from swapkl import cache
-from swapkl.cache import file_sha256, read_json_dict, warn_unwritable, writable_error
-from swapkl.results import atomic_replace_dir
+from swapkl.cache import file_sha256, warn_unwritable, writable_error
+from swapkl.store import atomic_replace_dir, cache_root, read_entry_or_empty, write_entry
 from swapkl.errors import ModelLoadError, SwapklError
 
 # Deferred imports: torch and transformers are imported by the functions that convert or load: the cache lookups and
@@ -42,7 +41,6 @@ GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "swapkl_source.json"
 SHA_MEMO_FILE = cache.SHA_MEMO_FILE  # the sha256 memo, kept by swapkl.cache
 SHA_PREFIX_LEN = 12
-ENV_CACHE = "SWAPKL_CACHE"
 # files a converted folder must hold (besides the weights) to count as complete
 _REQUIRED = ("config.json", SOURCE_FILE)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -56,12 +54,8 @@ class MissingDependency(SwapklError):
     """An optional package that this operation needs is not installed."""
 
 
-def default_cache_root() -> Path:
-    """``$SWAPKL_CACHE`` if set, else ``cache/`` at the root of the swapkl checkout."""
-    env = os.environ.get(ENV_CACHE)
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parent.parent / "cache"
+default_cache_root = cache_root  # one cache root for every store (swapkl.store)
+SOURCE_KIND = "gguf-conversion"
 
 
 def is_gguf_spec(spec: object) -> bool:
@@ -71,7 +65,6 @@ def is_gguf_spec(spec: object) -> bool:
 
 # --------------------------------------------------------------------------------------------- hashing
 
-_read_json = read_json_dict
 
 
 def sha256_file(path: str | os.PathLike, cache_root: str | os.PathLike | None = None,
@@ -135,8 +128,8 @@ def is_complete(folder: str | os.PathLike, sha256: str | None = None) -> bool:
         return False
     if not any((d / name).is_file() for name in _TOKENIZER_FILES):
         return False
-    src = _read_json(d / SOURCE_FILE)
-    return sha256 is None or src.get("sha256") == sha256
+    src = read_entry_or_empty(d / SOURCE_FILE, SOURCE_KIND)  # a damaged or old-format record: not complete
+    return bool(src) and (sha256 is None or src.get("sha256") == sha256)
 
 
 @contextlib.contextmanager
@@ -249,7 +242,7 @@ def _convert_into(src: Path, digest: str, parent: Path, prefix: str, say) -> Pat
             import transformers
 
             record["transformers_version"] = transformers.__version__
-        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        write_entry(tmp / SOURCE_FILE, SOURCE_KIND, record, indent=1)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -277,4 +270,4 @@ def _uncached_folder(src: Path, digest: str, say) -> Path:
 
 def source_record(folder: str | os.PathLike) -> dict:
     """The ``swapkl_source.json`` of a converted folder (empty dict if absent)."""
-    return _read_json(Path(folder) / SOURCE_FILE)
+    return read_entry_or_empty(Path(folder) / SOURCE_FILE, SOURCE_KIND)

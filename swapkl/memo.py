@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import warnings
@@ -11,10 +10,13 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from swapkl.results import atomic_write_text
+from swapkl.store import read_entry, write_entry
 from swapkl import __version__
 from swapkl.cache import cache_root, CacheWarning, warn_unwritable
 from swapkl.contract import stable_hash
+
+
+KIND = "ppl-eval"  # store entries (swapkl.store) of one evaluation
 
 
 class EvalMemo:
@@ -44,10 +46,10 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
         from swapkl.evaluate import PPLResult  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
         f = self._file(key)
-        if not f.is_file():
-            return None
         try:
-            d = json.loads(f.read_text())
+            d = read_entry(f, KIND)
+            if d is None:
+                return None
             if d["text_key"] != key[0] or sorted(d["removed"]) != sorted(key[1]):
                 raise ValueError("key mismatch")
             return PPLResult(nll=np.asarray(d["window_nll"], float), counts=np.asarray(d["window_counts"], np.int64),
@@ -55,7 +57,7 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
                              drop_first_target=bool(d["drop_first_target"]),
                              kl=np.asarray(d["window_kl"], float) if d.get("window_kl") is not None else None,
                              seconds=float(d.get("seconds", 0.0)))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:  # CorruptEntry is a ValueError
             warnings.warn(f"corrupt cache entry {f}: {e}; it will be recomputed", CacheWarning, stacklevel=3)
             with contextlib.suppress(OSError):
                 f.unlink(missing_ok=True)
@@ -66,7 +68,7 @@ once, :func:`swapkl.cache.warn_unwritable`, and the memo goes on in memory).  ``
             return
         d = val.to_dict(with_windows=True) | {"text_key": key[0], "removed": sorted(key[1])}
         try:
-            atomic_write_text(self._file(key), json.dumps(d))
+            write_entry(self._file(key), KIND, d)
         except OSError as e:  # an unwritable cache: say so once, keep going in memory
             self.disk_writable = False
             warn_unwritable(self._file(key), e)

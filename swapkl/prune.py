@@ -31,7 +31,7 @@ from swapkl import architectures as arch
 from swapkl.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.merge import merge_plan, merged_copy
 from swapkl.outputs import check_output_dir, write_model_folder
-from swapkl.results import atomic_write_text
+from swapkl.store import atomic_write_text
 
 PRUNE_FILE = "swapkl_prune.json"
 __all__ = ["PRUNE_FILE", "PruneError", "pruned_copy", "validate_remove", "source_folders", "save_pruned", "read_prune_record"]

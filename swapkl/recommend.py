@@ -39,7 +39,8 @@ from swapkl.errors import SwapklError
 from swapkl.methods import MethodOutput, register
 from swapkl import methods as M
 from swapkl.selection import BudgetError, layer_scores
-from swapkl.results import atomic_write_text, finite_json
+from swapkl.results import finite_json
+from swapkl.store import atomic_write_text
 
 # Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
 # without it.

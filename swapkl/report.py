@@ -27,7 +27,8 @@ from typing import Any
 from swapkl import __version__, plots, schema
 from swapkl.errors import SwapklError
 from swapkl.recommend import Recommendation
-from swapkl.results import atomic_write_text, SwapResult
+from swapkl.results import SwapResult
+from swapkl.store import atomic_write_text
 from swapkl.verdict import regime_verdict
 
 # Deferred imports: pandas and plotly are imported by the functions that build the HTML: the CLI's --help imports

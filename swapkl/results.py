@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from swapkl import __version__, schema
+from swapkl.store import atomic_write_text
 
 # Deferred imports: pandas is imported by pair_table() only: the CLI and the dashboard import this module without
 # it.
@@ -27,37 +25,6 @@ STRONG = 0.05       # nats: "strong" swap-similarity
 CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
 N_BOOT = 1000
 BOOT_SEED = 0
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable by every user
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Put the finished folder ``tmp`` at ``final`` (same filesystem), replacing an old one: readers see the
-    old folder or the whole new one.  The old one is first renamed aside, then deleted."""
-    final = Path(final)
-    if final.exists():
-        stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{time.time_ns()}")
-        os.replace(final, stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    os.replace(tmp, final)
 
 
 def matrix_json(m) -> list:

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError, UploadError
-from swapkl.results import SwapResult, atomic_write_text
+from swapkl.results import SwapResult
+from swapkl.store import atomic_write_text
 
 # Deferred imports: pandas, torch and the torch-based swapkl modules are imported inside the functions that use
 # them: the CLI and the dashboard import this module without them.

@@ -132,12 +132,20 @@ def test_sha256_memo(tmp_path):
     root = tmp_path / "c"
     expect = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert gguf.sha256_file(f, root) == expect
-    memo = json.loads((root / gguf.SHA_MEMO_FILE).read_text())
+    from swapkl.cache import SHA_MEMO_KIND
+    from swapkl.store import read_entry, write_entry
+
+    memo = read_entry(root / gguf.SHA_MEMO_FILE, SHA_MEMO_KIND)
     entry = memo[str(f.resolve())]
     assert entry == {"size": 3, "mtime_ns": f.stat().st_mtime_ns, "sha256": expect}
-    # the memo is used while (path, size, mtime) are unchanged ...
+    # a hand-edited memo fails its checksum and is not trusted ...
+    raw = json.loads((root / gguf.SHA_MEMO_FILE).read_text())
+    raw["data"][str(f.resolve())]["sha256"] = "1" * 64
+    (root / gguf.SHA_MEMO_FILE).write_text(json.dumps(raw))
+    assert gguf.sha256_file(f, root) == expect
+    # ... a valid memo is used while (path, size, mtime) are unchanged ...
     entry["sha256"] = "0" * 64
-    (root / gguf.SHA_MEMO_FILE).write_text(json.dumps(memo))
+    write_entry(root / gguf.SHA_MEMO_FILE, SHA_MEMO_KIND, memo)
     assert gguf.sha256_file(f, root) == "0" * 64
     assert gguf.sha256_file(f, root, memo=False) == expect
     # ... and ignored once the file changes
@@ -156,4 +164,8 @@ def test_incomplete_folder_not_trusted(tmp_path):
         (d / name).write_text("x")
     assert not gguf.is_complete(d)  # no source record yet
     (d / gguf.SOURCE_FILE).write_text(json.dumps({"sha256": "ab" * 32}))
+    assert not gguf.is_complete(d)  # a record that is not a checksummed store entry (hand-made, old format)
+    from swapkl.store import write_entry
+
+    write_entry(d / gguf.SOURCE_FILE, gguf.SOURCE_KIND, {"sha256": "ab" * 32})
     assert gguf.is_complete(d) and gguf.is_complete(d, "ab" * 32) and not gguf.is_complete(d, "cd" * 32)

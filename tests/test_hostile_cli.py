@@ -333,7 +333,7 @@ def test_corrupt_meta_is_rewritten(stories_path, tmp_path, monkeypatch, capsys):
     assert main([*args, "--quiet"]) == 0
     (meta,) = (cache / "scores").glob("*/meta.json")
     pairs_before = tree_digest(meta.parent / "pairs")
-    good = json.loads(meta.read_text())
+    good = json.loads(meta.read_text())["data"]
     meta.write_text('{"noise_floor": 0.0, "prompt_tok')  # a torn write from some other tool
 
     r = run_cli(*args, "--json", tmp_path / "1.json", cache=cache)
@@ -343,7 +343,7 @@ def test_corrupt_meta_is_rewritten(stories_path, tmp_path, monkeypatch, capsys):
                                         "it will be recomputed$", warn[0]), r.stderr
     assert "from cache: 4" in r.stdout and "noise floor nan" not in r.stdout
     assert json.loads((tmp_path / "1.json").read_text())["noise_floor"] is not None
-    fixed = json.loads(meta.read_text())  # rewritten, whole
+    fixed = json.loads(meta.read_text())["data"]  # rewritten, whole
     assert fixed["noise_floor"] == good["noise_floor"] and fixed["prompt_token_ids"] == good["prompt_token_ids"]
     assert tree_digest(meta.parent / "pairs") == pairs_before  # the cached pairs were kept, not recomputed
 

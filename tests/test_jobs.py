@@ -75,8 +75,15 @@ def test_analysis_job_matches_library_and_is_shared(manager, stories_path, cache
     assert j2.status == DONE and j2.from_snapshot
     np.testing.assert_allclose(j2.result.replacement(), res.replacement(), equal_nan=True)
     assert j2.curves.methods["interchange"][0]["ppl"] == pytest.approx(curves.methods["interchange"][0]["ppl"])
-    saved = json.loads((cache / "dashboard" / job.key / "request.json").read_text())
+    saved = json.loads((cache / "dashboard" / job.key / "snapshot.json").read_text())["data"]["request"]
     assert saved["contract"]["pairs"] == "gap:2" and saved["budget"] == 2
+    # a damaged snapshot is not used: the request is computed again (and the snapshot rewritten)
+    snap = cache / "dashboard" / job.key / "snapshot.json"
+    snap.write_text(snap.read_text().replace('"gap:2"', '"gap:3"', 1))
+    m3 = JobManager()
+    j3 = m3.submit(_request(stories_path))
+    assert not j3.from_snapshot and j3.wait(120) and j3.status == DONE
+    assert json.loads(snap.read_text())["data"]["request"]["contract"]["pairs"] == "gap:2"
 
 
 def test_different_requests_get_different_jobs(manager, stories_path):

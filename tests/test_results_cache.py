@@ -80,7 +80,7 @@ def test_corrupt_entry_is_reported_and_recomputed(stories, cache_dir):
     assert len(files) == 4
     files[0].write_text('{"i": 0, "j": 1, "repl_ij": [1, 2')                     # truncated
     d = json.loads(files[1].read_text())  # tampered
-    d["inter"][0] += 1.0
+    d["data"]["inter"][0] += 1.0
     files[1].write_text(json.dumps(d))
     with pytest.warns(UserWarning, match="corrupt cache entry"):
         again = score(stories, Contract(pairs="adjacent", **SMALL))

@@ -1,21 +1,23 @@
-"""Finished jobs on disk: ``<root>/<job key>/`` holds ``request.json`` and ``result.json`` + ``curves.json``
-(analysis) or ``trajectory.json``; a later identical request is served from it at once, without the model.
-Every file is written atomically (write + rename); an unreadable snapshot is ignored (and recomputed)."""
+"""Finished jobs on disk: ``<root>/<job key>/snapshot.json``, one checksummed store entry
+(:mod:`swapkl.store`) holding the request and the job's results (``result`` + ``curves`` for an analysis,
+``trajectory`` for a trajectory); a later identical request is served from it at once, without the model.
+A damaged or old-format snapshot is ignored (and the job recomputed)."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 from swapkl.curves import CurvesResult
 from swapkl.errors import SwapklError
-from swapkl.results import SwapResult, atomic_write_text
+from swapkl.results import SwapResult
+from swapkl.store import CorruptEntry, read_entry, write_entry
 from swapkl.trajectory import Trajectory
 
 from .job import Job
 
 log = logging.getLogger("swapkl.jobs")
+KIND = "job-snapshot"
 
 
 class SnapshotStore:
@@ -24,42 +26,44 @@ class SnapshotStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
-    def folder(self, job: Job) -> Path:
-        return self.root / job.key
+    def path(self, job: Job) -> Path:
+        return self.root / job.key / "snapshot.json"
 
     def save(self, job: Job) -> None:
         """Write the job's results; a read-only cache only logs a warning (the job is still done)."""
-        d = self.folder(job)
+        data = {"request": job.request.to_dict(), "finished": time.time()}
+        if job.request.kind == "trajectory":
+            data["trajectory"] = job.trajectory.to_dict()
+        else:
+            data["result"] = job.result.to_dict()
+            data["curves"] = job.curves.to_dict() if job.curves is not None else None
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            if job.request.kind == "trajectory":
-                atomic_write_text(d / "trajectory.json", json.dumps(job.trajectory.to_dict()))
-            else:
-                job.result.save(d / "result.json")
-                if job.curves is not None:
-                    atomic_write_text(d / "curves.json", job.curves.to_json())
-            atomic_write_text(d / "request.json", json.dumps(job.request.to_dict() | {"finished": time.time()}))
+            write_entry(self.path(job), KIND, data)
         except OSError as e:
             log.warning("cannot write the snapshot of job %s: %s", job.key, e)
 
+    def read(self, job: Job) -> dict | None:
+        """The stored request and results of ``job`` (None when there is none); raises CorruptEntry."""
+        return read_entry(self.path(job), KIND)
+
     def load(self, job: Job) -> bool:
-        """Finish ``job`` from its snapshot; False when there is none or it cannot be read."""
-        d = self.folder(job)
-        if not (d / "request.json").is_file():
-            return False
-        parts: dict = {}
+        """Finish ``job`` from its snapshot; False when there is none or it cannot be used."""
+        where = self.path(job)
         try:
+            data = self.read(job)
+            if data is None:
+                return False
             if job.request.kind == "trajectory":
-                traj = Trajectory.from_dict(json.loads((d / "trajectory.json").read_text()), f"snapshot {d}")
+                traj = Trajectory.from_dict(data["trajectory"], f"snapshot {where}")
                 parts = {"trajectory": traj, "result": traj.results[-1] if traj.results else None}
             else:
-                parts["result"] = SwapResult.load(d / "result.json")
-                if job.request.wants_curves:
-                    if not (d / "curves.json").is_file():
-                        return False
-                    parts["curves"] = CurvesResult.from_json(d / "curves.json")
-        except (OSError, ValueError, KeyError, TypeError, SwapklError) as e:
-            log.warning("ignoring the unreadable snapshot %s: %s", d, e)
+                if job.request.wants_curves and data.get("curves") is None:
+                    return False
+                parts = {"result": SwapResult.from_dict(data["result"], f"snapshot {where}")}
+                if data.get("curves") is not None:
+                    parts["curves"] = CurvesResult.from_dict(data["curves"], f"snapshot {where}")
+        except (CorruptEntry, KeyError, TypeError, ValueError, SwapklError) as e:
+            log.warning("ignoring the unusable snapshot %s: %s", where, e)
             return False
         job.done_from("loaded from the cache", **parts)
         return True

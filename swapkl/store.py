@@ -1,0 +1,117 @@
+"""The one storage layer under swapkl's cache: one root, atomic writes, checksummed and versioned entries.
+
+Everything swapkl keeps between runs goes through here: score entries (:mod:`swapkl.cache`), perplexity
+evaluations (:mod:`swapkl.memo`), finished dashboard jobs (:mod:`swapkl.jobs.snapshots`), the sha256 memo and
+GGUF conversion records (:mod:`swapkl.gguf`).  An *entry* is one JSON file::
+
+    {"swapkl_store": <kind>, "version": STORE_VERSION, "checksum": sha256(canonical JSON of data), "data": {...}}
+
+written with :func:`atomic_write_text` (readers see the old file or the whole new one).  :func:`read_entry`
+returns ``data`` only when the kind, the version and the checksum match; anything else -- a torn write, a
+hand edit, bit rot, another format -- raises :class:`CorruptEntry` with the reason, and the caller recomputes.
+
+The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project (:func:`cache_root`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from swapkl.contract import stable_hash
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_CACHE = "SWAPKL_CACHE"
+STORE_VERSION = 1
+
+
+def cache_root() -> Path:
+    """``$SWAPKL_CACHE`` if set, else ``cache/`` at the root of the swapkl checkout (the one definition)."""
+    env = os.environ.get(ENV_CACHE)
+    return Path(env).expanduser() if env else PROJECT_ROOT / "cache"
+
+
+class CorruptEntry(ValueError):
+    """A stored entry that cannot be used (the message says why); the caller recomputes it."""
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable by every user
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the finished folder ``tmp`` at ``final`` (same filesystem), replacing an old one: readers see the
+    old folder or the whole new one.  The old one is first renamed aside, then deleted."""
+    final = Path(final)
+    if final.exists():
+        stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{time.time_ns()}")
+        os.replace(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def checksum(data) -> str:
+    """sha256 (hex, first 32 digits) of the canonical JSON of ``data``."""
+    return stable_hash(data)[:32]
+
+
+def write_entry(path: str | os.PathLike, kind: str, data: dict, indent: int | None = None) -> None:
+    """Store ``data`` (a JSON-able dict) as an entry of ``kind`` at ``path``, atomically.  Non-finite floats are
+    kept as Python's JSON extension (the cache is read by swapkl only; exports use strict JSON)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"an entry holds a dict, not {type(data).__name__}")
+    text = json.dumps({"swapkl_store": kind, "version": STORE_VERSION, "checksum": checksum(data), "data": data},
+                      indent=indent)
+    atomic_write_text(path, text)
+
+
+def read_entry(path: str | os.PathLike, kind: str) -> dict | None:
+    """The ``data`` of the entry of ``kind`` at ``path``; None when there is no file.  Raises
+    :class:`CorruptEntry` when it cannot be read or is not a whole, current entry of that kind."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorruptEntry(f"unreadable ({e})") from None
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise CorruptEntry(f"unreadable ({e})") from None
+    if not isinstance(d, dict) or "swapkl_store" not in d:
+        raise CorruptEntry("not a swapkl store entry")
+    if d.get("swapkl_store") != kind:
+        raise CorruptEntry(f"a {d.get('swapkl_store')!r} entry where a {kind!r} entry belongs")
+    if d.get("version") != STORE_VERSION:
+        raise CorruptEntry(f"store version {d.get('version')!r}, this swapkl reads {STORE_VERSION}")
+    data = d.get("data")
+    if not isinstance(data, dict) or d.get("checksum") != checksum(data):
+        raise CorruptEntry("checksum mismatch")
+    return data
+
+
+def read_entry_or_empty(path: str | os.PathLike, kind: str) -> dict:
+    """:func:`read_entry`, with a missing or damaged entry read as ``{}`` (memo tables that are rebuilt)."""
+    try:
+        return read_entry(path, kind) or {}
+    except CorruptEntry:
+        return {}

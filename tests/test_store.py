@@ -1,0 +1,65 @@
+"""The one storage layer: atomic, checksummed, versioned entries in one cache root."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swapkl import store
+from swapkl.store import CorruptEntry, read_entry, read_entry_or_empty, write_entry
+
+
+def test_entry_roundtrip_and_every_kind_of_damage(tmp_path):
+    p = tmp_path / "a" / "e.json"
+    data = {"x": [1.5, 2.25], "name": "pair 0-1", "nested": {"k": None}}
+    assert read_entry(p, "demo") is None                      # nothing stored yet
+    write_entry(p, "demo", data)
+    assert read_entry(p, "demo") == data
+    assert [f.name for f in p.parent.iterdir()] == ["e.json"]  # no temporary file left behind
+    raw = json.loads(p.read_text())
+    assert raw["swapkl_store"] == "demo" and raw["version"] == store.STORE_VERSION
+    cases = {
+        "torn": p.read_text()[:25],
+        "edited": json.dumps({**raw, "data": {**data, "x": [1.5, 2.5]}}),
+        "other kind": json.dumps({**raw, "swapkl_store": "other"}),
+        "old version": json.dumps({**raw, "version": 0}),
+        "not an entry": json.dumps(data),
+        "not UTF-8": b"\xff\xfe\x00",
+    }
+    why = {"torn": "unreadable", "edited": "checksum mismatch", "other kind": "'other' entry",
+           "old version": "store version 0", "not an entry": "not a swapkl store entry", "not UTF-8": "unreadable"}
+    for name, text in cases.items():
+        (p.write_bytes if isinstance(text, bytes) else p.write_text)(text)
+        with pytest.raises(CorruptEntry, match=why[name]):
+            read_entry(p, "demo")
+        assert read_entry_or_empty(p, "demo") == {}
+
+
+def test_one_cache_root(monkeypatch, tmp_path):
+    from swapkl import cache, gguf
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path))
+    assert store.cache_root() == cache.cache_root() == gguf.default_cache_root() == tmp_path
+    monkeypatch.delenv("SWAPKL_CACHE")
+    assert store.cache_root() == store.PROJECT_ROOT / "cache"
+
+
+def test_every_store_writes_entries(stories, cache_dir):
+    """Scores, evaluations, snapshots and the sha256 memo are all store entries of their kind."""
+    from swapkl.api import score
+    from swapkl.contract import Contract
+    from swapkl.curves import removal_curves
+    from swapkl.evaluate import Evaluator
+    from swapkl.memo import disk_memo
+
+    ck = stories
+    res = score(ck, Contract(pairs="adjacent", prompts=2, tokens=8))
+    scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    removal_curves(ck.model, ck.tokenizer, scores, 1, ["replacement"], Evaluator("tiny", 120, 64, 32), None,
+                   memo=disk_memo(ck.identity), identity=ck.identity)
+    kinds = {}
+    for f in cache_dir.rglob("*.json"):
+        d = json.loads(f.read_text())
+        kinds.setdefault(d.get("swapkl_store"), []).append(f.relative_to(cache_dir).parts[0])
+    assert set(kinds) >= {"score-meta", "score-pair", "ppl-eval"} and None not in kinds, kinds
+    assert set(kinds["score-pair"]) == {"scores"} and set(kinds["ppl-eval"]) == {"ppl"}
