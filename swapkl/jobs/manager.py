@@ -58,11 +58,14 @@ def _progress_folder(folder) -> Path | None:
 
 def warm_up() -> threading.Thread:
     """Import the heavy modules (torch, transformers, the engine) on a daemon thread, so that the first
-    Compute of a freshly started server does not wait for them (~3-4 s on 2 cores)."""
+    Compute of a freshly started server does not wait for them (~5-6 s on 2 cores)."""
     def _imports():
         try:
             import swapkl.api
             import swapkl.curves  # noqa: F401
+            # what loading a model imports (~3 s on 2 cores, measured): transformers' auto classes and the
+            # built-in default's family (Llama), which swapkl.checkpoints defers so the CLI starts fast
+            from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
         except Exception as e:  # the job that needs them reports the real error
             log.warning("warm-up import failed: %s", e)
 
