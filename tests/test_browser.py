@@ -49,11 +49,13 @@ def test_browser_end_to_end(server, browser):
     click_text(drv, wait, "Local folder", "p")
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'stories260K')]")))
     time.sleep(0.5)
-    set_number(drv, wait, "Prompts P", 4)
-    set_number(drv, wait, "Tokens T per prompt", 16)
+    # enough work (a few seconds) that the live line is seen to move before Done, now that the server has
+    # imported everything a job needs before the click
+    set_number(drv, wait, "Prompts P", 256)
+    set_number(drv, wait, "Tokens T per prompt", 256)
     set_number(drv, wait, "Layer budget (0 = no curves)", 2)
     wait.until(EC.presence_of_element_located(
-        (By.XPATH, "//code[contains(., 'stories260K') and contains(., '4 prompts × 16 tokens')]")))
+        (By.XPATH, "//code[contains(., 'stories260K') and contains(., '256 prompts × 256 tokens')]")))
     click_text(drv, wait, "Compute", "p")
     # live progress: the browser-side line (in the component's shadow root) polls the job's progress file and
     # its text moves on while the job runs, with a Cancel button beside it; then the summary
