@@ -338,9 +338,10 @@ def _has_content(part) -> bool:
     """Whether a job's result / curves / trajectory holds something to draw (a scored pair, a curve point)."""
     if part is None:
         return False
-    for attr in ("pairs", "methods", "points", "checkpoints"):
-        if hasattr(part, attr):
-            return bool(getattr(part, attr))
+    for attr in ("results", "methods", "pairs"):  # Trajectory, CurvesResult, SwapResult (methods do not count)
+        v = getattr(part, attr, None)
+        if v is not None and not callable(v):
+            return bool(v)
     return True
 
 
@@ -392,11 +393,10 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
         c["polls"] += 1
         c["seconds"] += time.perf_counter() - t0
         last_v, last_t, last_step = state.get(key, (seen, 0.0, None))
-        first = not any(_has_content(getattr(job, w, None)) for w in watch) or last_v == 0
         if not job.running:
             st.rerun(scope="app")
         elif sum(job.updates[w] for w in watch) != last_v and (
-                first or job.progress().step != last_step or time.monotonic() - last_t >= MIN_REDRAW_S):
+                empty or job.progress().step != last_step or time.monotonic() - last_t >= MIN_REDRAW_S):
             st.rerun(scope="app")
 
     _poll()

@@ -3,7 +3,6 @@ by the frozenset of removed layers (see ``docs/removal.md``), the result type :c
 checks that scores and curves belong to the model at hand."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -14,7 +13,7 @@ from swapkl import methods as M, schema
 from swapkl.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.memo import EvalMemo, disk_memo
-from swapkl.store import atomic_write_text
+from swapkl.store import dump_json
 from swapkl.results import finite_json as _jsonable
 from swapkl.selection import as_matrix, check_budget, default_candidates
 from swapkl.verdict import regime_verdict
@@ -62,15 +61,10 @@ class CurvesResult:
     @classmethod
     def from_dict(cls, d: dict, what: str = "curves") -> CurvesResult:
         """Inverse of :meth:`to_dict`, validated (:func:`swapkl.schema.curves_fields`)."""
-        from swapkl import schema
-
         return cls(**schema.curves_fields(d, what))
 
     def to_json(self, path=None, indent: int = 2) -> str:
-        s = json.dumps(_jsonable(self.to_dict()), indent=indent, allow_nan=False)
-        if path is not None:
-            atomic_write_text(path, s)
-        return s
+        return dump_json(self.to_dict(), path, indent)
 
     @classmethod
     def from_json(cls, s_or_path, what: str = "curves file") -> CurvesResult:
@@ -86,7 +80,7 @@ class CurvesResult:
         else:
             d = schema.read_json_file(s, what, keep_constants=True)
             what = f"{what} {s}"
-        return cls(**schema.curves_fields(d, what))
+        return cls.from_dict(d, what)
 
     def curve(self, method: str) -> list[dict]:
         return self.methods[method]

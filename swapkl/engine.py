@@ -2,7 +2,7 @@
 
 Notation (docs/method.md §1): slots 0..L-1; ``M[i<-j]`` runs block j's weights in slot i (replacement, directed);
 ``M[i<->j]`` exchanges the weights of slots i and j (interchange).  All KLs are ``KL(p_base || p_variant)``
-in nats, from float32 log-softmax.
+in nats, from float32 log-softmax (float64 when the contract's ``kl_dtype`` asks).
 
 The sweep is exact (no approximation) and uses the speed-ups of docs/method.md §7:
 

@@ -10,10 +10,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from swapkl.store import read_entry, write_entry
 from swapkl import __version__
-from swapkl.cache import cache_root, CacheWarning, warn_unwritable
+from swapkl.cache import CacheWarning, cache_root, warn_unwritable
 from swapkl.contract import stable_hash
+from swapkl.store import read_entry, write_entry
 
 
 KIND = "ppl-eval"  # store entries (swapkl.store) of one evaluation

@@ -1,17 +1,7 @@
 """Layer removal that is correct in Hugging Face transformers, without touching the caller's model.
 
-:func:`pruned_copy` (from :mod:`swapkl.blocks`, re-exported here) builds a *new module tree* over the *same parameter tensors*: every ``nn.Module`` object of
-the input is shallow-copied (its own ``__dict__``, its own ``_modules`` / ``_parameters`` / ``_buffers`` / hook
-dicts), parameters and buffers are shared, the copied block list keeps only the surviving blocks, each kept
-block's attention gets its new ``layer_idx`` (0..L'-1 in order), and the copy gets its own config cut with
-:func:`swapkl.architectures.keep_layers_in_config` (``num_hidden_layers`` and per-layer lists such as
-``layer_types``).  The input model, its config, its hooks and its ``layer_idx`` values are never changed, so a
-model shared between callers (a dashboard's cached model, another thread) stays valid.  Memory cost: module
-objects only (kilobytes), no weight copies.
-
-Caveat: the tensors *are* shared, so an in-place write to a parameter of the copy (``p.mul_``) changes the
-original as well.  Hooks registered on the copy do not reach the original (and vice versa for hooks
-registered after the copy was made).
+:func:`pruned_copy` (from :mod:`swapkl.blocks`, re-exported here; its docstring says what is shared and what
+is copied) removes blocks from a private module tree over the caller's parameter tensors.
 
 :func:`save_pruned` writes the copy with ``save_pretrained`` (safetensors) plus ``swapkl_prune.json``; the folder
 reloads with ``AutoModelForCausalLM.from_pretrained`` and gives the same logits as the in-memory copy.  It never

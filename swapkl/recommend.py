@@ -40,7 +40,7 @@ from swapkl.methods import MethodOutput, register
 from swapkl import methods as M
 from swapkl.selection import BudgetError, layer_scores
 from swapkl.results import finite_json
-from swapkl.store import atomic_write_text
+from swapkl.store import dump_json
 
 # Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
 # without it.
@@ -367,10 +367,7 @@ class Recommendation:
         return finite_json({k: getattr(self, k) for k in self.__dataclass_fields__})
 
     def to_json(self, path=None, indent: int = 2) -> str:
-        s = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-        if path is not None:
-            atomic_write_text(path, s)
-        return s
+        return dump_json(self.to_dict(), path, indent)
 
     @classmethod
     def from_dict(cls, d: dict) -> Recommendation:

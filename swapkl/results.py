@@ -7,7 +7,6 @@ contract's aggregation); ``d_inter`` is symmetric.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from swapkl import __version__, schema
-from swapkl.store import atomic_write_text
+from swapkl.store import dump_json
 
 # Deferred imports: pandas is imported by pair_table() only: the CLI and the dashboard import this module without
 # it.
@@ -228,10 +227,7 @@ class SwapResult:
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """:meth:`to_dict` as strict JSON text (written atomically to ``path`` when given)."""
-        s = json.dumps(self.to_dict(), allow_nan=False)
-        if path is not None:
-            atomic_write_text(path, s)
-        return s
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, d, what: str = "result file") -> SwapResult:
@@ -241,7 +237,7 @@ class SwapResult:
 
         if isinstance(d, (str, bytes, bytearray)):
             d = schema.parse_json(d, what, keep_constants=True)
-        return cls(**schema.result_fields(d, what))
+        return cls.from_dict(d, what)
 
     def save(self, path: str | os.PathLike) -> Path:
         self.to_json(path)

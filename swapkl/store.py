@@ -69,6 +69,15 @@ def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None
     os.replace(tmp, final)
 
 
+def dump_json(data, path: str | os.PathLike | None = None, indent: int | None = None) -> str:
+    """``data`` as strict JSON text (NaN/inf refused), also written atomically to ``path`` when given: the
+    ``to_json`` of every result type."""
+    s = json.dumps(data, indent=indent, allow_nan=False)
+    if path is not None:
+        atomic_write_text(path, s)
+    return s
+
+
 def checksum(data) -> str:
     """sha256 (hex, first 32 digits) of the canonical JSON of ``data``."""
     return stable_hash(data)[:32]

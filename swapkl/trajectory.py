@@ -33,7 +33,7 @@ import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError, UploadError
 from swapkl.results import SwapResult
-from swapkl.store import atomic_write_text
+from swapkl.store import dump_json
 
 # Deferred imports: pandas, torch and the torch-based swapkl modules are imported inside the functions that use
 # them: the CLI and the dashboard import this module without them.
@@ -396,7 +396,6 @@ class Trajectory:
         """:func:`gap_vs_depth` of the last finished checkpoint."""
         return gap_vs_depth(self.points())
 
-
     @classmethod
     def from_dict(cls, d: dict, what: str = "trajectory") -> Trajectory:
         """Inverse of :meth:`to_dict`: the checkpoint specs and every checkpoint's result (each validated as
@@ -417,14 +416,12 @@ class Trajectory:
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """:meth:`to_dict` as strict JSON text (written atomically to ``path`` when given)."""
-        s = json.dumps(self.to_dict(), allow_nan=False)
-        if path is not None:
-            atomic_write_text(path, s)
-        return s
+        return dump_json(self.to_dict(), path)
 
     def to_dict(self) -> dict:
-        """JSON-able (:meth:`from_dict` is its inverse): contract, checkpoints (spec, revision, step, label), per-checkpoint summary, last
-        checkpoint's gap-vs-depth rows, and every checkpoint's full result (``SwapResult.to_dict()``)."""
+        """JSON-able (:meth:`from_dict` is its inverse): contract, checkpoints (spec, revision, step, label),
+        per-checkpoint summary, last checkpoint's gap-vs-depth rows, and every checkpoint's full result
+        (``SwapResult.to_dict()``)."""
         def clean(df):
             return json.loads(df.to_json(orient="records"))
 
