@@ -240,9 +240,10 @@ def request_caption(req) -> str:
     if req is None:
         return ""
     if req.kind == "trajectory":
-        return plots.contract_caption(req.contract.to_dict() | {"model": f"trajectory: {req.checkpoints[:80]}"})
-    d = req.contract.to_dict() | {"model": req.model + (f"@{req.revision}" if req.revision else "")}
-    cap = plots.contract_caption(d, evaluator=req.evaluator if req.wants_curves else None)
+        return plots.contract_caption(req.contract.provenance(model=f"trajectory: {req.checkpoints[:80]}"))
+    model = req.model + (f"@{req.revision}" if req.revision else "")
+    cap = plots.contract_caption(req.contract.provenance(model=model),
+                                 evaluator=req.evaluator if req.wants_curves else None)
     if req.wants_curves:
         cap += f"{plots.SEP}budget {req.budget}{plots.SEP}methods {', '.join(req.methods)}"
     return cap

@@ -79,7 +79,7 @@ def body(job) -> None:
     stats = traj.summary()
     depth = traj.depth()
     tj = traj.to_dict()
-    cap = plots.contract_caption(tj)
+    cap = plots.contract_caption(traj)
     st.caption(f"contract: {cap}")
     figs = plots.trajectory_figures(stats, depth, caption=cap)
     a, b = st.columns(2)

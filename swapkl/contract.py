@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from swapkl.errors import ContractError
 
@@ -51,6 +51,21 @@ def pair_list(spec: str, num_layers: int) -> list[tuple[int, int]]:
         raise ContractError(f"a model with {num_layers} layer(s) has no layer pairs")
     max_gap = num_layers - 1 if kind == "all" else min(k, num_layers - 1)
     return [(i, i + g) for g in range(1, max_gap + 1) for i in range(num_layers - g)]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a shown number was computed under: the one input of :func:`swapkl.plots.contract_caption`.
+
+    ``model``: the model identity (``display``/``id``, ``revision``, ``commit`` or a weights fingerprint), or None;
+    ``contract``: the swap-KL settings (:meth:`Contract.to_dict` keys, plus ``corpus_label``); ``evaluator``: the
+    perplexity evaluator (its dict or name), or None; ``extra``: further caption pieces (budget, spacing).  Every
+    result type gives one with ``provenance()``."""
+
+    model: dict | None = None
+    contract: dict = field(default_factory=dict)
+    evaluator: dict | str | None = None
+    extra: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,11 @@ class Contract:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def provenance(self, model: dict | str | None = None, evaluator: dict | str | None = None) -> Provenance:
+        """These settings as a :class:`Provenance` (before any result exists: ``model`` as typed)."""
+        return Provenance(model={"display": model} if isinstance(model, str) else model, contract=self.to_dict(),
+                          evaluator=evaluator)
 
     @classmethod
     def from_dict(cls, d: dict) -> Contract:

@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from swapkl import methods as M, schema
+from swapkl.contract import Provenance
 from swapkl.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.memo import EvalMemo, disk_memo
@@ -24,6 +25,22 @@ from swapkl.verdict import regime_verdict
 
 class ScoresMismatch(SwapklError):
     """A scores file that belongs to a different model (or layer count)."""
+
+
+def curves_provenance(d: dict) -> Provenance:
+    """The :class:`~swapkl.contract.Provenance` of a curves dict (:meth:`CurvesResult.to_dict`): model,
+    evaluator, corpus label, and the budget and spacing as extra caption pieces."""
+    corpus = d.get("corpus") or {}
+    extra = []
+    if d.get("budget") is not None:
+        extra.append(f"budget {d['budget']}")
+    sel = d.get("selection") or {}
+    if sel.get("spacing") is not None:
+        extra.append(f"spacing Δ={sel['spacing']}")
+    model = d.get("model")
+    return Provenance(model={"display": model} if isinstance(model, str) else model,
+                      contract={"corpus_label": corpus.get("label") or corpus.get("name")} if corpus else {},
+                      evaluator=d.get("evaluator"), extra=tuple(extra))
 
 
 @dataclass
@@ -53,6 +70,10 @@ class CurvesResult:
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     complete: bool = True
+
+    def provenance(self) -> Provenance:
+        """Model, corpus, evaluator, budget and spacing of these curves (:func:`curves_provenance`)."""
+        return curves_provenance(vars(self))
 
     def to_dict(self) -> dict:
         """Every field, JSON-able (NaN/inf as None), so ``json.dumps`` and :meth:`from_dict` take it as is."""

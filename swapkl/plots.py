@@ -18,7 +18,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from swapkl import methods as M
+from swapkl.contract import Provenance
+from swapkl.curves import curves_provenance
 from swapkl.results import CONDITIONAL, matrix_json, STRONG
+from swapkl.trajectory import trajectory_provenance
 from swapkl.errors import SwapklError
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the
@@ -100,51 +103,25 @@ def _curves_dict(curves) -> dict:
     raise TypeError(f"not a CurvesResult: {type(curves).__name__}")
 
 
-def _is_swapresult(obj) -> bool:
-    return hasattr(obj, "identity") and hasattr(obj, "contract") and hasattr(obj, "replacement")
+def contract_caption(source: Any, evaluator: dict | str | None = None) -> str:
+    """One line stating the evaluation contract of ``source``: a :class:`~swapkl.contract.Provenance`, or any
+    result that gives one with ``provenance()`` (SwapResult, CurvesResult, Trajectory, Recommendation, Contract).
+    A dict is not guessed at: build the result with its ``from_dict``, or use :func:`swapkl.curves.curves_provenance`
+    / :func:`swapkl.trajectory.trajectory_provenance` for a curves or trajectory dict.
 
-
-def contract_caption(result_or_dict: Any, evaluator: dict | str | None = None) -> str:
-    """One line stating the evaluation contract.
-
-    Accepts a :class:`~swapkl.results.SwapResult` (or its ``to_json()`` dict), a ``CurvesResult`` (or its dict),
-    a trajectory JSON dict (``swapkl.trajectory/1``), or a plain contract dict (optionally with ``model``).
     Gives: model (display/id, revision or a fingerprint prefix), pairs, prompts × tokens, positions,
-    aggregation, dtype, corpus label, seed, and the perplexity evaluator when present (or passed)."""
-    obj = result_or_dict
-    model, contract, ev, extra = None, {}, evaluator, []
-    if _is_swapresult(obj):
-        model, contract = obj.identity, dict(obj.contract)
-    elif hasattr(obj, "methods") and hasattr(obj, "evaluator"):
-        obj = _curves_dict(obj)
-    if isinstance(obj, dict):
-        if "methods" in obj and "evaluator" in obj:           # curves
-            model = obj.get("model")
-            ev = ev or obj.get("evaluator")
-            corpus = obj.get("corpus") or {}
-            contract = {"corpus_label": corpus.get("label") or corpus.get("name")} if corpus else {}
-            if obj.get("budget") is not None:
-                extra.append(f"budget {obj['budget']}")
-            sel = obj.get("selection") or {}
-            if sel.get("spacing") is not None:
-                extra.append(f"spacing Δ={sel['spacing']}")
-        elif obj.get("format", "").startswith("swapkl.trajectory"):
-            contract = dict(obj.get("contract") or {})
-            cks = obj.get("checkpoints") or []
-            first = cks[0]["label"] if cks else "?"
-            model = {"display": f"{len(cks)} checkpoints ({first} …)" if len(cks) > 1 else first}
-        elif "contract" in obj and isinstance(obj["contract"], dict):  # SwapResult JSON
-            contract = dict(obj["contract"])
-            model = obj.get("model") or obj.get("identity")
-            ev = ev or obj.get("evaluator")
-        else:                                                  # a plain contract dict
-            contract = {k: v for k, v in obj.items() if k not in ("model", "evaluator")}
-            model = obj.get("model")
-            ev = ev or obj.get("evaluator")
-    if isinstance(model, str):
-        model = {"display": model}
+    aggregation, dtype, corpus label, seed, the extra pieces (budget, spacing), and the perplexity evaluator when
+    the source has one (``evaluator`` overrides it)."""
+    prov = source if isinstance(source, Provenance) else getattr(source, "provenance", None)
+    if not isinstance(prov, Provenance):
+        if not callable(prov):
+            raise TypeError(f"contract_caption needs a Provenance or a result with provenance(), not "
+                            f"{type(source).__name__}")
+        prov = prov()
+    model = {"display": prov.model} if isinstance(prov.model, str) else prov.model
     parts = [_fmt_model(model)] if model is not None else []
-    parts += _contract_parts(contract) + extra
+    parts += _contract_parts(prov.contract or {}) + list(prov.extra)
+    ev = evaluator or prov.evaluator
     if ev:
         parts.append(_fmt_evaluator(ev))
     return SEP.join(parts)
@@ -643,7 +620,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
     fig.update_layout(xaxis_title="layers removed n", yaxis_title="ΔPPL (% of baseline)", height=460, width=760,
                       legend={"orientation": "v"}, hovermode="closest")
     fig.update_xaxes(dtick=1)
-    return _stamp(fig, title, caption or contract_caption(d))
+    return _stamp(fig, title, caption or contract_caption(curves_provenance(d)))
 
 
 def kl_to_base_figure(curves, methods: Iterable[str] | None = None, caption: str | None = None):
@@ -668,7 +645,7 @@ def kl_to_base_figure(curves, methods: Iterable[str] | None = None, caption: str
     fig.update_layout(xaxis_title="layers removed n", yaxis_title="KL(base ‖ pruned), nats per token", height=420,
                       width=760)
     fig.update_xaxes(dtick=1)
-    return _stamp(fig, "Distance of the pruned model from the base model", caption or contract_caption(d))
+    return _stamp(fig, "Distance of the pruned model from the base model", caption or contract_caption(curves_provenance(d)))
 
 
 def removed_layers_table(curves):
@@ -743,7 +720,7 @@ def trajectory_figures(stats_df, depth_df=None, caption: str | None = None, log_
     import plotly.graph_objects as go
 
     if caption is None and isinstance(stats_df, dict):
-        caption = contract_caption(stats_df)
+        caption = contract_caption(trajectory_provenance(stats_df))
     stats, depth = _traj_frames(stats_df, depth_df)
     cap = caption or ""
     x, xtitle = _steps(stats)

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from swapkl import __version__, plots, schema
+from swapkl.curves import curves_provenance
 from swapkl.errors import SwapklError
 from swapkl.recommend import Recommendation
 from swapkl.results import SwapResult
 from swapkl.store import atomic_write_text
+from swapkl.trajectory import trajectory_provenance
 from swapkl.verdict import regime_verdict
 
 # Deferred imports: pandas and plotly are imported by the functions that build the HTML: the CLI's --help imports
@@ -334,7 +336,8 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         raise SwapklError("nothing to report: give a score result, removal curves or a trajectory")
     fig = _Figures()
     caption = plots.contract_caption(result) if result is not None else (
-        plots.contract_caption(curves) if curves is not None else plots.contract_caption(traj[0] or {}))
+        plots.contract_caption(curves_provenance(curves)) if curves is not None
+        else plots.contract_caption(trajectory_provenance(traj[0] or {})))
     if title is None:
         name = (result.identity.get("display") if result is not None else None) or (
             ((curves or {}).get("model") or {}).get("display")) or "swap-KL"
@@ -362,12 +365,12 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         parts.append(_csv_link(top, caption, "top_pairs.csv", "download CSV") + " · " +
                      _csv_link(result.pair_table(), caption, "pairs.csv", "all pairs with CIs (CSV)"))
     if curves is not None:
-        parts.append(_curves_html(curves, fig, plots.contract_caption(curves)))
+        parts.append(_curves_html(curves, fig, plots.contract_caption(curves_provenance(curves))))
         if "recommend" in (curves.get("methods") or {}):
-            parts.append(_recommend_html(curves, plots.contract_caption(curves)))
+            parts.append(_recommend_html(curves, plots.contract_caption(curves_provenance(curves))))
     if traj is not None:
         tdict, stats, depth = traj
-        tcap = plots.contract_caption(tdict) if tdict else caption
+        tcap = plots.contract_caption(trajectory_provenance(tdict)) if tdict else caption
         figs = plots.trajectory_figures(stats, depth, caption=tcap)
         parts.append("<h2>Training trajectory</h2>")
         if tdict and tdict.get("checkpoints"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from swapkl import __version__, schema
+from swapkl.contract import Provenance
 from swapkl.store import dump_json
 
 # Deferred imports: pandas is imported by pair_table() only: the CLI and the dashboard import this module without
@@ -205,6 +206,10 @@ class SwapResult:
         return self.pair_table()
 
     # ------------------------------------------------------------------ serialisation
+    def provenance(self):
+        """The model identity and contract of these scores (:class:`~swapkl.contract.Provenance`)."""
+        return Provenance(model=dict(self.identity or {}), contract=dict(self.contract or {}))
+
     def to_dict(self) -> dict:
         """A JSON-able dict: the documented fields (num_layers, pairs, replacement_directed, replacement,
         interchange, prompt_token_ids, contract) plus identity, per-prompt vectors, summary, noise floor."""

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from swapkl.contract import Provenance
 from swapkl.errors import ComputeInterrupted, SwapklError, UploadError
 from swapkl.results import SwapResult
 from swapkl.store import dump_json
@@ -373,6 +374,15 @@ def gap_vs_depth(items: Any, which: int = -1):
 
 # ============================================================================================ computing
 
+def trajectory_provenance(d: dict) -> Provenance:
+    """The :class:`~swapkl.contract.Provenance` of a trajectory dict (:meth:`Trajectory.to_dict`): its contract,
+    and "N checkpoints (first …)" as the model."""
+    cks = d.get("checkpoints") or []
+    first = cks[0].get("label", "?") if cks else "?"
+    return Provenance(model={"display": f"{len(cks)} checkpoints ({first} …)" if len(cks) > 1 else first},
+                      contract=dict(d.get("contract") or {}))
+
+
 @dataclass
 class Trajectory:
     """Scores of a list of checkpoints under one contract (``results[k]`` belongs to ``specs[k]``)."""
@@ -395,6 +405,11 @@ class Trajectory:
     def depth(self):
         """:func:`gap_vs_depth` of the last finished checkpoint."""
         return gap_vs_depth(self.points())
+
+    def provenance(self) -> Provenance:
+        """The shared contract and the checkpoints scored so far (:func:`trajectory_provenance`)."""
+        return trajectory_provenance({"contract": self.contract,
+                                      "checkpoints": [{"label": s.display()} for s in self.specs[:len(self.results)]]})
 
     @classmethod
     def from_dict(cls, d: dict, what: str = "trajectory") -> Trajectory:

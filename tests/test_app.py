@@ -296,7 +296,7 @@ def test_trajectory_page(cache, tmp_path, stories_path):
     assert depth["x"] == pytest.approx(list(d["depth"])) and depth["y"] == pytest.approx(list(d["gap"]))
     table = at.dataframe[0].value
     assert list(table["gap_median"]) == pytest.approx(list(stats["gap_median"]))
-    assert plots.contract_caption(job.trajectory.to_dict()) in figs[0]["layout"]["meta"]["contract"]
+    assert plots.contract_caption(job.trajectory) in figs[0]["layout"]["meta"]["contract"]
 
 
 def test_demo_report_download(cache):

@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 from swapkl import plots
+from swapkl.contract import Contract, Provenance
+from swapkl.curves import curves_provenance
 from swapkl.results import SwapResult
 
 CONTRACT = {"pairs": "gap:2", "prompts": 3, "tokens": 8, "positions": "last", "corpus": None, "seed": 0,
@@ -84,17 +86,31 @@ def test_caption_fields(res):
         assert part in c, (part, c)
     assert "\n" not in c
     # the JSON form gives the same caption
-    assert plots.contract_caption(res.to_dict()) == c
+    assert plots.contract_caption(SwapResult.from_dict(res.to_dict())) == c
     assert "evaluator matched" in plots.contract_caption(res, evaluator={"name": "matched", "max_words": 5000,
                                                                          "window": 512, "stride": 256})
 
 
 def test_caption_hub_revision():
-    d = {"contract": CONTRACT, "model": {"kind": "hub", "id": "EleutherAI/pythia-410m", "revision": "step1000",
-                                        "display": "EleutherAI/pythia-410m@step1000", "commit": "0123456789abcdef"}}
+    d = Provenance(contract=CONTRACT, model={"kind": "hub", "id": "EleutherAI/pythia-410m", "revision": "step1000",
+                                             "display": "EleutherAI/pythia-410m@step1000",
+                                             "commit": "0123456789abcdef"})
     c = plots.contract_caption(d)
     assert c.startswith("EleutherAI/pythia-410m@step1000 (commit 01234567)")
     assert c.count("@step1000") == 1
+
+
+def test_caption_takes_one_shape(res):
+    """One input shape: a Provenance (or a result's provenance()); a bare dict is refused, not guessed at."""
+    with pytest.raises(TypeError, match="Provenance"):
+        plots.contract_caption(res.to_dict())
+    assert plots.contract_caption(res.provenance()) == plots.contract_caption(res)
+    c = plots.contract_caption(Contract(prompts=7, tokens=9).provenance(model="org/m@main"))
+    assert c.startswith("org/m@main") and "7 prompts × 9 tokens" in c
+    cur = curves_provenance({"model": {"display": "m"}, "evaluator": {"name": "quick"}, "budget": 3,
+                             "selection": {"spacing": 1}, "corpus": {"label": "toy"}})
+    assert plots.contract_caption(cur) == "m · corpus toy · budget 3 · spacing Δ=1 · evaluator quick".replace(
+        " · ", plots.SEP)
 
 
 def test_caption_real(real):

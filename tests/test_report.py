@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from swapkl.curves import curves_provenance
 from swapkl import plots, report
 from swapkl.errors import SwapklError
 from swapkl.removal import CurvesResult, regime_verdict
@@ -88,7 +89,7 @@ def test_report_everything(tmp_path):
     text = plain(doc)
     assert "Baseline perplexity 10.000 [9.500, 10.500]" in text
     assert "<td class=\"l\">2, 4</td>" in doc and "<td class=\"l\">1, 3</td>" in doc  # removed layers table
-    assert html.escape(plots.contract_caption(curves)) in doc
+    assert html.escape(plots.contract_caption(curves_provenance(curves))) in doc
     # the curves figure holds the CurvesResult numbers
     figs = [figure_json(doc, k) for k in range(1, 9)]
     curve_fig = figs[2]

@@ -70,7 +70,7 @@ def run(a) -> int:
     if a.max_words is not None:
         if a.max_words < 1:
             raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        from swapkl.evaluate import Evaluator
+        from swapkl.evaluate import Evaluator  # deferred: pulls torch; the CLI's --help must not
         ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
     corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
     partners = a.partners
@@ -90,7 +90,7 @@ def run(a) -> int:
         check_scores(scores, ck.num_layers, ident, ck.identity)
         src = f"scores from {a.scores}"
     else:
-        from swapkl.api import score
+        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
 
         contract = contract_from_args(a)
         res = score(ck, contract, progress=progress, use_cache=not a.no_cache)

@@ -71,7 +71,7 @@ def run(a) -> int:
     ck = load_from_args(a)
     merge = None
     if groups is not None:
-        from swapkl.merge import merge_plan
+        from swapkl.merge import merge_plan  # deferred: pulls torch (see the module comment)
 
         merge = merge_plan({"groups": groups, "mode": a.merge_mode}, ck.num_layers)
         if remove is not None and validate_remove(remove, ck.num_layers) != merge["removed"]:

@@ -99,7 +99,7 @@ def run(a) -> int:
         scores, ident, _ = loaded
         check_scores(scores, L, ident, ck.identity)
     else:
-        from swapkl.api import score
+        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
 
         res = score(ck, contract_from_args(a), progress=progress, use_cache=not a.no_cache)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}

@@ -73,7 +73,7 @@ def run(a) -> int:
 
             check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:
-        from swapkl.api import score
+        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
 
         _say(a, f"scoring {ck.identity.get('display')} (pairs={contract.pairs}, "
                 f"{contract.prompts}x{contract.tokens} tokens)")
