@@ -15,7 +15,7 @@ from swapkl import methods as M
 from swapkl.contract import Provenance
 from swapkl.curves import curves_provenance, removal_curves
 from swapkl.errors import SwapklError
-from swapkl.methods.recommended import (DEFAULT_CALIB_TOKENS, DEFAULT_WIDTH, LABEL, SEED_METHODS, default_top_k,
+from swapkl.methods.recommended import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, LABEL, SEED_METHODS, default_top_k,
                                         search, sleb_cost)
 from swapkl.results import finite_json
 from swapkl.store import dump_json
@@ -23,7 +23,7 @@ from swapkl.store import dump_json
 # Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
 # without it.
 
-__all__ = ["DEFAULT_CALIB_TOKENS", "DEFAULT_WIDTH", "LABEL", "SEED_METHODS", "Recommendation", "default_top_k",
+__all__ = ["DEFAULT_CALIB_TOKENS", "DEFAULT_CALIB_WINDOWS", "DEFAULT_WIDTH", "LABEL", "SEED_METHODS", "Recommendation", "default_top_k",
            "recommend", "search", "sleb_cost"]
 
 
@@ -184,6 +184,7 @@ class Recommendation:
 
 def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, evaluator="matched", *,
               width: int = DEFAULT_WIDTH, top_k: int | None = None, calib_tokens: int = DEFAULT_CALIB_TOKENS,
+              calib_windows: str = DEFAULT_CALIB_WINDOWS,
               max_evals="sleb", seeds: Sequence[str] = SEED_METHODS, constrained: bool = False,
               memo=None, identity: dict | None = None, progress=None, should_stop=None, kl: bool = True,
               method_params: dict | None = None, batch_size: int | None = None) -> Recommendation:
@@ -193,7 +194,8 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
     a :class:`~swapkl.removal.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
     Returns a :class:`Recommendation`."""
     params = dict(method_params or {})
-    params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "max_evals": max_evals,
+    params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows,
+                           "max_evals": max_evals,
                            "seeds": list(seeds), "constrained": constrained} | (
         {"top_k": top_k} if top_k is not None else {}) | params.get("recommend", {})
     res = removal_curves(model, tokenizer, scores, budget, ["recommend"], evaluator, corpus, progress=progress,

@@ -12,6 +12,7 @@ import torch
 from conftest import tiny_model
 from swapkl import evaluate as E
 from swapkl.corpora import Corpus, from_text, load_corpus
+from swapkl.errors import SwapklError
 from swapkl.evaluate import Evaluator
 from swapkl.methods import MethodContext
 from swapkl.recommend import Recommendation, recommend, search, sleb_cost
@@ -49,10 +50,13 @@ def _ctx(model, tok, corpus, scores, params, calib_ids=None, spacing=0):
     return ctx
 
 
-def _exhaustive(ctx, L, budget, tokens):
+def _exhaustive(ctx, L, budget, tokens, stride="evaluator"):
+    """The best size-n set by calibration PPL over every subset, scored as the search scores (the evaluator's
+    stride by default; None = non-overlapping windows)."""
+    step = ctx.evaluator.stride if stride == "evaluator" else stride
     best = {}
     for n in range(1, budget + 1):
-        vals = {c: ctx.calib_ppl(list(c), tokens) for c in itertools.combinations(range(L), n)}
+        vals = {c: ctx.calib_ppl(list(c), tokens, stride=step) for c in itertools.combinations(range(L), n)}
         best[n] = min(vals, key=lambda c: (vals[c], c))
         best[n] = (sorted(best[n]), vals[best[n]])
     return best
@@ -71,6 +75,38 @@ def test_unlimited_beam_is_exhaustive_stories(stories):
         assert levels[n - 1]["calib_ppl"] == pytest.approx(want[n][1], rel=1e-12)
     # every subset was evaluated once (base + 5 + 10 + 10), nothing twice
     assert out.info["recommendation"]["evaluations"] == 1 + 5 + 10 + 10
+
+
+def test_calibration_windows_follow_the_evaluator(stories):
+    """By default a calibration number is scored with the held-out evaluator's window and stride (the plain
+    sliding-window PPL on the calibration ids); "disjoint" gives SLEB's non-overlapping windows, and an exhaustive
+    search under that objective is matched too."""
+    from swapkl.evaluate import evaluate_ppl
+    from swapkl.prune import pruned_copy
+
+    corpus = load_corpus()
+    L, tokens = 5, 256
+    ctx = _ctx(stories.model, stories.tokenizer, corpus, _scores(L), {"width": 10, "top_k": L, "max_evals": None,
+                                                                      "calib_tokens": tokens})
+    out = search(ctx, 1)
+    ids = ctx.calib_ids(tokens)
+    win = min(EV.window, ids.numel())
+    assert EV.stride < win  # the two objectives differ on this evaluator
+    got = out.info["recommendation"]["levels"][0]["calib_ppl"]
+    removed = out.sets[0]
+    plain = evaluate_ppl(pruned_copy(stories.model, removed), ids, win, EV.stride).ppl
+    assert got == pytest.approx(plain, rel=1e-9)
+    assert out.settings["calib_windows"] == "evaluator" and out.settings["calib_stride"] == EV.stride
+    ctx_d = _ctx(stories.model, stories.tokenizer, corpus, _scores(L),
+                 {"width": 10, "top_k": L, "max_evals": None, "calib_tokens": tokens, "calib_windows": "disjoint"})
+    out_d = search(ctx_d, 2)
+    want = _exhaustive(ctx_d, L, 2, tokens, stride=None)
+    for n in (1, 2):
+        assert out_d.sets[n - 1] == want[n][0]
+    disjoint = evaluate_ppl(pruned_copy(stories.model, out_d.sets[0]), ids, win, win).ppl
+    assert out_d.info["recommendation"]["levels"][0]["calib_ppl"] == pytest.approx(disjoint, rel=1e-9)
+    with pytest.raises(SwapklError, match="calib_windows"):
+        search(_ctx(stories.model, stories.tokenizer, corpus, _scores(L), {"calib_windows": "overlap"}), 1)
 
 
 def test_unlimited_beam_is_exhaustive_tiny_random_model():
@@ -129,10 +165,11 @@ def test_recommend_never_reads_the_test_text(stories, monkeypatch):
     for ids in calls:
         assert torch.equal(ids, calib)
     monkeypatch.undo()
-    # end to end: the chosen sets do not depend on the test text (two different evaluation texts, same choice)
+    # end to end: the chosen sets do not depend on the test text (two different evaluation texts, same choice;
+    # the calibration windows follow the evaluator's window and stride, so those stay the same)
     a = recommend(model, tok, _scores(5), 2, corpus, EV, calib_tokens=tokens, memo=EvalMemo())
-    b = recommend(model, tok, _scores(5), 2, corpus, Evaluator("tiny2", 900, 256, 128), calib_tokens=tokens,
-                  memo=EvalMemo())
+    b = recommend(model, tok, _scores(5), 2, corpus, Evaluator("tiny2", 900, EV.window, EV.stride),
+                  calib_tokens=tokens, memo=EvalMemo())
     assert [a.removed(n) for n in (1, 2)] == [b.removed(n) for n in (1, 2)] == out.sets
     assert a.entries[0]["delta_pct"] != b.entries[0]["delta_pct"]
 
@@ -163,11 +200,12 @@ def test_recommend_is_a_curves_method(stories):
     corpus = load_corpus()
     res = removal_curves(stories.model, stories.tokenizer, _scores(5), 2, ["recommend", "sleb"], EV, corpus,
                          memo=EvalMemo(), spacing=0,
-                         method_params={"recommend": {"calib_tokens": 256}, "sleb": {"calib_tokens": 256}})
+                         method_params={"recommend": {"calib_tokens": 256, "calib_windows": "disjoint"},
+                                        "sleb": {"calib_tokens": 256}})
     rec = Recommendation.from_curves(res)
     assert [e["removed"] for e in res.methods["recommend"]] == [rec.removed(1), rec.removed(2)]
     assert res.method_info["recommend"]["settings"]["label"] == "recommended"
-    # same calibration text as SLEB: recommend's choice is at least as good on it at every n
+    # same calibration text and windows as SLEB: recommend's choice is at least as good on it at every n
     sleb = res.method_info["sleb"]["steps"]
     for n, lv in enumerate(res.method_info["recommend"]["recommendation"]["levels"], start=1):
         assert lv["calib_ppl"] <= sleb[n - 1]["calib_ppl"] + 1e-12

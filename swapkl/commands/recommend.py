@@ -9,7 +9,7 @@ from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model
 from swapkl.errors import SwapklError
 from swapkl import corpora, methods as M
 from swapkl.commands.curves import load_scores
-from swapkl.recommend import DEFAULT_CALIB_TOKENS, DEFAULT_WIDTH, recommend, SEED_METHODS
+from swapkl.recommend import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend, SEED_METHODS
 from swapkl.removal import check_budget, check_evaluator_context, check_scores, default_candidates, EvalMemo
 
 
@@ -29,6 +29,9 @@ def register(sub) -> None:
                    help="best layers taken from each protocol as candidates (default max(3, ceil(L/5)))")
     p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS,
                    help="calibration tokens from the corpus's prompt region (default %(default)s)")
+    p.add_argument("--calib-windows", default=DEFAULT_CALIB_WINDOWS, choices=["evaluator", "disjoint"],
+                   help="calibration windows: the held-out evaluator's window and stride (default) or "
+                        "non-overlapping windows (SLEB's)")
     p.add_argument("--max-evals", default="sleb",
                    help="calibration evaluations allowed: sleb (what SLEB-iterative spends, default), an integer, "
                         "or none (no cap)")
@@ -109,7 +112,8 @@ def run(a) -> int:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
     rec = recommend(ck.model, ck.tokenizer, scores, a.budget, corpus, ev, width=a.width, top_k=a.top_k,
-                    calib_tokens=a.calib_tokens, max_evals=max_evals, seeds=seeds, constrained=a.constrained,
+                    calib_tokens=a.calib_tokens, calib_windows=a.calib_windows,
+                    max_evals=max_evals, seeds=seeds, constrained=a.constrained,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
                     kl=not a.no_kl)
     if a.json:
@@ -126,7 +130,9 @@ def render(rec) -> str:
              f"held-out: {ev.get('name')} ({ev.get('max_words')} words, window {ev.get('window')}, stride "
              f"{ev.get('stride')}) on {rec.corpus.get('label')}; baseline PPL {rec.baseline_ppl:.4g} "
              f"[{lo_hi[0]:.4g}, {lo_hi[1]:.4g}]",
-             f"calibration: {rec.settings.get('calib_tokens')} tokens of the prompt region, baseline PPL "
+             f"calibration: {rec.settings.get('calib_tokens')} tokens of the prompt region ("
+             f"{'stride ' + str(rec.settings['calib_stride']) if rec.settings.get('calib_stride') else 'disjoint windows'}"
+             f"), baseline PPL "
              f"{rec.calib_base_ppl:.4g}; candidates {rec.candidates}; width {rec.settings.get('width')}; "
              f"{rec.stats.get('evaluations')} calibration evaluations (SLEB-iterative: "
              f"{rec.stats.get('sleb_evaluations')})",

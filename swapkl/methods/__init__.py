@@ -157,18 +157,22 @@ class MethodContext:
             self._calib_ids = ids
         return self._calib_ids[:max_tokens]
 
-    def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None) -> float:
-        """PPL of the model without ``removed`` on the calibration text (non-overlapping windows), memoised."""
+    def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
+                  stride: int | None = None) -> float:
+        """PPL of the model without ``removed`` on the calibration text, memoised.  ``window`` (tokens, default
+        the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's convention; the
+        evaluator's stride scores every token with the held-out evaluator's context)."""
         from swapkl import evaluate as E  # deferred (torch), as above
         from swapkl.prune import pruned_copy
 
         ids = self.calib_ids(max_tokens)
         win = min(window or self.evaluator.window, ids.numel())
-        key = f"calib:{getattr(self.corpus, 'sha256', '?')}:{ids.numel()}:{win}"
+        step = min(stride or win, win)
+        key = f"calib:{getattr(self.corpus, 'sha256', '?')}:{ids.numel()}:{win}" + (f":s{step}" if step != win else "")
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("stopped")
         res = self.memo.get(key, removed, lambda: E.evaluate_ppl(
-            pruned_copy(self.model, removed) if removed else self.model, ids, win, win,
+            pruned_copy(self.model, removed) if removed else self.model, ids, win, step,
             batch_size=self.batch_size))
         return res.ppl
 

@@ -12,8 +12,9 @@ The search (:func:`search`):
 3. **Beam search** over removal sets, level n = 1..budget: the level's seeds first, then every expansion of the
    best beam member by one candidate (this contains SLEB's greedy path restricted to the candidates), then the
    other members' expansions in candidate order; all scored by perplexity on **calibration text from the corpus's
-   prompt region** (:meth:`MethodContext.calib_ppl`, never the test text), through the run's memo so no set is
-   evaluated twice.  The ``width`` best sets of size n form the next beam.
+   prompt region** (:meth:`MethodContext.calib_ppl`, never the test text), in the held-out evaluator's windows
+   and stride (so each calibration token is scored with the context a test token gets), through the run's memo so
+   no set is evaluated twice.  The ``width`` best sets of size n form the next beam.
 4. The set recommended for n is the best calibration PPL among every size-n set evaluated.
 
 Cost cap: ``max_evals`` distinct calibration evaluations (default: what SLEB-iterative spends for the same budget,
@@ -39,7 +40,9 @@ from swapkl.selection import BudgetError, layer_scores
 SEED_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "laco")
 LABEL = "recommended"
 DEFAULT_WIDTH = 4
-DEFAULT_CALIB_TOKENS = 1024  # the same calibration text as SLEB-iterative's default, so the memo is shared
+DEFAULT_CALIB_TOKENS = 1024  # the same calibration text as SLEB-iterative's default
+#: calibration windows: the held-out evaluator's window and stride ("evaluator") or non-overlapping ("disjoint")
+DEFAULT_CALIB_WINDOWS = "evaluator"
 
 
 def default_top_k(num_layers: int) -> int:
@@ -70,7 +73,8 @@ def search(ctx, budget: int) -> MethodOutput:
     """The search described in the module docstring, on ``ctx`` (a :class:`swapkl.methods.MethodContext`).
 
     Parameters (``ctx.params["recommend"]``): ``width`` (beam width, default 4), ``top_k`` (best layers per
-    protocol, default :func:`default_top_k`), ``calib_tokens`` (default 1024), ``max_evals`` (default
+    protocol, default :func:`default_top_k`), ``calib_tokens`` (default 1024), ``calib_windows`` (``"evaluator"``,
+    the default: the held-out evaluator's window and stride; ``"disjoint"``: non-overlapping windows), ``max_evals`` (default
     :func:`sleb_cost`; ``None`` = no cap), ``seeds`` (method names, default :data:`SEED_METHODS`),
     ``constrained`` (the rule's candidates and spacing instead of every layer without spacing).
 
@@ -85,6 +89,12 @@ def search(ctx, budget: int) -> MethodOutput:
     width = int(p("width", DEFAULT_WIDTH))
     top_k = int(p("top_k", default_top_k(L)))
     calib_tokens = int(p("calib_tokens", DEFAULT_CALIB_TOKENS))
+    windows = str(p("calib_windows", DEFAULT_CALIB_WINDOWS))
+    if windows not in ("evaluator", "disjoint"):
+        raise SwapklError(f"recommend calib_windows must be 'evaluator' or 'disjoint', not {windows!r}")
+    # "evaluator": the held-out evaluator's window and stride, so a calibration number is scored like the held-out
+    # one (each token with the same context); "disjoint": non-overlapping windows (SLEB's calibration, shared memo)
+    calib_stride = getattr(ctx.evaluator, "stride", None) if windows == "evaluator" else None
     seed_names = list(p("seeds", SEED_METHODS))
     singles = bool(p("singles", True))
     cap = p("max_evals", "sleb")
@@ -159,7 +169,7 @@ def search(ctx, budget: int) -> MethodOutput:
 
     def calib(s: frozenset) -> float:
         if s not in evaluated:
-            evaluated[s] = float(ctx.calib_ppl(sorted(s), calib_tokens))
+            evaluated[s] = float(ctx.calib_ppl(sorted(s), calib_tokens, stride=calib_stride))
             cost["evals"] += 1
         return evaluated[s]
 
@@ -248,7 +258,8 @@ def search(ctx, budget: int) -> MethodOutput:
                                "calib_base_ppl": base, "evaluations": cost["evals"], "max_evals": cap,
                                "sleb_evaluations": sleb_cost(len(cands_all), budget),
                                "seconds": time.perf_counter() - t0, "notes": notes}}
-    st = settings | {"width": width, "top_k": top_k, "calib_tokens": calib_tokens, "max_evals": cap,
+    st = settings | {"width": width, "top_k": top_k, "calib_tokens": calib_tokens, "calib_windows": windows,
+                     "calib_stride": calib_stride, "max_evals": cap,
                      "seeds": seed_names, "merged_seeds": merged, "label": LABEL,
                      "calibration": "corpus prompt region (disjoint from the test text)",
                      "choice": "lowest calibration PPL among every evaluated set of that size"}
