@@ -128,7 +128,7 @@ def run_sweep(model, ids: torch.Tensor, pairs, peak_flops: float | None) -> dict
 
 def reference_check(model, ids: torch.Tensor, pairs) -> dict:
     """Engine vs the plain implementation on the same inputs (a few pairs, a few prompts)."""
-    from swapkl.engine import SwapEngine
+    from swapkl.engine import noise_floor, SwapEngine
     from swapkl.reference import reference_sweep
 
     dev = next(model.parameters()).device
@@ -155,7 +155,7 @@ def reference_check(model, ids: torch.Tensor, pairs) -> dict:
     return {"pairs": [list(p) for p in pairs], "prompts": int(ids.shape[0]), "tokens": int(ids.shape[1]),
             "engine_s": t_eng, "reference_s": t_ref, "speed_ratio": t_ref / t_eng,
             "max_abs_diff_nats": max(diffs), "max_rel_diff": max(rels), "min_kl_nats": min(vals),
-            "noise_floor_nats": eng.noise_floor(), "note": "engine time includes its baseline pass; "
+            "noise_floor_nats": noise_floor(eng), "note": "engine time includes its baseline pass; "
             "reference = batch-of-one full forwards with load_state_dict weight copies (swapkl.reference)"}
 
 

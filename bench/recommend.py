@@ -50,6 +50,22 @@ def calib_evaluations(curves: dict, method: str, n: int) -> int:
     return 0
 
 
+def calib_table(rec: dict) -> list[str]:
+    """Markdown rows: per n, the calibration PPL of recommend's choice and of each seed method's set (as the
+    search scored them: its calibration text and windows)."""
+    levels = rec["levels"]
+    seeds = sorted({m for lv in levels for m in (lv.get("seed_calib") or {})})
+    lines = [f"Calibration PPL (as recommend scores it; base {rec['calib_base_ppl']:.4g}) of recommend's choice "
+             "vs each seed's set:", "", "| n | recommend | " + " | ".join(LABELS.get(m, m) for m in seeds) + " |",
+             "|---" * (2 + len(seeds)) + "|"]
+    for lv in levels:
+        sc = lv.get("seed_calib") or {}
+        cell = lambda e: (f"{e['calib_ppl']:.2f} {e['removed']}" if e and e.get("calib_ppl") is not None else "–")
+        lines.append(f"| {lv['n']} | {lv['calib_ppl']:.2f} {lv['removed']} | "
+                     + " | ".join(cell(sc.get(m)) for m in seeds) + " |")
+    return lines
+
+
 def render(out: dict) -> str:
     c = out["curves"]
     budget = c["budget"]
@@ -117,9 +133,14 @@ def render(out: dict) -> str:
                        f"{calib_evaluations(c, 'sleb', n)} calibration evaluations")
     rec = c["method_info"].get("recommend", {}).get("recommendation")
     if rec:
-        lines += ["", f"recommend candidates {rec['candidates']}; search {rec['seconds']:.0f} s; "
-                      f"SLEB {c['method_info'].get('sleb', {}).get('selection_seconds', float('nan')):.0f} s "
-                      f"(its trials partly memo hits from recommend's)", ""]
+        st = c["method_info"]["recommend"].get("settings", {})
+        shared = st.get("calib_windows", "disjoint") == "disjoint"  # same calibration windows as SLEB's: one memo
+        windows = (f"stride {st['calib_stride']}" if st.get("calib_stride") else "disjoint windows")
+        lines += ["", f"recommend candidates {rec['candidates']}; calibration {st.get('calib_tokens')} tokens, "
+                      f"{windows}; search {rec['seconds']:.0f} s; "
+                      f"SLEB {c['method_info'].get('sleb', {}).get('selection_seconds', float('nan')):.0f} s"
+                      + (" (its trials partly memo hits from recommend's)" if shared else ""), ""]
+        lines += calib_table(rec) + [""]
         from swapkl.recommend import Recommendation
 
         r = Recommendation.from_curves(c)

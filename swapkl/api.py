@@ -17,7 +17,7 @@ from swapkl.cache import ScoreEntry
 from swapkl.checkpoints import Checkpoint, load_checkpoint  # noqa: F401  (re-exported)
 from swapkl.contract import Contract
 from swapkl.corpora import load_corpus
-from swapkl.engine import ProgressFn, SwapEngine
+from swapkl.engine import noise_floor, precision_floor, ProgressFn, SwapEngine
 from swapkl.errors import ContractError, is_oom
 from swapkl.prompts import make_prompts
 from swapkl.results import SwapResult
@@ -144,9 +144,9 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
             # the noise floor is the larger of two numerical effects: batching (batched baseline vs batch-of-one
             # forwards) and, below float32, precision (the same weights computed in float32)
             floors = {}
-            for name, fn in (("batching", engine.noise_floor), ("precision", engine.precision_floor)):
+            for name, fn in (("batching", noise_floor), ("precision", precision_floor)):
                 try:
-                    floors[name] = fn()
+                    floors[name] = fn(engine)
                 except Exception as e:  # one prompt's forward may not fit; not essential
                     if not is_oom(e):
                         raise

@@ -435,34 +435,6 @@ class SwapEngine:
 
         return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))
 
-    @torch.inference_mode()
-    def noise_floor(self, n: int = 2) -> float:
-        """Mean KL (nats) between the engine's batched baseline and batch-of-one full forwards of the model
-        on the first ``n`` prompts: differences below this are numerical noise, not signal."""
-        vals = []
-        for k in range(min(n, self.ids.shape[0])):
-            out = self.runner.model(input_ids=self.ids[k:k + 1].to(self.runner.input_device()), use_cache=False)
-            logits = self._scored(out.logits)
-            lb = self._base_logp(k, k + 1).to(logits.device)
-            vals.append(kl_rows(lb, logits).mean().item())
-            del out, logits
-        return float(sum(vals) / max(1, len(vals)))
-
-    @torch.inference_mode()
-    def precision_floor(self, n: int = 2) -> float:
-        """Mean KL (nats) between the baseline as computed (e.g. bf16) and the same weights computed in float32,
-        on the first ``n`` prompts: the size of the model's own arithmetic noise at this dtype (an estimate:
-        the slot arguments, e.g. rotary cos/sin, stay as captured).  0 for a float32 model."""
-        if self.runner.dtype == torch.float32:
-            return 0.0
-        n = min(n, self.ids.shape[0])
-        h = self.base.states[0][:n]
-        for s in range(self.num_layers):
-            h = self.runner.run_slot_float32(self.base, s, h)
-        logits = self.runner.logits_float32(self._scored(h))
-        lb = self._base_logp(0, n).to(logits.device)
-        return float(kl_rows(lb, logits).mean().item())
-
     def sweep(self, pairs: Iterable[tuple[int, int]], progress: ProgressFn | None = None,
               on_pair: PairFn | None = None, should_stop: Callable[[], bool] | None = None) -> dict:
         """Compute every pair.  Returns ``{(i, j): {"repl_ij": [P], "repl_ji": [P], "inter": [P]}}`` where
@@ -559,3 +531,33 @@ class SwapEngine:
         kls = self.kl_many([r.h for r in live])
         self.stats.block_calls += calls
         return [(r.label, v) for r, v in zip(live, kls)]
+
+
+# ------------------------------------------------------------------------------------------------ diagnostics
+@torch.inference_mode()
+def noise_floor(engine: SwapEngine, n: int = 2) -> float:
+    """Mean KL (nats) between ``engine``'s batched baseline and batch-of-one full forwards of the model
+    on the first ``n`` prompts: differences below this are numerical noise, not signal."""
+    vals = []
+    for k in range(min(n, engine.ids.shape[0])):
+        out = engine.runner.model(input_ids=engine.ids[k:k + 1].to(engine.runner.input_device()), use_cache=False)
+        logits = engine._scored(out.logits)
+        lb = engine._base_logp(k, k + 1).to(logits.device)
+        vals.append(kl_rows(lb, logits).mean().item())
+        del out, logits
+    return float(sum(vals) / max(1, len(vals)))
+
+@torch.inference_mode()
+def precision_floor(engine: SwapEngine, n: int = 2) -> float:
+    """Mean KL (nats) between the baseline as computed (e.g. bf16) and the same weights computed in float32,
+    on the first ``n`` prompts: the size of the model's own arithmetic noise at this dtype (an estimate:
+    the slot arguments, e.g. rotary cos/sin, stay as captured).  0 for a float32 model."""
+    if engine.runner.dtype == torch.float32:
+        return 0.0
+    n = min(n, engine.ids.shape[0])
+    h = engine.base.states[0][:n]
+    for s in range(engine.num_layers):
+        h = engine.runner.run_slot_float32(engine.base, s, h)
+    logits = engine.runner.logits_float32(engine._scored(h))
+    lb = engine._base_logp(0, n).to(logits.device)
+    return float(kl_rows(lb, logits).mean().item())

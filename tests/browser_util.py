@@ -81,14 +81,31 @@ def chrome(user_data_dir: Path, size: str = "1600,1200"):
     return drv
 
 
+def _retry_stale(fn, tries: int = 5):
+    """Run ``fn()``, again when Streamlit redrew the element between finding and using it (a rerun after each
+    input change replaces the widget's DOM node)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for k in range(tries):
+        try:
+            return fn()
+        except StaleElementReferenceException:
+            if k == tries - 1:
+                raise
+            time.sleep(0.3)
+
+
 def click_text(drv, wait, text: str, tag: str = "*"):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
 
-    el = wait.until(EC.element_to_be_clickable((By.XPATH, f"//{tag}[normalize-space(.)='{text}']")))
-    drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
-    el.click()
-    return el
+    def go():
+        el = wait.until(EC.element_to_be_clickable((By.XPATH, f"//{tag}[normalize-space(.)='{text}']")))
+        drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+        el.click()
+        return el
+
+    return _retry_stale(go)
 
 
 def set_number(drv, wait, label: str, value: int):
@@ -96,12 +113,15 @@ def set_number(drv, wait, label: str, value: int):
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as EC
 
-    el = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f"input[aria-label='{label}']")))
-    drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
-    el.send_keys(Keys.CONTROL, "a")
-    el.send_keys(str(value), Keys.ENTER)
-    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"input[aria-label='{label}']").get_attribute("value")
-               == str(value))
+    def go():
+        el = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f"input[aria-label='{label}']")))
+        drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+        el.send_keys(Keys.CONTROL, "a")
+        el.send_keys(str(value), Keys.ENTER)
+
+    _retry_stale(go)
+    wait.until(lambda d: _retry_stale(lambda: d.find_element(
+        By.CSS_SELECTOR, f"input[aria-label='{label}']").get_attribute("value")) == str(value))
 
 
 def screenshot(drv, folder: Path, name: str) -> Path:

@@ -19,6 +19,9 @@ need_browser()
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+
+STALE = (StaleElementReferenceException,)
 
 LIVE_TEXT_JS = """return [...document.querySelectorAll('*')].filter(e => e.shadowRoot)
   .map(e => e.shadowRoot.querySelector('.swapkl-live .txt')).filter(Boolean).map(t => t.textContent);"""
@@ -71,19 +74,28 @@ def test_browser_end_to_end(server, browser):
 
     # Heatmaps page: both protocol heatmaps (two heatmap traces in the first chart) and the gap heatmap
     click_text(drv, wait, "Heatmaps", "span")
-    WebDriverWait(drv, 90).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) >= 3)
-    WebDriverWait(drv, 60).until(lambda d: len(d.find_elements(
+    # Streamlit may redraw a chart between two lookups: a stale element is retried, not a failure
+    WebDriverWait(drv, 90, ignored_exceptions=STALE).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) >= 3)
+    WebDriverWait(drv, 60, ignored_exceptions=STALE).until(lambda d: len(d.find_elements(
         By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm")) >= 3)
-    first = drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")[0]
-    assert len(first.find_elements(By.CSS_SELECTOR, ".heatmaplayer .hm")) == 2
-    assert "interchange d_inter" in first.text
+
+    def first_chart(d):
+        first = d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")[0]
+        return (len(first.find_elements(By.CSS_SELECTOR, ".heatmaplayer .hm")), first.text)
+
+    hm, text = WebDriverWait(drv, 30, ignored_exceptions=STALE).until(first_chart)
+    assert hm == 2
+    assert "interchange d_inter" in text
     screenshot(drv, ARTIFACTS, "heatmaps.png")
 
     # Removal curves page: the ΔPPL chart with the two guided curves
     click_text(drv, wait, "Removal curves", "span")
-    WebDriverWait(drv, 90).until(lambda d: any("ΔPPL after layer removal" in e.text
-                                               for e in d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")))
-    chart = [e for e in drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot") if "ΔPPL" in e.text][0]
-    assert "replacement-guided" in chart.text and "interchange-guided" in chart.text
+    def curves_text(d):
+        return next((e.text for e in d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
+                     if "ΔPPL after layer removal" in e.text), None)
+
+    text = WebDriverWait(drv, 90, ignored_exceptions=STALE).until(curves_text)
+    assert "replacement-guided" in text and "interchange-guided" in text
     shot = screenshot(drv, ARTIFACTS, "curves.png")
     assert shot.stat().st_size > 10_000

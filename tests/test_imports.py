@@ -34,7 +34,6 @@ EXCEPTIONS = {
     "swapkl.curves.removal_curves": "the runner's closures (evaluate_set, entry, report) share the memo, the "
                                     "baseline and the counters; to become a small runner class",
     "swapkl.demo_trajectory._train_into": "one training loop with its checkpoint writes and stop checks",
-    "swapkl.engine.SwapEngine": "the engine's batching, OOM halving and KL chunking act on one set of buffers",
     "swapkl.evaluate.evaluate_ppl": "the sliding-window loop with its batching, OOM retry and KL reference capture",
     "swapkl.methods.recommended.search": "the beam search: seeding, expansion and the evaluation budget share one state",
 }

@@ -263,7 +263,7 @@ def test_precision_noise_floor_in_bf16(stories_path, cache_dir):
     """Below float32 the noise floor includes precision: KL between the bf16 baseline and the same weights
     computed in float32 (one block upcast at a time). In float32 that part is exactly 0."""
     from swapkl.checkpoints import load_checkpoint
-    from swapkl.engine import SwapEngine
+    from swapkl.engine import precision_floor, SwapEngine
 
     ck16 = load_checkpoint(str(stories_path), device="cpu", dtype="bfloat16")
     res = score(ck16, Contract(pairs="adjacent", prompts=3, tokens=16, dtype="bfloat16"))
@@ -279,4 +279,4 @@ def test_precision_noise_floor_in_bf16(stories_path, cache_dir):
     # same size as the KL to a float32 model on the bf16-rounded weights (not identical: the slot arguments,
     # e.g. rotary cos/sin, were captured in bf16)
     assert parts["precision"] == pytest.approx(direct, rel=0.3)
-    assert SwapEngine(m32, ids[:2]).precision_floor() == 0.0
+    assert precision_floor(SwapEngine(m32, ids[:2])) == 0.0
