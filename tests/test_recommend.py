@@ -248,3 +248,27 @@ def test_recommend_cli_json(stories_path, capsys, monkeypatch, tmp_path):
     rec = Recommendation.from_json(out)
     assert len(rec.entries) == 2 and rec.evaluator["name"] == "matched@400w"
     assert rec.settings["calib_tokens"] == 256
+
+
+def test_bench_table_renders_the_committed_results():
+    """`python bench/recommend.py --table FILE` re-renders docs/recommend-results.md's tables from the committed
+    JSON: the target check compares recommend with the best other method per n, and the calibration table shows
+    recommend's choice as the best calibration PPL among the seeds' sets (the design guarantee)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = root / "bench" / "results" / "recommend-smollm2-135m.json"
+    out = subprocess.run([sys.executable, str(root / "bench" / "recommend.py"), "--table", str(path)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    d = json.loads(path.read_text())
+    budget = d["curves"]["budget"]
+    assert sum(line.startswith("* n=") for line in out.splitlines()) == budget
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    assert len(rows) == budget
+    levels = d["curves"]["method_info"]["recommend"]["recommendation"]["levels"]
+    for lv in levels:
+        seeds = [e["calib_ppl"] for e in (lv.get("seed_calib") or {}).values() if e.get("calib_ppl") is not None]
+        assert all(lv["calib_ppl"] <= v + 1e-9 for v in seeds)
+    assert "stride 256" in out  # recorded with the evaluator's calibration windows
