@@ -115,7 +115,7 @@ def recommendation_view(job) -> None:
     st.write(rec.explain(n))
     from swapkl import plots
 
-    st.caption(f"contract: {plots.contract_caption(curves)}")
+    st.caption(f"contract: {plots.contract_caption(rec)}")
     with st.expander("Export the recommended model"):
         common.export_view(job, e["removed"], f"Export pruned model (remove {e['removed']})", key="export_rec")
 

@@ -6,6 +6,7 @@ set, with its paired bootstrap CI, comes from the same evaluator and memo as eve
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,9 +122,21 @@ class Recommendation:
         return pd.DataFrame(rows)
 
     def provenance(self) -> Provenance:
-        """Model, corpus and held-out evaluator of the recommendation, with its budget."""
-        return curves_provenance({"model": self.model, "evaluator": self.evaluator, "corpus": self.corpus,
+        """Model, corpus and held-out evaluator of the recommendation, its budget, and the calibration contract
+        (tokens of the prompt region, windows) its calibration PPLs were measured under."""
+        base = curves_provenance({"model": self.model, "evaluator": self.evaluator, "corpus": self.corpus,
                                   "budget": self.budget})
+        return dataclasses.replace(base, extra=base.extra + (self.calibration_caption(),))
+
+    def calibration_caption(self) -> str:
+        """How the calibration PPLs were measured, e.g. "calibration 1024 tokens of the prompt region, window
+        512/stride 256"."""
+        st = self.settings
+        win = (self.evaluator or {}).get("window")
+        stride = st.get("calib_stride")
+        how = (f"window {win}/stride {stride}" if stride else f"disjoint windows of {win}") if win else (
+            f"stride {stride}" if stride else "disjoint windows")
+        return f"calibration {st.get('calib_tokens', '?')} tokens of the prompt region, {how}"
 
     # -- JSON
     def to_dict(self) -> dict:

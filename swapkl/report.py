@@ -305,19 +305,20 @@ def _curves_html(curves: dict, fig, caption: str) -> str:
     return "\n".join(out)
 
 
-def _recommend_html(curves: dict, caption: str) -> str:
-    """"Recommended removal": the table of :meth:`swapkl.recommend.Recommendation.table` and one sentence per n."""
+def _recommend_html(curves: dict) -> str:
+    """"Recommended removal": the table of :meth:`swapkl.recommend.Recommendation.table` (captioned with its
+    contract, calibration included) and one sentence per n."""
 
     try:
         rec = Recommendation.from_curves(curves)
     except (SwapklError, KeyError, TypeError):
         return ""
     out = ["<h2>Recommended removal</h2>",
-           f"<p>Chosen by calibration perplexity only ({_e(rec.settings.get('calib_tokens'))} tokens of the corpus's "
-           f"prompt region, never the test text) by a beam search (width {_e(rec.settings.get('width'))}) seeded "
+           f"<p>Chosen by calibration perplexity only ({_e(rec.calibration_caption())}; never the test text) by "
+           f"a beam search (width {_e(rec.settings.get('width'))}) seeded "
            f"by every method's sets, with {_e(rec.stats.get('evaluations'))} calibration evaluations "
            f"(SLEB-iterative: {_e(rec.stats.get('sleb_evaluations'))}); ΔPPL is held-out.</p>",
-           _table(rec.table(), caption, nd=4)]
+           _table(rec.table(), plots.contract_caption(rec), nd=4)]
     out += [f"<p>{_e(rec.explain(e['n']))}</p>" for e in rec.entries]
     return "\n".join(out)
 
@@ -367,7 +368,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
     if curves is not None:
         parts.append(_curves_html(curves, fig, plots.contract_caption(curves_provenance(curves))))
         if "recommend" in (curves.get("methods") or {}):
-            parts.append(_recommend_html(curves, plots.contract_caption(curves_provenance(curves))))
+            parts.append(_recommend_html(curves))
     if traj is not None:
         tdict, stats, depth = traj
         tcap = plots.contract_caption(trajectory_provenance(tdict)) if tdict else caption

@@ -185,6 +185,12 @@ def test_recommendation_result_roundtrip_and_explain(stories):
     s = rec.explain(2)
     assert s.startswith(f"Remove layers {rec.removed(2)} (n=2)") and "calibration PPL" in s and "held-out" in s
     assert "calibration evaluations" in s and s.count(".") >= 1 and "\n" not in s
+    # the contract beside the numbers names the calibration text and windows, and the held-out evaluator
+    from swapkl import plots
+
+    cap = plots.contract_caption(rec)
+    assert "calibration 256 tokens of the prompt region, window 128/stride 64" in cap and "evaluator tiny" in cap
+    assert plots.contract_caption(back) == cap
     assert rec.stats["evaluations"] <= rec.stats["sleb_evaluations"] == sleb_cost(5, 2)
     e = rec.entry(1)
     assert e["ppl"] > 0 and e["delta_pct_ci"][0] <= e["delta_pct"] <= e["delta_pct_ci"][1]
