@@ -198,13 +198,14 @@ class Recommendation:
 def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, evaluator="matched", *,
               width: int = DEFAULT_WIDTH, top_k: int | None = None, calib_tokens: int = DEFAULT_CALIB_TOKENS,
               calib_windows: str = DEFAULT_CALIB_WINDOWS,
-              max_evals="sleb", seeds: Sequence[str] = SEED_METHODS, constrained: bool = False,
+              max_evals="sleb", seeds: Sequence[str] = SEED_METHODS, constrained: bool = False, spacing: int = 1,
               memo=None, identity: dict | None = None, progress=None, should_stop=None, kl: bool = True,
               method_params: dict | None = None, batch_size: int | None = None) -> Recommendation:
     """Recommend the layers to remove for n = 1..``budget`` (see the module docstring) and evaluate each choice on
     the held-out test text (the evaluator's text from the corpus's evaluation region, ``evaluator``) once, after
     the choice.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may be missing).  ``memo``:
     a :class:`~swapkl.removal.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
+    ``spacing``: Δ of the selection rule (the guided seeds', and the search's with ``constrained``).
     Returns a :class:`Recommendation`."""
     params = dict(method_params or {})
     params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows,
@@ -213,7 +214,7 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
         {"top_k": top_k} if top_k is not None else {}) | params.get("recommend", {})
     res = removal_curves(model, tokenizer, scores, budget, ["recommend"], evaluator, corpus, progress=progress,
                          should_stop=should_stop, memo=memo, identity=identity, kl=kl, method_params=params,
-                         batch_size=batch_size)
+                         batch_size=batch_size, spacing=spacing)
     rec = Recommendation.from_curves(res)
     rec.notes = list(res.notes) + [n for n in rec.notes if n not in res.notes]
     return rec

@@ -278,3 +278,16 @@ def test_bench_table_renders_the_committed_results():
         seeds = [e["calib_ppl"] for e in (lv.get("seed_calib") or {}).values() if e.get("calib_ppl") is not None]
         assert all(lv["calib_ppl"] <= v + 1e-9 for v in seeds)
     assert "stride 256" in out  # recorded with the evaluator's calibration windows
+
+
+def test_spacing_reaches_the_search(stories):
+    """``spacing`` is the selection rule's Δ for the whole run: with ``constrained`` the search keeps to the rule's
+    candidates (no boundary layer) under that Δ, so Δ=0 allows all three inner layers of stories260K and Δ=1 two."""
+    corpus = load_corpus()
+    rec = recommend(stories.model, stories.tokenizer, _scores(5), 3, corpus, EV, calib_tokens=128,
+                    constrained=True, spacing=0, memo=EvalMemo(), kl=False)
+    assert [sorted(rec.removed(n)) for n in (1, 2, 3)][-1] == [1, 2, 3]
+    assert all(set(rec.removed(n)) <= {1, 2, 3} for n in (1, 2))
+    with pytest.raises(SwapklError, match="spacing"):
+        recommend(stories.model, stories.tokenizer, _scores(5), 3, corpus, EV, calib_tokens=128,
+                  constrained=True, spacing=1, memo=EvalMemo(), kl=False)

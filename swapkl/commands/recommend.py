@@ -113,7 +113,7 @@ def run(a) -> int:
 
     rec = recommend(ck.model, ck.tokenizer, scores, a.budget, corpus, ev, width=a.width, top_k=a.top_k,
                     calib_tokens=a.calib_tokens, calib_windows=a.calib_windows,
-                    max_evals=max_evals, seeds=seeds, constrained=a.constrained,
+                    max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
                     kl=not a.no_kl)
     if a.json:
