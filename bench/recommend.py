@@ -133,17 +133,15 @@ def render(out: dict) -> str:
                        f"{calib_evaluations(c, 'sleb', n)} calibration evaluations")
     rec = c["method_info"].get("recommend", {}).get("recommendation")
     if rec:
-        st = c["method_info"]["recommend"].get("settings", {})
-        shared = st.get("calib_windows", "disjoint") == "disjoint"  # same calibration windows as SLEB's: one memo
-        windows = (f"stride {st['calib_stride']}" if st.get("calib_stride") else "disjoint windows")
-        lines += ["", f"recommend candidates {rec['candidates']}; calibration {st.get('calib_tokens')} tokens, "
-                      f"{windows}; search {rec['seconds']:.0f} s; "
-                      f"SLEB {c['method_info'].get('sleb', {}).get('selection_seconds', float('nan')):.0f} s"
-                      + (" (its trials partly memo hits from recommend's)" if shared else ""), ""]
-        lines += calib_table(rec) + [""]
         from swapkl.recommend import Recommendation
 
         r = Recommendation.from_curves(c)
+        shared = r.settings.get("calib_windows", "disjoint") == "disjoint"  # SLEB's calibration windows: one memo
+        lines += ["", f"recommend candidates {rec['candidates']}; {r.calibration_caption()}; "
+                      f"search {rec['seconds']:.0f} s; "
+                      f"SLEB {c['method_info'].get('sleb', {}).get('selection_seconds', float('nan')):.0f} s"
+                      + (" (its trials partly memo hits from recommend's)" if shared else ""), ""]
+        lines += calib_table(rec) + [""]
         for n in range(1, r.budget + 1):
             lines.append(f"* {r.explain(n)}")
     lines += ["", f"total wall time {out['seconds']:.0f} s on {out['threads']} thread(s)"]

@@ -57,12 +57,13 @@ def pair_list(spec: str, num_layers: int) -> list[tuple[int, int]]:
 class Provenance:
     """What a shown number was computed under: the one input of :func:`swapkl.plots.contract_caption`.
 
-    ``model``: the model identity (``display``/``id``, ``revision``, ``commit`` or a weights fingerprint), or None;
+    ``model``: the model identity (``display``/``id``, ``revision``, ``commit`` or a weights fingerprint), a plain
+    display string, or None;
     ``contract``: the swap-KL settings (:meth:`Contract.to_dict` keys, plus ``corpus_label``); ``evaluator``: the
     perplexity evaluator (its dict or name), or None; ``extra``: further caption pieces (budget, spacing).  Every
     result type gives one with ``provenance()``."""
 
-    model: dict | None = None
+    model: dict | str | None = None
     contract: dict = field(default_factory=dict)
     evaluator: dict | str | None = None
     extra: tuple = ()
@@ -130,8 +131,7 @@ class Contract:
 
     def provenance(self, model: dict | str | None = None, evaluator: dict | str | None = None) -> Provenance:
         """These settings as a :class:`Provenance` (before any result exists: ``model`` as typed)."""
-        return Provenance(model={"display": model} if isinstance(model, str) else model, contract=self.to_dict(),
-                          evaluator=evaluator)
+        return Provenance(model=model, contract=self.to_dict(), evaluator=evaluator)
 
     @classmethod
     def from_dict(cls, d: dict) -> Contract:

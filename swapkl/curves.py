@@ -37,8 +37,7 @@ def curves_provenance(d: dict) -> Provenance:
     sel = d.get("selection") or {}
     if sel.get("spacing") is not None:
         extra.append(f"spacing Δ={sel['spacing']}")
-    model = d.get("model")
-    return Provenance(model={"display": model} if isinstance(model, str) else model,
+    return Provenance(model=d.get("model"),
                       contract={"corpus_label": corpus.get("label") or corpus.get("name")} if corpus else {},
                       evaluator=d.get("evaluator"), extra=tuple(extra))
 

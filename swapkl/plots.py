@@ -112,12 +112,13 @@ def contract_caption(source: Any, evaluator: dict | str | None = None) -> str:
     Gives: model (display/id, revision or a fingerprint prefix), pairs, prompts × tokens, positions,
     aggregation, dtype, corpus label, seed, the extra pieces (budget, spacing), and the perplexity evaluator when
     the source has one (``evaluator`` overrides it)."""
-    prov = source if isinstance(source, Provenance) else getattr(source, "provenance", None)
+    prov = source
     if not isinstance(prov, Provenance):
-        if not callable(prov):
+        get = getattr(source, "provenance", None)
+        if not callable(get):
             raise TypeError(f"contract_caption needs a Provenance or a result with provenance(), not "
                             f"{type(source).__name__}")
-        prov = prov()
+        prov = get()
     model = {"display": prov.model} if isinstance(prov.model, str) else prov.model
     parts = [_fmt_model(model)] if model is not None else []
     parts += _contract_parts(prov.contract or {}) + list(prov.extra)

@@ -16,16 +16,16 @@ from swapkl import methods as M
 from swapkl.contract import Provenance
 from swapkl.curves import curves_provenance, removal_curves
 from swapkl.errors import SwapklError
-from swapkl.methods.recommended import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, LABEL, SEED_METHODS, default_top_k,
-                                        search, sleb_cost)
+from swapkl.methods.recommended import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, LABEL,
+                                        SEED_METHODS, default_top_k, search, sleb_cost)
 from swapkl.results import finite_json
 from swapkl.store import dump_json
 
 # Deferred imports: pandas is imported by Recommendation.table() only: the CLI and the dashboard import this module
 # without it.
 
-__all__ = ["DEFAULT_CALIB_TOKENS", "DEFAULT_CALIB_WINDOWS", "DEFAULT_WIDTH", "LABEL", "SEED_METHODS", "Recommendation", "default_top_k",
-           "recommend", "search", "sleb_cost"]
+__all__ = ["DEFAULT_CALIB_TOKENS", "DEFAULT_CALIB_WINDOWS", "DEFAULT_WIDTH", "LABEL", "SEED_METHODS", "Recommendation",
+           "default_top_k", "recommend", "search", "sleb_cost"]
 
 
 # ------------------------------------------------------------------------------------------------ the result

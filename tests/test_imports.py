@@ -148,7 +148,8 @@ def test_only_the_torch_modules_import_torch():
     assert first == "", f"importing {first} loaded torch (defer its torch-based imports, or list it in TORCH_MODULES)"
 
 
-def _oversized() -> dict[str, int]:
+def _sizes() -> dict[str, tuple[str, int]]:
+    """``{qualified name: ("class" | "function", lines)}`` for every class and function of ``swapkl/``."""
     out = {}
     for mod, path in _modules().items():
 
@@ -156,12 +157,14 @@ def _oversized() -> dict[str, int]:
             for ch in ast.iter_child_nodes(node):
                 if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     q = f"{prefix}.{ch.name}"
-                    n = ch.end_lineno - ch.lineno + 1
-                    if n > (CLASS_LINES if isinstance(ch, ast.ClassDef) else FUNCTION_LINES):
-                        out[q] = n
+                    out[q] = ("class" if isinstance(ch, ast.ClassDef) else "function", ch.end_lineno - ch.lineno + 1)
                     walk(ch, q)
         walk(ast.parse(path.read_text(encoding="utf-8")), mod)
     return out
+
+
+def _oversized() -> dict[str, int]:
+    return {q: n for q, (kind, n) in _sizes().items() if n > (CLASS_LINES if kind == "class" else FUNCTION_LINES)}
 
 
 def test_no_oversized_class_or_function():
@@ -220,3 +223,14 @@ def test_new_method_is_one_file(plugin_method, stories, wikitext_path, cache_dir
     r = curves.removal_curves(stories.model, stories.tokenizer, None, 2, ["reverse-depth"],
                               Evaluator("tiny", 200, 128, 64), from_file(wikitext_path), kl=False)
     assert [e["removed"] for e in r.methods["reverse-depth"]] == [[L - 1], [L - 2, L - 1]]
+
+
+if __name__ == "__main__":
+    # `PYTHONPATH=. python3 tests/test_imports.py`: the largest classes, and every function over the limit with its reason
+    sizes = _sizes()
+    for kind, limit in (("class", CLASS_LINES), ("function", FUNCTION_LINES)):
+        rows = sorted(((n, q) for q, (k, n) in sizes.items() if k == kind), reverse=True)
+        shown = rows[:3] if kind == "class" else [r for r in rows if r[0] > limit]
+        print(f"{kind}es (limit {limit} lines):" if kind == "class" else f"{kind}s over {limit} lines:")
+        for n, q in shown:
+            print(f"  {n:4d}  {q}" + (f"  ({EXCEPTIONS[q]})" if q in EXCEPTIONS else ""))

@@ -130,9 +130,7 @@ def render(rec) -> str:
              f"held-out: {ev.get('name')} ({ev.get('max_words')} words, window {ev.get('window')}, stride "
              f"{ev.get('stride')}) on {rec.corpus.get('label')}; baseline PPL {rec.baseline_ppl:.4g} "
              f"[{lo_hi[0]:.4g}, {lo_hi[1]:.4g}]",
-             f"calibration: {rec.settings.get('calib_tokens')} tokens of the prompt region ("
-             f"{'stride ' + str(rec.settings['calib_stride']) if rec.settings.get('calib_stride') else 'disjoint windows'}"
-             f"), baseline PPL "
+             f"{rec.calibration_caption()}; baseline PPL "
              f"{rec.calib_base_ppl:.4g}; candidates {rec.candidates}; width {rec.settings.get('width')}; "
              f"{rec.stats.get('evaluations')} calibration evaluations (SLEB-iterative: "
              f"{rec.stats.get('sleb_evaluations')})",
