@@ -189,6 +189,10 @@ def summary_view(job) -> None:
 
 def main() -> None:
     st.set_page_config(page_title="swapkl", page_icon=":material/swap_horiz:", layout="wide")
+    # the server's job manager, made on the first script run of the server, whichever page it opens: it starts
+    # the heavy imports (torch, transformers, the engine) on a background thread behind one lock
+    # (swapkl.heavy) before any job or other session can race for them; the page paints meanwhile
+    common.manager()
     common.keep_widget_state()
     pages = [st.Page(start_page, title="Start", icon=":material/home:", default=True),
              st.Page(str(HERE / "pages" / "heatmaps.py"), title="Heatmaps", icon=":material/grid_on:", url_path="heatmaps"),

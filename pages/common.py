@@ -42,11 +42,27 @@ def session_id() -> str:
     return st.session_state["_session"]
 
 
+def streamlit_session() -> str | None:
+    """Streamlit's id of this browser connection (a refresh or a closed tab ends it), or None outside a run."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else None
+
+
+def connected(session: str) -> bool:
+    """Whether the browser connection ``session`` (:func:`streamlit_session`) is still open."""
+    from streamlit import runtime
+
+    return runtime.exists() and runtime.get_instance().is_active_session(session)
+
+
 @st.cache_resource(show_spinner=False)
 def manager() -> JobManager:
-    """The one job manager of this server process (shared by every session and tab)."""
+    """The one job manager of this server process (shared by every session and tab).  It cancels a job when
+    every browser session that waited for it has closed (:class:`swapkl.jobs.audience.Audience`)."""
     progress = ROOT / "static" / "progress" if st.get_option("server.enableStaticServing") else None
-    mgr = JobManager(progress_dir=progress)
+    mgr = JobManager(progress_dir=progress, alive=connected)
     mgr.warm_up()
     return mgr
 
@@ -271,7 +287,8 @@ def start(request) -> Job | None:
     try:
         pol.check_request(request)
         job = manager().submit(request, owner=session_id(),
-                               max_active=pol.max_jobs_per_session if pol.demo else None)
+                               max_active=pol.max_jobs_per_session if pol.demo else None,
+                               max_total=pol.max_queued if pol.demo else None)
     except SwapklError as e:
         st.error(str(e), icon=":material/block:")
         return None
@@ -358,6 +375,8 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
     Without static serving, a fragment polls the server instead (same redraw rule)."""
     if job is None:
         return
+    if job.running and (sid := streamlit_session()) is not None:
+        manager().watch(job.key, sid)  # this browser waits for it (a job nobody waits for is cancelled)
     c = VIEW_COST.get(job.key)
     if not job.running:
         if c is not None and not c.get("logged"):

@@ -8,13 +8,14 @@ Demo mode is on with ``SWAPKL_DEMO=1`` (``./run.sh --demo`` sets it) or ``enable
     enabled = true
     models = ["default", "EleutherAI/pythia-160m", "../shared/models/stories260K"]   # the allow-list
     max_jobs_per_session = 2          # computations queued or running per browser session
+    max_queued = 8                    # computations queued or running on the whole server
     max_prompt_tokens = 4096          # prompts x tokens of one contract
     pair_sets = ["adjacent", "gap:2", "gap:3"]
     max_budget = 6                    # layers removed at most (removal curves)
     upload_mb = 16                    # size of an opened result file
 
 Environment variables override the file: ``SWAPKL_DEMO_MODELS`` (comma-separated), ``SWAPKL_DEMO_MAX_JOBS``,
-``SWAPKL_DEMO_MAX_PROMPT_TOKENS``, ``SWAPKL_DEMO_MAX_BUDGET``, ``SWAPKL_DEMO_UPLOAD_MB``.
+``SWAPKL_DEMO_MAX_QUEUED``, ``SWAPKL_DEMO_MAX_PROMPT_TOKENS``, ``SWAPKL_DEMO_MAX_BUDGET``, ``SWAPKL_DEMO_UPLOAD_MB``.
 
 In demo mode a checkpoint is one of the allow-list's entries, matched as a string (a visitor's text never
 reaches the filesystem: nothing reveals whether a path exists); ``org/name`` allows every revision of that hub
@@ -46,13 +47,15 @@ class Policy:
     """The server's limits.  ``demo=False``: no limits beyond the library's own validation (a local server).
 
     ``models``: the demo allow-list (specs as :func:`swapkl.checkpoints.load_checkpoint` takes them);
-    ``max_jobs_per_session``: computations queued or running per browser session; ``max_prompt_tokens``:
+    ``max_jobs_per_session``: computations queued or running per browser session; ``max_queued``: computations
+    queued or running on the whole server (the one worker runs them one at a time); ``max_prompt_tokens``:
     P x T of one contract (tokens); ``pair_sets``: pair sets offered; ``max_budget``: layers removed at most;
     ``upload_mb``: largest opened result file (MB)."""
 
     demo: bool = False
     models: tuple = ("default",)
     max_jobs_per_session: int = 2
+    max_queued: int = 8
     max_prompt_tokens: int = 4096
     pair_sets: tuple = ("adjacent", "gap:2", "gap:3")
     max_budget: int = 6
@@ -78,7 +81,7 @@ class Policy:
         if env.get("SWAPKL_DEMO_MODELS"):
             models = [m for m in env["SWAPKL_DEMO_MODELS"].split(",")]
         kw = {"demo": demo, "models": _models(models)}
-        for key, var in (("max_jobs_per_session", "SWAPKL_DEMO_MAX_JOBS"),
+        for key, var in (("max_jobs_per_session", "SWAPKL_DEMO_MAX_JOBS"), ("max_queued", "SWAPKL_DEMO_MAX_QUEUED"),
                          ("max_prompt_tokens", "SWAPKL_DEMO_MAX_PROMPT_TOKENS"),
                          ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB")):
             raw = env.get(var, conf.get(key))

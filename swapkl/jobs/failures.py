@@ -17,4 +17,9 @@ def readable_error(e: BaseException, phase: str, log_path: Path | None) -> tuple
                 f"bfloat16, or a smaller model", "oom")
     first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
     where = f"; traceback in {log_path}" if log_path else ""
-    return f"unexpected error while {phase}: {type(e).__name__}: {first}{where}", "bug"
+    if isinstance(e, ImportError):  # already retried once (swapkl.jobs.runner): the environment is at fault
+        todo = ("a module failed to import twice: press Compute to try again; if it fails again, restart the "
+                "server (./run.sh) and check that requirements.txt is installed in its environment")
+    else:
+        todo = "press Compute to try again; if it fails again, please report it with the traceback"
+    return f"unexpected error while {phase}: {type(e).__name__}: {first} — {todo}{where}", "bug"

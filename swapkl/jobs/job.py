@@ -78,6 +78,7 @@ class Job:
         self.checkpoint = None  # the loaded Checkpoint (analysis jobs), for exports
         self.owner: str | None = None      # set for a private job (an opened file): only that session sees it
         self.submitter: str | None = None  # the session that submitted a computation (per-session limits)
+        self.queue_place: int | None = None  # while queued: computations ahead of it (the running one included)
 
     # ---------------------------------------------------------------- state
     def __setattr__(self, name, value):
@@ -113,7 +114,11 @@ class Job:
         """The one-line status a page shows while the job runs: step, phase, item, counts, elapsed, ETA."""
         p = self.progress()
         if self.status == QUEUED:
-            return "queued (another computation runs first)"
+            k = self.queue_place
+            if not k:
+                return "queued (another computation runs first)"
+            return (f"queued: {k} computation{'s' * (k != 1)} ahead of this one (they run one at a time); it "
+                    "starts by itself, keep this page open")
         return (f"step {p.step}/{p.steps}: {p.phase} — {p.what} — {p.done}/{p.total} · elapsed {fmt_s(p.elapsed_s)} "
                 f"· ETA (this step) {fmt_s(p.eta_s)}")
 

@@ -6,21 +6,22 @@ import collections
 import logging
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Callable
 
+from swapkl import heavy
 from swapkl.cache import cache_root
 from swapkl.contract import stable_hash
-from swapkl.errors import ComputeInterrupted, SwapklError
+from swapkl.errors import SwapklError
 from swapkl.policy import PolicyError
 
-from . import pipelines
+from .audience import Audience
 from .failures import readable_error
-from .job import CANCELLED, DONE, ERROR, QUEUED, Job
+from .job import CANCELLED, ERROR, QUEUED, Job
 from .models import ModelCache
 from .opened import opened_job
 from .requests import request_key
+from .runner import run_job
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("swapkl.jobs")
@@ -56,22 +57,52 @@ def _progress_folder(folder) -> Path | None:
     return folder
 
 
-def warm_up() -> threading.Thread:
-    """Import the heavy modules (torch, transformers, the engine) on a daemon thread, so that the first
-    Compute of a freshly started server does not wait for them (~5-6 s on 2 cores)."""
-    def _imports():
-        try:
-            import swapkl.api
-            import swapkl.curves  # noqa: F401
-            # what loading a model imports (~3 s on 2 cores, measured): transformers' auto classes and the
-            # built-in default's family (Llama), which swapkl.checkpoints defers so the CLI starts fast
-            from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
-        except Exception as e:  # the job that needs them reports the real error
-            log.warning("warm-up import failed: %s", e)
+def _import_job_modules() -> None:
+    import swapkl.api
+    import swapkl.curves  # noqa: F401
 
-    t = threading.Thread(target=_imports, name="swapkl-warm-up", daemon=True)
-    t.start()
-    return t
+
+def warm_up() -> threading.Thread:
+    """Import the heavy modules (torch, transformers and the classes loading a model resolves, then swapkl's
+    engine and curves) on a daemon thread, once per process and under the import lock of
+    :mod:`swapkl.heavy`: the first Compute of a freshly started server does not wait for them (~5-8 s on 2
+    cores), and a job that starts meanwhile waits for them instead of racing them (a first-import race in
+    transformers failed every visitor of a fresh demo server)."""
+    return heavy.start_background(then=_import_job_modules)
+
+
+def admit(jobs, owner: str | None, max_active: int | None, max_total: int | None) -> None:
+    """Refuse a new computation (:class:`~swapkl.policy.PolicyError`) when ``owner`` already has ``max_active``
+    queued or running, or the server has ``max_total`` queued or running (demo mode bounds both; joining an
+    identical existing job is not a new computation and is never refused)."""
+    active = [j for j in jobs if j.running]
+    if max_active is not None and owner is not None:
+        mine = [j for j in active if j.submitter == owner]
+        if len(mine) >= max_active:
+            raise PolicyError(f"you already have {len(mine)} computation{'s' * (len(mine) != 1)} queued "
+                              f"or running (at most {max_active} on this server): wait for "
+                              f"{'it' if len(mine) == 1 else 'one'} to finish or cancel it")
+    if max_total is not None and len(active) >= max_total:
+        raise PolicyError(f"the server is busy: {len(active)} computations are queued or running (at most "
+                          f"{max_total}); yours was not queued. Try again in a few minutes, or pick a contract "
+                          "that is already computed (cached results show at once)")
+
+
+def renumber(queue, running: bool) -> None:
+    """Tell every queued job its place: ``queue_place`` = computations ahead of it (the running one included)."""
+    for k, j in enumerate(queue):
+        j.queue_place = k + int(running)
+
+
+def monitor(mgr: JobManager, every_s: float = 2.0) -> None:
+    """Every ``every_s`` seconds: cancel the jobs nobody waits for any more (:class:`Audience`)."""
+    while not mgr._closed:
+        for job in mgr.active():
+            if mgr.audience.abandoned(job.key):
+                job.note("cancelled: every browser session that waited for it has left")
+                log.info("job %s: cancelled, nobody waits for it", job.key)
+                mgr.cancel(job.key, reason="cancelled: everybody who waited for it has left")
+        time.sleep(every_s)
 
 
 class JobManager:
@@ -83,11 +114,13 @@ class JobManager:
     (the dashboard's static folder) where every job keeps ``<key>.json`` = :meth:`Job.progress_dict` current."""
 
     def __init__(self, max_models: int = 2, root: str | Path | None = None, log_path: str | Path | None = None,
-                 loader: Callable | None = None, use_snapshots: bool = True, progress_dir: str | Path | None = None):
+                 loader: Callable | None = None, use_snapshots: bool = True, progress_dir: str | Path | None = None,
+                 alive: Callable[[str], bool] | None = None, grace_s: float = 15.0):
         self.root = Path(root) if root is not None else cache_root() / "dashboard"
         self.snapshots = SnapshotStore(self.root)
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
         self.models = ModelCache(max_models, loader)
+        self.audience = Audience(alive, grace_s)
         self.use_snapshots = use_snapshots
         self.progress_dir = _progress_folder(progress_dir)
         self._jobs: dict[str, Job] = {}
@@ -96,20 +129,24 @@ class JobManager:
         self._queue: collections.deque = collections.deque()
         self._wake = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
+        self._monitor: threading.Thread | None = None
         self._closed = False
         _file_log(self.log_path)
 
     # ---------------------------------------------------------------- public API
     warm_up = staticmethod(warm_up)  # the module function, also as a method
 
-    def submit(self, request, owner: str | None = None, max_active: int | None = None) -> Job:
+    def submit(self, request, owner: str | None = None, max_active: int | None = None,
+               max_total: int | None = None) -> Job:
         """The job for ``request``: the existing one when an identical request is queued, running or done
         (a failed or cancelled one is retried), else a new job -- finished at once from a snapshot when one
         exists, otherwise queued for the worker.
 
-        ``owner`` (a browser session) is recorded as the job's submitter; ``max_active``: a new job is refused
-        with :class:`~swapkl.policy.PolicyError` while that owner already has this many queued or running
-        (demo mode: one visitor cannot occupy the machine).  Joining an identical existing job costs nothing."""
+        ``owner`` (a browser session) is recorded as the job's submitter; ``max_active`` / ``max_total``: a new
+        job is refused with :class:`~swapkl.policy.PolicyError` while that owner / the whole server already has
+        this many queued or running (demo mode: one visitor cannot occupy the machine, a room cannot queue
+        without bound; :func:`admit`).  Joining an identical existing job costs nothing.  A queued job knows
+        its place (``Job.queue_place``: computations ahead of it)."""
         try:
             key = request_key(request)
         except SwapklError as e:  # a bad path or checkpoint list: a job that failed at once
@@ -123,12 +160,7 @@ class JobManager:
             old = self._jobs.get(key)
             if old is not None and old.status not in (ERROR, CANCELLED):
                 return old
-            if max_active is not None and owner is not None:
-                mine = [j for j in self._jobs.values() if j.submitter == owner and j.running]
-                if len(mine) >= max_active:
-                    raise PolicyError(f"you already have {len(mine)} computation{'s' * (len(mine) != 1)} queued "
-                                      f"or running (at most {max_active} on this server): wait for "
-                                      f"{'it' if len(mine) == 1 else 'one'} to finish or cancel it")
+            admit(self._jobs.values(), owner, max_active, max_total)
             job = Job(key, request)
             job.submitter = owner
             if self.progress_dir is not None:
@@ -137,10 +169,16 @@ class JobManager:
             if self.use_snapshots and self.snapshots.load(job):
                 return job
             self._queue.append(job)
+            renumber(self._queue, self._busy)
             self._ensure_worker()
             self._wake.notify_all()
         job.note("queued")
+        job.publish(force=True)
         return job
+
+    def watch(self, key: str, session: str) -> None:
+        """Browser session ``session`` waits for job ``key`` (see :class:`~swapkl.jobs.audience.Audience`)."""
+        self.audience.watch(key, session)
 
     def open_files(self, result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None,
                    owner: str | None = None) -> Job:
@@ -184,8 +222,9 @@ class JobManager:
     def active(self) -> list[Job]:
         return [j for j in self.jobs() if j.running]
 
-    def cancel(self, key: str) -> bool:
-        """Ask a job to stop (a queued job is cancelled at once).  Returns whether the job was active."""
+    def cancel(self, key: str, reason: str = "cancelled before it started") -> bool:
+        """Ask a job to stop (a queued job is cancelled at once, with ``reason``).  Returns whether the job was
+        active."""
         job = self.get(key)
         if job is None or not job.running:
             return False
@@ -193,7 +232,8 @@ class JobManager:
         with self._lock:
             if job.status == QUEUED and job in self._queue:
                 self._queue.remove(job)
-                job.finish(CANCELLED, "cancelled before it started")
+                renumber(self._queue, self._busy)
+                job.finish(CANCELLED, reason)
         return True
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -223,8 +263,9 @@ class JobManager:
 
         req = job.request
         ck = self.checkpoint_for(req.model, req.revision, req.contract.dtype, req.contract.device)
-        return save_pruned(ck.model, None if merge else list(removed), out_dir, tokenizer=ck.tokenizer,
-                           identity=ck.identity, force=force, merge=merge)
+        with heavy.exclusive():  # saving resolves lazy transformers modules while a job may load a model
+            return save_pruned(ck.model, None if merge else list(removed), out_dir, tokenizer=ck.tokenizer,
+                               identity=ck.identity, force=force, merge=merge)
 
     # ---------------------------------------------------------------- internals
     def _remember(self, job: Job) -> None:
@@ -237,6 +278,13 @@ class JobManager:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._loop, name="swapkl-jobs", daemon=True)
             self._worker.start()
+        if self.audience.alive is not None and (self._monitor is None or not self._monitor.is_alive()):
+            self._monitor = threading.Thread(target=monitor, args=(self,), name="swapkl-audience", daemon=True)
+            self._monitor.start()
+
+    @property
+    def _busy(self) -> bool:
+        return any(j.status == "running" for j in self._jobs.values())
 
     def _loop(self) -> None:
         while True:
@@ -246,30 +294,11 @@ class JobManager:
                 if self._closed and not self._queue:
                     return
                 job = self._queue.popleft()
+                renumber(self._queue, True)
+                for j in self._queue:
+                    j.publish(force=True)
             self._run(job)
 
     def _run(self, job: Job) -> None:
-        if not job.start():
-            return
-        try:
-            if job.request.kind == "trajectory":
-                pipelines.run_trajectory(job)
-            else:
-                pipelines.run_analysis(job, self.models)
-            if self.use_snapshots:
-                self.snapshots.save(job)
-            job.finish(DONE)
-        except ComputeInterrupted as e:
-            partial = getattr(e, "partial", None)
-            if partial is not None and job.request.kind == "analysis" and hasattr(partial, "methods"):
-                job.curves = partial
-            job.finish(CANCELLED, "cancelled; finished pairs are kept in the cache")
-        except BaseException as e:  # every failure becomes one readable line, the app goes on
-            phase = job.progress().phase
-            msg, kind = readable_error(e, phase, self.log_path)
-            if kind != "user":
-                log.error("job %s (%s) failed while %s:\n%s", job.key, job.request.label(), phase,
-                          traceback.format_exc())
-            else:
-                log.info("job %s: %s", job.key, msg)
-            job.finish(ERROR, msg, kind)
+        if job.start():
+            run_job(job, self.models, self.snapshots if self.use_snapshots else None, self.log_path)

@@ -6,6 +6,8 @@ import collections
 import threading
 from typing import Callable
 
+from swapkl import heavy
+
 
 class ModelCache:
     """At most ``max_models`` loaded checkpoints, least recently used dropped first.  ``loader``: a
@@ -16,23 +18,33 @@ class ModelCache:
         self.loader = loader
         self._models: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._loading: dict[tuple, threading.Lock] = {}  # key -> held while that key loads
 
     def get(self, model: str, revision: str | None, dtype: str = "float32", device: str = "auto"):
-        """A loaded checkpoint (loaded on a miss).  Callers must not mutate it."""
+        """A loaded checkpoint (loaded on a miss).  Callers must not mutate it.  Concurrent calls for one key
+        load it once (the others wait for that load): one copy per (model, revision, dtype, device)."""
         key = (model, revision, dtype, device)
         with self._lock:
             if key in self._models:
                 self._models.move_to_end(key)
                 return self._models[key]
-        loader = self.loader
-        if loader is None:
-            from swapkl.checkpoints import load_checkpoint as loader  # deferred: imports torch
-        ck = loader(model, revision=revision, dtype=dtype, device=device)
-        with self._lock:
-            self._models[key] = ck
-            self._models.move_to_end(key)
-            while len(self._models) > self.max_models:
-                self._models.popitem(last=False)
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:
+            with self._lock:
+                if key in self._models:
+                    self._models.move_to_end(key)
+                    return self._models[key]
+            loader = self.loader
+            if loader is None:
+                from swapkl.checkpoints import load_checkpoint as loader  # deferred: imports torch
+            with heavy.exclusive():  # loading resolves lazy transformers modules: one thread at a time
+                ck = loader(model, revision=revision, dtype=dtype, device=device)
+            with self._lock:
+                self._models[key] = ck
+                self._models.move_to_end(key)
+                self._loading.pop(key, None)
+                while len(self._models) > self.max_models:
+                    self._models.popitem(last=False)
         return ck
 
     def keys(self) -> list[tuple]:
