@@ -83,6 +83,6 @@ def cache_dir(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def stories(stories_path):
     """The stories260K checkpoint loaded on the CPU (shared by a module; never mutated by the library)."""
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
 
     return load_checkpoint(str(stories_path), device="cpu")

@@ -66,7 +66,7 @@ def test_demo_mode_offers_no_typed_path_and_refuses_a_crafted_link(demo):
     # a request the widgets cannot build (a typed path) is refused by the policy in the library call too
     from pages import common
     from swapkl.jobs import AnalysisRequest
-    from swapkl.policy import PolicyError
+    from swapkl.jobs.policy import PolicyError
 
     with pytest.raises(PolicyError, match="offers only these checkpoints"):
         common.policy().check_request(AnalysisRequest(model="/etc", contract=Contract()))
@@ -130,7 +130,7 @@ class _Blocking:
 
 def test_jobs_per_session_are_bounded(cache):
     from swapkl.jobs import AnalysisRequest, JobManager
-    from swapkl.policy import PolicyError
+    from swapkl.jobs.policy import PolicyError
 
     gate = _Blocking()
     mgr = JobManager(loader=gate, use_snapshots=False)
@@ -154,8 +154,8 @@ def test_jobs_per_session_are_bounded(cache):
 
 
 def test_an_opened_file_is_private_to_its_session(cache, stories_path, tmp_path):
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from pages import common
 
     ck = load_checkpoint(str(stories_path), device="cpu")

@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(a) -> int:
-    from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
     contract = contract_from_args(a)  # validates --pairs etc. before any loading
     check_outputs(a, {"--json": a.json})  # a bad --json fails now, not after the computation

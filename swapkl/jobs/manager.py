@@ -10,10 +10,10 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from swapkl.cache import cache_root
+from swapkl.store import cache_root
 from swapkl.contract import stable_hash
 from swapkl.errors import ComputeInterrupted, SwapklError
-from swapkl.policy import PolicyError
+from swapkl.jobs.policy import PolicyError
 
 from . import pipelines
 from .failures import readable_error
@@ -61,10 +61,10 @@ def warm_up() -> threading.Thread:
     Compute of a freshly started server does not wait for them (~5-6 s on 2 cores)."""
     def _imports():
         try:
-            import swapkl.api
-            import swapkl.curves  # noqa: F401
+            import swapkl.scoring.score
+            import swapkl.removal.curves  # noqa: F401
             # what loading a model imports (~3 s on 2 cores, measured): transformers' auto classes and the
-            # built-in default's family (Llama), which swapkl.checkpoints defers so the CLI starts fast
+            # built-in default's family (Llama), which swapkl.model.checkpoints defers so the CLI starts fast
             from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
         except Exception as e:  # the job that needs them reports the real error
             log.warning("warm-up import failed: %s", e)
@@ -108,7 +108,7 @@ class JobManager:
         exists, otherwise queued for the worker.
 
         ``owner`` (a browser session) is recorded as the job's submitter; ``max_active``: a new job is refused
-        with :class:`~swapkl.policy.PolicyError` while that owner already has this many queued or running
+        with :class:`~swapkl.jobs.policy.PolicyError` while that owner already has this many queued or running
         (demo mode: one visitor cannot occupy the machine).  Joining an identical existing job costs nothing."""
         try:
             key = request_key(request)
@@ -216,10 +216,10 @@ class JobManager:
         return self.models.keys()
 
     def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None) -> Path:
-        """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.prune.save_pruned`;
+        """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.surgery.prune.save_pruned`;
         the shared model is not changed; an existing non-empty folder needs ``force``).  ``merge``: a LaCo-style
         merged model instead (``{"groups": [[3, 4], ...], "mode": "average" | "laco"}``).  Returns the folder."""
-        from swapkl.prune import save_pruned  # deferred: torch
+        from swapkl.surgery.prune import save_pruned  # deferred: torch
 
         req = job.request
         ck = self.checkpoint_for(req.model, req.revision, req.contract.dtype, req.contract.device)
