@@ -69,6 +69,16 @@ def check_outputs(a, files: dict, inputs: Iterable = ()) -> None:
             check_output_file(path, flag, ins)
 
 
+def emit(a, obj, render) -> int:
+    """The end of a command that makes a result: write it as JSON to ``--json`` (when given), print
+    ``render(obj)`` unless ``--quiet``, and return the exit code 0."""
+    if a.json:
+        obj.to_json(a.json)
+    if not a.quiet:
+        print(render(obj))
+    return 0
+
+
 def load_from_args(a):
     from swapkl.model.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI's --help must not
 

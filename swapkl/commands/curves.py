@@ -9,8 +9,8 @@ from swapkl.scoring import corpora
 from swapkl.removal import methods as M
 from swapkl.removal import curves as C
 from swapkl.removal.curves import check_evaluator_context, check_scores, EvalMemo
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args, load_from_args
+from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+                                    contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 
@@ -112,11 +112,7 @@ def run(a) -> int:
                             memo=EvalMemo() if a.no_cache else None,
                             method_params=params)
     result.notes.insert(0, src)
-    if a.json:
-        result.to_json(a.json)
-    if not a.quiet:
-        print(render(result))
-    return 0
+    return emit(a, result, render)
 
 
 def render(r) -> str:

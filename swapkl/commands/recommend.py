@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args, load_from_args
+from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+                                    contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.scoring import corpora
 from swapkl.removal import methods as M
@@ -120,11 +120,7 @@ def run(a) -> int:
                     max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
                     kl=not a.no_kl)
-    if a.json:
-        rec.to_json(a.json)
-    if not a.quiet:
-        print(render(rec))
-    return 0
+    return emit(a, rec, render)
 
 
 def render(rec) -> str:

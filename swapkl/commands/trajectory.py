@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, check_outputs, contract_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, check_outputs, contract_from_args, emit
 from swapkl.trajectory import demo as demo_trajectory
 from swapkl.trajectory.demo import DemoSettings, read_manifest
 from swapkl.surgery.outputs import check_output_dir
@@ -102,11 +102,7 @@ def run_trajectory(a) -> int:
     if not a.quiet:
         print(f"{len(specs)} checkpoints: " + ", ".join(s.display() for s in specs), file=sys.stderr)
     traj = compute_trajectory(specs, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
-    if a.json:
-        traj.to_json(a.json)
-    if not a.quiet:
-        print(render(traj))
-    return 0
+    return emit(a, traj, render)
 
 
 def run_demo(a) -> int:

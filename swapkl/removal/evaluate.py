@@ -394,10 +394,3 @@ def kl_to_base(base, model, input_ids: torch.Tensor, window: int, stride: int, d
         reference = evaluate_ppl(base, input_ids, window, stride, drop_first_target, capture_reference=True,
                                  **kw).reference
     return evaluate_ppl(model, input_ids, window, stride, drop_first_target, reference=reference, **kw).kl_to_base
-
-
-def evaluate_contract(model, tokenizer, corpus, evaluator: str | Evaluator, **kw) -> PPLResult:
-    """Tokenise the contract's text from ``corpus`` and evaluate (convenience)."""
-    ev = get_evaluator(evaluator)
-    ids = eval_ids(corpus, tokenizer, ev)
-    return evaluate_ppl(model, ids, ev.window, ev.stride, ev.drop_first_target, **kw)

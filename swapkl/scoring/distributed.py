@@ -134,13 +134,6 @@ def _gather(obj, info: RankInfo) -> list:
     return out
 
 
-def _barrier(info: RankInfo) -> None:
-    if info.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
 def score_distributed(model: str, contract, *, revision: str | None = None, device: str = "auto",
                       device_map=None, trust_remote_code: bool = False, backend: str = "gloo",
                       timeout_s: float = 7 * 24 * 3600, json_out: str | None = None, progress=None,

@@ -51,10 +51,6 @@ def finite_json(x):
     return x
 
 
-def _none_to_nan(rows) -> np.ndarray:
-    return np.array([[np.nan if v is None else float(v) for v in row] for row in rows], dtype=float)
-
-
 @dataclass
 class SwapResult:
     """Both protocols' swap-KL on one model under one contract.

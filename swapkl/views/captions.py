@@ -121,7 +121,10 @@ def _stamp(fig, title: str, caption: str, extra_top: int = 0):
 
 
 # ============================================================================================ helpers
-def fmt_number(v, nd: int = 4) -> str:
+def fmt_number(v, nd: int = 4, sci_from: float | None = 1e4) -> str:
+    """The one number formatter of figures, tables and the report: ``nd`` decimals, scientific notation below
+    ``10**-(nd-1)`` and from ``sci_from`` up (None: never for large values), "–" for None, NaN and inf; anything
+    that is not a number as ``str(v)``."""
     if v is None:
         return "–"
     try:
@@ -130,7 +133,7 @@ def fmt_number(v, nd: int = 4) -> str:
         return str(v)
     if not math.isfinite(v):
         return "–"
-    if v != 0 and (abs(v) < 10 ** -(nd - 1) or abs(v) >= 1e4):
+    if v != 0 and (abs(v) < 10 ** -(nd - 1) or (sci_from is not None and abs(v) >= sci_from)):
         return f"{v:.{nd - 1}e}"
     return f"{v:.{nd}f}"
 

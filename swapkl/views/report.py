@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from swapkl.scoring.results import SwapResult
 from swapkl.store import atomic_write_text
 from swapkl.trajectory.compute import trajectory_provenance
 from swapkl.removal.verdict import regime_verdict
-from swapkl.views.captions import _fmt_evaluator, contract_caption, table_csv
+from swapkl.views.captions import _fmt_evaluator, contract_caption, fmt_number, table_csv
 from swapkl.views.curves import kl_to_base_figure, removal_curves, removed_layers_table
 from swapkl.views.scores import gap_heatmap, heatmaps, top_pairs_table
 from swapkl.views.trajectory import trajectory_figures
@@ -124,17 +123,8 @@ def _e(x) -> str:
 
 
 def _num(v, nd: int = 4) -> str:
-    if v is None:
-        return "–"
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return _e(v)
-    if not math.isfinite(f):
-        return "–"
-    if f != 0 and abs(f) < 10 ** -(nd - 1):
-        return f"{f:.{nd - 1}e}"
-    return f"{f:.{nd}f}"
+    """:func:`~swapkl.views.captions.fmt_number` in HTML: escaped, large values (perplexities) not scientific."""
+    return _e(fmt_number(v, nd, sci_from=None))
 
 
 def _table(df, caption: str | None = None, row_class=None, nd: int = 4) -> str:
