@@ -86,3 +86,18 @@ def stories(stories_path):
     from swapkl.model.checkpoints import load_checkpoint
 
     return load_checkpoint(str(stories_path), device="cpu")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch, stories_path):
+    """The dashboard tests' cache (test_app.py, test_security.py): a private cache and a fresh job manager
+    (st.cache_resource outlives an AppTest).  test_jobs.py has its own."""
+    import streamlit as st
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    st.cache_resource.clear()
+    yield tmp_path / "cache"
+    from pages import common
+
+    common.manager().shutdown()
+    st.cache_resource.clear()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,24 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
-STORIES_REL = "../shared/models/stories260K"
-TIMEOUT = 60
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch, stories_path):
-    """A private cache and a fresh job manager (st.cache_resource outlives an AppTest)."""
-    import streamlit as st
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    st.cache_resource.clear()
-    yield tmp_path / "cache"
-    from pages import common
-
-    common.manager().shutdown()
-    st.cache_resource.clear()
+from app_util import APP, ROOT, STORIES_REL, TIMEOUT
 
 
 def _manager():

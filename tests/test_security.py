@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -13,23 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from swapkl.contract import Contract
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
-STORIES_REL = "../shared/models/stories260K"
-TIMEOUT = 60
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch, stories_path):
-    import streamlit as st
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    st.cache_resource.clear()
-    yield tmp_path / "cache"
-    from pages import common
-
-    common.manager().shutdown()
-    st.cache_resource.clear()
+from app_util import APP, ROOT, STORIES_REL, TIMEOUT
 
 
 @pytest.fixture
