@@ -179,15 +179,20 @@ def test_no_oversized_class_or_function():
 # ------------------------------------------------------------------------------------------ a new method is one file
 METHOD_FILE = '''
 """Test baseline: remove the deepest n layers."""
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
+
+METHODS = [{"name": "reverse-depth", "run": "reverse_depth", "description": "remove the last n layers",
+            "label": "deepest layers", "offered": True, "rule_candidates": False, "order": 90, "cost": "cost"}]
 
 
 def _sets(num_layers, budget):
     return [list(range(num_layers - n, num_layers)) for n in range(1, budget + 1)]
 
 
-@register("reverse-depth", description="remove the last n layers", label="deepest layers", offered=True,
-          rule_candidates=False, order=90, cost=lambda spec, plan: _sets(plan.num_layers, plan.budget))
+def cost(spec, plan):
+    return _sets(plan.num_layers, plan.budget)
+
+
 def reverse_depth(ctx, budget):
     return MethodOutput(sets=_sets(ctx.num_layers, budget))
 '''
@@ -197,9 +202,10 @@ def reverse_depth(ctx, budget):
 def plugin_method(tmp_path, monkeypatch):
     """``reverse-depth`` written as one file into a temporary folder and discovered by the registry."""
     from swapkl.removal import methods as M
+    from swapkl.removal.methods import registry
 
     (tmp_path / "reverse_depth.py").write_text(textwrap.dedent(METHOD_FILE))
-    monkeypatch.setattr(M, "_REGISTRY", dict(M._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(M, "__path__", list(M.__path__))
     try:
         assert "reverse_depth" in M.discover(tmp_path)

@@ -11,8 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.selection import nested, scan
+
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "bi", "run": "bi",
+     "description": "Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first",
+     "label": "Block Influence", "rule_candidates": False, "offered": True, "cli_default": True, "order": 5},
+    {"name": "cka", "run": "cka",
+     "description": "linear CKA of block input vs output: highest (most similar) first", "rule_candidates": False,
+     "order": 7},
+]
+
 
 # torch (and swapkl.model.architectures, which needs it) are imported inside the functions that compute: the registry
 # imports this module, and the dashboard's first paint and ``swapkl --help`` must not load torch.
@@ -136,13 +147,9 @@ def _calibrated(ctx, budget, name, score_fn, descending):
     return out
 
 
-@register("bi", description="Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first",
-          rule_candidates=False, label="Block Influence", offered=True, cli_default=True, order=5)
 def bi(ctx, budget):
     return _calibrated(ctx, budget, "bi", block_influence, descending=False)
 
 
-@register("cka", description="linear CKA of block input vs output: highest (most similar) first",
-          rule_candidates=False, order=7)
 def cka(ctx, budget):
     return _calibrated(ctx, budget, "cka", linear_cka, descending=True)

@@ -1,8 +1,26 @@
 """Swap-KL-guided removal (docs/method.md §4) and the anti-guided baseline (docs/method.md §5)."""
 from __future__ import annotations
 
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.selection import layer_scores, select
+
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "replacement", "run": "replacement", "needs": ["replacement"],
+     "description": "replacement-guided: lowest min-partner d_repl first", "label": "replacement-guided",
+     "offered": True, "default": True, "cli_default": True, "order": 0, "guided": True,
+     "style": {"color": "#1f77b4", "width": 3.5, "marker": 11}, "cost": "cost_replacement"},
+    {"name": "interchange", "run": "interchange", "needs": ["interchange"],
+     "description": "interchange-guided: lowest min-partner d_inter first", "label": "interchange-guided",
+     "offered": True, "default": True, "cli_default": True, "order": 1, "guided": True,
+     "style": {"color": "#d62728", "width": 3.5, "marker": 7}, "cost": "cost_interchange"},
+    {"name": "anti-replacement", "run": "anti_replacement", "needs": ["replacement"], "group": "anti",
+     "description": "anti-guided on d_repl: highest layer score first", "offered": True, "order": 3,
+     "cost": "cost_anti_replacement"},
+    {"name": "anti-interchange", "run": "anti_interchange", "needs": ["interchange"], "group": "anti",
+     "description": "anti-guided on d_inter: highest layer score first", "offered": True, "order": 4,
+     "cost": "cost_anti_interchange"},
+]
 
 
 def _guided(ctx, budget: int, protocol: str, anti: bool) -> MethodOutput:
@@ -26,29 +44,24 @@ def _planned(protocol: str, anti: bool):
     return cost
 
 
-@register("replacement", needs=("replacement",), description="replacement-guided: lowest min-partner d_repl first",
-          label="replacement-guided", offered=True, default=True, cli_default=True, order=0, guided=True,
-          style={"color": "#1f77b4", "width": 3.5, "marker": 11}, cost=_planned("replacement", False))
 def replacement(ctx, budget):
     return _guided(ctx, budget, "replacement", anti=False)
 
 
-@register("interchange", needs=("interchange",), description="interchange-guided: lowest min-partner d_inter first",
-          label="interchange-guided", offered=True, default=True, cli_default=True, order=1, guided=True,
-          style={"color": "#d62728", "width": 3.5, "marker": 7}, cost=_planned("interchange", False))
 def interchange(ctx, budget):
     return _guided(ctx, budget, "interchange", anti=False)
 
 
-@register("anti-replacement", needs=("replacement",), group="anti",
-          description="anti-guided on d_repl: highest layer score first", offered=True, order=3,
-          cost=_planned("replacement", True))
 def anti_replacement(ctx, budget):
     return _guided(ctx, budget, "replacement", anti=True)
 
 
-@register("anti-interchange", needs=("interchange",), group="anti",
-          description="anti-guided on d_inter: highest layer score first", offered=True, order=4,
-          cost=_planned("interchange", True))
 def anti_interchange(ctx, budget):
     return _guided(ctx, budget, "interchange", anti=True)
+
+
+# the costs named in METHODS: the sets each rule will pick
+cost_replacement = _planned("replacement", False)
+cost_interchange = _planned("interchange", False)
+cost_anti_replacement = _planned("replacement", True)
+cost_anti_interchange = _planned("interchange", True)

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
 from swapkl.errors import SwapklError
+
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "laco", "run": "laco",
+     "description": "LaCo-style merge: the adjacent pair with the lowest swap-KL merged (parameters averaged) into the lower slot, the upper block removed",
+     "label": "LaCo merge", "offered": True, "order": 9},
+]
 
 
 def merge_order(d, candidates) -> list[tuple[int, int]]:
@@ -30,9 +37,6 @@ def merge_order(d, candidates) -> list[tuple[int, int]]:
     return [(a, b) for _, a, b in pairs]
 
 
-@register("laco", description="LaCo-style merge: the adjacent pair with the lowest swap-KL merged (parameters "
-                              "averaged) into the lower slot, the upper block removed",
-          label="LaCo merge", offered=True, order=9)
 def laco(ctx, budget):
     protocol = ctx.param("laco", "protocol", "replacement" if "replacement" in ctx.scores else "interchange")
     mode = ctx.param("laco", "mode", "average")

@@ -2,10 +2,19 @@
 from __future__ import annotations
 
 from swapkl.errors import SwapklError
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.selection import default_candidates, random_sets
 
-MIN_SEEDS = 5
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "random", "run": "random_removal",
+     "description": "uniform random layers under the spacing rule; mean and spread over >= 5 seeds",
+     "label": "random", "runs": 5, "offered": True, "default": True, "cli_default": True, "order": 2,
+     "style": {"color": "#7f7f7f", "width": 1.5, "dash": "dash"}, "cost": "_planned"},
+]
+
+
+MIN_SEEDS = METHODS[0]["runs"]  # the paper's random baseline: at least 5 seeds
 
 
 def _planned(spec, plan):
@@ -14,9 +23,6 @@ def _planned(spec, plan):
     return [s for seed in plan.seeds for s in random_sets(cands, plan.budget, plan.spacing, seed=seed)]
 
 
-@register("random", description="uniform random layers under the spacing rule; mean and spread over >= 5 seeds",
-          label="random", runs=MIN_SEEDS, offered=True, default=True, cli_default=True, order=2,
-          style={"color": "#7f7f7f", "width": 1.5, "dash": "dash"}, cost=_planned)
 def random_removal(ctx, budget):
     seeds = list(ctx.param("random", "seeds", ctx.seeds))
     if len(seeds) < MIN_SEEDS:

@@ -33,12 +33,22 @@ import time
 from typing import Sequence
 
 from swapkl.errors import SwapklError
-from swapkl.removal.methods import MethodOutput, get, register
+from swapkl.removal.methods.base import MethodOutput
+from swapkl.removal.methods.registry import get
 from swapkl.removal.selection import BudgetError, layer_scores
+
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "recommend", "run": "recommend_method",
+     "description": "recommended: beam search over removal sets seeded by every method, chosen by calibration PPL",
+     "label": "recommended", "rule_candidates": False, "offered": True, "order": 20,
+     "style": {"color": "#111111", "width": 4.5, "marker": 12}},
+]
+
 
 #: methods whose proposed sets seed the beam (those that cannot run are skipped)
 SEED_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "laco")
-LABEL = "recommended"
+LABEL = METHODS[0]["label"]
 DEFAULT_WIDTH = 4
 DEFAULT_CALIB_TOKENS = 1024  # the same calibration text as SLEB-iterative's default
 #: calibration windows: the held-out evaluator's window and stride ("evaluator") or non-overlapping ("disjoint")
@@ -267,9 +277,5 @@ def search(ctx, budget: int) -> MethodOutput:
                         notes=[x for x in notes if not x.startswith("seed ")])
 
 
-@register("recommend", description="recommended: beam search over removal sets seeded by every method, "
-                                   "chosen by calibration PPL", rule_candidates=False,
-          label="recommended", offered=True, order=20,  # last: drawn over the other curves
-          style={"color": "#111111", "width": 4.5, "marker": 12})
 def recommend_method(ctx, budget):
     return search(ctx, budget)

@@ -8,11 +8,16 @@ earlier steps.  Cost: sum over steps of (candidates left) calibration evaluation
 """
 from __future__ import annotations
 
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
+
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "sleb", "run": "sleb",
+     "description": "SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat",
+     "label": "SLEB-iterative", "rule_candidates": False, "offered": True, "cli_default": True, "order": 6},
+]
 
 
-@register("sleb", description="SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat",
-          rule_candidates=False, label="SLEB-iterative", offered=True, cli_default=True, order=6)
 def sleb(ctx, budget):
     max_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
     cands, spacing, settings = ctx.literature_candidates("sleb", budget)

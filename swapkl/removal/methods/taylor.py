@@ -18,8 +18,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from swapkl.removal.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.selection import nested, scan
+
+#: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
+METHODS = [
+    {"name": "taylor", "run": "taylor",
+     "description": "Taylor importance: lowest sum over the block of |dL/dθ · θ| (calibration text) first",
+     "label": "Taylor", "rule_candidates": False, "offered": True, "order": 8},
+]
 
 
 def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: int = 4) -> np.ndarray:
@@ -78,9 +85,6 @@ def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: i
     return out
 
 
-@register("taylor", description="Taylor importance: lowest sum over the block of |dL/dθ · θ| (calibration text) "
-                                "first", rule_candidates=False,
-          label="Taylor", offered=True, order=8)
 def taylor(ctx, budget):
     max_tokens = int(ctx.param("taylor", "calib_tokens", 1024))
     ids = ctx.calib_ids(max_tokens)
