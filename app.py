@@ -55,7 +55,7 @@ def start_page() -> None:
         job = common.current_job("analysis")
     if job is None:
         st.info("Nothing computed yet. Press **Compute**: results that are already cached show at once.")
-        from swapkl import plots
+        from swapkl import views as plots
 
         st.plotly_chart(common.memo("frame", (), plots.profile_frame), key="start_frame", width="stretch")
         return
@@ -90,7 +90,7 @@ def recommendation_view(job) -> None:
     """The answer to "which n layers should I remove?" when the curves ran the ``recommend`` method: per n the
     set, its held-out ΔPPL with CI and one sentence of evidence, with its contract and an export."""
     from swapkl.errors import SwapklError
-    from swapkl.recommend import Recommendation
+    from swapkl.removal.recommend import Recommendation
 
     curves = job.curves
     if curves is None or job.running:
@@ -113,7 +113,7 @@ def recommendation_view(job) -> None:
     ci = f" [{lo:+.1f}, {hi:+.1f}]" if lo is not None and hi is not None else ""
     st.success(f"remove layers {{{', '.join(map(str, e['removed']))}}}: ΔPPL {e['delta_pct']:+.1f} %{ci}")
     st.write(rec.explain(n))
-    from swapkl import plots
+    from swapkl import views as plots
 
     st.caption(f"contract: {plots.contract_caption(rec)}")
     with st.expander("Export the recommended model"):
@@ -125,7 +125,7 @@ def summary_view(job) -> None:
     regime verdict with its evidence, best pairs and the gap statistics.  Everything derived from the result is
     memoised on the result's identity (:func:`pages.common.memo`), so a poll that finds nothing new only
     redraws the progress bar's text."""
-    from swapkl import plots
+    from swapkl import views as plots
 
     res = job.result
     if res is None or not res.pairs:

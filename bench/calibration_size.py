@@ -24,10 +24,10 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from swapkl import evaluate as E
-    from swapkl.checkpoints import load_checkpoint
-    from swapkl.corpora import load_corpus
-    from swapkl.prune import pruned_copy
+    from swapkl.removal import evaluate as E
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.surgery.prune import pruned_copy
 
     ck = load_checkpoint("default")
     corpus = load_corpus()

@@ -8,7 +8,7 @@ MODEL defaults to ../shared/models/stories260K.  Both sides use the same model, 
   evaluator on the test text, computing the KL to the base model with a base forward pass alongside (what a
   script without a memo or a cached reference does), and each method evaluates its own baseline;
   selection work (BI pass, SLEB calibration trials) is added at the cost the memoised run measured for it;
-* memoised: :func:`swapkl.curves.removal_curves` (one baseline, one evaluation per distinct removed set, KL
+* memoised: :func:`swapkl.removal.curves.removal_curves` (one baseline, one evaluation per distinct removed set, KL
   from cached head inputs).
 """
 from __future__ import annotations
@@ -40,13 +40,13 @@ def main() -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
-    from swapkl.corpora import load_corpus
-    from swapkl.evaluate import eval_ids, evaluate_ppl, get_evaluator
-    from swapkl.prune import pruned_copy
-    from swapkl.curves import removal_curves
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.removal.evaluate import eval_ids, evaluate_ppl, get_evaluator
+    from swapkl.surgery.prune import pruned_copy
+    from swapkl.removal.curves import removal_curves
 
     ck = load_checkpoint(a.model, device="cpu")
     model, tok = ck.model, ck.tokenizer

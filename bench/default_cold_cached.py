@@ -46,8 +46,8 @@ def main() -> int:
     t_import = time.perf_counter()
     import torch
 
-    from swapkl import methods
-    from swapkl.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
+    from swapkl.removal import methods
+    from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
     DEFAULT_METHODS = methods.default_set("dashboard")
     from swapkl.jobs import AnalysisRequest, JobManager
 

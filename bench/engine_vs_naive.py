@@ -5,9 +5,9 @@
 Builds a random-initialised 12-layer model (no download) and, for each setting below, computes both
 protocols for ALL pairs (66 pairs, 198 variants) twice on the same token ids:
 
-* **plain**: swapkl.reference.reference_sweep - every variant a full forward from the token ids, batch of one,
+* **plain**: swapkl.scoring.reference.reference_sweep - every variant a full forward from the token ids, batch of one,
   weights copied in with load_state_dict, float32 log-softmax KL: how the paper's scripts work;
-* **engine**: swapkl.engine.SwapEngine (prefix reuse, shared branch, batched suffixes, head only where scored).
+* **engine**: swapkl.scoring.engine.SwapEngine (prefix reuse, shared branch, batched suffixes, head only where scored).
 
 Settings: ``paper-stems`` = 16 prompts x 16 tokens, last-position KL (the paper's GPT-2/Pythia static runs used
 short sentence stems and the last token); ``windows`` = 8 x 64 tokens, KL at all positions (swapkl's canonical
@@ -37,8 +37,8 @@ SETTINGS = {
 
 def run_one(model, vocab: int, layers: int, prompts: int, tokens: int, positions: str) -> dict:
     from swapkl.contract import pair_list
-    from swapkl.engine import SwapEngine
-    from swapkl.reference import reference_sweep
+    from swapkl.scoring.engine import SwapEngine
+    from swapkl.scoring.reference import reference_sweep
 
     ids = torch.randint(0, vocab, (prompts, tokens), generator=torch.Generator().manual_seed(0))
     pairs = pair_list("all", layers)

@@ -7,7 +7,7 @@
 Builds random-initialised models from configs written inline (the real shapes of Pythia-410M and Qwen3-8B;
 no download), feeds random token ids, and prints one JSON object on stdout:
 
-* ``reference_check`` (per shape): the engine and the plain implementation (:mod:`swapkl.reference`: a full
+* ``reference_check`` (per shape): the engine and the plain implementation (:mod:`swapkl.scoring.reference`: a full
   batch-of-one forward per variant with weights copied in) on the *same* few pairs and prompts (listed in
   the output): wall-time ratio ``reference_s / engine_s`` and the largest per-prompt KL difference (nats);
 * ``pythia_410m_all_pairs``: both full 24x24 matrices (all 276 pairs, both protocols, both directions) at
@@ -89,7 +89,7 @@ def build(cfg_dict: dict, dtype: torch.dtype, dev: torch.device, seed: int = 0):
 def block_flops_per_token(model, T: int) -> float:
     """FLOPs of one block for one token: 2 x its matmul weights, plus causal attention scores and values
     (2 matmuls x 2 FLOP x T/2 average context x heads x head_dim)."""
-    from swapkl.architectures import locate
+    from swapkl.model.architectures import locate
 
     blk = locate(model).blocks[0]
     mm = sum(p.numel() for p in blk.parameters() if p.dim() == 2)
@@ -100,8 +100,8 @@ def block_flops_per_token(model, T: int) -> float:
 
 
 def run_sweep(model, ids: torch.Tensor, pairs, peak_flops: float | None) -> dict:
-    from swapkl.api import engine_limits
-    from swapkl.engine import SwapEngine
+    from swapkl.scoring.score import engine_limits
+    from swapkl.scoring.engine import SwapEngine
 
     dev = next(model.parameters()).device
     P, T = ids.shape
@@ -128,8 +128,8 @@ def run_sweep(model, ids: torch.Tensor, pairs, peak_flops: float | None) -> dict
 
 def reference_check(model, ids: torch.Tensor, pairs) -> dict:
     """Engine vs the plain implementation on the same inputs (a few pairs, a few prompts)."""
-    from swapkl.engine import noise_floor, SwapEngine
-    from swapkl.reference import reference_sweep
+    from swapkl.scoring.engine import noise_floor, SwapEngine
+    from swapkl.scoring.reference import reference_sweep
 
     dev = next(model.parameters()).device
     # warm-up (kernel selection, allocator) so neither side pays it
@@ -156,7 +156,7 @@ def reference_check(model, ids: torch.Tensor, pairs) -> dict:
             "engine_s": t_eng, "reference_s": t_ref, "speed_ratio": t_ref / t_eng,
             "max_abs_diff_nats": max(diffs), "max_rel_diff": max(rels), "min_kl_nats": min(vals),
             "noise_floor_nats": noise_floor(eng), "note": "engine time includes its baseline pass; "
-            "reference = batch-of-one full forwards with load_state_dict weight copies (swapkl.reference)"}
+            "reference = batch-of-one full forwards with load_state_dict weight copies (swapkl.scoring.reference)"}
 
 
 def main(argv=None) -> int:

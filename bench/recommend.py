@@ -133,7 +133,7 @@ def render(out: dict) -> str:
                        f"{calib_evaluations(c, 'sleb', n)} calibration evaluations")
     rec = c["method_info"].get("recommend", {}).get("recommendation")
     if rec:
-        from swapkl.recommend import Recommendation
+        from swapkl.removal.recommend import Recommendation
 
         r = Recommendation.from_curves(c)
         shared = r.settings.get("calib_windows", "disjoint") == "disjoint"  # SLEB's calibration windows: one memo
@@ -166,11 +166,12 @@ def main() -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
-    from swapkl.corpora import load_corpus
-    from swapkl.removal import EvalMemo, removal_curves
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.removal.memo import EvalMemo
+    from swapkl.removal.curves import removal_curves
 
     t0 = time.perf_counter()
     ck = load_checkpoint(a.model, device="cpu")

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from swapkl import methods as methods_registry
-from swapkl import plots
+from swapkl.removal import methods as methods_registry
+from swapkl import views
 from swapkl.contract import Contract
-from swapkl.defaults import (DEFAULT_BUDGET, default_contract,
-                             evaluator_choices)
+from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, Job, JobManager, fmt_s
-from swapkl.policy import Policy, PolicyError
-from swapkl.verdict import regime_verdict
+from swapkl.jobs.policy import Policy, PolicyError
+from swapkl.removal.verdict import regime_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = float(os.environ.get("SWAPKL_POLL_S", "1.0"))  # seconds between progress polls while a job runs
@@ -29,7 +28,7 @@ OTHER = "other path…"
 
 @st.cache_resource(show_spinner=False)
 def policy() -> Policy:
-    """This server's :class:`~swapkl.policy.Policy` (demo mode or not), read once at start."""
+    """This server's :class:`~swapkl.jobs.policy.Policy` (demo mode or not), read once at start."""
     return Policy.from_env()
 
 
@@ -78,7 +77,7 @@ def keep_widget_state() -> None:
 def local_model_folders() -> list[str]:
     """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``
     (never called in demo mode, which offers only its allow-list)."""
-    from swapkl.cache import cache_root
+    from swapkl.store import cache_root
 
     out = []
     for base in (ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
@@ -256,12 +255,12 @@ def request_caption(req) -> str:
     if req is None:
         return ""
     if req.kind == "trajectory":
-        return plots.contract_caption(req.contract.provenance(model=f"trajectory: {req.checkpoints[:80]}"))
+        return views.contract_caption(req.contract.provenance(model=f"trajectory: {req.checkpoints[:80]}"))
     model = req.model + (f"@{req.revision}" if req.revision else "")
-    cap = plots.contract_caption(req.contract.provenance(model=model),
+    cap = views.contract_caption(req.contract.provenance(model=model),
                                  evaluator=req.evaluator if req.wants_curves else None)
     if req.wants_curves:
-        cap += f"{plots.SEP}budget {req.budget}{plots.SEP}methods {', '.join(req.methods)}"
+        cap += f"{views.SEP}budget {req.budget}{views.SEP}methods {', '.join(req.methods)}"
     return cap
 
 
@@ -446,15 +445,15 @@ def lead_figure(job: Job, verdict: dict | None, key: str):
     diagonal -- else the two heatmaps on one colour scale.  Returns the figure (for downloads)."""
     res = job.result
     rk = result_key(job)
-    if plots.is_adjacent_only(res):
+    if views.is_adjacent_only(res):
         directed = st.toggle("Show the two directed replacement means R[i][i+1], R[i+1][i]", key=f"w_{key}_directed")
         fig = memo("depth", rk + (directed, (verdict or {}).get("regime")),
-                   lambda: plots.depth_profile(res, verdict=verdict, directed=directed))
+                   lambda: views.depth_profile(res, verdict=verdict, directed=directed))
         st.plotly_chart(fig, key=f"{key}_depth", width="stretch")
         st.caption("Adjacent pairs only (the heatmaps would be a thin diagonal): choose the pair set gap:K or all "
                    "for heatmaps. Bands: 95 % bootstrap CIs over prompts; stars: each protocol's best pair.")
     else:
-        fig = memo("heatmaps", rk + ("linear", False), lambda: plots.heatmaps(res))
+        fig = memo("heatmaps", rk + ("linear", False), lambda: views.heatmaps(res))
         st.plotly_chart(fig, key=f"{key}_heatmaps", width="stretch")
     return fig
 
@@ -490,8 +489,8 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
     Local server: an output folder typed here (a non-empty one needs the "replace" box).  Demo mode: no path
     from the browser -- the server writes ``<cache>/exports/<name derived from model, fingerprint and layers>``
     (reused when already exported) and offers it as a zip download."""
-    from swapkl.cache import cache_root
-    from swapkl.outputs import folder_zip
+    from swapkl.store import cache_root
+    from swapkl.surgery.outputs import folder_zip
 
     pol = policy()
     ident = (job.result.identity if job.result is not None else None) or {}
@@ -524,12 +523,12 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
 
 
 def download_figure(fig, name: str, key: str) -> None:
-    st.download_button(f"⬇ {name} (HTML)", data=lambda: plots.figure_html(fig), file_name=f"{safe_name(name)}.html",
+    st.download_button(f"⬇ {name} (HTML)", data=lambda: views.figure_html(fig), file_name=f"{safe_name(name)}.html",
                        mime="text/html", key=key, on_click="ignore")
 
 
 def download_table(df, caption, name: str, key: str) -> None:
-    st.download_button(f"⬇ {name} (CSV)", data=plots.table_csv(df, caption), file_name=f"{safe_name(name)}.csv",
+    st.download_button(f"⬇ {name} (CSV)", data=views.table_csv(df, caption), file_name=f"{safe_name(name)}.csv",
                        mime="text/csv", key=key, on_click="ignore")
 
 
@@ -550,8 +549,8 @@ def result_json(job: Job) -> dict:
 
 
 def report_html(job: Job | None, traj_job: Job | None = None) -> str:
-    """The one-click demo report (:func:`swapkl.report.build_report`) of what this session has."""
-    from swapkl.report import build_report
+    """The one-click demo report (:func:`swapkl.views.report.build_report`) of what this session has."""
+    from swapkl.views.report import build_report
 
     return build_report(result=job.result if job else None, curves=job.curves if job else None,
                         trajectory=traj_job.trajectory if traj_job else None)

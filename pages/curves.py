@@ -1,11 +1,11 @@
 """Removal curves page: ΔPPL % vs budget for replacement- and interchange-guided removal (CI bands), toggleable
-baselines, the removed layers per n, KL to base, and exporting a pruned model.  Figures from :mod:`swapkl.plots`."""
+baselines, the removed layers per n, KL to base, and exporting a pruned model.  Figures from :mod:`swapkl.views`."""
 from __future__ import annotations
 
 import streamlit as st
 
 from pages import common
-from swapkl import plots
+from swapkl import views
 
 st.title("Removal curves")
 job = common.need_result()
@@ -19,7 +19,7 @@ def body(job) -> None:
         else:
             st.info("The curves appear here as each method finishes (guided methods first).")
         return
-    cap = plots.contract_caption(curves)
+    cap = views.contract_caption(curves)
     st.caption(f"contract: {cap}")
     methods = list(curves.methods)
     c1, c2, c3 = st.columns([3, 1, 1])
@@ -30,7 +30,7 @@ def body(job) -> None:
                           "the top edge with their values")
     rk = common.result_key(job)
     fig = common.memo("curves", rk + (tuple(shown), bands, full),
-                      lambda: plots.removal_curves(curves, methods=shown, bands=bands, full_range=full))
+                      lambda: views.removal_curves(curves, methods=shown, bands=bands, full_range=full))
     st.plotly_chart(fig, key="cv_main")
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")
@@ -40,7 +40,7 @@ def body(job) -> None:
             for r in curves.delta_ratio))
 
     st.subheader("Removed layers per n")
-    table = plots.removed_layers_table(curves)
+    table = views.removed_layers_table(curves)
 
     def mark(r):
         return ["background-color: #fde0dd" if r.get("repl_vs_inter_differ") else ""] * len(r)
@@ -48,7 +48,7 @@ def body(job) -> None:
     st.dataframe(table.style.apply(mark, axis=1), hide_index=True, key="cv_removed")
     if "repl_vs_inter_differ" in table.columns:
         st.caption("Highlighted: replacement- and interchange-guided removal pick different layers at this n.")
-    kfig = common.memo("kl", rk + (tuple(shown),), lambda: plots.kl_to_base_figure(curves, methods=shown))
+    kfig = common.memo("kl", rk + (tuple(shown),), lambda: views.kl_to_base_figure(curves, methods=shown))
     st.plotly_chart(kfig, key="cv_kl")
     st.caption(f"Baseline perplexity {curves.baseline_ppl:.4g}; ΔPPL in % of it; KL in nats per scored token.")
     for note in curves.notes:

@@ -1,11 +1,11 @@
 """Heatmaps page: both protocols on one colour scale, the directed replacement matrix, the gap, a pair
-drill-down and the top-k pairs per protocol.  Figures come from :mod:`swapkl.plots`."""
+drill-down and the top-k pairs per protocol.  Figures come from :mod:`swapkl.views`."""
 from __future__ import annotations
 
 import streamlit as st
 
 from pages import common
-from swapkl import plots
+from swapkl import views
 
 st.title("Heatmaps")
 job = common.need_result()
@@ -16,20 +16,20 @@ def body(job) -> None:
     if res is None or not res.pairs:
         st.info("No pair has finished yet; the heatmaps fill in as pairs arrive (adjacent pairs first).")
         return
-    cap = plots.contract_caption(res)
+    cap = views.contract_caption(res)
     st.caption(f"contract: {cap}")
-    if plots.is_adjacent_only(res):
+    if views.is_adjacent_only(res):
         st.info("Only adjacent pairs were scored, so the heatmaps are a thin diagonal: the Start page leads with "
                 "their depth profile. Choose the pair set gap:K or all for full heatmaps.")
     c1, c2 = st.columns([1, 3])
     scale = c1.radio("Colour scale", ("linear", "log"), key="w_hm_scale", horizontal=True)
     directed = c2.toggle("Directed replacement matrix R[i][j] (slot i ← block j)", key="w_hm_directed")
     rk = common.result_key(job)
-    fig = common.memo("heatmaps", rk + (scale, directed), lambda: plots.heatmaps(res, scale=scale, directed=directed))
+    fig = common.memo("heatmaps", rk + (scale, directed), lambda: views.heatmaps(res, scale=scale, directed=directed))
     st.plotly_chart(fig, key="hm_main", width="stretch")
     st.caption("Blank cells were not computed (not zero). Hover shows d_repl, d_inter and the gap with 95 % "
                "bootstrap CIs over prompts.")
-    gfig = common.memo("gap", rk, lambda: plots.gap_heatmap(res))
+    gfig = common.memo("gap", rk, lambda: views.gap_heatmap(res))
     st.plotly_chart(gfig, key="hm_gap")
 
     st.subheader("Pair drill-down")
@@ -52,7 +52,7 @@ def body(job) -> None:
     j = d2.selectbox("layer j", seconds, key="w_pair_j")
     if q != f"{i}-{j}":
         st.query_params["pair"] = f"{i}-{j}"
-    pfig = common.memo("pair", rk + (i, j), lambda: plots.pair_distribution(res, i, j))
+    pfig = common.memo("pair", rk + (i, j), lambda: views.pair_distribution(res, i, j))
     st.plotly_chart(pfig, key="hm_pair")
     table = common.memo("pair_table", rk, res.pair_table)
     row = table.set_index(["i", "j"]).loc[(i, j)]
@@ -61,7 +61,7 @@ def body(job) -> None:
 
     st.subheader("Most redundant pairs per protocol")
     k = st.slider("top k", 1, max(1, len(pairs)), min(10, len(pairs)), key="w_topk")
-    top = plots.top_pairs_table(res, k)
+    top = views.top_pairs_table(res, k)
 
     def mark(r):
         return ["background-color: #fde0dd" if r["disagree"] else ""] * len(r)

@@ -1,13 +1,13 @@
 """Training trajectory page: both protocols on every checkpoint of one model (hub revisions or local
 checkpoint folders), the gap distribution / KL ratio / Pearson r against training step and the per-pair gap
-against depth at the last checkpoint.  Computation: :func:`swapkl.trajectory.compute_trajectory` (each
-checkpoint cached on its own); figures: :func:`swapkl.plots.trajectory_figures`."""
+against depth at the last checkpoint.  Computation: :func:`swapkl.trajectory.compute.compute_trajectory` (each
+checkpoint cached on its own); figures: :func:`swapkl.views.trajectory.trajectory_figures`."""
 from __future__ import annotations
 
 import streamlit as st
 
 from pages import common
-from swapkl import plots
+from swapkl import views
 from swapkl.contract import Contract
 from swapkl.errors import SwapklError
 from swapkl.jobs import TrajectoryRequest
@@ -19,7 +19,7 @@ st.caption("How the replacement / interchange gap evolves over training. One che
 
 
 def _default_list() -> str:
-    from swapkl.cache import cache_root
+    from swapkl.store import cache_root
 
     demo = cache_root() / "demo-trajectory"
     return str(demo) if demo.is_dir() else "EleutherAI/pythia-160m@step0, @step1000, @step16000, @step143000"
@@ -49,7 +49,7 @@ if err:
 else:
     st.code(common.request_caption(request), language=None, wrap_lines=True)
 def _train_demo() -> None:
-    from swapkl.cache import cache_root
+    from swapkl.store import cache_root
 
     demo = str(cache_root() / "demo-trajectory")
     st.session_state["w_tr_list"] = demo
@@ -79,9 +79,9 @@ def body(job) -> None:
     stats = traj.summary()
     depth = traj.depth()
     tj = traj.to_dict()
-    cap = plots.contract_caption(traj)
+    cap = views.contract_caption(traj)
     st.caption(f"contract: {cap}")
-    figs = plots.trajectory_figures(stats, depth, caption=cap)
+    figs = views.trajectory_figures(stats, depth, caption=cap)
     a, b = st.columns(2)
     a.plotly_chart(figs["gap"], key="tr_gap")
     b.plotly_chart(figs["kl_ratio"], key="tr_ratio")

@@ -1,3 +1,3 @@
-from swapkl.cli import main
+from swapkl.commands.cli import main
 
 raise SystemExit(main())

@@ -55,7 +55,7 @@ def pair_list(spec: str, num_layers: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Provenance:
-    """What a shown number was computed under: the one input of :func:`swapkl.plots.contract_caption`.
+    """What a shown number was computed under: the one input of :func:`swapkl.views.captions.contract_caption`.
 
     ``model``: the model identity (``display``/``id``, ``revision``, ``commit`` or a weights fingerprint), a plain
     display string, or None;
@@ -75,7 +75,7 @@ class Contract:
 
     * ``pairs``: ``adjacent`` | ``gap:K`` | ``all``.
     * ``prompts`` x ``tokens``: P windows of T tokens cut (seeded by ``seed``) from the prompt region of
-      ``corpus`` (a spec for :func:`swapkl.corpora.load_corpus`; None = automatic choice).
+      ``corpus`` (a spec for :func:`swapkl.scoring.corpora.load_corpus`; None = automatic choice).
     * ``positions``: ``all`` (mean KL over every position of a window, then over prompts) or ``last``.
     * ``dtype``: weights/activations dtype.  ``kl_dtype``: log-softmax and KL in float32 (default, as the paper's
       scripts) or float64 (more accurate, twice the memory per KL chunk; for checking tiny KLs against the noise floor).

@@ -16,10 +16,6 @@ class ContractError(SwapklError):
     """An impossible or inconsistent evaluation setting (pair set, prompts, budget, ...)."""
 
 
-class CacheError(SwapklError):
-    """A cache entry that cannot be used."""
-
-
 class ComputeInterrupted(SwapklError):
     """A computation stopped by its caller; what finished is in the cache."""
 

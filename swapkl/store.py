@@ -1,8 +1,8 @@
 """The one storage layer under swapkl's cache: one root, atomic writes, checksummed and versioned entries.
 
-Everything swapkl keeps between runs goes through here: score entries (:mod:`swapkl.cache`), perplexity
-evaluations (:mod:`swapkl.memo`), finished dashboard jobs (:mod:`swapkl.jobs.snapshots`), the sha256 memo and
-GGUF conversion records (:mod:`swapkl.gguf`).  An *entry* is one JSON file::
+Everything swapkl keeps between runs goes through here: score entries (:mod:`swapkl.store`), perplexity
+evaluations (:mod:`swapkl.removal.memo`), finished dashboard jobs (:mod:`swapkl.jobs.snapshots`), the sha256 memo and
+GGUF conversion records (:mod:`swapkl.model.gguf`).  An *entry* is one JSON file::
 
     {"swapkl_store": <kind>, "version": STORE_VERSION, "checksum": sha256(canonical JSON of data), "data": {...}}
 
@@ -14,14 +14,18 @@ The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project (:func:`cac
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from swapkl.contract import stable_hash
+from swapkl.errors import ModelLoadError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_CACHE = "SWAPKL_CACHE"
@@ -124,3 +128,97 @@ def read_entry_or_empty(path: str | os.PathLike, kind: str) -> dict:
         return read_entry(path, kind) or {}
     except CorruptEntry:
         return {}
+
+
+# ----------------------------------------------------------------------------- unwritable roots, file fingerprints
+class CacheWarning(UserWarning):
+    """Something about the cache the user should know (a corrupt entry, an unwritable root); never fatal."""
+
+
+_WARNED_UNWRITABLE: set[str] = set()
+
+
+def _root_of(path: Path) -> Path:
+    root = cache_root()
+    try:
+        Path(path).relative_to(root)
+        return root
+    except ValueError:
+        return Path(path)
+
+
+def warn_unwritable(path: str | os.PathLike, err: OSError) -> str:
+    """Warn (:class:`CacheWarning`, once per process and cache root) that writing ``path`` failed with ``err`` and
+    the run goes on without caching; returns the message."""
+    root = _root_of(Path(path))
+    msg = (f"cannot write the cache under {root} ({type(err).__name__}: {err.strerror or err}); computing without "
+           "caching (set SWAPKL_CACHE to a writable folder)")
+    if str(root) not in _WARNED_UNWRITABLE:
+        _WARNED_UNWRITABLE.add(str(root))
+        warnings.warn(msg, CacheWarning, stacklevel=3)
+    return msg
+
+
+def writable_error(folder: str | os.PathLike) -> OSError | None:
+    """None if a file can be created in ``folder`` (made if missing), else the error (a cheap probe, no data)."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return e
+    return None
+
+
+# ----------------------------------------------------------------------------- file fingerprints
+SHA_MEMO_FILE = "sha256.json"
+SHA_MEMO_KIND = "sha256-memo"
+
+
+def file_sha256(path: str | os.PathLike, root: str | os.PathLike | None = None, memo: bool = True) -> str:
+    """Hex sha256 of a file's bytes (the one implementation; :func:`swapkl.model.gguf.sha256_file` wraps it).
+
+    With ``memo`` (default) the digest is remembered in ``<root>/sha256.json`` (``root`` defaults to
+    :func:`cache_root`) under the file's resolved path together with its size (bytes) and mtime (ns); it is
+    reused only while both are unchanged.  A file that cannot be read raises :class:`~swapkl.errors.ModelLoadError`.
+    """
+    p = Path(path).expanduser().resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e.strerror or e}") from e
+    memo_path = Path(root or cache_root()) / SHA_MEMO_FILE
+    key = str(p)
+    if memo:
+        hit = read_entry_or_empty(memo_path, SHA_MEMO_KIND).get(key)
+        if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns \
+                and isinstance(hit.get("sha256"), str):
+            return hit["sha256"]
+    h = hashlib.sha256()
+    try:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e.strerror or e}") from e
+    digest = h.hexdigest()
+    if memo:
+        with contextlib.suppress(OSError):
+            table = read_entry_or_empty(memo_path, SHA_MEMO_KIND)  # re-read: another process may have added some
+            table[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+            write_entry(memo_path, SHA_MEMO_KIND, table, indent=1)
+    return digest
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def folder_fingerprint(folder: str | os.PathLike) -> str:
+    """Content hash of a model folder: its config and weight files (names and sha256)."""
+    folder = Path(folder)
+    parts = []
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and (f.name == "config.json" or f.suffix in WEIGHT_SUFFIXES):
+            parts.append((f.name, file_sha256(f)))
+    return stable_hash(parts)

@@ -83,6 +83,21 @@ def cache_dir(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def stories(stories_path):
     """The stories260K checkpoint loaded on the CPU (shared by a module; never mutated by the library)."""
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
 
     return load_checkpoint(str(stories_path), device="cpu")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch, stories_path):
+    """The dashboard tests' cache (test_app.py, test_security.py): a private cache and a fresh job manager
+    (st.cache_resource outlives an AppTest).  test_jobs.py has its own."""
+    import streamlit as st
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    st.cache_resource.clear()
+    yield tmp_path / "cache"
+    from pages import common
+
+    common.manager().shutdown()
+    st.cache_resource.clear()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,24 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
-STORIES_REL = "../shared/models/stories260K"
-TIMEOUT = 60
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch, stories_path):
-    """A private cache and a fresh job manager (st.cache_resource outlives an AppTest)."""
-    import streamlit as st
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    st.cache_resource.clear()
-    yield tmp_path / "cache"
-    from pages import common
-
-    common.manager().shutdown()
-    st.cache_resource.clear()
+from app_util import APP, ROOT, STORIES_REL, TIMEOUT
 
 
 def _manager():
@@ -83,7 +65,7 @@ def _compute(at):
 
 
 def test_start_page_defaults_and_contract_visible(cache):
-    from swapkl.defaults import DEFAULT_BUDGET, default_contract
+    from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert not at.exception
@@ -98,11 +80,11 @@ def test_start_page_defaults_and_contract_visible(cache):
 
 
 def test_compute_stories_all_pages(cache):
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
-    from swapkl import plots
-    from swapkl.removal import regime_verdict
+    from swapkl import views as plots
+    from swapkl.removal.verdict import regime_verdict
 
     at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT))
     assert "pairs gap:2 · 4 prompts × 16 tokens" in at.code[0].value
@@ -264,7 +246,7 @@ def test_cached_result_renders_fast_and_is_shared(cache):
 
 
 def test_trajectory_page(cache, tmp_path, stories_path):
-    from swapkl import plots
+    from swapkl import views as plots
 
     folder = tmp_path / "run"
     for step in (0, 50):
@@ -300,7 +282,7 @@ def test_trajectory_page(cache, tmp_path, stories_path):
 
 
 def test_demo_report_download(cache):
-    pytest.importorskip("swapkl.report")
+    pytest.importorskip("swapkl.views.report")
     from pages import common
 
     at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=0)
@@ -313,8 +295,8 @@ def test_demo_report_download(cache):
 
 def test_open_saved_result_files_without_the_model(cache, tmp_path, stories_path):
     """A result computed elsewhere (a cluster run's merged --json) is browsed without loading any model."""
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
     from swapkl.errors import SwapklError
 
@@ -347,7 +329,7 @@ def test_open_saved_result_files_without_the_model(cache, tmp_path, stories_path
 def test_recommendation_panel_and_export(cache, tmp_path):
     """With "recommended" among the removal methods the start page answers "which layers?": the set and held-out
     ΔPPL of the library's Recommendation, its sentence of evidence, and an export that reloads without them."""
-    from swapkl.recommend import Recommendation
+    from swapkl.removal.recommend import Recommendation
 
     at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=1)
     at.multiselect(key="w_methods").set_value(["replacement", "interchange", "recommend"]).run()

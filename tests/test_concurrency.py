@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from swapkl.contract import Contract
-from swapkl.evaluate import Evaluator
+from swapkl.removal.evaluate import Evaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
@@ -74,7 +74,7 @@ def test_first_imports_from_many_threads_do_not_race():
 
 
 def test_a_transient_failure_is_retried_once(cache, stories_path):
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.jobs import DONE, ERROR, JobManager
 
     calls = []
@@ -125,7 +125,7 @@ def test_one_model_copy_for_concurrent_loads():
 
 # ----------------------------------------------------------------------------------------------- queue
 def _slow_loader(gate: threading.Event):
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
 
     def load(*a, **k):
         gate.wait(60)
@@ -136,7 +136,7 @@ def _slow_loader(gate: threading.Event):
 
 def test_queued_jobs_know_their_place_and_the_queue_is_bounded(cache, stories_path):
     from swapkl.jobs import DONE, JobManager
-    from swapkl.policy import PolicyError
+    from swapkl.jobs.policy import PolicyError
 
     gate = threading.Event()
     mgr = JobManager(loader=_slow_loader(gate), use_snapshots=False)
@@ -201,7 +201,9 @@ def test_a_job_nobody_waits_for_is_cancelled_and_one_others_wait_for_goes_on(cac
         mgr.watch(shared.key, "stays")
         mgr.watch(alone.key, "alone")
         alive["left"] = alive["alone"] = False       # two tabs closed
-        time.sleep(3.0)                               # the monitor looks every 2 s, the grace is 0.3 s
+        deadline = time.time() + 15                   # the monitor looks every 2 s, the grace is 0.3 s
+        while alone.status != CANCELLED and time.time() < deadline:
+            time.sleep(0.1)
         assert alone.status == CANCELLED and "left" in alone.error
         assert shared.running
         gate.set()

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swapkl import corpora
+from swapkl.scoring import corpora
 from swapkl.errors import ContractError
-from swapkl.prompts import make_prompts
+from swapkl.scoring.prompts import make_prompts
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_prompt_windows_come_from_the_prompt_region_only(tok, wikitext_path):
     assert p.ids.shape == (6, 24) and (p.ids[:, 0] == tok.bos_token_id).all()  # Llama: BOS + 23 tokens
     # every window is the prompt region's token stream at its recorded offset (the region starts after the
     # 20,000 evaluation words), and the windows do not overlap each other
-    from swapkl.prompts import tokenize_stream
+    from swapkl.scoring.prompts import tokenize_stream
 
     stream = tokenize_stream(tok, c.prompt_text())
     starts = p.description["window_starts"]

@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from swapkl.checkpoints import load_checkpoint
-from swapkl.corpora import from_file
+from swapkl.model.checkpoints import load_checkpoint
+from swapkl.scoring.corpora import from_file
 from swapkl.errors import ComputeInterrupted
-from swapkl.evaluate import Evaluator
-from swapkl.removal import EvalMemo, disk_memo, removal_curves
+from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.memo import EvalMemo, disk_memo
+from swapkl.removal.curves import removal_curves
 from test_removal import scores5
 
 EV = Evaluator("tiny", 200, 128, 64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from swapkl.cli import main
+from swapkl.commands.cli import main
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from swapkl import demo_trajectory as demo
-from swapkl import trajectory as tr
+from swapkl.trajectory import demo
+from swapkl.trajectory import compute as tr
 from swapkl.errors import ComputeInterrupted, SwapklError
 
 TINY = dict(steps=20, seconds=120, checkpoints=3, seed=3, layers=4, hidden=32, heads=2, vocab=320, seq_len=32,
@@ -151,7 +151,7 @@ def test_compute_trajectory_on_demo(demo_run, score_cache, tmp_path):
     assert len(ei.value.partial.results) == 1
 
     # the CLI on the same checkpoints: everything comes from the cache now
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     js = tmp_path / "traj.json"
     rc = main(["trajectory", str(out), "--prompts", "4", "--tokens", "16", "--corpus", "builtin",
@@ -164,7 +164,7 @@ def test_compute_trajectory_on_demo(demo_run, score_cache, tmp_path):
 
 
 def test_cli_demo_and_errors(tmp_path, capsys, score_cache):
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     out = tmp_path / "cli-demo"
     rc = main(["demo-trajectory", "--out", str(out), "--steps", "4", "--checkpoints", "2", "--layers", "2",

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from swapkl.api import score
-from swapkl.checkpoints import load_checkpoint
+from swapkl.scoring.score import score
+from swapkl.model.checkpoints import load_checkpoint
 from swapkl.contract import Contract, pair_list
-from swapkl.distributed import DistributedError, RankInfo, rank_device, rank_info, restrict_gpus, \
-    score_distributed
-from swapkl.results import SwapResult
+from swapkl.scoring.distributed import (DistributedError, RankInfo, rank_device, rank_info, restrict_gpus,
+                                        score_distributed)
+from swapkl.scoring.results import SwapResult
 
 ARGS = ["--pairs", "all", "--prompts", "4", "--tokens", "16", "--device", "cpu"]
 CONTRACT = Contract(pairs="all", prompts=4, tokens=16)
@@ -28,7 +28,7 @@ def test_torchrun_two_gloo_ranks_equal_one_process(stories_path, tmp_path, cache
     env = dict(os.environ, SWAPKL_CACHE=str(shared), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "swapkl.distributed", str(stories_path), *ARGS, "--json", str(out), "--quiet"]
+           "-m", "swapkl.commands.distributed", str(stories_path), *ARGS, "--json", str(out), "--quiet"]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     merged = SwapResult.load(out)

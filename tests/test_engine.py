@@ -6,14 +6,14 @@ import torch
 
 from conftest import FAMILY_NAMES, tiny_model
 from swapkl.contract import pair_list
-from swapkl.engine import noise_floor, SwapEngine
-from swapkl.reference import reference_sweep
+from swapkl.scoring.engine import noise_floor, SwapEngine
+from swapkl.scoring.reference import reference_sweep
 
 TOL = 1e-5
 
 
 def _compare(model, ids, pairs_spec, positions, **kw):
-    L = len(__import__("swapkl.architectures", fromlist=["locate"]).locate(model).blocks)
+    L = len(__import__("swapkl.model.architectures", fromlist=["locate"]).locate(model).blocks)
     pairs = pair_list(pairs_spec, L)
     eng = SwapEngine(model, ids, positions=positions, **kw)
     got = eng.sweep(pairs)
@@ -76,7 +76,7 @@ def test_noise_floor_is_tiny_in_float32():
 
 
 def test_fast_kl_equals_textbook_kl():
-    from swapkl.engine import base_distribution, kl_from_logits, kl_rows
+    from swapkl.scoring.engine import base_distribution, kl_from_logits, kl_rows
 
     g = torch.Generator().manual_seed(6)
     zb = torch.randn(3, 5, 300, generator=g) * 4
@@ -113,7 +113,7 @@ def test_kl_dtype_float64_is_honoured(kind):
 def test_contract_kl_dtype_reaches_the_engine(stories, cache_dir, monkeypatch):
     """``score(ck, Contract(kl_dtype="float64"))`` builds its engine with float64 KL (the setting is in the
     cache key and is read); both contracts agree to float32 rounding."""
-    from swapkl import api
+    from swapkl.scoring import score as api
     from swapkl.contract import Contract
 
     seen = []

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl import corpora
+from swapkl.scoring import corpora
 from swapkl.errors import SwapklError
-from swapkl.evaluate import (EVALUATORS, EvalTextError, Evaluator, delta_pct, delta_pct_ci, eval_ids,
-                             evaluate_ppl, get_evaluator, kl_to_base, make_windows)
+from swapkl.removal.evaluate import (EVALUATORS, EvalTextError, Evaluator, delta_pct, delta_pct_ci, eval_ids,
+                                     evaluate_ppl, get_evaluator, kl_to_base, make_windows)
 
 
 
@@ -115,7 +115,7 @@ def test_stories_reference_numbers(stories_path, wikitext_path):
     """/work/shared/README: PPL ≈ 113 on the first 512 tokens; removing one layer ≈ [1122, 494, 208, 240, 244]."""
     import transformers as tf
 
-    from swapkl.prune import pruned_copy
+    from swapkl.surgery.prune import pruned_copy
 
     tok = tf.AutoTokenizer.from_pretrained(stories_path)
     model = tf.AutoModelForCausalLM.from_pretrained(stories_path).eval()

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers as tf
 
-from swapkl.architectures import UnsupportedArchitecture, locate
+from swapkl.model.architectures import UnsupportedArchitecture, locate
 from swapkl.contract import pair_list
-from swapkl.engine import SwapEngine
-from swapkl.reference import reference_sweep
+from swapkl.scoring.engine import SwapEngine
+from swapkl.scoring.reference import reference_sweep
 
 
 def _tiny(kind: str, layers: int = 4, **kw):
@@ -54,7 +54,7 @@ def test_generic_family_is_found_and_exact(kind, blocks, norm):
 
 @pytest.mark.parametrize("kind", ["opt", "olmo"])
 def test_generic_family_prunes_and_reloads(kind, tmp_path):
-    from swapkl.prune import pruned_copy, save_pruned
+    from swapkl.surgery.prune import pruned_copy, save_pruned
 
     model = _tiny(kind, layers=5)
     ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(2))
@@ -91,7 +91,7 @@ def test_fallback_refuses_what_it_cannot_reproduce():
 
 
 def test_generic_checkpoint_loads_through_the_cli_path(tmp_path):
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
 
     model = _tiny("olmo")
     model.save_pretrained(tmp_path / "olmo")

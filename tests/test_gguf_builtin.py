@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from swapkl import builtin, gguf
+from swapkl.model import builtin
+from swapkl.model import gguf
 from swapkl.errors import SwapklError
 
 PROMPT = "The capital of France is"
@@ -132,7 +133,7 @@ def test_sha256_memo(tmp_path):
     root = tmp_path / "c"
     expect = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert gguf.sha256_file(f, root) == expect
-    from swapkl.cache import SHA_MEMO_KIND
+    from swapkl.store import SHA_MEMO_KIND
     from swapkl.store import read_entry, write_entry
 
     memo = read_entry(root / gguf.SHA_MEMO_FILE, SHA_MEMO_KIND)

@@ -3,7 +3,7 @@ with exit code 2 (never a traceback), checked before any computation where it ca
 computed is lost or silently overwritten.
 
 The model, path and JSON cases run ``python -m swapkl`` as a real subprocess; the slower ones call
-``swapkl.cli.main`` in-process and read stderr.  The tests run as root, so "a folder nobody may write" cannot be
+``swapkl.commands.cli.main`` in-process and read stderr.  The tests run as root, so "a folder nobody may write" cannot be
 made with chmod: an unwritable cache is a cache root whose parent is a regular file (NotADirectoryError).
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_plain_tensor_pickle_loads(stories_path, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
 
     m = model_copy(stories_path, tmp_path / "m")
     torch.save(load_file(m / "model.safetensors"), m / "pytorch_model.bin")
@@ -139,7 +139,7 @@ def test_report_out_is_a_folder(tmp_path):
 @pytest.mark.parametrize("case", ["under-a-file", "input-file", "model-file", "device"])
 def test_output_file_paths_in_process(stories_path, tmp_path, capsys, monkeypatch, case):
     """The other file-output refusals, through ``main`` (each fails before the model is loaded)."""
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
     blocker = tmp_path / "plain-file"
@@ -180,9 +180,9 @@ def test_prune_into_the_source_folder_is_refused(stories_path, tmp_path):
 
 def test_prune_source_folder_library(stories_path, tmp_path):
     """The library entry point (the dashboard's export) refuses the same, through the model's own path."""
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.errors import OutputPathError
-    from swapkl.prune import save_pruned
+    from swapkl.surgery.prune import save_pruned
 
     m = model_copy(stories_path, tmp_path / "m")  # a copy: a regression must not damage the shared fixture
     ck = load_checkpoint(str(m), device="cpu")
@@ -245,9 +245,9 @@ def test_unwritable_cache_computes_and_warns_once(stories_path, tmp_path, blocke
 def test_unwritable_cache_library(stories, blocked_cache, monkeypatch):
     """In the library: the warning is a CacheWarning, issued once, and recorded in the result's cache_problems
     (what the dashboard can show)."""
-    import swapkl.cache as cache_mod
-    from swapkl.api import score
-    from swapkl.cache import CacheWarning
+    import swapkl.store as cache_mod
+    from swapkl.scoring.score import score
+    from swapkl.store import CacheWarning
     from swapkl.contract import Contract
 
     monkeypatch.setenv("SWAPKL_CACHE", str(blocked_cache))
@@ -264,9 +264,9 @@ def test_unwritable_cache_gguf_conversion(tmp_path, blocked_cache, monkeypatch, 
     """The GGUF conversion goes to a temporary folder for this process (once), not a traceback."""
     import transformers as tf
 
-    import swapkl.cache as cache_mod
-    from swapkl import gguf
-    from swapkl.cache import CacheWarning
+    import swapkl.store as cache_mod
+    from swapkl.model import gguf
+    from swapkl.store import CacheWarning
 
     from conftest import tiny_model
 
@@ -294,7 +294,7 @@ def test_unwritable_cache_gguf_conversion(tmp_path, blocked_cache, monkeypatch, 
 def test_report_refuses_scores_and_curves_of_two_models(stories_path, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file, save_file
 
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
     other = model_copy(stories_path, tmp_path / "other")  # same architecture, different weights
@@ -325,7 +325,7 @@ def test_report_refuses_scores_and_curves_of_two_models(stories_path, tmp_path, 
 
 # ============================================================================== 6. a corrupt meta.json is rewritten
 def test_corrupt_meta_is_rewritten(stories_path, tmp_path, monkeypatch, capsys):
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     cache = tmp_path / "c"
     monkeypatch.setenv("SWAPKL_CACHE", str(cache))
@@ -373,7 +373,7 @@ def test_tokens_beyond_the_context(stories_path, tmp_path):
 
 
 def test_tokens_beyond_the_context_library(stories, cache_dir):
-    from swapkl.api import score
+    from swapkl.scoring.score import score
     from swapkl.contract import Contract
     from swapkl.errors import ContractError
 
@@ -384,7 +384,7 @@ def test_tokens_beyond_the_context_library(stories, cache_dir):
 
 def test_evaluator_window_beyond_the_context(stories_path, tmp_path, monkeypatch, capsys):
     """A 256-position model and the 'matched' evaluator (window 512): refused before the scores are computed."""
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
     m = short_context_copy(stories_path, tmp_path / "m256")
@@ -401,7 +401,7 @@ def test_evaluator_window_beyond_the_context(stories_path, tmp_path, monkeypatch
 def test_context_length_per_family():
     from conftest import tiny_config
 
-    from swapkl.architectures import context_length, known_family
+    from swapkl.model.architectures import context_length, known_family
 
     assert context_length(tiny_config("gpt2"), known_family("gpt2")) == (256, "n_positions")
     for kind in ("llama", "qwen3", "gpt_neox"):
@@ -422,7 +422,7 @@ def test_binary_corpus(stories_path, tmp_path):
                                      r"room for [01] windows of 8 tokens; 2 prompts were asked for$"),
 ])
 def test_corpus_not_text_or_too_short(stories_path, tmp_path, monkeypatch, capsys, content, pattern):
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
     corpus = tmp_path / "corpus.txt"
@@ -433,7 +433,7 @@ def test_corpus_not_text_or_too_short(stories_path, tmp_path, monkeypatch, capsy
 
 
 def test_latin1_accents_are_still_text(tmp_path):
-    from swapkl.corpora import from_file
+    from swapkl.scoring.corpora import from_file
 
     f = tmp_path / "latin1.txt"
     f.write_bytes("Le café était très animé ce jour-là, et personne ne parlait. ".encode("latin-1") * 50)

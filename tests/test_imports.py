@@ -20,8 +20,8 @@ PKG = ROOT / "swapkl"
 
 #: the modules that import torch at module level; every other module must import without it (the CLI's --help,
 #: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
-TORCH_MODULES = {"swapkl.api", "swapkl.architectures", "swapkl.blocks", "swapkl.checkpoints", "swapkl.engine",
-                 "swapkl.evaluate", "swapkl.merge", "swapkl.prompts", "swapkl.prune", "swapkl.reference"}
+TORCH_MODULES = {"swapkl.scoring.score", "swapkl.model.architectures", "swapkl.surgery.blocks", "swapkl.model.checkpoints", "swapkl.scoring.engine",
+                 "swapkl.removal.evaluate", "swapkl.surgery.merge", "swapkl.scoring.prompts", "swapkl.surgery.prune", "swapkl.scoring.reference"}
 #: runs the CLI when imported
 NOT_IMPORTABLE = {"swapkl.__main__"}
 
@@ -29,13 +29,13 @@ CLASS_LINES = 200
 FUNCTION_LINES = 80
 #: classes over CLASS_LINES and functions over FUNCTION_LINES lines, with the reason each is still one piece
 EXCEPTIONS = {
-    "swapkl.api.score": "one sweep: cache lookup, engine run, partial results and the cache write share the loop's "
+    "swapkl.scoring.score.score": "one sweep: cache lookup, engine run, partial results and the cache write share the loop's "
                         "state; split when sharding grows further",
-    "swapkl.curves.removal_curves": "the runner's closures (evaluate_set, entry, report) share the memo, the "
+    "swapkl.removal.curves.removal_curves": "the runner's closures (evaluate_set, entry, report) share the memo, the "
                                     "baseline and the counters; to become a small runner class",
-    "swapkl.demo_trajectory._train_into": "one training loop with its checkpoint writes and stop checks",
-    "swapkl.evaluate.evaluate_ppl": "the sliding-window loop with its batching, OOM retry and KL reference capture",
-    "swapkl.methods.recommended.search": "the beam search: seeding, expansion and the evaluation budget share one state",
+    "swapkl.trajectory.demo._train_into": "one training loop with its checkpoint writes and stop checks",
+    "swapkl.removal.evaluate.evaluate_ppl": "the sliding-window loop with its batching, OOM retry and KL reference capture",
+    "swapkl.removal.methods.recommended.search": "the beam search: seeding, expansion and the evaluation budget share one state",
 }
 
 
@@ -108,7 +108,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_every_module_imports():
     names = [m.name for m in pkgutil.walk_packages(swapkl.__path__, "swapkl.") if m.name not in NOT_IMPORTABLE]
-    assert "swapkl.methods.random" in names and "swapkl.commands.score" in names
+    assert "swapkl.removal.methods.random" in names and "swapkl.commands.score" in names
     for name in names:
         importlib.import_module(name)
 
@@ -120,7 +120,7 @@ def test_find_cycle_reports_the_path():
 
 def test_import_graph_has_no_cycle():
     graph = import_graph()
-    assert "swapkl.cache" in graph["swapkl.gguf"]  # deferred and top-level imports both count
+    assert "swapkl.store" in graph["swapkl.model.gguf"]  # deferred and top-level imports both count
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -137,7 +137,7 @@ def _torch_after_import(modules) -> str:
 
 
 def test_cli_registry_and_plots_import_without_torch():
-    first = _torch_after_import(["swapkl.cli", "swapkl.methods", "swapkl.plots", "swapkl.defaults", "swapkl.jobs"])
+    first = _torch_after_import(["swapkl.commands.cli", "swapkl.removal.methods", "swapkl.views", "swapkl.jobs.defaults", "swapkl.jobs"])
     assert first == "", f"importing {first} loaded torch"
 
 
@@ -179,15 +179,20 @@ def test_no_oversized_class_or_function():
 # ------------------------------------------------------------------------------------------ a new method is one file
 METHOD_FILE = '''
 """Test baseline: remove the deepest n layers."""
-from swapkl.methods import MethodOutput, register
+from swapkl.removal.methods.base import MethodOutput
+
+METHODS = [{"name": "reverse-depth", "run": "reverse_depth", "description": "remove the last n layers",
+            "label": "deepest layers", "offered": True, "rule_candidates": False, "order": 90, "cost": "cost"}]
 
 
 def _sets(num_layers, budget):
     return [list(range(num_layers - n, num_layers)) for n in range(1, budget + 1)]
 
 
-@register("reverse-depth", description="remove the last n layers", label="deepest layers", offered=True,
-          rule_candidates=False, order=90, cost=lambda spec, plan: _sets(plan.num_layers, plan.budget))
+def cost(spec, plan):
+    return _sets(plan.num_layers, plan.budget)
+
+
 def reverse_depth(ctx, budget):
     return MethodOutput(sets=_sets(ctx.num_layers, budget))
 '''
@@ -196,22 +201,23 @@ def reverse_depth(ctx, budget):
 @pytest.fixture
 def plugin_method(tmp_path, monkeypatch):
     """``reverse-depth`` written as one file into a temporary folder and discovered by the registry."""
-    from swapkl import methods as M
+    from swapkl.removal import methods as M
+    from swapkl.removal.methods import registry
 
     (tmp_path / "reverse_depth.py").write_text(textwrap.dedent(METHOD_FILE))
-    monkeypatch.setattr(M, "_REGISTRY", dict(M._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(M, "__path__", list(M.__path__))
     try:
         assert "reverse_depth" in M.discover(tmp_path)
         yield M
     finally:
-        sys.modules.pop("swapkl.methods.reverse_depth", None)
+        sys.modules.pop("swapkl.removal.methods.reverse_depth", None)
 
 
 def test_new_method_is_one_file(plugin_method, stories, wikitext_path, cache_dir):
-    from swapkl import curves
-    from swapkl.corpora import from_file
-    from swapkl.evaluate import Evaluator
+    from swapkl.removal import curves
+    from swapkl.scoring.corpora import from_file
+    from swapkl.removal.evaluate import Evaluator
 
     M = plugin_method
     spec = M.get("reverse-depth")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from swapkl.contract import Contract
-from swapkl.evaluate import Evaluator
+from swapkl.removal.evaluate import Evaluator
 
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
 CONTRACT = Contract(pairs="gap:2", prompts=4, tokens=16, device="cpu")
@@ -38,10 +38,10 @@ def _request(stories_path, **kw):
 
 
 def test_analysis_job_matches_library_and_is_shared(manager, stories_path, cache):
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.jobs import DONE, JobManager
-    from swapkl.removal import removal_curves
+    from swapkl.removal.curves import removal_curves
 
     req = _request(stories_path)
     job = manager.submit(req)
@@ -104,7 +104,7 @@ def test_different_requests_get_different_jobs(manager, stories_path):
 
 
 def test_cancel_keeps_finished_pairs(manager, stories_path, monkeypatch, cache):
-    import swapkl.api as api
+    import swapkl.scoring.score as api
 
     real = api.score
     calls = {"n": 0}
@@ -200,7 +200,7 @@ def test_trajectory_job(manager, tmp_path, stories_path):
 def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path, monkeypatch):
     import shutil
 
-    from swapkl import demo_trajectory
+    from swapkl.trajectory import demo as demo_trajectory
     from swapkl.jobs import TrajectoryRequest
 
     calls = []
@@ -221,9 +221,9 @@ def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path,
 
 
 def test_defaults_per_device():
-    from swapkl import methods
-    from swapkl.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
-    from swapkl.evaluate import make_windows
+    from swapkl.removal import methods
+    from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
+    from swapkl.removal.evaluate import make_windows
 
     cpu = default_contract("cpu")
     assert (cpu.pairs, cpu.prompts, cpu.tokens, cpu.positions, cpu.device) == ("adjacent", 16, 32, "all", "cpu")
@@ -265,7 +265,7 @@ def test_job_owns_its_transitions():
 def test_one_oom_classifier():
     import torch
 
-    from swapkl.engine import DeviceOutOfMemory
+    from swapkl.scoring.engine import DeviceOutOfMemory
     from swapkl.errors import is_oom
     from swapkl.jobs import readable_error
 
@@ -278,7 +278,7 @@ def test_one_oom_classifier():
 
 
 def test_engine_does_not_retry_what_halving_cannot_fix():
-    from swapkl import engine
+    from swapkl.scoring import engine
 
     calls = []
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swapkl.architectures import UnsupportedArchitecture, family_for, locate
-from swapkl.checkpoints import load_checkpoint, parse_spec
+from swapkl.model.architectures import UnsupportedArchitecture, family_for, locate
+from swapkl.model.checkpoints import load_checkpoint, parse_spec
 from swapkl.errors import ModelLoadError
 
 GOLDEN = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl import methods as M
+from swapkl.removal import methods as M
 from swapkl.errors import SwapklError
-from swapkl.evaluate import Evaluator, evaluate_ppl
-from swapkl.methods.bi import block_influence
-from swapkl.prune import pruned_copy
-from swapkl.removal import EvalMemo, nested, removal_curves
+from swapkl.removal.evaluate import Evaluator, evaluate_ppl
+from swapkl.removal.methods.bi import block_influence
+from swapkl.surgery.prune import pruned_copy
+from swapkl.removal.memo import EvalMemo
+from swapkl.removal.selection import nested
+from swapkl.removal.curves import removal_curves
 
 
 
@@ -20,7 +22,7 @@ from swapkl.removal import EvalMemo, nested, removal_curves
 def stories(stories_path, wikitext_path):
     import transformers as tf
 
-    from swapkl.corpora import from_file
+    from swapkl.scoring.corpora import from_file
 
     return (tf.AutoModelForCausalLM.from_pretrained(stories_path).eval(),
             tf.AutoTokenizer.from_pretrained(stories_path), from_file(wikitext_path))
@@ -117,7 +119,7 @@ def test_random_needs_five_seeds(stories):
 
 
 def test_linear_cka_matches_plain_formula():
-    from swapkl.methods.bi import linear_cka
+    from swapkl.removal.methods.bi import linear_cka
 
     model = tiny_model("llama", num_layers=3)
     ids = torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""swapkl.plots: figures assert on their JSON (what the dashboard and the report show)."""
+"""swapkl.views: figures assert on their JSON (what the dashboard and the report show)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swapkl import plots
+from swapkl import views as plots
+from swapkl.views.scores import _log_ticks
 from swapkl.contract import Contract, Provenance
-from swapkl.curves import curves_provenance
-from swapkl.results import SwapResult
+from swapkl.removal.curves import curves_provenance
+from swapkl.scoring.results import SwapResult
 
 CONTRACT = {"pairs": "gap:2", "prompts": 3, "tokens": 8, "positions": "last", "corpus": None, "seed": 0,
             "dtype": "float32", "device": "cpu", "aggregation": "max", "corpus_label": "toy corpus"}
@@ -63,8 +64,8 @@ def real(stories_path, tmp_path_factory):
     """A tiny real run: stories260K (5 layers), all pairs, 4 prompts x 16 tokens."""
     import os
 
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
 
     old = os.environ.get("SWAPKL_CACHE")
@@ -161,10 +162,10 @@ def test_heatmaps_log_scale(res):
     lo, hi = d["layout"]["coloraxis"]["cmin"], d["layout"]["coloraxis"]["cmax"]
     assert len(cb["tickvals"]) >= 2 and all(lo - 1e-9 <= v <= hi + 1e-9 for v in cb["tickvals"])
     assert [float(t) for t in cb["ticktext"]] == pytest.approx([10.0 ** v for v in cb["tickvals"]], rel=5e-3)
-    vals, text = plots._log_ticks(-1.5, 0.1)
+    vals, text = _log_ticks(-1.5, 0.1)
     assert text == ["0.05", "0.1", "0.2", "0.5", "1"]
     assert vals == pytest.approx([np.log10(0.05), -1, np.log10(0.2), np.log10(0.5), 0])
-    assert plots._log_ticks(-4.2, 0.5)[1] == ["0.0001", "0.001", "0.01", "0.1", "1"]  # wide range: decades only
+    assert _log_ticks(-4.2, 0.5)[1] == ["0.0001", "0.001", "0.01", "0.1", "1"]  # wide range: decades only
     assert d["layout"]["coloraxis"]["cmin"] == pytest.approx(np.nanmin(np.log10(res.interchange())))
     with pytest.raises(ValueError):
         plots.heatmaps(res, scale="sqrt")
@@ -281,7 +282,7 @@ def test_removal_curves_traces():
 
 
 def test_removal_curves_accepts_curvesresult():
-    from swapkl.removal import CurvesResult
+    from swapkl.removal.curves import CurvesResult
 
     c = fake_curves()
     cr = CurvesResult(**{k: c[k] for k in ("model", "evaluator", "corpus", "budget", "selection", "baseline_ppl",
@@ -327,7 +328,7 @@ def test_trajectory_figures_spec_columns():
 
 
 def test_trajectory_figures_from_library(res):
-    from swapkl import trajectory as T
+    from swapkl.trajectory import compute as T
 
     r2 = synthetic()
     pts = [(0, res), (500, r2)]
@@ -376,7 +377,7 @@ def adjacent_result(L: int = 6) -> SwapResult:
 
 
 def test_depth_profile_values_bands_thresholds_best():
-    from swapkl.removal import regime_verdict
+    from swapkl.removal.verdict import regime_verdict
 
     r = adjacent_result()
     assert plots.is_adjacent_only(r) and not plots.is_adjacent_only(synthetic())

@@ -1,11 +1,11 @@
-"""swapkl.policy: what a dashboard visitor may ask for (demo mode), tested without a server."""
+"""swapkl.jobs.policy: what a dashboard visitor may ask for (demo mode), tested without a server."""
 from __future__ import annotations
 
 import pytest
 
 from swapkl.contract import Contract
 from swapkl.jobs import AnalysisRequest, TrajectoryRequest
-from swapkl.policy import Policy, PolicyError
+from swapkl.jobs.policy import Policy, PolicyError
 
 DEMO = Policy(demo=True, models=("default", "EleutherAI/pythia-160m", "Qwen/Qwen3-0.6B@main",
                                  "../shared/models/stories260K"))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import FAMILY_NAMES, tiny_config, tiny_model
-from swapkl import architectures as arch
-from swapkl.prune import PruneError, pruned_copy, read_prune_record, save_pruned
+from swapkl.model import architectures as arch
+from swapkl.surgery.prune import PruneError, pruned_copy, read_prune_record, save_pruned
 
 
 

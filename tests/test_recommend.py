@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl import evaluate as E
-from swapkl.corpora import Corpus, from_text, load_corpus
+from swapkl.removal import evaluate as E
+from swapkl.scoring.corpora import Corpus, from_text, load_corpus
 from swapkl.errors import SwapklError
-from swapkl.evaluate import Evaluator
-from swapkl.methods import MethodContext
-from swapkl.recommend import Recommendation, recommend, search, sleb_cost
-from swapkl.removal import EvalMemo, removal_curves
+from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.methods import MethodContext
+from swapkl.removal.recommend import Recommendation, recommend, search, sleb_cost
+from swapkl.removal.memo import EvalMemo
+from swapkl.removal.curves import removal_curves
 
 EV = Evaluator("tiny", 400, 128, 64)
 
@@ -81,8 +82,8 @@ def test_calibration_windows_follow_the_evaluator(stories):
     """By default a calibration number is scored with the held-out evaluator's window and stride (the plain
     sliding-window PPL on the calibration ids); "disjoint" gives SLEB's non-overlapping windows, and an exhaustive
     search under that objective is matched too."""
-    from swapkl.evaluate import evaluate_ppl
-    from swapkl.prune import pruned_copy
+    from swapkl.removal.evaluate import evaluate_ppl
+    from swapkl.surgery.prune import pruned_copy
 
     corpus = load_corpus()
     L, tokens = 5, 256
@@ -186,7 +187,7 @@ def test_recommendation_result_roundtrip_and_explain(stories):
     assert s.startswith(f"Remove layers {rec.removed(2)} (n=2)") and "calibration PPL" in s and "held-out" in s
     assert "calibration evaluations" in s and s.count(".") >= 1 and "\n" not in s
     # the contract beside the numbers names the calibration text and windows, and the held-out evaluator
-    from swapkl import plots
+    from swapkl import views as plots
 
     cap = plots.contract_caption(rec)
     assert "calibration 256 tokens of the prompt region, window 128/stride 64" in cap and "evaluator tiny" in cap
@@ -215,7 +216,7 @@ def test_recommend_is_a_curves_method(stories):
     sleb = res.method_info["sleb"]["steps"]
     for n, lv in enumerate(res.method_info["recommend"]["recommendation"]["levels"], start=1):
         assert lv["calib_ppl"] <= sleb[n - 1]["calib_ppl"] + 1e-12
-    from swapkl.report import build_report
+    from swapkl.views.report import build_report
 
     html = build_report(curves=json.loads(res.to_json()))
     assert "Recommended removal" in html and rec.explain(1).split(";")[0].replace("[", "").split()[0] in html
@@ -235,7 +236,7 @@ def _err(capsys):
                                       (["--budget", "5"], "budget 5 is larger"),
                                       (["--budget", "2", "--max-words", "100000"], "too short")])
 def test_recommend_cli_bad_input(stories_path, capsys, monkeypatch, tmp_path, args, msg):
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     assert main(["recommend", str(stories_path), "--device", "cpu", *args]) == 2
@@ -244,7 +245,7 @@ def test_recommend_cli_bad_input(stories_path, capsys, monkeypatch, tmp_path, ar
 
 
 def test_recommend_cli_json(stories_path, capsys, monkeypatch, tmp_path):
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "rec.json"

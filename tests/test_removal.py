@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from swapkl.errors import ComputeInterrupted
-from swapkl.removal import (BudgetError, CurvesResult, EvalMemo, ScoresMismatch, layer_scores, max_feasible,
-                            random_sets, regime_verdict, removal_curves, select)
+from swapkl.removal.selection import BudgetError, layer_scores, max_feasible, random_sets, select
+from swapkl.removal.curves import CurvesResult, ScoresMismatch, removal_curves
+from swapkl.removal.memo import EvalMemo
+from swapkl.removal.verdict import regime_verdict
 
 NAN = np.nan
 
@@ -110,7 +112,7 @@ def test_regime_verdict_by_hand():
 def stories(stories_path, wikitext_path):
     import transformers as tf
 
-    from swapkl.corpora import from_file
+    from swapkl.scoring.corpora import from_file
 
     tok = tf.AutoTokenizer.from_pretrained(stories_path)
     model = tf.AutoModelForCausalLM.from_pretrained(stories_path).eval()
@@ -125,8 +127,8 @@ def scores5():
 
 
 def test_curves_runner(stories):
-    from swapkl.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
-    from swapkl.prune import pruned_copy
+    from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
+    from swapkl.surgery.prune import pruned_copy
 
     model, tok, corpus = stories
     ev = Evaluator("tiny", 200, 128, 64)
@@ -170,7 +172,7 @@ def test_curves_runner(stories):
 
 
 def test_curves_bad_input(stories):
-    from swapkl.evaluate import Evaluator
+    from swapkl.removal.evaluate import Evaluator
 
     model, tok, corpus = stories
     ev = Evaluator("tiny", 200, 128, 64)
@@ -191,7 +193,7 @@ def test_curves_bad_input(stories):
 
 def test_literature_baselines_not_bound_by_the_rule(stories):
     """SLEB/BI choose from every layer: a budget beyond the rule's maximum (2) is fine for them alone."""
-    from swapkl.evaluate import Evaluator
+    from swapkl.removal.evaluate import Evaluator
 
     model, tok, corpus = stories
     r = removal_curves(model, tok, None, 3, ["bi"], Evaluator("tiny", 200, 128, 64), corpus, kl=False,

@@ -1,4 +1,4 @@
-"""swapkl.report and ``python -m swapkl report``: the HTML holds the contract, the verdict, the figures and the
+"""swapkl.views.report and ``python -m swapkl report``: the HTML holds the contract, the verdict, the figures and the
 numbers of the result."""
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swapkl.curves import curves_provenance
-from swapkl import plots, report
+from swapkl.removal.curves import curves_provenance
+from swapkl import views as plots
+from swapkl.views import report
 from swapkl.errors import SwapklError
-from swapkl.removal import CurvesResult, regime_verdict
+from swapkl.removal.curves import CurvesResult
+from swapkl.removal.verdict import regime_verdict
 from test_plots import fake_curves, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +102,7 @@ def test_report_everything(tmp_path):
 
 
 def test_report_from_trajectory_json_and_curves_only():
-    from swapkl.trajectory import CheckpointSpec, Trajectory
+    from swapkl.trajectory.compute import CheckpointSpec, Trajectory
 
     a, b = synthetic(), synthetic()
     t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step10", 10, "m@step10")],
@@ -127,7 +129,7 @@ def test_report_from_trajectory_json_and_curves_only():
 
 def test_report_without_adjacent_pairs_says_so():
     vec = {(0, 2): {"repl_ij": [0.3, 0.3], "repl_ji": [0.2, 0.2], "inter": [0.1, 0.1]}}
-    from swapkl.results import SwapResult
+    from swapkl.scoring.results import SwapResult
     r = SwapResult.from_pair_vectors(4, vec, contract=synthetic().contract, identity=synthetic().identity)
     doc = report.build_report(r)
     assert "adjacent pairs" in doc and 'class="note"' in doc and report.figure_count(doc) == 2
@@ -152,7 +154,7 @@ def test_cli_report_from_scores(scores_json, tmp_path):
     assert not (tmp_path / "empty-cache").exists()  # no model computation
     doc = out.read_text()
     d = json.loads(scores_json.read_text())
-    from swapkl.results import SwapResult
+    from swapkl.scoring.results import SwapResult
     res = SwapResult.from_json(d)
     cap = plots.contract_caption(res)
     assert "stories260K" in cap and "4 prompts × 16 tokens" in cap
@@ -164,7 +166,7 @@ def test_cli_report_from_scores(scores_json, tmp_path):
     assert figure_json(doc, 1)[0]["z"][0][1] == pytest.approx(d["replacement"][0][1])
     assert "2 figures" in r.stderr
     # with a trajectory file too (the 'trajectory --json' format)
-    from swapkl.trajectory import CheckpointSpec, Trajectory
+    from swapkl.trajectory.compute import CheckpointSpec, Trajectory
     t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step9", 9, "m@step9")],
                    results=[synthetic(), synthetic()], contract=synthetic().contract)
     tj = tmp_path / "traj.json"
@@ -189,8 +191,8 @@ def test_cli_report_errors(tmp_path):
 def test_cli_report_computes_scores_and_curves(stories_path, tmp_path, monkeypatch):
     """MODEL without files: scores through api.score (cached), curves through curves.removal_curves (stubbed
     here: the real evaluation takes a minute on this machine)."""
-    from swapkl import cli
-    from swapkl import curves as curves_mod
+    from swapkl.commands import cli
+    from swapkl.removal import curves as curves_mod
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     seen = {}

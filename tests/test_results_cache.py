@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from swapkl.api import score
+from swapkl.scoring.score import score
 from swapkl.contract import Contract, pair_list, parse_pairs
 from swapkl.errors import ComputeInterrupted, ContractError
-from swapkl.results import SwapResult
+from swapkl.scoring.results import SwapResult
 
 
 SMALL = dict(prompts=4, tokens=16)

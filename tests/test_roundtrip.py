@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from swapkl.api import score
+from swapkl.scoring.score import score
 from swapkl.contract import Contract
-from swapkl.curves import CurvesResult, removal_curves
+from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.errors import UploadError
-from swapkl.evaluate import Evaluator
-from swapkl.memo import EvalMemo
-from swapkl.results import SwapResult
-from swapkl.trajectory import CheckpointSpec, Trajectory
+from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.memo import EvalMemo
+from swapkl.scoring.results import SwapResult
+from swapkl.trajectory.compute import CheckpointSpec, Trajectory
 
 
 def _through_json(d: dict) -> dict:
@@ -25,8 +25,8 @@ def real(stories_path, tmp_path_factory):
     """A real result (stories260K, adjacent + gap:2 pairs) and its removal curves."""
     import os
 
-    from swapkl.checkpoints import load_checkpoint
-    from swapkl.corpora import load_corpus
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.scoring.corpora import load_corpus
 
     old = os.environ.get("SWAPKL_CACHE")
     os.environ["SWAPKL_CACHE"] = str(tmp_path_factory.mktemp("cache"))

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl.api import engine_limits, score
-from swapkl.checkpoints import load_checkpoint
+from swapkl.scoring.score import engine_limits, score
+from swapkl.model.checkpoints import load_checkpoint
 from swapkl.contract import Contract, pair_list
-from swapkl.engine import BatchController, DeviceOutOfMemory, SwapEngine
+from swapkl.scoring.engine import BatchController, DeviceOutOfMemory, SwapEngine
 from swapkl.errors import ModelLoadError, SwapklError
-from swapkl.reference import reference_sweep
+from swapkl.scoring.reference import reference_sweep
 
 
 def _ids(P=4, T=12, V=96, seed=1):
@@ -158,8 +158,8 @@ def test_oom_at_batch_one_is_a_clear_user_error(stories, cache_dir):
 
 
 def test_cli_prints_oom_as_one_line(stories_path, cache_dir, monkeypatch, capsys):
-    from swapkl import engine
-    from swapkl.cli import main
+    from swapkl.scoring import engine
+    from swapkl.commands.cli import main
 
     real = engine.SwapEngine.__init__
 
@@ -195,7 +195,7 @@ def test_bf16_engine_matches_bf16_reference_and_float32_loosely(kind):
 
 
 def test_bf16_end_to_end_cli(stories_path, cache_dir, tmp_path):
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     out16, out32 = tmp_path / "bf16.json", tmp_path / "f32.json"
     common = [str(stories_path), "--pairs", "adjacent", "--prompts", "3", "--tokens", "16", "--device", "cpu",
@@ -204,7 +204,7 @@ def test_bf16_end_to_end_cli(stories_path, cache_dir, tmp_path):
     assert main(["score", *common, "--json", str(out32)]) == 0
     d16 = json.loads(out16.read_text())
     assert d16["contract"]["dtype"] == "bfloat16" and d16["meta"]["engine"]["dtype"] == "bfloat16"
-    from swapkl.results import SwapResult
+    from swapkl.scoring.results import SwapResult
 
     r16, r32 = SwapResult.load(out16), SwapResult.load(out32)
     a, b = r16.interchange(), r32.interchange()
@@ -262,8 +262,8 @@ def test_engine_limits_scale_with_the_problem(stories):
 def test_precision_noise_floor_in_bf16(stories_path, cache_dir):
     """Below float32 the noise floor includes precision: KL between the bf16 baseline and the same weights
     computed in float32 (one block upcast at a time). In float32 that part is exactly 0."""
-    from swapkl.checkpoints import load_checkpoint
-    from swapkl.engine import precision_floor, SwapEngine
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.scoring.engine import precision_floor, SwapEngine
 
     ck16 = load_checkpoint(str(stories_path), device="cpu", dtype="bfloat16")
     res = score(ck16, Contract(pairs="adjacent", prompts=3, tokens=16, dtype="bfloat16"))

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from swapkl import schema
 from swapkl.errors import SwapklError, UploadError
-from swapkl.removal import CurvesResult
-from swapkl.results import SwapResult
+from swapkl.removal.curves import CurvesResult
+from swapkl.scoring.results import SwapResult
 
 PEAK_LIMIT = 8 * 2 ** 20  # bytes: most any one read of a stories260K-sized (< 40 kB) file may allocate
 
@@ -31,12 +31,13 @@ PEAK_LIMIT = 8 * 2 ** 20  # bytes: most any one read of a stories260K-sized (< 4
 def real(stories_path, wikitext_path):
     """A real result (all 10 pairs, 3 prompts x 16 tokens) and real removal curves of stories260K, as the JSON
     text the project writes (``score --json``, ``curves --json``)."""
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
-    from swapkl.corpora import from_file
-    from swapkl.evaluate import Evaluator
-    from swapkl.removal import EvalMemo, removal_curves
+    from swapkl.scoring.corpora import from_file
+    from swapkl.removal.evaluate import Evaluator
+    from swapkl.removal.memo import EvalMemo
+    from swapkl.removal.curves import removal_curves
 
     ck = load_checkpoint(str(stories_path), device="cpu")
     corpus = from_file(wikitext_path)
@@ -414,7 +415,7 @@ PROPERTY = settings(max_examples=int(os.environ.get("SWAPKL_FUZZ_EXAMPLES", "100
 def test_mutated_result_files_only_raise_upload_error(real, data):
     """Whatever the bytes, reading a result file ends in an UploadError or in a SwapResult whose matrices,
     statistics, tables and JSON export work (memory bounded per example by PEAK_LIMIT)."""
-    from swapkl import plots
+    from swapkl import views as plots
 
     raw = data.draw(hostile_files(real["result"]))
     res = _read_bounded(SwapResult.from_json, raw)
@@ -429,7 +430,7 @@ def test_mutated_result_files_only_raise_upload_error(real, data):
 @given(data=st.data())
 def test_mutated_curves_files_only_raise_upload_error(real, data):
     """The same for curves files: an UploadError or a CurvesResult that writes back and draws."""
-    from swapkl import plots
+    from swapkl import views as plots
 
     raw = data.draw(hostile_files(real["curves"]))
     cv = _read_bounded(CurvesResult.from_json, raw)
@@ -472,8 +473,8 @@ def test_hostile_upload_through_the_job_manager(real, tmp_path, monkeypatch):
 def test_cli_bad_scores_and_curves_files_are_one_line(tmp_path, capsys, stories_path, monkeypatch):
     """``curves --scores`` with strings or ragged rows, ``report --curves`` with a bad entry: exit 2, one line
     naming the field, no traceback (and the scores file is checked before the model loads)."""
-    from swapkl import checkpoints
-    from swapkl.cli import main
+    from swapkl.model import checkpoints
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(checkpoints, "load_checkpoint", lambda *a, **k: pytest.fail("the model was loaded"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -13,23 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from swapkl.contract import Contract
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = str(ROOT / "app.py")
-STORIES_REL = "../shared/models/stories260K"
-TIMEOUT = 60
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch, stories_path):
-    import streamlit as st
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    st.cache_resource.clear()
-    yield tmp_path / "cache"
-    from pages import common
-
-    common.manager().shutdown()
-    st.cache_resource.clear()
+from app_util import APP, ROOT, STORIES_REL, TIMEOUT
 
 
 @pytest.fixture
@@ -66,7 +49,7 @@ def test_demo_mode_offers_no_typed_path_and_refuses_a_crafted_link(demo):
     # a request the widgets cannot build (a typed path) is refused by the policy in the library call too
     from pages import common
     from swapkl.jobs import AnalysisRequest
-    from swapkl.policy import PolicyError
+    from swapkl.jobs.policy import PolicyError
 
     with pytest.raises(PolicyError, match="offers only these checkpoints"):
         common.policy().check_request(AnalysisRequest(model="/etc", contract=Contract()))
@@ -130,7 +113,7 @@ class _Blocking:
 
 def test_jobs_per_session_are_bounded(cache):
     from swapkl.jobs import AnalysisRequest, JobManager
-    from swapkl.policy import PolicyError
+    from swapkl.jobs.policy import PolicyError
 
     gate = _Blocking()
     mgr = JobManager(loader=gate, use_snapshots=False)
@@ -154,8 +137,8 @@ def test_jobs_per_session_are_bounded(cache):
 
 
 def test_an_opened_file_is_private_to_its_session(cache, stories_path, tmp_path):
-    from swapkl.api import score
-    from swapkl.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+    from swapkl.model.checkpoints import load_checkpoint
     from pages import common
 
     ck = load_checkpoint(str(stories_path), device="cpu")

@@ -37,7 +37,7 @@ N_FILES = 20_000
 def project(tmp_path):
     """A clone of the committed project with a 20,000-file ``.venv`` tree and the converted default model
     linked into its own ``cache/`` (converted once into the repo's cache, as the built-in tests do)."""
-    from swapkl import builtin
+    from swapkl.model import builtin
 
     try:
         model_dir = builtin.default_model_dir()

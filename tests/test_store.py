@@ -36,7 +36,8 @@ def test_entry_roundtrip_and_every_kind_of_damage(tmp_path):
 
 
 def test_one_cache_root(monkeypatch, tmp_path):
-    from swapkl import cache, gguf
+    from swapkl import store as cache
+    from swapkl.model import gguf
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path))
     assert store.cache_root() == cache.cache_root() == gguf.default_cache_root() == tmp_path
@@ -46,11 +47,11 @@ def test_one_cache_root(monkeypatch, tmp_path):
 
 def test_every_store_writes_entries(stories, cache_dir):
     """Scores, evaluations, snapshots and the sha256 memo are all store entries of their kind."""
-    from swapkl.api import score
+    from swapkl.scoring.score import score
     from swapkl.contract import Contract
-    from swapkl.curves import removal_curves
-    from swapkl.evaluate import Evaluator
-    from swapkl.memo import disk_memo
+    from swapkl.removal.curves import removal_curves
+    from swapkl.removal.evaluate import Evaluator
+    from swapkl.removal.memo import disk_memo
 
     ck = stories
     res = score(ck, Contract(pairs="adjacent", prompts=2, tokens=8))

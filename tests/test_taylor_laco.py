@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl.merge import MergeError, groups_from_pairs, merge_plan, merged_copy
-from swapkl.methods.taylor import taylor_importance
-from swapkl.prune import PruneError, pruned_copy, read_prune_record, save_pruned
+from swapkl.surgery.merge import MergeError, groups_from_pairs, merge_plan, merged_copy
+from swapkl.removal.methods.taylor import taylor_importance
+from swapkl.surgery.prune import PruneError, pruned_copy, read_prune_record, save_pruned
 
 
 def _hand_taylor(model, ids, window):
@@ -91,8 +91,8 @@ def test_merged_copy_values_and_reload(kind, mode, tmp_path):
     model = tiny_model(kind, num_layers=5)
     orig = {n: p.detach().clone() for n, p in model.named_parameters()}
     mm = merged_copy(model, [[1, 2, 3]], mode)
-    blocks = __import__("swapkl.architectures", fromlist=["x"]).locate(model).blocks
-    mblocks = __import__("swapkl.architectures", fromlist=["x"]).locate(mm).blocks
+    blocks = __import__("swapkl.model.architectures", fromlist=["x"]).locate(model).blocks
+    mblocks = __import__("swapkl.model.architectures", fromlist=["x"]).locate(mm).blocks
     assert len(mblocks) == 3
     for (name, p) in mblocks[1].named_parameters():
         a, b, c = (blocks[i].get_parameter(name).detach() for i in (1, 2, 3))
@@ -147,9 +147,10 @@ def test_merge_plan_errors():
 
 
 def test_taylor_and_laco_in_curves_runner(stories):
-    from swapkl.corpora import load_corpus
-    from swapkl.evaluate import Evaluator, evaluate_ppl, eval_ids
-    from swapkl.removal import EvalMemo, removal_curves
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.removal.evaluate import Evaluator, evaluate_ppl, eval_ids
+    from swapkl.removal.memo import EvalMemo
+    from swapkl.removal.curves import removal_curves
 
     model, tok = stories.model, stories.tokenizer
     corpus = load_corpus()
@@ -174,14 +175,14 @@ def test_taylor_and_laco_in_curves_runner(stories):
     tay = res.method_info["taylor"]["taylor"]
     order = sorted(range(L), key=lambda i: (tay[i], i))
     assert res.methods["taylor"][0]["removed"] == [order[0]]
-    from swapkl.removal import CurvesResult
+    from swapkl.removal.curves import CurvesResult
     CurvesResult.from_json(res.to_json())  # the merge label passes the schema
 
 
 def test_prune_cli_merge(stories_path, tmp_path, capsys, monkeypatch):
     import transformers as tf
 
-    from swapkl.cli import main
+    from swapkl.commands.cli import main
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "merged"

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from swapkl import trajectory as tr
-from swapkl.results import SwapResult
+from swapkl.trajectory import compute as tr
+from swapkl.scoring.results import SwapResult
 
 NAN = float("nan")
 PAIRS = [(0, 1), (1, 2), (2, 3)]

@@ -6,8 +6,8 @@ import time
 from collections.abc import Iterable
 
 from swapkl.contract import Contract, PRESETS
-from swapkl.corpora import load_corpus
-from swapkl.outputs import check_output_file
+from swapkl.scoring.corpora import load_corpus
+from swapkl.surgery.outputs import check_output_file
 
 
 def add_model_args(p) -> None:
@@ -52,7 +52,7 @@ def model_inputs(a) -> list[str]:
     no output of the command may overwrite."""
     if not getattr(a, "model", None):
         return []
-    from swapkl.checkpoints import parse_spec  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.model.checkpoints import parse_spec  # deferred: pulls torch; the CLI's --help must not
 
     sp = parse_spec(a.model, getattr(a, "revision", None))
     return [sp.source] if sp.kind in ("local", "gguf") else []
@@ -60,7 +60,7 @@ def model_inputs(a) -> list[str]:
 
 def check_outputs(a, files: dict, inputs: Iterable = ()) -> None:
     """Check every output file of a command before anything is loaded or computed
-    (:func:`swapkl.outputs.check_output_file`): ``files`` maps a flag (``"--json"``) to its path (None = not
+    (:func:`swapkl.surgery.outputs.check_output_file`): ``files`` maps a flag (``"--json"``) to its path (None = not
     given); ``inputs`` are further files the command reads (scores, curves, corpus), besides the model's own."""
 
     ins = [*model_inputs(a), *(i for i in inputs if i), getattr(a, "corpus", None)]
@@ -69,8 +69,18 @@ def check_outputs(a, files: dict, inputs: Iterable = ()) -> None:
             check_output_file(path, flag, ins)
 
 
+def emit(a, obj, render) -> int:
+    """The end of a command that makes a result: write it as JSON to ``--json`` (when given), print
+    ``render(obj)`` unless ``--quiet``, and return the exit code 0."""
+    if a.json:
+        obj.to_json(a.json)
+    if not a.quiet:
+        print(render(obj))
+    return 0
+
+
 def load_from_args(a):
-    from swapkl.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.model.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI's --help must not
 
     return load_checkpoint(a.model, revision=a.revision, dtype=a.dtype, device=a.device,
                            trust_remote_code=a.trust_remote_code, device_map=a.device_map)

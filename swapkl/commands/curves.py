@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from swapkl import corpora, methods as M, schema
-from swapkl import curves as C
-from swapkl.curves import check_evaluator_context, check_scores, EvalMemo
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args, load_from_args
+from swapkl import schema
+from swapkl.scoring import corpora
+from swapkl.removal import methods as M
+from swapkl.removal import curves as C
+from swapkl.removal.curves import check_evaluator_context, check_scores, EvalMemo
+from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+                                    contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
-from swapkl.results import SwapResult
+from swapkl.scoring.results import SwapResult
 
 def register(sub) -> None:
     p = sub.add_parser("curves", help="removal curves: guided (replacement / interchange) vs baselines")
@@ -57,7 +59,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 
 
 def run(a) -> int:
-    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -70,7 +72,7 @@ def run(a) -> int:
     if a.max_words is not None:
         if a.max_words < 1:
             raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        from swapkl.evaluate import Evaluator  # deferred: pulls torch; the CLI's --help must not
+        from swapkl.removal.evaluate import Evaluator  # deferred: pulls torch; the CLI's --help must not
         ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
     corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
     partners = a.partners
@@ -90,7 +92,7 @@ def run(a) -> int:
         check_scores(scores, ck.num_layers, ident, ck.identity)
         src = f"scores from {a.scores}"
     else:
-        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
+        from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
         contract = contract_from_args(a)
         res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
@@ -110,11 +112,7 @@ def run(a) -> int:
                             memo=EvalMemo() if a.no_cache else None,
                             method_params=params)
     result.notes.insert(0, src)
-    if a.json:
-        result.to_json(a.json)
-    if not a.quiet:
-        print(render(result))
-    return 0
+    return emit(a, result, render)
 
 
 def render(r) -> str:

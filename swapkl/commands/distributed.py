@@ -1,21 +1,87 @@
 """``score-distributed``: the ``score`` command split over the ranks of a ``torchrun`` job.
 
-    torchrun --nproc_per_node=N -m swapkl.distributed MODEL [score args] --json OUT
-    torchrun --nproc_per_node=N -m swapkl score-distributed MODEL [score args] --json OUT   (once registered)
+    torchrun --nproc_per_node=N -m swapkl.commands.distributed MODEL [score args] --json OUT
+    torchrun --nproc_per_node=N -m swapkl score-distributed MODEL [score args] --json OUT
 
 Each rank computes its share of the pairs into the shared cache (``$SWAPKL_CACHE``); rank 0 merges them and
-writes ``--json``.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The parser
-and the command live in :mod:`swapkl.distributed` (its ``-m`` entry point); this module registers them.
+writes ``--json``.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The rank logic
+lives in :mod:`swapkl.scoring.distributed`; this module holds the parser, the command and the ``-m`` entry point.
 """
 from __future__ import annotations
 
-from swapkl.distributed import add_cli_args, main, run_cli
+import argparse
+import os
+import sys
 
-run = run_cli
-__all__ = ["register", "run", "main"]
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+    contract_from_args
+from swapkl.commands.score import render_summary
+from swapkl.errors import ContractError, SwapklError
+from swapkl.scoring.distributed import rank_info, restrict_gpus, score_distributed
+
 
 
 def register(sub) -> None:
     p = sub.add_parser("score-distributed", help="score split over torchrun ranks (one shard of pairs per rank)")
     add_cli_args(p)
-    p.set_defaults(func=run_cli)
+    p.set_defaults(func=run)
+
+
+def add_cli_args(p) -> None:
+    add_model_args(p)
+    add_contract_args(p)
+    p.add_argument("--json", default=None, metavar="OUT", help="rank 0 writes the merged result JSON here")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
+                   help="torch.distributed backend for the coordination (a barrier and small objects); "
+                        "gloo works for CPU and GPU ranks alike")
+    p.add_argument("--gpus-per-rank", type=int, default=0,
+                   help="give each rank its own group of this many GPUs (with --device-map auto, for models "
+                        "larger than one GPU); 0 = one GPU per rank (cuda:LOCAL_RANK)")
+    p.add_argument("--timeout-hours", type=float, default=168.0,
+                   help="how long a rank waits for the others at the barrier")
+    p.add_argument("--quiet", action="store_true")
+
+
+def run(a) -> int:
+    """The command: parsed ``a`` -> this rank's share, merged and summarised on rank 0."""
+    contract = contract_from_args(a)  # validates before any loading
+    check_outputs(a, {"--json": a.json})
+    info = rank_info()
+    if a.gpus_per_rank:
+        restrict_gpus(info, a.gpus_per_rank)  # before CUDA is first touched
+    if a.no_cache:
+        raise ContractError("score-distributed merges through the cache; --no-cache cannot be used")
+    res = score_distributed(a.model, contract, revision=a.revision, device=a.device, device_map=a.device_map,
+                            trust_remote_code=a.trust_remote_code, backend=a.backend,
+                            timeout_s=a.timeout_hours * 3600, json_out=a.json,
+                            progress=ProgressPrinter(a.quiet), info=info)
+    d = res.meta["distributed"]
+    if info.rank == 0 and not a.quiet:
+        print(render_summary(res))
+        for r in d["ranks"]:
+            print(f"rank {r['rank']} on {r['device']}: {len(r['computed'])} pairs computed in {r['seconds']:.1f}s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun --nproc_per_node=N -m swapkl.commands.distributed MODEL [score args]`` (the same as the
+    ``score-distributed`` command), with the CLI's error handling: a user error prints one line and exits 2."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m swapkl.commands.distributed",
+                                description="swap-KL scoring split over torchrun ranks")
+    add_cli_args(p)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(run(a) or 0)
+    except SwapklError as e:
+        rank = os.environ.get("RANK", "0")
+        print(f"error (rank {rank}): {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; finished pairs are kept in the cache", file=sys.stderr)
+        return 130
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

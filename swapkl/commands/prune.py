@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from swapkl.commands.common import add_model_args, load_from_args, model_inputs
 from swapkl.errors import SwapklError
-from swapkl.outputs import check_output_dir
+from swapkl.surgery.outputs import check_output_dir
 
 # Deferred imports: torch, transformers and the torch-based swapkl modules are imported by run(): the CLI's --help
 # must not load them.
@@ -61,7 +61,7 @@ def register(sub) -> None:
 def run(a) -> int:
     import torch  # deferred: the CLI's --help must not
 
-    from swapkl.prune import pruned_copy, save_pruned, validate_remove
+    from swapkl.surgery.prune import pruned_copy, save_pruned, validate_remove
 
     if a.remove is None and a.merge is None:
         raise SwapklError("give --remove LAYERS or --merge GROUPS")
@@ -71,7 +71,7 @@ def run(a) -> int:
     ck = load_from_args(a)
     merge = None
     if groups is not None:
-        from swapkl.merge import merge_plan  # deferred: pulls torch (see the module comment)
+        from swapkl.surgery.merge import merge_plan  # deferred: pulls torch (see the module comment)
 
         merge = merge_plan({"groups": groups, "mode": a.merge_mode}, ck.num_layers)
         if remove is not None and validate_remove(remove, ck.num_layers) != merge["removed"]:
@@ -92,7 +92,7 @@ def run(a) -> int:
         x = x.to(ck.device)
         with torch.no_grad():
             if merge is not None:
-                from swapkl.merge import merged_copy
+                from swapkl.surgery.merge import merged_copy
                 mem = merged_copy(ck.model, merge["groups"], merge["mode"])
             else:
                 mem = pruned_copy(ck.model, remove)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args, load_from_args
+from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+                                    contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
-from swapkl import corpora, methods as M
+from swapkl.scoring import corpora
+from swapkl.removal import methods as M
 from swapkl.commands.curves import load_scores
-from swapkl.recommend import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend, SEED_METHODS
-from swapkl.removal import check_budget, check_evaluator_context, check_scores, default_candidates, EvalMemo
+from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
+                                      SEED_METHODS)
+from swapkl.removal.selection import check_budget, default_candidates
+from swapkl.removal.curves import check_evaluator_context, check_scores
+from swapkl.removal.memo import EvalMemo
 
 
 def register(sub) -> None:
@@ -62,7 +66,7 @@ def parse_max_evals(s: str):
 
 
 def run(a) -> int:
-    from swapkl.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -102,7 +106,7 @@ def run(a) -> int:
         scores, ident, _ = loaded
         check_scores(scores, L, ident, ck.identity)
     else:
-        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
+        from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
         res = score(ck, contract_from_args(a), progress=progress, use_cache=not a.no_cache)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
@@ -116,11 +120,7 @@ def run(a) -> int:
                     max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
                     kl=not a.no_kl)
-    if a.json:
-        rec.to_json(a.json)
-    if not a.quiet:
-        print(render(rec))
-    return 0
+    return emit(a, rec, render)
 
 
 def render(rec) -> str:

@@ -2,19 +2,21 @@
 
 From files (no model computation): ``--scores SCORES.json`` (``swapkl score --json``), ``--curves CURVES.json``
 (``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON).  Otherwise the scores are computed
-through :func:`swapkl.api.score` (cached) under the contract arguments, and with ``--budget N`` the removal curves
-through :func:`swapkl.curves.removal_curves`.  MODEL may be omitted when files provide everything.
+through :func:`swapkl.scoring.score.score` (cached) under the contract arguments, and with ``--budget N`` the removal curves
+through :func:`swapkl.removal.curves.removal_curves`.  MODEL may be omitted when files provide everything.
 """
 from __future__ import annotations
 
 import sys
 
-from swapkl import corpora, methods as M, report
+from swapkl.scoring import corpora
+from swapkl.removal import methods as M
+from swapkl.views import report
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
-from swapkl import curves as C
-from swapkl.curves import check_evaluator_context, check_same_model, check_scores
+from swapkl.removal import curves as C
+from swapkl.removal.curves import check_evaluator_context, check_same_model, check_scores
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report (scores, verdict, curves, trajectory)")
@@ -69,11 +71,11 @@ def run(a) -> int:
     if a.model and (want_curves or (result is None and curves is None and traj is None)):
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
-            from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
+            from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
             check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:
-        from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
+        from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
         _say(a, f"scoring {ck.identity.get('display')} (pairs={contract.pairs}, "
                 f"{contract.prompts}x{contract.tokens} tokens)")
@@ -90,7 +92,7 @@ def run(a) -> int:
 
 
 def _compute_curves(a, ck, result):
-    from swapkl.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if result is None:
         raise SwapklError("--budget needs swap-KL scores (give MODEL, or --scores)")

@@ -1,8 +1,8 @@
 """``python -m swapkl score MODEL ...``: both swap-KL matrices, cached, optionally written as JSON."""
 from __future__ import annotations
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args, load_from_args
+from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+                                    contract_from_args, emit, load_from_args)
 
 
 def register(sub) -> None:
@@ -15,17 +15,13 @@ def register(sub) -> None:
 
 
 def run(a) -> int:
-    from swapkl.api import score  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
     contract = contract_from_args(a)  # validates --pairs etc. before any loading
     check_outputs(a, {"--json": a.json})  # a bad --json fails now, not after the computation
     ck = load_from_args(a)
     res = score(ck, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
-    if a.json:
-        res.save(a.json)
-    if not a.quiet:
-        print(render_summary(res))
-    return 0
+    return emit(a, res, render_summary)
 
 
 def render_summary(res) -> str:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import sys
 import time
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, check_outputs, contract_from_args
-from swapkl import demo_trajectory
-from swapkl.demo_trajectory import DemoSettings, read_manifest
-from swapkl.outputs import check_output_dir
-from swapkl.trajectory import compute_trajectory, parse_checkpoints
+from swapkl.commands.common import ProgressPrinter, add_contract_args, check_outputs, contract_from_args, emit
+from swapkl.trajectory import demo as demo_trajectory
+from swapkl.trajectory.demo import DemoSettings, read_manifest
+from swapkl.surgery.outputs import check_output_dir
+from swapkl.trajectory.compute import compute_trajectory, parse_checkpoints
 
 # Deferred imports: pandas is imported by render() only: the CLI's --help must not load it.
 
@@ -69,7 +69,7 @@ def _fmt(v, nd=4) -> str:
 
 
 def render(traj) -> str:
-    """The text report of a :class:`swapkl.trajectory.Trajectory`."""
+    """The text report of a :class:`swapkl.trajectory.compute.Trajectory`."""
     import pandas as pd
 
     df = traj.summary()
@@ -102,11 +102,7 @@ def run_trajectory(a) -> int:
     if not a.quiet:
         print(f"{len(specs)} checkpoints: " + ", ".join(s.display() for s in specs), file=sys.stderr)
     traj = compute_trajectory(specs, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
-    if a.json:
-        traj.to_json(a.json)
-    if not a.quiet:
-        print(render(traj))
-    return 0
+    return emit(a, traj, render)
 
 
 def run_demo(a) -> int:

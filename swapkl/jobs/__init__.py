@@ -14,12 +14,12 @@ the same running job.
 An analysis job runs, in order (each step reports ``progress(done, total, what)`` and an ETA):
 
 1. load the checkpoint (an LRU of at most ``max_models`` loaded models; a shared model is never mutated --
-   removal uses :func:`swapkl.prune.pruned_copy`, which shares tensors but not modules);
-2. swap-KL on the **adjacent** pairs (:func:`swapkl.api.score`, both protocols), so the regime verdict is
-   available early; ``on_partial`` publishes the partial :class:`~swapkl.results.SwapResult` after every pair;
+   removal uses :func:`swapkl.surgery.prune.pruned_copy`, which shares tensors but not modules);
+2. swap-KL on the **adjacent** pairs (:func:`swapkl.scoring.score.score`, both protocols), so the regime verdict is
+   available early; ``on_partial`` publishes the partial :class:`~swapkl.scoring.results.SwapResult` after every pair;
 3. swap-KL on the contract's wider pair set (``gap:K`` / ``all``), reusing the adjacent pairs from the cache;
-4. removal curves (:func:`swapkl.curves.removal_curves`) one method after the other with one shared
-   :class:`~swapkl.memo.EvalMemo`, publishing a partial ``CurvesResult`` after each method (guided ones first).
+4. removal curves (:func:`swapkl.removal.curves.removal_curves`) one method after the other with one shared
+   :class:`~swapkl.removal.memo.EvalMemo`, publishing a partial ``CurvesResult`` after each method (guided ones first).
 
 Finished jobs are snapshotted under ``<cache>/dashboard/<key>/`` (``result.json``, ``curves.json`` or
 ``trajectory.json``); a later identical request is served from the snapshot at once, without loading the

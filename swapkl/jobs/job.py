@@ -47,8 +47,8 @@ class Job:
     """A computation and everything it has produced so far (read by the pages, written by the worker).
 
     ``status``: queued / running / done / error / cancelled.  ``result``: the (partial while running)
-    :class:`~swapkl.results.SwapResult`; ``curves``: the (partial) ``CurvesResult``; ``trajectory``: a
-    :class:`~swapkl.trajectory.Trajectory` (trajectory jobs); ``error``: one line; ``from_snapshot``: served
+    :class:`~swapkl.scoring.results.SwapResult`; ``curves``: the (partial) ``CurvesResult``; ``trajectory``: a
+    :class:`~swapkl.trajectory.compute.Trajectory` (trajectory jobs); ``error``: one line; ``from_snapshot``: served
     from a finished snapshot without computing."""
 
     def __init__(self, key: str, request):

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Callable
 
 from swapkl import heavy
-from swapkl.cache import cache_root
+from swapkl.store import cache_root
 from swapkl.contract import stable_hash
 from swapkl.errors import SwapklError
-from swapkl.policy import PolicyError
+from swapkl.jobs.policy import PolicyError
 
 from .audience import Audience
 from .failures import readable_error
@@ -58,8 +58,8 @@ def _progress_folder(folder) -> Path | None:
 
 
 def _import_job_modules() -> None:
-    import swapkl.api
-    import swapkl.curves  # noqa: F401
+    import swapkl.scoring.score
+    import swapkl.removal.curves  # noqa: F401
 
 
 def warm_up() -> threading.Thread:
@@ -72,7 +72,7 @@ def warm_up() -> threading.Thread:
 
 
 def admit(jobs, owner: str | None, max_active: int | None, max_total: int | None) -> None:
-    """Refuse a new computation (:class:`~swapkl.policy.PolicyError`) when ``owner`` already has ``max_active``
+    """Refuse a new computation (:class:`~swapkl.jobs.policy.PolicyError`) when ``owner`` already has ``max_active``
     queued or running, or the server has ``max_total`` queued or running (demo mode bounds both; joining an
     identical existing job is not a new computation and is never refused)."""
     active = [j for j in jobs if j.running]
@@ -143,7 +143,7 @@ class JobManager:
         exists, otherwise queued for the worker.
 
         ``owner`` (a browser session) is recorded as the job's submitter; ``max_active`` / ``max_total``: a new
-        job is refused with :class:`~swapkl.policy.PolicyError` while that owner / the whole server already has
+        job is refused with :class:`~swapkl.jobs.policy.PolicyError` while that owner / the whole server already has
         this many queued or running (demo mode: one visitor cannot occupy the machine, a room cannot queue
         without bound; :func:`admit`).  Joining an identical existing job costs nothing.  A queued job knows
         its place (``Job.queue_place``: computations ahead of it)."""
@@ -256,10 +256,10 @@ class JobManager:
         return self.models.keys()
 
     def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None) -> Path:
-        """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.prune.save_pruned`;
+        """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.surgery.prune.save_pruned`;
         the shared model is not changed; an existing non-empty folder needs ``force``).  ``merge``: a LaCo-style
         merged model instead (``{"groups": [[3, 4], ...], "mode": "average" | "laco"}``).  Returns the folder."""
-        from swapkl.prune import save_pruned  # deferred: torch
+        from swapkl.surgery.prune import save_pruned  # deferred: torch
 
         req = job.request
         ck = self.checkpoint_for(req.model, req.revision, req.contract.dtype, req.contract.device)

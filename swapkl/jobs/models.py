@@ -1,5 +1,5 @@
 """The loaded checkpoints a job manager keeps: a small LRU shared by every job (a shared model is never
-mutated -- removal uses :func:`swapkl.prune.pruned_copy`, which shares tensors but not modules)."""
+mutated -- removal uses :func:`swapkl.surgery.prune.pruned_copy`, which shares tensors but not modules)."""
 from __future__ import annotations
 
 import collections
@@ -11,7 +11,7 @@ from swapkl import heavy
 
 class ModelCache:
     """At most ``max_models`` loaded checkpoints, least recently used dropped first.  ``loader``: a
-    ``load_checkpoint``-compatible callable (None = :func:`swapkl.checkpoints.load_checkpoint`; tests pass one)."""
+    ``load_checkpoint``-compatible callable (None = :func:`swapkl.model.checkpoints.load_checkpoint`; tests pass one)."""
 
     def __init__(self, max_models: int = 2, loader: Callable | None = None):
         self.max_models = max(1, int(max_models))
@@ -36,7 +36,7 @@ class ModelCache:
                     return self._models[key]
             loader = self.loader
             if loader is None:
-                from swapkl.checkpoints import load_checkpoint as loader  # deferred: imports torch
+                from swapkl.model.checkpoints import load_checkpoint as loader  # deferred: imports torch
             with heavy.exclusive():  # loading resolves lazy transformers modules: one thread at a time
                 ck = loader(model, revision=revision, dtype=dtype, device=device)
             with self._lock:

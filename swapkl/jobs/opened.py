@@ -4,9 +4,9 @@ so the pages can browse them on a machine that has neither the model nor the cac
 from __future__ import annotations
 
 from swapkl.contract import Contract, stable_hash
-from swapkl.curves import CurvesResult, check_same_model
+from swapkl.removal.curves import CurvesResult, check_same_model
 from swapkl.errors import SwapklError
-from swapkl.results import SwapResult
+from swapkl.scoring.results import SwapResult
 from swapkl.schema import parse_json
 
 from .job import Job

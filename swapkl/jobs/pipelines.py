@@ -2,7 +2,7 @@
 :meth:`Job.tick` and polls :meth:`Job.should_stop`).
 
 * :func:`run_analysis`: load the checkpoint; swap-KL on the **adjacent** pairs first (the regime verdict is
-  available early; the partial :class:`~swapkl.results.SwapResult` is published after every pair); then the
+  available early; the partial :class:`~swapkl.scoring.results.SwapResult` is published after every pair); then the
   contract's wider pair set, reusing the adjacent pairs from the cache; then :func:`run_curves`.
 * :func:`run_curves`: removal curves one method after the other with one shared evaluation memo, publishing a
   partial ``CurvesResult`` after each method (guided ones first).
@@ -13,11 +13,11 @@ The library's modules that import torch are imported inside these functions on p
 """
 from __future__ import annotations
 
-from swapkl import methods as M
+from swapkl.removal import methods as M
 from swapkl.contract import Contract, pair_list
-from swapkl.corpora import load_corpus
-from swapkl.curves import check_evaluator_context, disk_memo, removal_curves
-from swapkl.trajectory import Trajectory, compute_trajectory, parse_checkpoints
+from swapkl.scoring.corpora import load_corpus
+from swapkl.removal.curves import check_evaluator_context, disk_memo, removal_curves
+from swapkl.trajectory.compute import Trajectory, compute_trajectory, parse_checkpoints
 
 from .job import Job
 from .models import ModelCache
@@ -28,7 +28,7 @@ def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
     """Engine limits that split a sweep into about ``chunks`` chunks of pairs (never more variants alive
     than the memory-based limit allows), so progress, partial results and cancel come several times per
     step instead of once at its end."""
-    from swapkl.api import engine_limits  # deferred: torch
+    from swapkl.scoring.score import engine_limits  # deferred: torch
 
     lim = engine_limits(ck, contract.prompts, contract.tokens)
     per_chunk = max(2, -(-n_pairs // chunks))
@@ -37,13 +37,13 @@ def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
 
 def evaluator_of(req: AnalysisRequest):
     """The request's perplexity evaluator (``matched`` when it names none)."""
-    from swapkl.evaluate import Evaluator, get_evaluator  # deferred: torch
+    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: torch
 
     return Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
 
 
 def run_analysis(job: Job, models: ModelCache) -> None:
-    from swapkl.api import score  # deferred: torch (looked up at call time, so tests can patch it)
+    from swapkl.scoring.score import score  # deferred: torch (looked up at call time, so tests can patch it)
 
     req: AnalysisRequest = job.request
     c = req.contract
@@ -105,7 +105,7 @@ def run_trajectory(job: Job) -> None:
     req: TrajectoryRequest = job.request
     steps = 2 if req.train_demo else 1
     if req.train_demo:
-        from swapkl import demo_trajectory  # deferred: torch
+        from swapkl.trajectory import demo as demo_trajectory  # deferred: torch
 
         job.phase(1, 2, "training the demo model (GPT-NeoX, CPU, about 3 min)")
         demo_trajectory.train_demo_trajectory(req.checkpoints, progress=job.tick, should_stop=job.should_stop)

@@ -5,21 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from swapkl import __version__, builtin
-from swapkl import methods as M
-from swapkl.cache import file_sha256, folder_fingerprint
+from swapkl import __version__
+from swapkl.model import builtin
+from swapkl.removal import methods as M
+from swapkl.store import file_sha256, folder_fingerprint
 from swapkl.contract import Contract, stable_hash
-from swapkl.trajectory import parse_checkpoints
+from swapkl.trajectory.compute import parse_checkpoints
 
 
 def _evaluator_dict(ev) -> dict | None:
-    """An evaluator given as a name (``"matched"``), an :class:`~swapkl.evaluate.Evaluator` or its dict -> dict."""
+    """An evaluator given as a name (``"matched"``), an :class:`~swapkl.removal.evaluate.Evaluator` or its dict -> dict."""
     if ev is None:
         return None
     if isinstance(ev, dict):
         return dict(ev)
     if isinstance(ev, str):
-        from swapkl.evaluate import get_evaluator  # deferred: swapkl.evaluate imports torch
+        from swapkl.removal.evaluate import get_evaluator  # deferred: swapkl.evaluate imports torch
 
         return get_evaluator(ev).to_dict()
     return ev.to_dict()
@@ -30,7 +31,7 @@ class AnalysisRequest:
     """One dashboard analysis: both protocols under ``contract``, then removal curves up to ``budget``.
 
     ``budget = 0`` or no ``methods`` skips the curves.  ``evaluator``: ``"matched"`` / ``"standard"``, an
-    :class:`~swapkl.evaluate.Evaluator`, or its dict (stored as the dict)."""
+    :class:`~swapkl.removal.evaluate.Evaluator`, or its dict (stored as the dict)."""
 
     model: str = "default"
     revision: str | None = None
@@ -66,8 +67,8 @@ class AnalysisRequest:
 @dataclass(frozen=True)
 class TrajectoryRequest:
     """Both protocols on every checkpoint of ``checkpoints`` (a list text for
-    :func:`swapkl.trajectory.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
-    a folder that :func:`swapkl.demo_trajectory.train_demo_trajectory` first fills (reused when already
+    :func:`swapkl.trajectory.compute.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
+    a folder that :func:`swapkl.trajectory.demo.train_demo_trajectory` first fills (reused when already
     trained with the default settings)."""
 
     checkpoints: str
@@ -88,7 +89,7 @@ def quick_fingerprint(model: str, revision: str | None = None) -> str:
     """A content fingerprint of a checkpoint spec without loading the model (sha256s are memoised on disk):
     built-in / GGUF: the GGUF file's sha256; local folder: its config + weight files; hub: ``id@revision``.
     Raises :class:`~swapkl.errors.ModelLoadError` for a missing path."""
-    from swapkl.checkpoints import parse_spec  # deferred: swapkl.checkpoints imports torch
+    from swapkl.model.checkpoints import parse_spec  # deferred: swapkl.checkpoints imports torch
 
     sp = parse_spec(model, revision)
     if sp.kind == "builtin":

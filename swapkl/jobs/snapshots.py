@@ -8,11 +8,11 @@ import logging
 import time
 from pathlib import Path
 
-from swapkl.curves import CurvesResult
+from swapkl.removal.curves import CurvesResult
 from swapkl.errors import SwapklError
-from swapkl.results import SwapResult
+from swapkl.scoring.results import SwapResult
 from swapkl.store import CorruptEntry, read_entry, write_entry
-from swapkl.trajectory import Trajectory
+from swapkl.trajectory.compute import Trajectory
 
 from .job import Job
 

@@ -1,0 +1,193 @@
+"""What a dashboard visitor may ask for: everything (the local default, a server on 127.0.0.1) or **demo mode**
+(a server shown to colleagues, where everything that arrives from a browser is hostile until validated).
+
+Demo mode is on with ``SWAPKL_DEMO=1`` (``./run.sh --demo`` sets it) or ``enabled = true`` under ``[demo]`` in
+``.streamlit/swapkl.toml``; the same file (or environment variables) sets its limits::
+
+    [demo]
+    enabled = true
+    models = ["default", "EleutherAI/pythia-160m", "../shared/models/stories260K"]   # the allow-list
+    max_jobs_per_session = 2          # computations queued or running per browser session
+    max_queued = 8                    # computations queued or running on the whole server
+    max_prompt_tokens = 4096          # prompts x tokens of one contract
+    pair_sets = ["adjacent", "gap:2", "gap:3"]
+    max_budget = 6                    # layers removed at most (removal curves)
+    upload_mb = 16                    # size of an opened result file
+
+Environment variables override the file: ``SWAPKL_DEMO_MODELS`` (comma-separated), ``SWAPKL_DEMO_MAX_JOBS``,
+``SWAPKL_DEMO_MAX_QUEUED``, ``SWAPKL_DEMO_MAX_PROMPT_TOKENS``, ``SWAPKL_DEMO_MAX_BUDGET``, ``SWAPKL_DEMO_UPLOAD_MB``.
+
+In demo mode a checkpoint is one of the allow-list's entries, matched as a string (a visitor's text never
+reaches the filesystem: nothing reveals whether a path exists); ``org/name`` allows every revision of that hub
+model, ``org/name@rev`` only that one.  Exports are written only below ``<cache>/exports/`` under a name the
+server derives, and offered as a download.  No Streamlit here; the pages ask this module.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swapkl.errors import SwapklError
+from swapkl.store import PROJECT_ROOT
+
+CONFIG_FILE = PROJECT_ROOT / ".streamlit" / "swapkl.toml"
+DEFAULT_ALIASES = ("default", "builtin")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class PolicyError(SwapklError):
+    """A request that the server's policy (demo mode) does not allow."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The server's limits.  ``demo=False``: no limits beyond the library's own validation (a local server).
+
+    ``models``: the demo allow-list (specs as :func:`swapkl.model.checkpoints.load_checkpoint` takes them);
+    ``max_jobs_per_session``: computations queued or running per browser session; ``max_queued``: computations
+    queued or running on the whole server (the one worker runs them one at a time); ``max_prompt_tokens``:
+    P x T of one contract (tokens); ``pair_sets``: pair sets offered; ``max_budget``: layers removed at most;
+    ``upload_mb``: largest opened result file (MB)."""
+
+    demo: bool = False
+    models: tuple = ("default",)
+    max_jobs_per_session: int = 2
+    max_queued: int = 8
+    max_prompt_tokens: int = 4096
+    pair_sets: tuple = ("adjacent", "gap:2", "gap:3")
+    max_budget: int = 6
+    upload_mb: int = 16
+    extra: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_env(cls, environ: dict | None = None, config_file: str | os.PathLike | None = None) -> Policy:
+        """The policy of this server: ``[demo]`` of ``.streamlit/swapkl.toml`` (when present), then the
+        environment.  A malformed file or value is a :class:`PolicyError` (the server refuses to start in a
+        state its operator did not ask for)."""
+        env = os.environ if environ is None else environ
+        path = Path(config_file) if config_file is not None else CONFIG_FILE
+        conf: dict = {}
+        if path.is_file():
+            try:
+                conf = dict(tomllib.loads(path.read_text(encoding="utf-8")).get("demo") or {})
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+                raise PolicyError(f"cannot read {path}: {e}") from e
+        demo = _flag(env.get("SWAPKL_DEMO")) if env.get("SWAPKL_DEMO") is not None else bool(conf.get("enabled", False))
+        models = conf.get("models", cls.models)
+        if env.get("SWAPKL_DEMO_MODELS"):
+            models = [m for m in env["SWAPKL_DEMO_MODELS"].split(",")]
+        kw = {"demo": demo, "models": _models(models)}
+        for key, var in (("max_jobs_per_session", "SWAPKL_DEMO_MAX_JOBS"), ("max_queued", "SWAPKL_DEMO_MAX_QUEUED"),
+                         ("max_prompt_tokens", "SWAPKL_DEMO_MAX_PROMPT_TOKENS"),
+                         ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB")):
+            raw = env.get(var, conf.get(key))
+            if raw is not None:
+                try:
+                    kw[key] = int(raw)
+                except (TypeError, ValueError):
+                    raise PolicyError(f"{var} / [demo] {key} must be an integer, got {raw!r}") from None
+                if kw[key] < 0:
+                    raise PolicyError(f"{var} / [demo] {key} must be >= 0, got {kw[key]}")
+        if "pair_sets" in conf:
+            kw["pair_sets"] = tuple(str(p) for p in conf["pair_sets"])
+        return cls(**kw)
+
+    # ------------------------------------------------------------------ checks
+    def check_model(self, spec: str, revision: str | None = None) -> None:
+        """Raise :class:`PolicyError` unless ``spec`` (with ``revision``) is allowed.  Demo mode compares
+        strings with the allow-list only; nothing of the visitor's text touches the filesystem."""
+        if not self.demo:
+            return
+        s = str(spec or "").strip()
+        rev = (str(revision).strip() or None) if revision else None
+        if s.lower() in DEFAULT_ALIASES and any(m.lower() in DEFAULT_ALIASES for m in self.models):
+            if rev:
+                raise PolicyError("the built-in default model has no revisions")
+            return
+        hub, _, at = s.partition("@")
+        rev = rev or (at or None)
+        for m in self.models:
+            m_id, _, m_rev = m.partition("@")
+            if s == m and not revision:
+                return
+            if m_id == hub and ((not m_rev) or (m_rev == rev)) and "/" in hub and not hub.startswith((".", "/", "~")):
+                return
+        raise PolicyError(f"this demo server offers only these checkpoints: {', '.join(self.models)}")
+
+    def check_contract(self, contract) -> None:
+        """Bound one visitor's contract: prompts x tokens and the pair set."""
+        if not self.demo:
+            return
+        pt = int(contract.prompts) * int(contract.tokens)
+        if pt > self.max_prompt_tokens:
+            raise PolicyError(f"this demo server allows at most {self.max_prompt_tokens} prompt tokens "
+                              f"(prompts x tokens); {contract.prompts} x {contract.tokens} = {pt}")
+        if contract.pairs not in self.pair_sets:
+            raise PolicyError(f"this demo server offers the pair sets {', '.join(self.pair_sets)}; "
+                              f"got {contract.pairs}")
+        if getattr(contract, "corpus", None):
+            raise PolicyError("this demo server uses its own corpus; a corpus path cannot be chosen")
+
+    def check_request(self, request) -> None:
+        """A whole dashboard request (analysis or trajectory) against the policy."""
+        if not self.demo:
+            return
+        self.check_contract(request.contract)
+        if request.kind == "analysis":
+            self.check_model(request.model, request.revision)
+            if request.budget > self.max_budget:
+                raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
+                                  f"{request.budget} asked")
+        elif not getattr(request, "train_demo", False):
+            self.check_checkpoint_list(request.checkpoints)
+
+    def check_checkpoint_list(self, text: str) -> None:
+        """A trajectory's checkpoint list in demo mode: tokens (split on commas and blanks, never looked up on
+        disk) that are allow-listed checkpoints, or ``@REV`` revisions of the allow-listed hub model before
+        them."""
+        if not self.demo:
+            return
+        toks = [t for t in re.split(r"[,\s]+", str(text or "")) if t]
+        if not toks:
+            raise PolicyError("no checkpoints given")
+        current = None
+        for t in toks:
+            if t.startswith("@"):
+                if current is None:
+                    raise PolicyError(f"'{t}' has no model before it")
+                self.check_model(current, t[1:])
+            else:
+                self.check_model(t)
+                current = t.partition("@")[0] if "/" in t else None
+
+    def check_upload(self, size_bytes: int) -> None:
+        if self.demo and size_bytes > self.upload_mb * 1024 * 1024:
+            raise PolicyError(f"this demo server opens result files up to {self.upload_mb} MB; the file has "
+                              f"{size_bytes / 1e6:.1f} MB")
+
+    def export_dir(self, name: str, cache: str | os.PathLike) -> Path:
+        """The folder an export called ``name`` goes to: ``<cache>/exports/<safe name>``.  The name is
+        reduced to ``[A-Za-z0-9._-]`` (no separators, no leading dots), so it cannot leave that folder."""
+        safe = _SAFE_NAME.sub("-", str(name)).strip(".-")[:80] or "export"
+        root = (Path(cache) / "exports").resolve()
+        out = (root / safe).resolve()
+        if out.parent != root:  # pragma: no cover - the name has no separators left
+            raise PolicyError(f"export name {name!r} is not allowed")
+        return out
+
+
+def _flag(v) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _models(models) -> tuple:
+    if isinstance(models, str):
+        models = [models]
+    out = tuple(dict.fromkeys(str(m).strip() for m in (models or []) if str(m).strip()))
+    if not out:
+        raise PolicyError("the demo allow-list of models is empty")
+    return out

@@ -1,0 +1,341 @@
+"""Removal curves: every method's nested removal sets evaluated with one memo of perplexity evaluations keyed
+by the frozenset of removed layers (see ``docs/removal.md``), the result type :class:`CurvesResult`, and the
+checks that scores and curves belong to the model at hand."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from swapkl import schema
+from swapkl.removal import methods as M
+from swapkl.contract import Provenance
+from swapkl.scoring.corpora import load_corpus
+from swapkl.errors import ComputeInterrupted, SwapklError
+from swapkl.removal.memo import EvalMemo, disk_memo
+from swapkl.store import dump_json
+from swapkl.scoring.results import finite_json as _jsonable
+from swapkl.removal.selection import as_matrix, check_budget, default_candidates
+from swapkl.removal.verdict import regime_verdict
+
+# Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
+# dashboard imports this module for CurvesResult before torch is loaded.
+
+
+class ScoresMismatch(SwapklError):
+    """A scores file that belongs to a different model (or layer count)."""
+
+
+def curves_provenance(d: dict) -> Provenance:
+    """The :class:`~swapkl.contract.Provenance` of a curves dict (:meth:`CurvesResult.to_dict`): model,
+    evaluator, corpus label, and the budget and spacing as extra caption pieces."""
+    corpus = d.get("corpus") or {}
+    extra = []
+    if d.get("budget") is not None:
+        extra.append(f"budget {d['budget']}")
+    sel = d.get("selection") or {}
+    if sel.get("spacing") is not None:
+        extra.append(f"spacing Δ={sel['spacing']}")
+    return Provenance(model=d.get("model"),
+                      contract={"corpus_label": corpus.get("label") or corpus.get("name")} if corpus else {},
+                      evaluator=d.get("evaluator"), extra=tuple(extra))
+
+
+@dataclass
+class CurvesResult:
+    """Everything a removal-curve run produced (JSON-able).
+
+    ``methods[name]``: list of ``{n, removed, ppl, ppl_ci, delta_pct, delta_pct_ci, kl_to_base}`` (ppl: perplexity;
+    delta_pct: ΔPPL % vs ``baseline_ppl``; kl_to_base: mean KL(base || pruned) per scored token, nats).  For
+    a seeded method (``random``): entries hold the mean over seeds in ``ppl``/``delta_pct``/``kl_to_base``, ``removed`` is None and
+    ``delta_pct_min``/``delta_pct_max``/``delta_pct_std``/``per_seed`` give the spread; the per-seed curves are
+    in ``random_seeds``.  ``delta_ratio``: per n, ΔPPL%(interchange) / ΔPPL%(replacement).
+    """
+
+    model: dict
+    evaluator: dict
+    corpus: dict
+    budget: int
+    selection: dict
+    baseline_ppl: float
+    baseline_ppl_ci: list
+    baseline: dict
+    methods: dict = field(default_factory=dict)
+    method_info: dict = field(default_factory=dict)
+    random_seeds: dict = field(default_factory=dict)
+    delta_ratio: list = field(default_factory=list)
+    verdict: dict | None = None
+    stats: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    complete: bool = True
+
+    def provenance(self) -> Provenance:
+        """Model, corpus, evaluator, budget and spacing of these curves (:func:`curves_provenance`)."""
+        return curves_provenance(vars(self))
+
+    def to_dict(self) -> dict:
+        """Every field, JSON-able (NaN/inf as None), so ``json.dumps`` and :meth:`from_dict` take it as is."""
+        return _jsonable({k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "curves") -> CurvesResult:
+        """Inverse of :meth:`to_dict`, validated (:func:`swapkl.schema.curves_fields`)."""
+        return cls(**schema.curves_fields(d, what))
+
+    def to_json(self, path=None, indent: int = 2) -> str:
+        return dump_json(self.to_dict(), path, indent)
+
+    @classmethod
+    def from_json(cls, s_or_path, what: str = "curves file") -> CurvesResult:
+        """From :meth:`to_json`'s text (``str`` starting with ``{``, or ``bytes``), its parsed dict, or a path.
+        Validated by :func:`swapkl.schema.curves_fields` before anything is built; a bad file raises
+        :class:`~swapkl.errors.UploadError` naming ``what`` and the field."""
+
+        s = s_or_path
+        if isinstance(s, (bytes, bytearray)) or (isinstance(s, str) and s.lstrip().startswith("{")):
+            d = schema.parse_json(s, what, keep_constants=True)
+        elif isinstance(s, dict):
+            d = s
+        else:
+            d = schema.read_json_file(s, what, keep_constants=True)
+            what = f"{what} {s}"
+        return cls.from_dict(d, what)
+
+    def curve(self, method: str) -> list[dict]:
+        return self.methods[method]
+
+
+def check_scores(scores: dict, num_layers: int, identity: dict | None = None, model_identity: dict | None = None,
+                 what: str = "the scores file is for a different model"):
+    """Raise :class:`ScoresMismatch` when score matrices do not fit the model (layer count; identity when both
+    sides give one).  ``what`` starts the identity message."""
+    for name, d in scores.items():
+        d = np.asarray(d)
+        if d.shape != (num_layers, num_layers):
+            raise ScoresMismatch(
+                f"the {name} scores are for a {d.shape[0]}-layer model; this model has {num_layers} layers "
+                f"(a scores file from a different model?)")
+    if identity and model_identity:
+        keys = ["model_type", "num_layers", "fingerprint", "commit"]
+        if identity.get("kind") == "hub" and model_identity.get("kind") == "hub":
+            keys += ["id", "revision"]
+        for key in keys:
+            a, b = identity.get(key), model_identity.get(key)
+            if a is not None and b is not None and a != b:
+                name = identity.get("display") or identity.get("id") or "?"
+                raise ScoresMismatch(f"{what} ({name}; {key} {a} != {b})")
+
+
+def check_same_model(result, curves_model: dict | None,
+                     what: str = "the scores and the removal curves are for different models") -> None:
+    """Raise :class:`ScoresMismatch` when removal curves (their ``model`` identity) were computed on another model
+    than the score result ``result`` (a :class:`~swapkl.scoring.results.SwapResult`): the one check for every place that
+    shows the two together (the dashboard's file upload, ``report --scores --curves``)."""
+    check_scores({"replacement": result.replacement(), "interchange": result.interchange()}, result.num_layers,
+                 result.identity, curves_model, what=what)
+
+
+def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
+    """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
+    from swapkl.model import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.removal.evaluate import get_evaluator
+
+    ev = get_evaluator(evaluator)
+    arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
+                       "use an evaluator whose window is at most {limit} tokens", name=name)
+
+
+def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str] | None = None,
+        evaluator="matched", corpus=None, progress=None,
+        should_stop=None, *, spacing: int = 1, exclude_boundary: bool = True, candidates=None, partners=None,
+        seeds: Sequence[int] | None = None, kl: bool = True, memo: EvalMemo | None = None,
+        identity: dict | None = None, eval_ids=None, batch_size: int | None = None,
+        method_params: dict | None = None) -> CurvesResult:
+    """Removal curves for n = 1..``budget`` for each method of ``methods`` (see :mod:`swapkl.removal.methods`).
+
+    ``scores``: ``{"replacement": L×L, "interchange": L×L}`` (nats, NaN = not scored); needed by the guided and
+    anti-guided methods and by the verdict.  ``evaluator``: ``"matched"`` / ``"standard"`` or an
+    :class:`swapkl.removal.evaluate.Evaluator`.  ``corpus``: a :class:`swapkl.scoring.corpora.Corpus` (default: auto);
+    evaluation text = its eval region, calibration text for BI/SLEB = its prompt region (disjoint).
+    ``progress(done, total, message)`` is called after every curve point (``total`` = planned points +
+    baseline; a curve that stops early leaves ``done < total`` until the end); ``should_stop()`` → True raises
+    :class:`ComputeInterrupted` with the partial result in ``.partial``.  ``memo``: an :class:`EvalMemo` to
+    reuse across calls.  ``methods``: default the registry's dashboard set (:func:`swapkl.removal.methods.default_set`);
+    ``seeds``: default ``range(runs)`` of the most-seeded chosen method.  Returns a :class:`CurvesResult`.
+    """
+    # deferred: torch and the modules that need it; the dashboard imports this module for CurvesResult and must
+    # paint before torch is loaded
+    import torch
+
+    from swapkl.model import architectures as arch
+    from swapkl.removal import evaluate as E
+    from swapkl.surgery.prune import pruned_copy
+    from swapkl.surgery.merge import merged_copy
+
+    t_start = time.perf_counter()
+    loc = arch.locate(model)
+    L = loc.num_layers
+    scores = {k: as_matrix(v) for k, v in (scores or {}).items() if v is not None}
+    check_scores(scores, L)
+    methods = M.default_set("dashboard") if methods is None else methods
+    method_list = [m.strip() for m in methods if m and m.strip()]
+    specs = M.resolve(method_list, scores)  # unknown names / missing scores fail before any work
+    seeds = list(seeds) if seeds is not None else M.default_seeds(specs)
+    cands = sorted(set(candidates)) if candidates is not None else default_candidates(L, exclude_boundary)
+    if any(s.rule_candidates for s in specs):  # fail before any evaluation
+        check_budget(budget, cands, spacing)
+    ev = E.get_evaluator(evaluator)
+    check_evaluator_context(model, ev, name=(identity or {}).get("display"))
+    if corpus is None:
+        corpus = load_corpus()
+    ids = eval_ids if eval_ids is not None else E.eval_ids(corpus, tokenizer, ev)
+    ids = torch.as_tensor(ids).reshape(-1).long()
+    text_key = f"test:{getattr(corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:{ev.drop_first_target}"
+    memo = memo if memo is not None else disk_memo(identity, kl)
+    fingerprint = (id(model), L, int(ids.numel()))
+    if memo.fingerprint is None:
+        memo.fingerprint = fingerprint
+    elif memo.fingerprint != fingerprint:
+        raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
+
+    counter = {"evals": 0, "points": 0}
+    # planned curve points (an upper bound: memo hits count as done at once); +1 for the baseline
+    planned = 1 + sum(budget * (len(seeds) if s.seeded else 1) for s in specs)
+
+    def report(msg: str):
+        if progress is not None:
+            progress(min(counter["points"], planned), planned, msg)
+
+    def stop_check():
+        if should_stop is not None and should_stop():
+            raise ComputeInterrupted("removal curves stopped")
+
+    baseline = memo.get(text_key, (), lambda: E.evaluate_ppl(model, ids, ev.window, ev.stride,
+                                                              ev.drop_first_target, batch_size=batch_size,
+                                                              capture_reference=kl, should_stop=should_stop))
+    if kl and baseline.reference is None:  # a memo filled without KL: redo the baseline with a reference
+        baseline = E.evaluate_ppl(model, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
+                                  capture_reference=True, should_stop=should_stop)
+        memo.store[(text_key, frozenset())] = baseline
+    reference = baseline.reference if kl else None
+    base_ci = baseline.ci()
+    counter["points"] += 1
+    report(f"baseline PPL {baseline.ppl:.4g}")
+
+    def evaluate_set(removed: Sequence[int], merge: dict | None = None) -> E.PPLResult:
+        stop_check()
+
+        def compute():
+            counter["evals"] += 1
+            if merge is None:
+                pm = pruned_copy(model, removed)
+            else:  # a merged model (swapkl.surgery.merge): new tensors for the merged blocks only
+                pm = merged_copy(model, merge["groups"], merge["mode"])
+            r = E.evaluate_ppl(pm, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
+                               reference=reference, should_stop=should_stop)
+            return r
+        key = text_key if merge is None else f"{text_key}|merge:{merge['mode']}:{merge['groups']}"
+        return memo.get(key, removed, compute)
+
+    def entry(n: int, removed: Sequence[int], merge: dict | None = None) -> dict:
+        r = evaluate_set(removed, merge)
+        counter["points"] += 1
+        report(f"n={n} removed {sorted(int(i) for i in removed)}: PPL {r.ppl:.4g}")
+        e = {"n": n, "removed": sorted(int(i) for i in removed), "ppl": r.ppl, "ppl_ci": list(r.ci()),
+             "delta_pct": E.delta_pct(r, baseline), "delta_pct_ci": list(E.delta_pct_ci(r, baseline)),
+             "kl_to_base": r.kl_to_base}
+        if merge is not None:
+            # a scalar (curve entries hold scalars only): "average: 3+4, 7+8"; the groups are in method_info
+            e["merge"] = f"{merge['mode']}: " + ", ".join("+".join(str(i) for i in g) for g in merge["groups"])
+        return e
+
+    result = CurvesResult(
+        model=identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
+                           getattr(model.config, "model_type", None), "num_layers": L},
+        evaluator=ev.to_dict(), corpus=corpus.describe() if hasattr(corpus, "describe") else {},
+        budget=budget,
+        selection={"spacing": spacing, "exclude_boundary": exclude_boundary, "candidates": cands,
+                   "partners": partners if partners is None or isinstance(partners, (str, int)) else
+                   [list(p) for p in partners], "seeds": list(seeds)},
+        baseline_ppl=baseline.ppl, baseline_ppl_ci=list(base_ci), baseline=baseline.to_dict(), complete=False)
+
+    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=scores, num_layers=L, candidates=cands,
+                          spacing=spacing, partners=partners, corpus=corpus, evaluator=ev, seeds=list(seeds),
+                          memo=memo, batch_size=batch_size, should_stop=should_stop,
+                          progress=lambda d, t, msg: report(msg),
+                          params=method_params or {})
+    try:
+        for spec in specs:
+            stop_check()
+            t0 = time.perf_counter()
+            out = spec.func(ctx, budget)
+            if out.notes:
+                result.notes.extend(f"{spec.name}: {n}" for n in out.notes)
+            info = dict(out.info)
+            info["settings"] = out.settings
+            info["selection_seconds"] = time.perf_counter() - t0
+            if out.runs is None:
+                var = out.variant if out.variant and out.variant.get("kind") == "merge" else None
+                entries = [entry(k + 1, s, None if var is None else {"groups": var["groups"][k], "mode": var["mode"]})
+                           for k, s in enumerate(out.sets)]
+                if len(entries) < budget and not out.notes:
+                    result.notes.append(f"{spec.name}: curve stops at n={len(entries)}")
+                result.methods[spec.name] = entries
+            else:
+                per_seed = {}
+                for seed, sets in out.runs.items():
+                    per_seed[str(seed)] = [entry(k + 1, s) for k, s in enumerate(sets)]
+                result.random_seeds[spec.name] = per_seed
+                result.methods[spec.name] = _aggregate(per_seed)
+            info["seconds"] = time.perf_counter() - t0
+            result.method_info[spec.name] = info
+    except ComputeInterrupted as e:
+        _finish(result, scores, memo, counter, t_start)
+        report("stopped")
+        e.partial = result
+        raise
+    _finish(result, scores, memo, counter, t_start)
+    result.complete = True
+    counter["points"] = planned
+    report("done")
+    return result
+
+
+def _aggregate(per_seed: dict) -> list[dict]:
+    out = []
+    n_max = max(len(v) for v in per_seed.values())
+    for k in range(n_max):
+        rows = [v[k] for v in per_seed.values() if len(v) > k]
+        d = np.array([r["delta_pct"] for r in rows])
+        p = np.array([r["ppl"] for r in rows])
+        kls = [r["kl_to_base"] for r in rows if r["kl_to_base"] is not None]
+        out.append({"n": k + 1, "removed": None, "ppl": float(p.mean()), "ppl_min": float(p.min()),
+                    "ppl_max": float(p.max()), "ppl_ci": None, "delta_pct": float(d.mean()),
+                    "delta_pct_min": float(d.min()), "delta_pct_max": float(d.max()),
+                    "delta_pct_std": float(d.std(ddof=1)) if len(d) > 1 else 0.0, "delta_pct_ci": None,
+                    "kl_to_base": float(np.mean(kls)) if kls else None, "n_seeds": len(rows),
+                    "per_seed": [{"seed": int(s), "removed": v[k]["removed"], "ppl": v[k]["ppl"],
+                                  "delta_pct": v[k]["delta_pct"]} for s, v in per_seed.items() if len(v) > k]})
+    return out
+
+
+def _finish(result: CurvesResult, scores: dict, memo: EvalMemo, counter: dict, t_start: float) -> None:
+    rep, inter = result.methods.get("replacement"), result.methods.get("interchange")
+    if rep and inter:
+        ratios = []
+        for a, b in zip(inter, rep):
+            r = a["delta_pct"] / b["delta_pct"] if b["delta_pct"] not in (0, None) else None
+            ratios.append({"n": a["n"], "ratio": r, "interchange_delta_pct": a["delta_pct"],
+                           "replacement_delta_pct": b["delta_pct"]})
+        result.delta_ratio = ratios
+    if "replacement" in scores and "interchange" in scores:
+        try:
+            result.verdict = regime_verdict(scores["replacement"], scores["interchange"])
+        except SwapklError as e:
+            result.notes.append(f"no regime verdict: {e}")
+    n_calib = sum(1 for k in memo.store if str(k[0]).startswith("calib:"))
+    result.stats = {"evaluations": counter["evals"], "calibration_evaluations": n_calib,
+                    "memo_hits": memo.hits, "memo_misses": memo.misses,
+                    "eval_seconds": memo.seconds, "seconds": time.perf_counter() - t_start}

@@ -1,0 +1,563 @@
+"""The swap-KL sweep: both protocols, both replacement directions, per-prompt KL vectors, in one pass.
+
+Notation (docs/method.md §1): slots 0..L-1; ``M[i<-j]`` runs block j's weights in slot i (replacement, directed);
+``M[i<->j]`` exchanges the weights of slots i and j (interchange).  All KLs are ``KL(p_base || p_variant)``
+in nats, from float32 log-softmax (float64 when the contract's ``kl_dtype`` asks).
+
+The sweep is exact (no approximation) and uses the speed-ups of docs/method.md §7:
+
+* **prefix reuse** - a variant equals the baseline before its first modified slot, so it starts from the
+  cached baseline residual stream ``h[s]`` (input of slot s);
+* **shared branch** - ``M[i<-j]`` and ``M[i<->j]`` agree on slots i..j-1: one row set runs them and forks
+  at slot j;
+* **batching** - every prompt is in one tensor, and at each slot all row sets that run the same block are
+  concatenated into one call (so the unmodified suffixes of many variants run together);
+* **head only where scored**, float32 KL chunked over prompts so P*T*V log-probs never exist at once.
+
+A block runs in a slot through the slot's own module (so slot-dependent behaviour - rotary embeddings,
+``layer_idx``, per-slot attention type or scaling - is the slot's) with the other block's tensors
+(``torch.func.functional_call``), which equals copying the weights in (the paper's scripts) without copying.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch.func import functional_call
+
+from swapkl.model.architectures import locate
+from swapkl.errors import ComputeInterrupted, ModelLoadError, SwapklError, is_oom
+
+ProgressFn = Callable[[int, int, str], None]
+PairFn = Callable[[int, int, dict], None]
+
+
+class DeviceOutOfMemory(SwapklError):
+    """Out of memory although the batch was already down to one prompt row (halving cannot help)."""
+
+
+def _free_cached_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class BatchController:
+    """Holds the current maximum batch (rows of prompts per call) and halves it on out-of-memory.
+
+    ``retries`` records every halving as ``{"where", "from", "to"}`` so callers can report it;
+    ``on_retry(record)`` is called at each one.  ``fault`` is a test hook: ``fault(rows)`` or
+    ``fault(rows, where)`` (``where`` in {"baseline", "block", "kl"}) is called before each call and may raise
+    to simulate an out-of-memory error.  An out-of-memory error at one row raises :class:`DeviceOutOfMemory`.
+    """
+
+    def __init__(self, max_rows: int, fault: Callable | None = None, where: str = "block",
+                 on_retry: Callable[[dict], None] | None = None, retries: list | None = None):
+        self.max_rows = max(1, int(max_rows))
+        self.retries: list[dict] = retries if retries is not None else []
+        self.where = where
+        self.on_retry = on_retry
+        self.fault = fault
+        self._fault_where = False
+        if fault is not None:
+            try:
+                self._fault_where = len(inspect.signature(fault).parameters) >= 2
+            except (TypeError, ValueError):
+                self._fault_where = False
+
+    def _check_fault(self, rows: int, where: str) -> None:
+        if self.fault is None:
+            return
+        if self._fault_where:
+            self.fault(rows, where)
+        elif where == "block":  # one-argument hooks only ever targeted block calls
+            self.fault(rows)
+
+    def map(self, fn: Callable[[int, int], object], n: int, where: str | None = None,
+            detail: str = "") -> list:
+        """``[fn(a, b) for consecutive row ranges [a, b) covering 0..n]`` with ranges of at most ``max_rows``
+        rows; an out-of-memory error halves ``max_rows`` and retries the failed range (finished ranges are
+        kept: every row is independent of the others)."""
+        where = where or self.where
+        outs, k = [], 0
+        while k < n:
+            m = min(self.max_rows, n - k)
+            try:
+                self._check_fault(m, where)
+                outs.append(fn(k, k + m))
+                k += m
+            except Exception as e:  # only out-of-memory is retried
+                if not is_oom(e):
+                    raise
+                _free_cached_memory()
+                if m == 1:
+                    raise DeviceOutOfMemory(
+                        f"out of memory even at batch 1 ({where}{detail}): {str(e).splitlines()[0][:160]}; "
+                        "try --dtype bfloat16, fewer --tokens, or --device-map auto (spread over several GPUs)"
+                    ) from e
+                rec = {"where": where, "from": self.max_rows, "to": max(1, m // 2)}
+                self.max_rows = rec["to"]
+                self.retries.append(rec)
+                if self.on_retry is not None:
+                    self.on_retry(rec)
+        return outs
+
+    def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, where: str | None = None) -> torch.Tensor:
+        """``fn`` applied to ``x`` in chunks of at most ``max_rows`` rows (dim 0), halving on OOM."""
+        outs = self.map(lambda a, b: fn(x[a:b]), x.shape[0], where)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def _to_device(obj, dev: torch.device):
+    """Tensors inside ``obj`` (tuples, lists, dicts) moved to ``dev``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dev)
+    if isinstance(obj, tuple):
+        return tuple(_to_device(o, dev) for o in obj)
+    if isinstance(obj, list):
+        return [_to_device(o, dev) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _to_device(v, dev) for k, v in obj.items()}
+    return obj
+
+
+@dataclass
+class Baseline:
+    """Cached baseline of one prompt batch: ``states[s]`` is the input of slot s, ``states[L]`` the output of
+    the last block (before the final norm); each [P, T, D]."""
+
+    states: list[torch.Tensor]
+    slot_args: list[tuple]
+    slot_kwargs: list[dict]
+
+
+class BlockRunner:
+    """Runs a model's blocks slot by slot with the calling convention its own forward used.
+
+    The positional and keyword arguments every slot receives (rotary ``position_embeddings``, masks,
+    ``position_ids``, ...) are captured once from a real forward with ``use_cache=False``; windows have no
+    padding, so these arguments do not depend on the prompt and broadcast over any batch size.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.loc = locate(model)
+        self.blocks = self.loc.blocks
+        self.num_layers = len(self.blocks)
+        # weights of each block, as load_state_dict would copy them (parameters + persistent buffers)
+        self.weights = [dict(b.state_dict(keep_vars=True)) for b in self.blocks]
+        for s, w in enumerate(self.weights):
+            if any(t.device.type == "meta" for t in w.values()):
+                raise ModelLoadError(
+                    f"layer {s} is offloaded (its weights are on the 'meta' device: device_map put it on cpu/disk "
+                    "offload); swapkl needs every layer resident on a device: use more GPUs, --dtype bfloat16, "
+                    "or a device_map without cpu/disk offload")
+        self._moved: OrderedDict = OrderedDict()  # (block, device) -> weights copied there (multi-device maps)
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+
+    def block_device(self, slot: int) -> torch.device:
+        try:
+            return next(self.blocks[slot].parameters()).device
+        except StopIteration:
+            return self.device
+
+    def weights_on(self, block: int, dev: torch.device) -> dict:
+        """Block ``block``'s weights on ``dev``: the tensors themselves when they are there already, else a
+        copy (a model spread over several devices by a device_map); the last few copies are kept."""
+        w = self.weights[block]
+        if all(t.device == dev for t in w.values()):
+            return w
+        key = (block, str(dev))
+        if key in self._moved:
+            self._moved.move_to_end(key)
+            return self._moved[key]
+        moved = {k: t.to(dev) for k, t in w.items()}
+        self._moved[key] = moved
+        while len(self._moved) > 4:
+            self._moved.popitem(last=False)
+        return moved
+
+    @torch.inference_mode()
+    def baseline(self, ids: torch.Tensor, batch: BatchController | None = None) -> Baseline:
+        """Run the real model on ``ids`` [P, T], recording every slot's input and the last block's output
+        (in chunks of ``batch.max_rows`` prompts; out-of-memory halves the chunk and retries it)."""
+        L = self.num_layers
+        inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
+        call: dict[int, tuple] = {}
+
+        def pre(slot):
+            def hook(mod, args, kwargs):
+                h = args[0] if args else kwargs["hidden_states"]
+                inputs[slot].append(h.detach())
+                if slot not in call:
+                    call[slot] = (args, kwargs)
+            return hook
+
+        def post(mod, args, out):
+            inputs[L].append((out[0] if isinstance(out, tuple) else out).detach())
+
+        handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
+        handles.append(self.blocks[L - 1].register_forward_hook(post))
+        backbone = self._backbone()
+        dev = self.input_device()
+        batch = batch or BatchController(ids.shape[0], where="baseline")
+
+        def run(a: int, b: int) -> None:
+            sizes = [len(x) for x in inputs]
+            try:
+                backbone(input_ids=ids[a:b].to(dev), use_cache=False)
+            except BaseException:
+                for x, n in zip(inputs, sizes):  # drop what the failed chunk recorded
+                    del x[n:]
+                raise
+
+        try:
+            # one window alone first: the calling convention captured at batch 1 broadcasts to any batch
+            batch.map(run, 1, "baseline")
+            for x in inputs:
+                x.clear()
+            batch.map(run, ids.shape[0], "baseline")
+        finally:
+            for h in handles:
+                h.remove()
+        states = [torch.cat(x, 0) for x in inputs]
+        slot_args, slot_kwargs = [], []
+        for s in range(L):
+            args, kwargs = call[s]
+            sdev = self.block_device(s)
+            slot_args.append(_to_device(tuple(args[1:]), sdev))
+            slot_kwargs.append(_to_device({k: v for k, v in kwargs.items() if k != "hidden_states"}, sdev))
+        return Baseline(states, slot_args, slot_kwargs)
+
+    def input_device(self) -> torch.device:
+        emb = self.model.get_input_embeddings()
+        return next(emb.parameters()).device
+
+    def _backbone(self) -> torch.nn.Module:
+        # the module that owns the block list: run it without the head (no P*T*V logits)
+        path = self.loc.family.blocks.rsplit(".", 1)[0]
+        mod = self.model
+        for part in path.split("."):
+            mod = getattr(mod, part)
+        return mod
+
+    def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor) -> torch.Tensor:
+        """Slot ``slot`` applied to ``h`` [n, T, D] with the weights of block ``block``."""
+        mod = self.blocks[slot]
+        dev = self.block_device(slot)
+        h = h.to(dev)
+        args = (h,) + base.slot_args[slot]
+        if block == slot:
+            out = mod(*args, **base.slot_kwargs[slot])
+        else:
+            out = functional_call(mod, self.weights_on(block, dev), args, base.slot_kwargs[slot])
+        return out[0] if isinstance(out, tuple) else out
+
+    def run_slot_float32(self, base: Baseline, slot: int, h: torch.Tensor) -> torch.Tensor:
+        """Slot ``slot`` with its own weights upcast to float32 (inputs and slot arguments too): the same
+        network computed at higher precision, one block's float32 copy at a time."""
+        mod = self.blocks[slot]
+        dev = self.block_device(slot)
+        args = (_float32(h.to(dev)),) + tuple(_float32(a) for a in base.slot_args[slot])
+        kwargs = {k: _float32(v) for k, v in base.slot_kwargs[slot].items()}
+        out = functional_call(mod, {k: _float32(v) for k, v in self.weights_on(slot, dev).items()}, args, kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def logits_float32(self, h_last: torch.Tensor) -> torch.Tensor:
+        """:meth:`logits` with the final norm and head upcast to float32."""
+        norm, head = self.loc.final_norm, self.loc.head
+        dev = next(head.parameters()).device
+        x = functional_call(norm, {k: _float32(v) for k, v in norm.state_dict(keep_vars=True).items()},
+                            (_float32(h_last.to(dev)),))
+        return functional_call(head, {k: _float32(v) for k, v in head.state_dict(keep_vars=True).items()}, (x,))
+
+    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """Final norm + output head on last-block outputs [..., D] -> logits [..., V]."""
+        norm_dev = next(self.loc.final_norm.parameters(), torch.empty(0, device=h_last.device)).device
+        x = self.loc.final_norm(h_last.to(norm_dev))
+        head_dev = next(self.loc.head.parameters()).device
+        return self.loc.head(x.to(head_dev))
+
+
+def _float32(obj):
+    """Floating tensors inside ``obj`` (tuples too) as float32; everything else unchanged."""
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_float32(o) for o in obj)
+    return obj
+
+
+def kl_rows(logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(base || variant) per position: ``logp_base`` log-probs [..., V] (float32, or float64 for
+    ``kl_dtype="float64"``), ``logits`` [..., V] -> [...] in nats, in ``logp_base``'s dtype.  The textbook
+    form; :func:`kl_from_logits` is the fast one."""
+    logp = torch.log_softmax(logits.to(logp_base.dtype), dim=-1)
+    return (logp_base.exp() * (logp_base - logp)).sum(-1)
+
+
+def base_distribution(logits: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """From baseline logits [..., V]: probabilities ``p`` and log-probabilities ``log p`` ([..., V], in
+    ``dtype``: float32, or float64 for the contract's ``kl_dtype="float64"``)."""
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    return logp.exp(), logp
+
+
+def kl_from_logits(p_base: torch.Tensor, logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(base || variant) per position, nats, float32, from the cached base ``p``/``log p`` [..., V] and the
+    variant's ``logits`` [..., V].  Equal to :func:`kl_rows` (same float32 summation, same accuracy) but
+    with the base's exp cached and every intermediate formed in place: about 3x faster for large V.
+    (A dot product ``p . (log p - log q)`` through BLAS is faster still but loses two digits: its blocked
+    float32 accumulation is worse than torch's cascade sum.)  Computed in ``logp_base``'s dtype (float64 when
+    the contract asks for ``kl_dtype="float64"``)."""
+    logq = torch.log_softmax(logits.to(logp_base.dtype), dim=-1)
+    return torch.sub(logp_base, logq, out=logq).mul_(p_base).sum(-1)
+
+
+@dataclass
+class _Rows:
+    """A set of prompts rows [P, T, D] travelling through the stack for one variant (or a shared branch)."""
+
+    h: torch.Tensor
+    slot: int
+    label: tuple  # ("shared", i, j) | ("repl", slot, block) | ("inter", i, j)
+    overrides: dict[int, int] = field(default_factory=dict)
+    fork_at: int | None = None
+
+
+@dataclass
+class SweepStats:
+    block_calls: int = 0          # prompt-block evaluations (rows x blocks) actually run
+    naive_block_calls: int = 0    # what 1+3|S| full forwards per prompt would run
+    variants: int = 0
+    seconds: float = 0.0
+    oom_retries: list = field(default_factory=list)
+
+
+class SwapEngine:
+    """Computes per-prompt swap-KL vectors for a list of pairs.
+
+    ``positions``: ``"all"`` (mean over the T positions of each window) or ``"last"``.
+    ``max_rows``: the largest number of prompt rows in one block call (halved on out-of-memory).
+    ``max_live``: how many variant row sets may be alive at once (bounds memory to about
+    ``max_live * P * T * D`` activations); pairs are processed in chunks of ``max_live // 3``; an
+    out-of-memory error that persists at one row halves the chunk and redoes it.
+    ``kl_chunk_rows``: prompts per head + float32 KL call (each holds a few ``[rows, T, V]`` float32
+    tensors; never ``P * T * V`` at once); halved on out-of-memory.
+    ``logp_budget``: bytes allowed for cached baseline log-probs; above it they are recomputed per KL chunk
+    (once per chunk of pairs, shared by all its variants).
+    ``fault``: test hook, see :class:`BatchController`.  ``on_oom(record)``: called at each halving.
+    """
+
+    def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
+                 max_rows: int = 64, max_live: int = 48, kl_chunk_rows: int | None = None,
+                 logp_budget: int = 512 * 2**20, fault: Callable | None = None,
+                 on_oom: Callable[[dict], None] | None = None, kl_dtype: torch.dtype = torch.float32):
+        if positions not in ("all", "last"):
+            raise ValueError(positions)
+        if kl_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"kl_dtype must be float32 or float64, got {kl_dtype}")
+        self.kl_dtype = kl_dtype
+        item = torch.finfo(kl_dtype).bits // 8  # bytes per log-prob
+        self.runner = BlockRunner(model)
+        self.ids = ids
+        self.positions = positions
+        self.stats = SweepStats()
+        retries = self.stats.oom_retries
+        self.batch = BatchController(max_rows, fault=fault, where="block", on_retry=on_oom, retries=retries)
+        self.max_live = max(3, max_live)
+        V = self._vocab()
+        P, T = ids.shape
+        Ts = T if positions == "all" else 1
+        # rows per KL chunk: keep two [rows, Ts, V] log-prob tensors under ~256 MB
+        kl_rows_ = kl_chunk_rows or max(1, int(256 * 2**20 // (2 * item * Ts * V)))
+        self.kl_batch = BatchController(kl_rows_, fault=fault, where="kl", on_retry=on_oom, retries=retries)
+        t0 = time.perf_counter()
+        self.base = self.runner.baseline(ids, self.batch)
+        self.stats.seconds += time.perf_counter() - t0
+        self._base_cache = None  # (p, log p), each [P, Ts, V], when both fit logp_budget
+        if 2 * P * Ts * V * item <= logp_budget:
+            parts = self.kl_batch.map(lambda a, b: self._base_dist(a, b), P, "kl")
+            self._base_cache = (torch.cat([x[0] for x in parts], 0), torch.cat([x[1] for x in parts], 0))
+
+    @property
+    def kl_chunk_rows(self) -> int:
+        return self.kl_batch.max_rows
+
+    @property
+    def num_layers(self) -> int:
+        return self.runner.num_layers
+
+    def _vocab(self) -> int:
+        head = self.runner.loc.head
+        w = getattr(head, "weight", None)
+        return int(w.shape[0]) if w is not None else int(self.runner.model.config.vocab_size)
+
+    def _scored(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.positions == "all" else h[:, -1:, :]
+
+    @torch.inference_mode()
+    def _base_logp(self, a: int, b: int) -> torch.Tensor:
+        h = self._scored(self.base.states[-1][a:b])
+        return torch.log_softmax(self.runner.logits(h).to(self.kl_dtype), dim=-1)
+
+    @torch.inference_mode()
+    def _base_dist(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Baseline (p, log p) for prompts a..b-1 at the scored positions (cached or recomputed)."""
+        if self._base_cache is not None:
+            return self._base_cache[0][a:b], self._base_cache[1][a:b]
+        h = self._scored(self.base.states[-1][a:b])
+        return base_distribution(self.runner.logits(h), self.kl_dtype)
+
+    @torch.inference_mode()
+    def kl_many(self, h_lasts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-prompt KL [P] (nats, float32, on CPU) of each variant's last-block output [P, T, D].
+
+        Works in chunks of ``kl_chunk_rows`` prompts: the baseline log-probs of a chunk are computed (or
+        read from the cache) once and shared by every variant, so at most a few ``[rows, Ts, V]`` float32
+        tensors exist at a time."""
+        if not h_lasts:
+            return []
+        P = h_lasts[0].shape[0]
+
+        def chunk(a: int, b: int) -> torch.Tensor:
+            p, logp = self._base_dist(a, b)
+            out = []
+            for h in h_lasts:
+                logits = self.runner.logits(self._scored(h[a:b]))
+                p, logp = p.to(logits.device), logp.to(logits.device)
+                out.append(kl_from_logits(p, logp, logits).mean(-1).cpu())
+            return torch.stack(out, 0)  # [variants, b - a]
+
+        return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))
+
+    def sweep(self, pairs: Iterable[tuple[int, int]], progress: ProgressFn | None = None,
+              on_pair: PairFn | None = None, should_stop: Callable[[], bool] | None = None) -> dict:
+        """Compute every pair.  Returns ``{(i, j): {"repl_ij": [P], "repl_ji": [P], "inter": [P]}}`` where
+        ``repl_ij`` is KL of ``M[i<-j]`` (slot i runs block j), ``repl_ji`` of ``M[j<-i]``, ``inter`` of
+        ``M[i<->j]``; float32 CPU tensors, nats.  ``on_pair(i, j, vectors)`` is called as each pair
+        completes (in order of gap, adjacent first); ``should_stop()`` is polled between chunks and raises
+        :class:`ComputeInterrupted` (finished pairs were already handed to ``on_pair``)."""
+        pairs = list(pairs)
+        L = self.num_layers
+        for i, j in pairs:
+            if not (0 <= i < j < L):
+                raise ValueError(f"bad pair ({i}, {j}) for {L} layers")
+        total = 3 * len(pairs)
+        done = 0
+        results: dict = {}
+        chunk = max(1, self.max_live // 3)
+        P = self.ids.shape[0]
+        c = 0
+        while c < len(pairs):
+            if should_stop is not None and should_stop():
+                raise ComputeInterrupted(f"stopped after {done // 3} of {len(pairs)} pairs")
+            part = pairs[c:c + chunk]
+            t0 = time.perf_counter()
+            rows_before = self.batch.max_rows
+            try:
+                finished = self._sweep_chunk(part)
+            except DeviceOutOfMemory:
+                if len(part) == 1:
+                    raise
+                # too many variants alive at once: halve the chunk of pairs and redo it
+                rec = {"where": "live", "from": len(part), "to": max(1, len(part) // 2)}
+                chunk = rec["to"]
+                self.max_live = max(3, 3 * chunk)
+                self.batch.max_rows = rows_before
+                self.stats.oom_retries.append(rec)
+                if self.batch.on_retry is not None:
+                    self.batch.on_retry(rec)
+                _free_cached_memory()
+                continue
+            c += len(part)
+            for label, vec in finished:
+                kind = label[0]
+                key = (min(label[1], label[2]), max(label[1], label[2]))
+                slot_name = "inter" if kind == "inter" else ("repl_ij" if label[1] < label[2] else "repl_ji")
+                results.setdefault(key, {})[slot_name] = vec
+                done += 1
+                self.stats.variants += 1
+                if progress is not None:
+                    progress(done, total, f"{kind} {label[1]}{'<->' if kind == 'inter' else '<-'}{label[2]}")
+                if len(results[key]) == 3 and on_pair is not None:
+                    on_pair(key[0], key[1], results[key])
+            self.stats.seconds += time.perf_counter() - t0
+        self.stats.naive_block_calls += P * L * 3 * len(pairs)
+        return results
+
+    @torch.inference_mode()
+    def _sweep_chunk(self, pairs: list[tuple[int, int]]) -> list[tuple[tuple, torch.Tensor]]:
+        """Slot-by-slot sweep over the variants of ``pairs``; returns [(label, per-prompt KL)]."""
+        L = self.num_layers
+        states = self.base.states
+        live: list[_Rows] = []
+        calls = 0
+        for s in range(L):
+            # variants whose first modified slot is s start from the cached baseline
+            for i, j in pairs:
+                if i == s:
+                    live.append(_Rows(states[i], i, ("shared", i, j), {i: j}, fork_at=j))
+                if j == s:
+                    live.append(_Rows(states[j], j, ("repl", j, i), {j: i}))
+            # a shared branch reaching its fork splits into M[i<-j] and M[i<->j]
+            forked = []
+            for r in live:
+                if r.fork_at == s:
+                    _, i, j = r.label
+                    forked.append(_Rows(r.h, s, ("repl", i, j)))
+                    forked.append(_Rows(r.h, s, ("inter", i, j), {j: i}))
+                else:
+                    forked.append(r)
+            live = forked
+            # group by the block each row set runs at this slot; one batched call per group
+            groups: dict[int, list[_Rows]] = {}
+            for r in live:
+                groups.setdefault(r.overrides.get(s, s), []).append(r)
+            for block, rows in groups.items():
+                x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
+                y = self.batch.run(lambda part, b=block, s=s: self.runner.run_slot(self.base, s, b, part), x, "block")
+                calls += x.shape[0]
+                off = 0
+                for r in rows:
+                    n = r.h.shape[0]
+                    r.h = y[off:off + n]
+                    off += n
+                del x, y
+        kls = self.kl_many([r.h for r in live])
+        self.stats.block_calls += calls
+        return [(r.label, v) for r, v in zip(live, kls)]
+
+
+# ------------------------------------------------------------------------------------------------ diagnostics
+@torch.inference_mode()
+def noise_floor(engine: SwapEngine, n: int = 2) -> float:
+    """Mean KL (nats) between ``engine``'s batched baseline and batch-of-one full forwards of the model
+    on the first ``n`` prompts: differences below this are numerical noise, not signal."""
+    vals = []
+    for k in range(min(n, engine.ids.shape[0])):
+        out = engine.runner.model(input_ids=engine.ids[k:k + 1].to(engine.runner.input_device()), use_cache=False)
+        logits = engine._scored(out.logits)
+        lb = engine._base_logp(k, k + 1).to(logits.device)
+        vals.append(kl_rows(lb, logits).mean().item())
+        del out, logits
+    return float(sum(vals) / max(1, len(vals)))
+
+@torch.inference_mode()
+def precision_floor(engine: SwapEngine, n: int = 2) -> float:
+    """Mean KL (nats) between the baseline as computed (e.g. bf16) and the same weights computed in float32,
+    on the first ``n`` prompts: the size of the model's own arithmetic noise at this dtype (an estimate:
+    the slot arguments, e.g. rotary cos/sin, stay as captured).  0 for a float32 model."""
+    if engine.runner.dtype == torch.float32:
+        return 0.0
+    n = min(n, engine.ids.shape[0])
+    h = engine.base.states[0][:n]
+    for s in range(engine.num_layers):
+        h = engine.runner.run_slot_float32(engine.base, s, h)
+    logits = engine.runner.logits_float32(engine._scored(h))
+    lb = engine._base_logp(0, n).to(logits.device)
+    return float(kl_rows(lb, logits).mean().item())

@@ -1,0 +1,112 @@
+"""Block removal on a private module tree: correct in Hugging Face transformers, the caller's model untouched.
+
+:func:`pruned_copy` builds a *new module tree* over the *same parameter tensors*: every ``nn.Module`` object of
+the input is shallow-copied (its own ``__dict__``, its own ``_modules`` / ``_parameters`` / ``_buffers`` / hook
+dicts), parameters and buffers are shared, the copied block list keeps only the surviving blocks, each kept
+block's attention gets its new ``layer_idx`` (0..L'-1 in order), and the copy gets its own config cut with
+:func:`swapkl.model.architectures.keep_layers_in_config` (``num_hidden_layers`` and per-layer lists such as
+``layer_types``).  The input model, its config, its hooks and its ``layer_idx`` values are never changed, so a
+model shared between callers (a dashboard's cached model, another thread) stays valid.  Memory cost: module
+objects only (kilobytes), no weight copies.
+
+Caveat: the tensors *are* shared, so an in-place write to a parameter of the copy (``p.mul_``) changes the
+original as well.  Hooks registered on the copy do not reach the original (and vice versa for hooks
+registered after the copy was made).
+
+The core of :mod:`swapkl.surgery.prune` (which re-exports it and saves pruned copies) and of :mod:`swapkl.surgery.merge`.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+
+from swapkl.model import architectures as arch
+from swapkl.errors import SwapklError
+
+
+class PruneError(SwapklError):
+    """An impossible removal set."""
+
+
+def validate_remove(remove: Iterable[int], num_layers: int) -> list[int]:
+    """Sorted unique layer indices; raises :class:`PruneError` for out-of-range or all-layer removal."""
+    try:
+        rem = sorted({int(i) for i in remove})
+    except (TypeError, ValueError) as e:
+        raise PruneError(f"layer indices must be integers ({e})") from e
+    bad = [i for i in rem if not 0 <= i < num_layers]
+    if bad:
+        raise PruneError(f"layer(s) {bad} out of range: the model has layers 0..{num_layers - 1}")
+    if len(rem) >= num_layers:
+        raise PruneError(f"cannot remove all {num_layers} layers; keep at least one")
+    return rem
+
+
+def _shallow(module: torch.nn.Module, memo: dict, old_cfg, new_cfg) -> torch.nn.Module:
+    """A copy of ``module`` and all its submodules that shares parameters and buffers (recursive)."""
+    key = id(module)
+    if key in memo:
+        return memo[key]
+    new = module.__class__.__new__(module.__class__)
+    memo[key] = new
+    d = {}
+    for k, v in module.__dict__.items():
+        if v is old_cfg:
+            v = new_cfg
+        elif k == "generation_config" and v is not None:
+            v = copy.deepcopy(v)
+        elif isinstance(v, dict):  # _modules, _parameters, _buffers, every hook dict (OrderedDict subclasses kept)
+            v = copy.copy(v)
+        elif isinstance(v, (set, list)):
+            v = copy.copy(v)
+        d[k] = v
+    new.__dict__.update(d)
+    for name, child in list(new._modules.items()):
+        if child is not None:
+            new._modules[name] = _shallow(child, memo, old_cfg, new_cfg)
+    return new
+
+
+def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Module:
+    """A model equal to ``model`` with the decoder blocks ``remove`` (0-based slots) deleted.
+
+    The result shares parameter tensors with ``model`` and never mutates it (see the module docstring).  The
+    kept blocks are re-numbered ``0..L'-1`` (``layer_idx`` of the block and its attention; GPT-2's
+    ``scale_attn_by_inverse_layer_idx`` scaling follows the new slot, as it does after a reload) and the copy's
+    config is cut (``num_hidden_layers``/``n_layer``, ``layer_types``).  ``remove=[]`` gives a private module
+    tree of the unchanged model (handy for adding hooks safely).  Evaluate with ``use_cache=False``; generation
+    with a cache is correct too because the indices are consecutive.
+    """
+    loc = arch.locate(model)
+    fam = loc.family
+    rem = validate_remove(remove, loc.num_layers)
+    keep = [i for i in range(loc.num_layers) if i not in set(rem)]
+    old_cfg = model.config
+    new_cfg = copy.deepcopy(old_cfg)
+    arch.keep_layers_in_config(new_cfg, fam, keep)
+    new = _shallow(model, {}, old_cfg, new_cfg)
+    new_blocks = arch.get_path(new, fam.blocks)
+    kept = [new_blocks[i] for i in keep]
+    # rebuild the (already private) ModuleList's children in order
+    new_blocks._modules.clear()
+    for pos, block in enumerate(kept):
+        new_blocks._modules[str(pos)] = block
+    for pos, block in enumerate(kept):
+        _renumber(block, fam, pos)
+    return new
+
+
+def _renumber(block: torch.nn.Module, fam: arch.Family, idx: int) -> None:
+    for path in fam.layer_idx_attrs:
+        parent_path, _, attr = path.rpartition(".")
+        parent = arch.get_path(block, parent_path) if parent_path else block
+        if parent is None or not hasattr(parent, attr):
+            continue
+        old = getattr(parent, attr)
+        # slot-dependent attention scaling (GPT-2 scale_attn_by_inverse_layer_idx) follows the new slot
+        if (getattr(parent, "scale_attn_by_inverse_layer_idx", False) and isinstance(old, int)
+                and isinstance(getattr(parent, "scaling", None), float)):
+            parent.scaling = parent.scaling * float(old + 1) / float(idx + 1)
+    arch.set_layer_index(block, fam, idx)
