@@ -66,4 +66,4 @@ EOF
   fi
 fi
 
-exec "$PY" -m streamlit run app.py ${args[@]+"${args[@]}"}
+exec "$PY" serve.py ${args[@]+"${args[@]}"}

@@ -21,6 +21,10 @@ from swapkl.removal.verdict import regime_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = float(os.environ.get("SWAPKL_POLL_S", "1.0"))  # seconds between progress polls while a job runs
+#: seconds after the last browser session waiting for a job closed before the job is cancelled
+ABANDON_S = float(os.environ.get("SWAPKL_ABANDON_S", "15"))
+#: CPU priority of the job worker relative to the server (Linux nice; 0 = the same): pages and health go first
+JOB_NICE = int(os.environ.get("SWAPKL_JOB_NICE", "10"))
 SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
 PAIR_SETS = ("adjacent", "gap:2", "gap:3", "all")
 OTHER = "other path…"
@@ -61,7 +65,11 @@ def manager() -> JobManager:
     """The one job manager of this server process (shared by every session and tab).  It cancels a job when
     every browser session that waited for it has closed (:class:`swapkl.jobs.audience.Audience`)."""
     progress = ROOT / "static" / "progress" if st.get_option("server.enableStaticServing") else None
-    mgr = JobManager(progress_dir=progress, alive=connected)
+    mgr = JobManager(progress_dir=progress, alive=connected, grace_s=ABANDON_S, nice=JOB_NICE)
+    if os.environ.get("SWAPKL_STALL_LOG"):  # an operator's diagnostic: stacks of every thread when all stall
+        from swapkl.jobs.stalls import watch_stalls
+
+        watch_stalls(os.environ["SWAPKL_STALL_LOG"])
     mgr.warm_up()
     return mgr
 

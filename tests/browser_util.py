@@ -63,7 +63,8 @@ def served(cmd: list[str], cwd: Path, env: dict, log_path: Path, port: int, time
 
 
 def streamlit_cmd(port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *extra]
+    """The server as ``./run.sh`` starts it (``serve.py``: ``streamlit run app.py`` after the heavy imports)."""
+    return [sys.executable, "serve.py", "--server.port", str(port), *extra]
 
 
 def chrome(user_data_dir: Path, size: str = "1600,1200"):

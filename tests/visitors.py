@@ -23,7 +23,7 @@ const live = [...document.querySelectorAll('*')].filter(e => e.shadowRoot)
 return {
   title: [...document.querySelectorAll('h1')].some(h => h.textContent.includes('protocol-aware layer redundancy')),
   compute: [...document.querySelectorAll('button')].some(b => b.textContent.trim() === 'Compute'),
-  done: alerts.some(t => t.includes('Done:')),
+  done: alerts.find(t => t.includes('Done:')) || null,
   cancelled: alerts.find(t => t.trim().startsWith('Cancelled')) || null,
   error: alerts.find(t => t.trim().startsWith('Error:')) || null,
   refused: alerts.find(t => /queued or running|server is busy|not allowed|at most/.test(t)) || null,
@@ -46,6 +46,9 @@ class Visitor:
     name: str
     setup: object = None            # callable(driver) run after first paint, before Compute (set a contract)
     leave_after_s: float | None = None  # close the browser this long after pressing Compute
+    query: str = ""                 # a shared link's query string, e.g. "?budget=2"
+    expect: str = ""                # text of this visitor's own job in its "Done:" line (a fresh session first
+                                    # shows the server's last analysis, which may be another contract's)
     opened: float | None = None
     clicked: float | None = None
     done: float | None = None
@@ -60,7 +63,7 @@ class Visitor:
             ready.wait(timeout=180)
             t0 = start[0]  # set by the barrier's action: the moment every browser was up
             time.sleep(delay)
-            drv.get(url)
+            drv.get(url + "/" + self.query)
             self._until(drv, lambda s: s["title"] and s["compute"], 120)
             self.opened = time.perf_counter() - t0
             if self.setup is not None:
@@ -75,7 +78,7 @@ class Visitor:
                 if s["error"] or s["refused"] or s["cancelled"]:
                     self.error = s["error"] or s["refused"] or s["cancelled"]
                     return
-                if s["done"]:
+                if s["done"] and self.expect in s["done"]:
                     self.done = time.perf_counter() - t0
                     return
                 if self.leave_after_s is not None and time.perf_counter() - t0 - self.clicked >= self.leave_after_s:
@@ -109,26 +112,40 @@ class Visitor:
 
 class Watch:
     """Polls ``/_stcore/health`` every ``every`` s (latency of each answer, a failure counts as its timeout)
-    and the resident memory of the server's process tree, on a daemon thread until :meth:`stop`."""
+    and the resident memory of the server's process tree, on a daemon thread until :meth:`stop`.
 
-    def __init__(self, url: str, pid: int, every: float = 0.25, timeout: float = 5.0):
-        self.url, self.pid, self.every, self.timeout = url, pid, every, timeout
+    A control server -- a trivial HTTP server in a process of its own, doing nothing else -- is polled right
+    after each health poll: when it is slow too, the machine itself was stalled (a loaded 2-core machine,
+    other processes), not the dashboard.  ``slow_server_only`` counts the health answers over ``limit_s`` whose
+    control answer was fast (under ``limit_s / 2``): the dashboard's own stalls."""
+
+    def __init__(self, url: str, pid: int, every: float = 0.25, timeout: float = 5.0, limit_s: float = 1.0):
+        self.url, self.pid, self.every, self.timeout, self.limit_s = url, pid, every, timeout, limit_s
         self.latencies: list[float] = []
+        self.control: list[float] = []
+        self.at: list[float] = []  # seconds from the start of each poll
+        self._t0 = time.perf_counter()
         self.failures = 0
         self.peak_rss_mb = 0.0
+        self._ctl = control_server()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True, name="watch")
         self._t.start()
 
+    def _get(self, url: str) -> tuple[bool, float]:
+        t = time.perf_counter()
+        try:
+            ok = urllib.request.urlopen(url, timeout=self.timeout).read().strip() in (b"ok", b"control")
+        except OSError:
+            ok = False
+        return ok, time.perf_counter() - t
+
     def _loop(self):
         while not self._stop.is_set():
-            t = time.perf_counter()
-            try:
-                ok = urllib.request.urlopen(self.url + "/_stcore/health", timeout=self.timeout).read().strip() == b"ok"
-            except OSError:
-                ok = False
-            dt = time.perf_counter() - t
+            self.at.append(time.perf_counter() - self._t0)
+            ok, dt = self._get(self.url + "/_stcore/health")
             self.latencies.append(dt)
+            self.control.append(self._get(self._ctl[1])[1])
             self.failures += not ok
             self.peak_rss_mb = max(self.peak_rss_mb, tree_rss_mb(self.pid))
             self._stop.wait(max(0.0, self.every - dt))
@@ -136,9 +153,35 @@ class Watch:
     def stop(self) -> dict:
         self._stop.set()
         self._t.join(10)
+        self._ctl[0].kill()
         lat = self.latencies or [float("nan")]
+        slow = [(round(t, 1), round(h, 2), round(c, 2)) for t, h, c in zip(self.at, self.latencies, self.control)
+                if h >= self.limit_s]
+        own = sum(1 for _, h, c in slow if c < self.limit_s / 2)
         return {"health_median_s": statistics.median(lat), "health_max_s": max(lat), "health_polls": len(lat),
-                "health_failures": self.failures, "peak_rss_mb": round(self.peak_rss_mb, 1)}
+                "health_failures": self.failures, "control_max_s": max(self.control or [float("nan")]),
+                "slow_server_only": own, "slow_polls": slow, "peak_rss_mb": round(self.peak_rss_mb, 1)}
+
+
+CONTROL = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"control")
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+def control_server():
+    """A do-nothing HTTP server on loopback in its own process: ``(process, url)``."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", CONTROL], stdout=subprocess.PIPE, text=True)
+    return p, f"http://127.0.0.1:{int(p.stdout.readline())}/"
 
 
 def tree_rss_mb(pid: int) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -57,7 +58,8 @@ def _progress_folder(folder) -> Path | None:
     return folder
 
 
-def _import_job_modules() -> None:
+def import_job_modules() -> None:
+    """Import what a job runs besides torch and transformers: swapkl's engine and removal curves."""
     import swapkl.scoring.score
     import swapkl.removal.curves  # noqa: F401
 
@@ -68,7 +70,7 @@ def warm_up() -> threading.Thread:
     :mod:`swapkl.heavy`: the first Compute of a freshly started server does not wait for them (~5-8 s on 2
     cores), and a job that starts meanwhile waits for them instead of racing them (a first-import race in
     transformers failed every visitor of a fresh demo server)."""
-    return heavy.start_background(then=_import_job_modules)
+    return heavy.start_background(then=import_job_modules)
 
 
 def admit(jobs, owner: str | None, max_active: int | None, max_total: int | None) -> None:
@@ -94,6 +96,18 @@ def renumber(queue, running: bool) -> None:
         j.queue_place = k + int(running)
 
 
+def lower_priority(nice: int | None) -> None:
+    """Give the calling thread (the worker; torch's intra-op threads, which it starts, inherit it) a lower CPU
+    priority (Linux: ``setpriority`` on the thread id), so that the web server's event loop and the pages'
+    script runs go first when the machine is busy: the computation takes what they leave.  None: unchanged."""
+    if not nice:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), int(nice))
+    except (AttributeError, OSError) as e:  # not Linux, or not allowed: run at the normal priority
+        log.info("job worker priority unchanged: %s", e)
+
+
 def monitor(mgr: JobManager, every_s: float = 2.0) -> None:
     """Every ``every_s`` seconds: cancel the jobs nobody waits for any more (:class:`Audience`)."""
     while not mgr._closed:
@@ -115,12 +129,13 @@ class JobManager:
 
     def __init__(self, max_models: int = 2, root: str | Path | None = None, log_path: str | Path | None = None,
                  loader: Callable | None = None, use_snapshots: bool = True, progress_dir: str | Path | None = None,
-                 alive: Callable[[str], bool] | None = None, grace_s: float = 15.0):
+                 alive: Callable[[str], bool] | None = None, grace_s: float = 15.0, nice: int | None = None):
         self.root = Path(root) if root is not None else cache_root() / "dashboard"
         self.snapshots = SnapshotStore(self.root)
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
         self.models = ModelCache(max_models, loader)
         self.audience = Audience(alive, grace_s)
+        self.nice = nice
         self.use_snapshots = use_snapshots
         self.progress_dir = _progress_folder(progress_dir)
         self._jobs: dict[str, Job] = {}
@@ -287,6 +302,7 @@ class JobManager:
         return any(j.status == "running" for j in self._jobs.values())
 
     def _loop(self) -> None:
+        lower_priority(self.nice)
         while True:
             with self._lock:
                 while not self._queue and not self._closed:

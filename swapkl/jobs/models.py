@@ -3,10 +3,13 @@ mutated -- removal uses :func:`swapkl.surgery.prune.pruned_copy`, which shares t
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from typing import Callable
 
 from swapkl import heavy
+
+log = logging.getLogger("swapkl.jobs")
 
 
 class ModelCache:
@@ -39,6 +42,7 @@ class ModelCache:
                 from swapkl.model.checkpoints import load_checkpoint as loader  # deferred: imports torch
             with heavy.exclusive():  # loading resolves lazy transformers modules: one thread at a time
                 ck = loader(model, revision=revision, dtype=dtype, device=device)
+            log.info("model loaded: %s", key)
             with self._lock:
                 self._models[key] = ck
                 self._models.move_to_end(key)
