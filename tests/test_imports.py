@@ -125,6 +125,77 @@ def test_import_graph_has_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+#: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
+#: its own (pages/ and app.py sit beside commands/, above jobs/).  Packages of one tier do not import each other.
+LAYERS = (("commands",), ("jobs",), ("views",), ("removal", "trajectory"), ("scoring", "surgery"), ("model",), ("",))
+#: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
+ENTRY_POINT = "swapkl.__main__"
+
+
+def package_of(mod: str) -> str:
+    """The package of the layout a module belongs to (``""`` for the root modules: errors, contract, store, schema)."""
+    parts = mod.split(".")
+    tops = {p for tier in LAYERS for p in tier}
+    return parts[1] if len(parts) > 1 and parts[1] in tops else ""
+
+
+def tier_of(mod: str) -> int:
+    return next(k for k, tier in enumerate(LAYERS) if package_of(mod) in tier)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks the rule, as ``"a -> b"``."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        if mod == ENTRY_POINT:
+            continue
+        for dep in sorted(deps):
+            same = package_of(dep) == package_of(mod)
+            if not same and (tier_of(dep) < tier_of(mod) or (tier_of(dep) == tier_of(mod) and package_of(dep))):
+                bad.append(f"{mod} -> {dep}")
+            elif package_of(dep) == "jobs" and package_of(mod) != "jobs":
+                bad.append(f"{mod} -> {dep} (only jobs/ and pages/ use the dashboard backend)")
+    return bad
+
+
+def test_imports_go_downward_only():
+    assert upward_imports({"swapkl.scoring.engine": {"swapkl.removal.curves"}}) == [
+        "swapkl.scoring.engine -> swapkl.removal.curves"]
+    assert upward_imports({"swapkl.removal.curves": {"swapkl.trajectory.compute"}})  # one tier, two packages
+    assert upward_imports({"swapkl.commands.score": {"swapkl.jobs"}})
+    assert not upward_imports({"swapkl.views.scores": {"swapkl.scoring.results", "swapkl.contract"}})
+    bad = upward_imports(import_graph())
+    assert not bad, "imports against the layer order (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_no_library_module_imports_streamlit():
+    found = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            found += [mod for n in names if n.split(".")[0] == "streamlit"]
+    assert not found, f"streamlit is for pages/ and app.py only: {found}"
+
+
+def test_registry_lists_methods_without_importing_them():
+    code = ("import sys\n"
+            "from swapkl.removal import methods as M\n"
+            "names = [s.name for s in M.specs()]\n"
+            "labels = [M.label(n) for n in names] + [M.get('sleb').description]\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('swapkl.removal.methods.'))\n"
+            "print(len(names), 'torch' in sys.modules, loaded)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    n, torch_loaded, loaded = r.stdout.strip().split(" ", 2)
+    assert int(n) >= 11 and torch_loaded == "False"
+    assert loaded == "['swapkl.removal.methods.base', 'swapkl.removal.methods.registry']"
+
+
 def _torch_after_import(modules) -> str:
     code = ("import importlib, sys\n"
             f"for m in {sorted(modules)!r}:\n"
