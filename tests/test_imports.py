@@ -35,7 +35,6 @@ EXCEPTIONS = {
                                     "baseline and the counters; to become a small runner class",
     "swapkl.trajectory.demo._train_into": "one training loop with its checkpoint writes and stop checks",
     "swapkl.removal.evaluate.evaluate_ppl": "the sliding-window loop with its batching, OOM retry and KL reference capture",
-    "swapkl.removal.methods.recommended.search": "the beam search: seeding, expansion and the evaluation budget share one state",
 }
 
 
