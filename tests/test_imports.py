@@ -32,7 +32,6 @@ EXCEPTIONS = {
     "swapkl.scoring.score.score": "one sweep: cache lookup, engine run, partial results and the cache write share the loop's "
                         "state; split when sharding grows further",
     "swapkl.trajectory.demo._train_into": "one training loop with its checkpoint writes and stop checks",
-    "swapkl.removal.evaluate.evaluate_ppl": "the sliding-window loop with its batching, OOM retry and KL reference capture",
 }
 
 

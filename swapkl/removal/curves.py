@@ -242,7 +242,7 @@ class CurvesRun:
 
     def evaluate_set(self, removed: Sequence[int], merge: dict | None = None):
         from swapkl.surgery.merge import merged_copy
-        from swapkl.surgery.prune import pruned_copy
+        from swapkl.surgery.blocks import pruned_copy
 
         self.stop_check()
 
