@@ -29,8 +29,6 @@ CLASS_LINES = 200
 FUNCTION_LINES = 80
 #: classes over CLASS_LINES and functions over FUNCTION_LINES lines, with the reason each is still one piece
 EXCEPTIONS = {
-    "swapkl.scoring.score.score": "one sweep: cache lookup, engine run, partial results and the cache write share the loop's "
-                        "state; split when sharding grows further",
     "swapkl.trajectory.demo._train_into": "one training loop with its checkpoint writes and stop checks",
 }
 
