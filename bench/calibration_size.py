@@ -27,7 +27,7 @@ def main() -> int:
     from swapkl.removal import evaluate as E
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.scoring.corpora import load_corpus
-    from swapkl.surgery.prune import pruned_copy
+    from swapkl.surgery.blocks import pruned_copy
 
     ck = load_checkpoint("default")
     corpus = load_corpus()

@@ -45,7 +45,7 @@ def main() -> int:
     from swapkl.contract import Contract
     from swapkl.scoring.corpora import load_corpus
     from swapkl.removal.evaluate import eval_ids, evaluate_ppl, get_evaluator
-    from swapkl.surgery.prune import pruned_copy
+    from swapkl.surgery.blocks import pruned_copy
     from swapkl.removal.curves import removal_curves
 
     ck = load_checkpoint(a.model, device="cpu")

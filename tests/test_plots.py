@@ -328,7 +328,7 @@ def test_trajectory_figures_spec_columns():
 
 
 def test_trajectory_figures_from_library(res):
-    from swapkl.trajectory import compute as T
+    from swapkl.trajectory import stats as T
 
     r2 = synthetic()
     pts = [(0, res), (500, r2)]

@@ -102,8 +102,8 @@ def test_report_everything(tmp_path):
 
 
 def test_report_from_trajectory_json_and_curves_only():
-    from swapkl.trajectory.compute import CheckpointSpec, Trajectory
-
+    from swapkl.trajectory.checkpoints import CheckpointSpec
+    from swapkl.trajectory.compute import Trajectory
     a, b = synthetic(), synthetic()
     t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step10", 10, "m@step10")],
                    results=[a, b], contract=dict(a.contract))
@@ -166,7 +166,8 @@ def test_cli_report_from_scores(scores_json, tmp_path):
     assert figure_json(doc, 1)[0]["z"][0][1] == pytest.approx(d["replacement"][0][1])
     assert "2 figures" in r.stderr
     # with a trajectory file too (the 'trajectory --json' format)
-    from swapkl.trajectory.compute import CheckpointSpec, Trajectory
+    from swapkl.trajectory.checkpoints import CheckpointSpec
+    from swapkl.trajectory.compute import Trajectory
     t = Trajectory(specs=[CheckpointSpec("m", "step0", 0, "m@step0"), CheckpointSpec("m", "step9", 9, "m@step9")],
                    results=[synthetic(), synthetic()], contract=synthetic().contract)
     tj = tmp_path / "traj.json"

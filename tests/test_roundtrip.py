@@ -13,9 +13,8 @@ from swapkl.errors import UploadError
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.memo import EvalMemo
 from swapkl.scoring.results import SwapResult
-from swapkl.trajectory.compute import CheckpointSpec, Trajectory
-
-
+from swapkl.trajectory.checkpoints import CheckpointSpec
+from swapkl.trajectory.compute import Trajectory
 def _through_json(d: dict) -> dict:
     return json.loads(json.dumps(d, allow_nan=False))
 

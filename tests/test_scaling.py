@@ -13,7 +13,8 @@ from conftest import tiny_model
 from swapkl.scoring.score import engine_limits, score
 from swapkl.model.checkpoints import load_checkpoint
 from swapkl.contract import Contract, pair_list
-from swapkl.scoring.engine import BatchController, DeviceOutOfMemory, SwapEngine
+from swapkl.scoring.engine import SwapEngine
+from swapkl.scoring.slots import BatchController, DeviceOutOfMemory
 from swapkl.errors import ModelLoadError, SwapklError
 from swapkl.scoring.reference import reference_sweep
 

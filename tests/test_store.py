@@ -1,7 +1,9 @@
 """The one storage layer: atomic, checksummed, versioned entries in one cache root."""
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +66,30 @@ def test_every_store_writes_entries(stories, cache_dir):
         kinds.setdefault(d.get("swapkl_store"), []).append(f.relative_to(cache_dir).parts[0])
     assert set(kinds) >= {"score-meta", "score-pair", "ppl-eval"} and None not in kinds, kinds
     assert set(kinds["score-pair"]) == {"scores"} and set(kinds["ppl-eval"]) == {"ppl"}
+
+
+#: a score cache written by swapkl before the layout change (commit 27731ad, the flat package): stories260K with
+#: ``identity["id"]`` set to "fixture:stories260K" (the key does not depend on where the model lies), contract
+#: pairs=gap:1, prompts=3, tokens=12 on CPU, the local WikiText-2 copy (../shared); ``expected.json`` holds the matrices that run returned
+OLD_CACHE = Path(__file__).resolve().parent / "data" / "cache-before-layout"
+
+
+def test_cache_written_before_the_layout_is_read(stories, tmp_path, monkeypatch):
+    import shutil
+
+    import numpy as np
+
+    from swapkl.contract import Contract
+    from swapkl.scoring.score import score
+
+    root = tmp_path / "cache"
+    shutil.copytree(OLD_CACHE / "scores", root / "scores")
+    monkeypatch.setenv("SWAPKL_CACHE", str(root))
+    ck = dataclasses.replace(stories, identity=dict(stories.identity, id="fixture:stories260K"))
+    res = score(ck, Contract(pairs="gap:1", prompts=3, tokens=12, device="cpu"))
+    assert res.meta["cache_key"] == "a727d2846cc8df7d57f4"  # the same key, so the same entry
+    assert res.meta["cached_pairs"] == 4 and res.meta["computed_pairs"] == 0 and not res.meta["cache_problems"]
+    expected = json.loads((OLD_CACHE / "expected.json").read_text())
+    for m in ("replacement", "interchange"):
+        want = np.array([[np.nan if v is None else v for v in row] for row in expected[m]])
+        np.testing.assert_array_equal(getattr(res, m)(), want)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from swapkl.trajectory import compute as tr
+from swapkl import trajectory as tr
 from swapkl.scoring.results import SwapResult
 
 NAN = float("nan")

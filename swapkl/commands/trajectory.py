@@ -14,8 +14,8 @@ from swapkl.commands.common import ProgressPrinter, add_contract_args, check_out
 from swapkl.trajectory import demo as demo_trajectory
 from swapkl.trajectory.demo import DemoSettings, read_manifest
 from swapkl.surgery.outputs import check_output_dir
-from swapkl.trajectory.compute import compute_trajectory, parse_checkpoints
-
+from swapkl.trajectory.checkpoints import parse_checkpoints
+from swapkl.trajectory.compute import compute_trajectory
 # Deferred imports: pandas is imported by render() only: the CLI's --help must not load it.
 
 

@@ -17,8 +17,8 @@ from swapkl.removal import methods as M
 from swapkl.contract import Contract, pair_list
 from swapkl.scoring.corpora import load_corpus
 from swapkl.removal.curves import check_evaluator_context, disk_memo, removal_curves
-from swapkl.trajectory.compute import Trajectory, compute_trajectory, parse_checkpoints
-
+from swapkl.trajectory.checkpoints import parse_checkpoints
+from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job
 from .models import ModelCache
 from .requests import AnalysisRequest, TrajectoryRequest

@@ -10,9 +10,7 @@ from swapkl.model import builtin
 from swapkl.removal import methods as M
 from swapkl.store import file_sha256, folder_fingerprint
 from swapkl.contract import Contract, stable_hash
-from swapkl.trajectory.compute import parse_checkpoints
-
-
+from swapkl.trajectory.checkpoints import parse_checkpoints
 def _evaluator_dict(ev) -> dict | None:
     """An evaluator given as a name (``"matched"``), an :class:`~swapkl.removal.evaluate.Evaluator` or its dict -> dict."""
     if ev is None:
@@ -67,7 +65,7 @@ class AnalysisRequest:
 @dataclass(frozen=True)
 class TrajectoryRequest:
     """Both protocols on every checkpoint of ``checkpoints`` (a list text for
-    :func:`swapkl.trajectory.compute.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
+    :func:`swapkl.trajectory.checkpoints.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
     a folder that :func:`swapkl.trajectory.demo.train_demo_trajectory` first fills (reused when already
     trained with the default settings)."""
 

@@ -13,7 +13,6 @@ from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 from swapkl.store import CorruptEntry, read_entry, write_entry
 from swapkl.trajectory.compute import Trajectory
-
 from .job import Job
 
 log = logging.getLogger("swapkl.jobs")

@@ -165,142 +165,174 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     reuse across calls.  ``methods``: default the registry's dashboard set (:func:`swapkl.removal.methods.default_set`);
     ``seeds``: default ``range(runs)`` of the most-seeded chosen method.  Returns a :class:`CurvesResult`.
     """
-    # deferred: torch and the modules that need it; the dashboard imports this module for CurvesResult and must
-    # paint before torch is loaded
-    import torch
+    return CurvesRun(model, tokenizer, scores, budget, methods, evaluator, corpus, progress, should_stop,
+                     spacing=spacing, exclude_boundary=exclude_boundary, candidates=candidates, partners=partners,
+                     seeds=seeds, kl=kl, memo=memo, identity=identity, eval_ids=eval_ids, batch_size=batch_size,
+                     method_params=method_params).run()
 
-    from swapkl.model import architectures as arch
-    from swapkl.removal import evaluate as E
-    from swapkl.surgery.prune import pruned_copy
-    from swapkl.surgery.merge import merged_copy
 
-    t_start = time.perf_counter()
-    loc = arch.locate(model)
-    L = loc.num_layers
-    scores = {k: as_matrix(v) for k, v in (scores or {}).items() if v is not None}
-    check_scores(scores, L)
-    methods = M.default_set("dashboard") if methods is None else methods
-    method_list = [m.strip() for m in methods if m and m.strip()]
-    specs = M.resolve(method_list, scores)  # unknown names / missing scores fail before any work
-    seeds = list(seeds) if seeds is not None else M.default_seeds(specs)
-    cands = sorted(set(candidates)) if candidates is not None else default_candidates(L, exclude_boundary)
-    if any(s.rule_candidates for s in specs):  # fail before any evaluation
-        check_budget(budget, cands, spacing)
-    ev = E.get_evaluator(evaluator)
-    check_evaluator_context(model, ev, name=(identity or {}).get("display"))
-    if corpus is None:
-        corpus = load_corpus()
-    ids = eval_ids if eval_ids is not None else E.eval_ids(corpus, tokenizer, ev)
-    ids = torch.as_tensor(ids).reshape(-1).long()
-    text_key = f"test:{getattr(corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:{ev.drop_first_target}"
-    memo = memo if memo is not None else disk_memo(identity, kl)
-    fingerprint = (id(model), L, int(ids.numel()))
-    if memo.fingerprint is None:
-        memo.fingerprint = fingerprint
-    elif memo.fingerprint != fingerprint:
-        raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
+class CurvesRun:
+    """One :func:`removal_curves` call: the checks and settings (``__init__``), the baseline, then each method's sets
+    evaluated through the memo (:meth:`entry`), counted for the progress total, into one :class:`CurvesResult`."""
 
-    counter = {"evals": 0, "points": 0}
-    # planned curve points (an upper bound: memo hits count as done at once); +1 for the baseline
-    planned = 1 + sum(budget * (len(seeds) if s.seeded else 1) for s in specs)
+    def __init__(self, model, tokenizer, scores, budget, methods, evaluator, corpus, progress, should_stop, *,
+                 spacing, exclude_boundary, candidates, partners, seeds, kl, memo, identity, eval_ids, batch_size,
+                 method_params):
+        # deferred: torch and the modules that need it; the dashboard imports this module for CurvesResult and must
+        # paint before torch is loaded
+        import torch
 
-    def report(msg: str):
-        if progress is not None:
-            progress(min(counter["points"], planned), planned, msg)
+        from swapkl.model import architectures as arch
+        from swapkl.removal import evaluate as E
 
-    def stop_check():
-        if should_stop is not None and should_stop():
+        self.t_start = time.perf_counter()
+        self.model, self.tokenizer, self.budget, self.kl = model, tokenizer, budget, kl
+        self.progress, self.should_stop, self.batch_size = progress, should_stop, batch_size
+        self.spacing, self.exclude_boundary, self.partners = spacing, exclude_boundary, partners
+        self.identity, self.method_params = identity, method_params
+        self.L = L = arch.locate(model).num_layers
+        self.scores = {k: as_matrix(v) for k, v in (scores or {}).items() if v is not None}
+        check_scores(self.scores, L)
+        methods = M.default_set("dashboard") if methods is None else methods
+        self.specs = M.resolve([m.strip() for m in methods if m and m.strip()], self.scores)  # fail before any work
+        self.seeds = list(seeds) if seeds is not None else M.default_seeds(self.specs)
+        self.cands = sorted(set(candidates)) if candidates is not None else default_candidates(L, exclude_boundary)
+        if any(s.rule_candidates for s in self.specs):  # fail before any evaluation
+            check_budget(budget, self.cands, spacing)
+        self.ev = ev = E.get_evaluator(evaluator)
+        check_evaluator_context(model, ev, name=(identity or {}).get("display"))
+        self.corpus = corpus if corpus is not None else load_corpus()
+        ids = eval_ids if eval_ids is not None else E.eval_ids(self.corpus, tokenizer, ev)
+        self.ids = torch.as_tensor(ids).reshape(-1).long()
+        self.text_key = (f"test:{getattr(self.corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:"
+                         f"{ev.drop_first_target}")
+        self.memo = memo if memo is not None else disk_memo(identity, kl)
+        fingerprint = (id(model), L, int(self.ids.numel()))
+        if self.memo.fingerprint is None:
+            self.memo.fingerprint = fingerprint
+        elif self.memo.fingerprint != fingerprint:
+            raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
+        self.counter = {"evals": 0, "points": 0}
+        # planned curve points (an upper bound: memo hits count as done at once); +1 for the baseline
+        self.planned = 1 + sum(budget * (len(self.seeds) if s.seeded else 1) for s in self.specs)
+
+    def report(self, msg: str) -> None:
+        if self.progress is not None:
+            self.progress(min(self.counter["points"], self.planned), self.planned, msg)
+
+    def stop_check(self) -> None:
+        if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("removal curves stopped")
 
-    baseline = memo.get(text_key, (), lambda: E.evaluate_ppl(model, ids, ev.window, ev.stride,
-                                                              ev.drop_first_target, batch_size=batch_size,
-                                                              capture_reference=kl, should_stop=should_stop))
-    if kl and baseline.reference is None:  # a memo filled without KL: redo the baseline with a reference
-        baseline = E.evaluate_ppl(model, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
-                                  capture_reference=True, should_stop=should_stop)
-        memo.store[(text_key, frozenset())] = baseline
-    reference = baseline.reference if kl else None
-    base_ci = baseline.ci()
-    counter["points"] += 1
-    report(f"baseline PPL {baseline.ppl:.4g}")
+    def _ppl(self, model, **kw):
+        from swapkl.removal import evaluate as E
 
-    def evaluate_set(removed: Sequence[int], merge: dict | None = None) -> E.PPLResult:
-        stop_check()
+        ev = self.ev
+        return E.evaluate_ppl(model, self.ids, ev.window, ev.stride, ev.drop_first_target, batch_size=self.batch_size,
+                              should_stop=self.should_stop, **kw)
+
+    def evaluate_baseline(self):
+        self.baseline = self.memo.get(self.text_key, (), lambda: self._ppl(self.model, capture_reference=self.kl))
+        if self.kl and self.baseline.reference is None:  # a memo filled without KL: redo the baseline with a reference
+            self.baseline = self._ppl(self.model, capture_reference=True)
+            self.memo.store[(self.text_key, frozenset())] = self.baseline
+        self.reference = self.baseline.reference if self.kl else None
+        self.counter["points"] += 1
+        self.report(f"baseline PPL {self.baseline.ppl:.4g}")
+
+    def evaluate_set(self, removed: Sequence[int], merge: dict | None = None):
+        from swapkl.surgery.merge import merged_copy
+        from swapkl.surgery.blocks import pruned_copy
+
+        self.stop_check()
 
         def compute():
-            counter["evals"] += 1
+            self.counter["evals"] += 1
             if merge is None:
-                pm = pruned_copy(model, removed)
+                pm = pruned_copy(self.model, removed)
             else:  # a merged model (swapkl.surgery.merge): new tensors for the merged blocks only
-                pm = merged_copy(model, merge["groups"], merge["mode"])
-            r = E.evaluate_ppl(pm, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
-                               reference=reference, should_stop=should_stop)
-            return r
-        key = text_key if merge is None else f"{text_key}|merge:{merge['mode']}:{merge['groups']}"
-        return memo.get(key, removed, compute)
+                pm = merged_copy(self.model, merge["groups"], merge["mode"])
+            return self._ppl(pm, reference=self.reference)
+        key = self.text_key if merge is None else f"{self.text_key}|merge:{merge['mode']}:{merge['groups']}"
+        return self.memo.get(key, removed, compute)
 
-    def entry(n: int, removed: Sequence[int], merge: dict | None = None) -> dict:
-        r = evaluate_set(removed, merge)
-        counter["points"] += 1
-        report(f"n={n} removed {sorted(int(i) for i in removed)}: PPL {r.ppl:.4g}")
+    def entry(self, n: int, removed: Sequence[int], merge: dict | None = None) -> dict:
+        from swapkl.removal import evaluate as E
+
+        r = self.evaluate_set(removed, merge)
+        self.counter["points"] += 1
+        self.report(f"n={n} removed {sorted(int(i) for i in removed)}: PPL {r.ppl:.4g}")
         e = {"n": n, "removed": sorted(int(i) for i in removed), "ppl": r.ppl, "ppl_ci": list(r.ci()),
-             "delta_pct": E.delta_pct(r, baseline), "delta_pct_ci": list(E.delta_pct_ci(r, baseline)),
+             "delta_pct": E.delta_pct(r, self.baseline), "delta_pct_ci": list(E.delta_pct_ci(r, self.baseline)),
              "kl_to_base": r.kl_to_base}
         if merge is not None:
             # a scalar (curve entries hold scalars only): "average: 3+4, 7+8"; the groups are in method_info
             e["merge"] = f"{merge['mode']}: " + ", ".join("+".join(str(i) for i in g) for g in merge["groups"])
         return e
 
-    result = CurvesResult(
-        model=identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
-                           getattr(model.config, "model_type", None), "num_layers": L},
-        evaluator=ev.to_dict(), corpus=corpus.describe() if hasattr(corpus, "describe") else {},
-        budget=budget,
-        selection={"spacing": spacing, "exclude_boundary": exclude_boundary, "candidates": cands,
-                   "partners": partners if partners is None or isinstance(partners, (str, int)) else
-                   [list(p) for p in partners], "seeds": list(seeds)},
-        baseline_ppl=baseline.ppl, baseline_ppl_ci=list(base_ci), baseline=baseline.to_dict(), complete=False)
+    def new_result(self) -> CurvesResult:
+        model, partners = self.model, self.partners
+        return CurvesResult(
+            model=self.identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
+                                    getattr(model.config, "model_type", None), "num_layers": self.L},
+            evaluator=self.ev.to_dict(), corpus=self.corpus.describe() if hasattr(self.corpus, "describe") else {},
+            budget=self.budget,
+            selection={"spacing": self.spacing, "exclude_boundary": self.exclude_boundary, "candidates": self.cands,
+                       "partners": partners if partners is None or isinstance(partners, (str, int)) else
+                       [list(p) for p in partners], "seeds": list(self.seeds)},
+            baseline_ppl=self.baseline.ppl, baseline_ppl_ci=list(self.baseline.ci()), baseline=self.baseline.to_dict(),
+            complete=False)
 
-    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=scores, num_layers=L, candidates=cands,
-                          spacing=spacing, partners=partners, corpus=corpus, evaluator=ev, seeds=list(seeds),
-                          memo=memo, batch_size=batch_size, should_stop=should_stop,
-                          progress=lambda d, t, msg: report(msg),
-                          params=method_params or {})
-    try:
-        for spec in specs:
-            stop_check()
-            t0 = time.perf_counter()
-            out = spec.func(ctx, budget)
-            if out.notes:
-                result.notes.extend(f"{spec.name}: {n}" for n in out.notes)
-            info = dict(out.info)
-            info["settings"] = out.settings
-            info["selection_seconds"] = time.perf_counter() - t0
-            if out.runs is None:
-                var = out.variant if out.variant and out.variant.get("kind") == "merge" else None
-                entries = [entry(k + 1, s, None if var is None else {"groups": var["groups"][k], "mode": var["mode"]})
-                           for k, s in enumerate(out.sets)]
-                if len(entries) < budget and not out.notes:
-                    result.notes.append(f"{spec.name}: curve stops at n={len(entries)}")
-                result.methods[spec.name] = entries
-            else:
-                per_seed = {}
-                for seed, sets in out.runs.items():
-                    per_seed[str(seed)] = [entry(k + 1, s) for k, s in enumerate(sets)]
-                result.random_seeds[spec.name] = per_seed
-                result.methods[spec.name] = _aggregate(per_seed)
-            info["seconds"] = time.perf_counter() - t0
-            result.method_info[spec.name] = info
-    except ComputeInterrupted as e:
-        _finish(result, scores, memo, counter, t_start)
-        report("stopped")
-        e.partial = result
-        raise
-    _finish(result, scores, memo, counter, t_start)
-    result.complete = True
-    counter["points"] = planned
-    report("done")
-    return result
+    def context(self) -> M.MethodContext:
+        return M.MethodContext(model=self.model, tokenizer=self.tokenizer, scores=self.scores, num_layers=self.L,
+                               candidates=self.cands, spacing=self.spacing, partners=self.partners, corpus=self.corpus,
+                               evaluator=self.ev, seeds=list(self.seeds), memo=self.memo, batch_size=self.batch_size,
+                               should_stop=self.should_stop, progress=lambda d, t, msg: self.report(msg),
+                               params=self.method_params or {})
+
+    def run_method(self, spec, ctx, result: CurvesResult) -> None:
+        """Run one method and evaluate the sets it returns into ``result``."""
+        t0 = time.perf_counter()
+        out = spec.func(ctx, self.budget)
+        if out.notes:
+            result.notes.extend(f"{spec.name}: {n}" for n in out.notes)
+        info = dict(out.info)
+        info["settings"] = out.settings
+        info["selection_seconds"] = time.perf_counter() - t0
+        if out.runs is None:
+            var = out.variant if out.variant and out.variant.get("kind") == "merge" else None
+            entries = [self.entry(k + 1, s, None if var is None else {"groups": var["groups"][k], "mode": var["mode"]})
+                       for k, s in enumerate(out.sets)]
+            if len(entries) < self.budget and not out.notes:
+                result.notes.append(f"{spec.name}: curve stops at n={len(entries)}")
+            result.methods[spec.name] = entries
+        else:
+            per_seed = {}
+            for seed, sets in out.runs.items():
+                per_seed[str(seed)] = [self.entry(k + 1, s) for k, s in enumerate(sets)]
+            result.random_seeds[spec.name] = per_seed
+            result.methods[spec.name] = _aggregate(per_seed)
+        info["seconds"] = time.perf_counter() - t0
+        result.method_info[spec.name] = info
+
+    def run(self) -> CurvesResult:
+        self.evaluate_baseline()
+        result = self.new_result()
+        ctx = self.context()
+        try:
+            for spec in self.specs:
+                self.stop_check()
+                self.run_method(spec, ctx, result)
+        except ComputeInterrupted as e:
+            _finish(result, self.scores, self.memo, self.counter, self.t_start)
+            self.report("stopped")
+            e.partial = result
+            raise
+        _finish(result, self.scores, self.memo, self.counter, self.t_start)
+        result.complete = True
+        self.counter["points"] = self.planned
+        self.report("done")
+        return result
 
 
 def _aggregate(per_seed: dict) -> list[dict]:

@@ -33,12 +33,9 @@ from swapkl.errors import ComputeInterrupted, SwapklError
 
 from swapkl.scoring.results import BOOT_SEED, N_BOOT  # 1,000 resamples, seed 0: the project-wide bootstrap setting
 from swapkl.model import architectures as arch
-from swapkl.surgery.prune import pruned_copy
+from swapkl.surgery.blocks import pruned_copy
+from swapkl.removal.windows import EvalTextError, Window, make_windows
 LOGITS_BUDGET_BYTES = 2 ** 28  # float32 logits kept at once per batch (≈ 256 MiB)
-
-
-class EvalTextError(SwapklError):
-    """An evaluation text that is empty or too short for the evaluator."""
 
 
 # --------------------------------------------------------------------------------------------------- contracts
@@ -101,46 +98,6 @@ def eval_ids(corpus, tokenizer, evaluator: str | Evaluator) -> torch.Tensor:
             f"evaluation text '{corpus.name}' gives {ids.numel()} tokens; the '{ev.name}' evaluator needs at least "
             f"one full window of {ev.window}")
     return ids
-
-
-# --------------------------------------------------------------------------------------------------- windows
-@dataclass(frozen=True)
-class Window:
-    """Tokens ``[begin, end)`` are fed; targets at positions ``first_target..end-1`` are scored."""
-
-    begin: int
-    end: int
-    first_target: int
-
-    @property
-    def n_scored(self) -> int:
-        return self.end - self.first_target
-
-    @property
-    def keep(self) -> int:
-        """Number of trailing logits needed (the scored ones plus the unused last position)."""
-        return self.end - self.first_target + 1
-
-
-def make_windows(n_tokens: int, window: int, stride: int, drop_first_target: bool = False) -> list[Window]:
-    """The sliding windows over ``n_tokens`` tokens (docs/method.md §3).  Raises :class:`EvalTextError` below 2 tokens."""
-    if window < 2 or stride < 1 or stride > window:
-        raise SwapklError(f"need window >= 2 and 1 <= stride <= window (got window {window}, stride {stride})")
-    if n_tokens < 2:
-        raise EvalTextError(f"evaluation text has {n_tokens} token(s); at least 2 are needed to score anything")
-    out: list[Window] = []
-    prev_end = 0
-    for begin in range(0, n_tokens, stride):
-        end = min(begin + window, n_tokens)
-        first = max(prev_end, begin + 1)  # a window's first token has no context inside it
-        if drop_first_target and out:
-            first += 1
-        if end > first:
-            out.append(Window(begin, end, first))
-        prev_end = end
-        if end == n_tokens:
-            break
-    return out
 
 
 # --------------------------------------------------------------------------------------------------- results
@@ -288,85 +245,106 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
     if reference is not None and not reference.matches(n, window, stride, drop_first_target):
         raise SwapklError("the KL reference was computed on different tokens or windows")
     dev = torch.device(device) if device is not None else _device_of(model)
-
-    run_model = model
-    hook_handle = None
-    captured: list[torch.Tensor] = []
-    ref_out: Reference | None = None
-    verified = False
-    if capture_reference or model.training:
-        # a private module tree (shared tensors): the hook and eval mode never touch the caller's model
-        try:
-            run_model = pruned_copy(model, []).eval()
-        except SwapklError:
-            if model.training:
-                raise SwapklError("evaluate a model of an unsupported family in eval mode (model.eval())") from None
-        if capture_reference:
-            if run_model is model:
-                ref_out = Reference("model", n, window, stride, drop_first_target, model=model)
-            else:
-                head = arch.locate(run_model).head
-                hook_handle = head.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach()))
-                ref_out = Reference("hidden", n, window, stride, drop_first_target, head=head,
-                                    hidden=[None] * len(wins))
-
-    nll = np.zeros(len(wins), dtype=np.float64)
-    counts = np.array([w.n_scored for w in wins], dtype=np.int64)
-    kl = np.zeros(len(wins), dtype=np.float64) if reference is not None else None
-    vocab = None
+    run = _WindowRun(model, ids, wins, (n, window, stride, drop_first_target), reference, capture_reference)
     # group windows with equal (length, keep): all middle windows share one shape
     groups: dict[tuple[int, int], list[int]] = {}
     for k, w in enumerate(wins):
         groups.setdefault((w.end - w.begin, w.keep), []).append(k)
     try:
         for (length, keep), members in groups.items():
-            bs = batch_size
-            start = 0
-            while start < len(members):
-                if should_stop is not None and should_stop():
-                    raise ComputeInterrupted("perplexity evaluation stopped")
-                if bs is None:
-                    if vocab is None:
-                        # one window first, to learn the vocabulary size
-                        chunk = members[start:start + 1]
-                    else:
-                        chunk = members[start:start + _auto_batch(keep, vocab)]
-                else:
-                    chunk = members[start:start + bs]
-                start += len(chunk)
-                x = torch.stack([ids[wins[k].begin:wins[k].end] for k in chunk]).to(dev)
-                captured.clear()
-                logits = _forward_logits(run_model, x, keep)  # (B, keep, V)
-                vocab = logits.shape[-1]
-                targets = x[:, length - keep + 1:]  # (B, keep-1): the scored targets
-                lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-                tok_nll = -lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
-                nll[chunk] = tok_nll.double().sum(1).cpu().numpy()
-                if ref_out is not None and ref_out.kind == "hidden":
-                    h = captured[-1][:, -keep:][:, :-1].float()
-                    if not verified:
-                        # the head alone must reproduce the logits (no soft-capping or scaling after it), else
-                        # fall back to re-running the base model for the KL
-                        tol = 1e-4 if logits.dtype == torch.float32 else 3e-2
-                        again = _apply_head(ref_out.head, h[:1]).float()
-                        verified = torch.allclose(again, logits[:1, :-1].float(), rtol=tol, atol=tol)
-                        if not verified:
-                            ref_out = Reference("model", n, window, stride, drop_first_target, model=run_model)
-                    if ref_out.kind == "hidden":
-                        for r, k in enumerate(chunk):
-                            ref_out.hidden[k] = h[r].cpu()
-                if reference is not None:
-                    base_lp = _reference_logprobs(reference, chunk, x, keep)
-                    kl_tok = (base_lp.exp() * (base_lp - lp)).sum(-1)  # (B, keep-1)
-                    kl[chunk] = kl_tok.double().sum(1).cpu().numpy()
-                del logits, lp
+            for chunk in run.chunks(members, keep, batch_size, should_stop):
+                run.score(chunk, length, keep, dev)
     finally:
-        if hook_handle is not None:
-            hook_handle.remove()
-    res = PPLResult(nll=nll, counts=counts, n_tokens=n, window=window, stride=stride,
-                    drop_first_target=drop_first_target, kl=kl, seconds=time.perf_counter() - t0)
-    res.reference = ref_out
+        run.close()
+    res = PPLResult(nll=run.nll, counts=np.array([w.n_scored for w in wins], dtype=np.int64), n_tokens=n,
+                    window=window, stride=stride, drop_first_target=drop_first_target, kl=run.kl,
+                    seconds=time.perf_counter() - t0)
+    res.reference = run.ref_out
     return res
+
+
+class _WindowRun:
+    """The state of one :func:`evaluate_ppl` pass: the model it runs (a private copy when it must hook or switch to
+    eval mode), the per-window NLL and KL sums, and the reference it captures."""
+
+    def __init__(self, model, ids: torch.Tensor, wins: list[Window], shape: tuple, reference: Reference | None,
+                 capture_reference: bool):
+        self.ids, self.wins, self.shape, self.reference = ids, wins, shape, reference
+        self.run_model = model
+        self.hook_handle = None
+        self.captured: list[torch.Tensor] = []
+        self.ref_out: Reference | None = None
+        self.verified = False
+        self.vocab = None
+        self.nll = np.zeros(len(wins), dtype=np.float64)
+        self.kl = np.zeros(len(wins), dtype=np.float64) if reference is not None else None
+        if capture_reference or model.training:
+            # a private module tree (shared tensors): the hook and eval mode never touch the caller's model
+            try:
+                self.run_model = pruned_copy(model, []).eval()
+            except SwapklError:
+                if model.training:
+                    raise SwapklError("evaluate a model of an unsupported family in eval mode (model.eval())") from None
+            if capture_reference:
+                self._start_capture(model)
+
+    def _start_capture(self, model) -> None:
+        if self.run_model is model:
+            self.ref_out = Reference("model", *self.shape, model=model)
+        else:
+            head = arch.locate(self.run_model).head
+            self.hook_handle = head.register_forward_pre_hook(lambda mod, args: self.captured.append(args[0].detach()))
+            self.ref_out = Reference("hidden", *self.shape, head=head, hidden=[None] * len(self.wins))
+
+    def chunks(self, members: list[int], keep: int, batch_size: int | None, should_stop):
+        """The windows of one shape in batches (without a batch size: one window first, to learn the vocabulary
+        size, then as many as fit)."""
+        start = 0
+        while start < len(members):
+            if should_stop is not None and should_stop():
+                raise ComputeInterrupted("perplexity evaluation stopped")
+            if batch_size is None:
+                size = 1 if self.vocab is None else _auto_batch(keep, self.vocab)
+            else:
+                size = batch_size
+            chunk = members[start:start + size]
+            start += len(chunk)
+            yield chunk
+
+    def score(self, chunk: list[int], length: int, keep: int, dev) -> None:
+        x = torch.stack([self.ids[self.wins[k].begin:self.wins[k].end] for k in chunk]).to(dev)
+        self.captured.clear()
+        logits = _forward_logits(self.run_model, x, keep)  # (B, keep, V)
+        self.vocab = logits.shape[-1]
+        targets = x[:, length - keep + 1:]  # (B, keep-1): the scored targets
+        lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        tok_nll = -lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
+        self.nll[chunk] = tok_nll.double().sum(1).cpu().numpy()
+        if self.ref_out is not None and self.ref_out.kind == "hidden":
+            self._keep_hidden(chunk, keep, logits)
+        if self.reference is not None:
+            base_lp = _reference_logprobs(self.reference, chunk, x, keep)
+            kl_tok = (base_lp.exp() * (base_lp - lp)).sum(-1)  # (B, keep-1)
+            self.kl[chunk] = kl_tok.double().sum(1).cpu().numpy()
+        del logits, lp
+
+    def _keep_hidden(self, chunk: list[int], keep: int, logits: torch.Tensor) -> None:
+        h = self.captured[-1][:, -keep:][:, :-1].float()
+        if not self.verified:
+            # the head alone must reproduce the logits (no soft-capping or scaling after it), else fall back to
+            # re-running the base model for the KL
+            tol = 1e-4 if logits.dtype == torch.float32 else 3e-2
+            again = _apply_head(self.ref_out.head, h[:1]).float()
+            self.verified = torch.allclose(again, logits[:1, :-1].float(), rtol=tol, atol=tol)
+            if not self.verified:
+                self.ref_out = Reference("model", *self.shape, model=self.run_model)
+        if self.ref_out.kind == "hidden":
+            for r, k in enumerate(chunk):
+                self.ref_out.hidden[k] = h[r].cpu()
+
+    def close(self) -> None:
+        if self.hook_handle is not None:
+            self.hook_handle.remove()
 
 
 def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:

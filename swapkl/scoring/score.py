@@ -79,68 +79,85 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
     ``shard=(rank, world)`` computes only every world-th missing pair (a distributed run's share);
     ``should_stop()`` stops the sweep (raises :class:`ComputeInterrupted`; finished pairs stay cached).
     Raises :class:`ContractError` before any work when ``contract.tokens`` exceeds the model's context."""
-    t_start = time.perf_counter()
-    if contract.dtype != checkpoint.dtype:
-        raise ContractError(f"the contract asks for {contract.dtype} but the model was loaded as {checkpoint.dtype}")
-    L = checkpoint.num_layers
-    wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(L))]
+    sweep = _Sweep(checkpoint, contract, progress, use_cache, on_partial, pairs, shard)
+    if sweep.todo or sweep.rewrite_meta:
+        engine = sweep.engine(engine_kw)
+        if sweep.todo:
+            sweep.run(engine, should_stop)
+    return sweep.result()
 
-    check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
-                  "use at most {limit}", name=checkpoint.identity.get("display"))
-    corpus = load_corpus(contract.corpus)
-    prompts = make_prompts(checkpoint.tokenizer, corpus, contract.prompts, contract.tokens, contract.seed,
-                           contract.bos)
-    entry = ScoreEntry(checkpoint.identity, contract.key(corpus.sha256))
-    done: dict = {}
-    meta = entry.read_meta() if use_cache else None
-    if use_cache:
-        if meta is not None and meta.get("prompt_token_ids") != prompts.ids.tolist():
-            entry.clear()  # same key, different prompts: tokenizer changed; start over
+
+class _Sweep:
+    """One :func:`score` call: the prompts and the cache entry (``__init__``: what is cached, what is left for this
+    rank), the engine with its noise floor, the sweep writing each finished pair, and the result."""
+
+    def __init__(self, checkpoint: Checkpoint, contract: Contract, progress, use_cache: bool, on_partial, pairs,
+                 shard):
+        self.t_start = time.perf_counter()
+        if contract.dtype != checkpoint.dtype:
+            raise ContractError(f"the contract asks for {contract.dtype} but the model was loaded as {checkpoint.dtype}")
+        self.checkpoint, self.contract, self.progress = checkpoint, contract, progress
+        self.use_cache, self.on_partial = use_cache, on_partial
+        self.L = checkpoint.num_layers
+        self.wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(self.L))]
+        check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
+                      "use at most {limit}", name=checkpoint.identity.get("display"))
+        self.corpus = load_corpus(contract.corpus)
+        self.prompts = make_prompts(checkpoint.tokenizer, self.corpus, contract.prompts, contract.tokens, contract.seed,
+                                    contract.bos)
+        self.entry = ScoreEntry(checkpoint.identity, contract.key(self.corpus.sha256))
+        self.done, meta = self._cached()
+        self.todo = self._todo(shard)
+        self.total = 3 * (len(self.done) + len(self.todo))
+        self.base_done = 3 * len(self.done)
+        self.progress_at = self.base_done
+        self.info = {"swapkl_version": __version__, "device": str(checkpoint.device), "cached_pairs": len(self.done),
+                     "computed_pairs": len(self.todo), "computed_pair_list": [list(p) for p in self.todo],
+                     "noise_floor": meta.get("noise_floor") if meta else None,
+                     "noise_floor_parts": meta.get("noise_floor_parts") if meta else None,
+                     "cache_key": self.entry.key, "cache_problems": self.entry.problems}
+        if progress is not None:
+            progress(self.base_done, self.total, "cached pairs loaded")
+        # a missing or corrupt meta.json beside cached pairs is rewritten (with its noise floor), or every later run
+        # would show the noise floor as unknown
+        self.rewrite_meta = use_cache and meta is None and bool(self.done)
+
+    def _cached(self) -> tuple[dict, dict | None]:
+        """The finished pairs in the cache and the entry's meta (nothing without the cache)."""
+        if not self.use_cache:
+            return {}, None
+        meta = self.entry.read_meta()
+        if meta is not None and meta.get("prompt_token_ids") != self.prompts.ids.tolist():
+            self.entry.clear()  # same key, different prompts: tokenizer changed; start over
             meta = None
-        done = entry.read_pairs(contract.prompts, wanted)
-    if shard is not None:
+        return self.entry.read_pairs(self.contract.prompts, self.wanted), meta
+
+    def _todo(self, shard) -> list[tuple]:
+        if shard is None:
+            return [p for p in self.wanted if p not in self.done]
         # a fixed share of the wanted pairs (not of the missing ones), so that ranks reading the cache at
         # different moments still split the work disjointly and completely
         rank, world = shard
         if not (0 <= rank < world):
             raise ContractError(f"shard rank {rank} is not in 0..{world - 1}")
-        mine = set(wanted[rank::world])
-        todo = [p for p in wanted if p in mine and p not in done]
-    else:
-        todo = [p for p in wanted if p not in done]
-    total = 3 * (len(done) + len(todo))
-    base_done = 3 * len(done)
+        mine = set(self.wanted[rank::world])
+        return [p for p in self.wanted if p in mine and p not in self.done]
 
-    def result_of(vectors: dict, extra_meta: dict) -> SwapResult:
-        return SwapResult.from_pair_vectors(
-            L, vectors, contract=contract.to_dict() | {"corpus_label": corpus.label, "corpus_sha256": corpus.sha256},
-            identity=checkpoint.identity, prompt_token_ids=prompts.ids.tolist(), prompts_info=prompts.description,
-            noise_floor=extra_meta.get("noise_floor"), meta=extra_meta)
+    def _on_oom(self, rec) -> None:
+        # reported, not fatal: the engine halves the batch and retries the same rows
+        msg = f"out of memory in {rec['where']}: batch {rec['from']} -> {rec['to']}, retrying"
+        warnings.warn(msg, stacklevel=2)
+        if self.progress is not None:
+            self.progress(self.progress_at, self.total, msg)
 
-    info = {"swapkl_version": __version__, "device": str(checkpoint.device), "cached_pairs": len(done),
-            "computed_pairs": len(todo),
-            "computed_pair_list": [list(p) for p in todo], "noise_floor": meta.get("noise_floor") if meta else None,
-            "noise_floor_parts": meta.get("noise_floor_parts") if meta else None, "cache_key": entry.key, "cache_problems": entry.problems}
-    if progress is not None:
-        progress(base_done, total, "cached pairs loaded")
-    # a missing or corrupt meta.json beside cached pairs is rewritten (with its noise floor), or every later run
-    # would show the noise floor as unknown
-    rewrite_meta = use_cache and meta is None and bool(done)
-    if todo or rewrite_meta:
-        limits = engine_limits(checkpoint, contract.prompts, contract.tokens, contract.positions) | (engine_kw or {})
-        progress_at = [base_done]
-
-        def on_oom(rec):
-            # reported, not fatal: the engine halves the batch and retries the same rows
-            msg = f"out of memory in {rec['where']}: batch {rec['from']} -> {rec['to']}, retrying"
-            warnings.warn(msg, stacklevel=2)
-            if progress is not None:
-                progress(progress_at[0], total, msg)
-
-        limits.setdefault("on_oom", on_oom)
-        engine = SwapEngine(checkpoint.model, prompts.ids, positions=contract.positions,
+    def engine(self, engine_kw: dict | None) -> SwapEngine:
+        """The engine for this sweep, the noise floor measured on it (unless cached) and the entry's meta written."""
+        ck, contract = self.checkpoint, self.contract
+        limits = engine_limits(ck, contract.prompts, contract.tokens, contract.positions) | (engine_kw or {})
+        limits.setdefault("on_oom", self._on_oom)
+        engine = SwapEngine(ck.model, self.prompts.ids, positions=contract.positions,
                             kl_dtype=getattr(torch, contract.kl_dtype), **limits)
-        if info["noise_floor"] is None:
+        if self.info["noise_floor"] is None:
             # the noise floor is the larger of two numerical effects: batching (batched baseline vs batch-of-one
             # forwards) and, below float32, precision (the same weights computed in float32)
             floors = {}
@@ -150,33 +167,46 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
                 except Exception as e:  # one prompt's forward may not fit; not essential
                     if not is_oom(e):
                         raise
-            info["noise_floor_parts"] = floors
-            info["noise_floor"] = max(floors.values()) if floors else None
-        if use_cache:
-            entry.write_meta({"prompt_token_ids": prompts.ids.tolist(), "prompts": prompts.description,
-                              "noise_floor": info["noise_floor"], "noise_floor_parts": info.get("noise_floor_parts"),
-                              "contract": contract.to_dict()})
+            self.info["noise_floor_parts"] = floors
+            self.info["noise_floor"] = max(floors.values()) if floors else None
+        if self.use_cache:
+            self.entry.write_meta({"prompt_token_ids": self.prompts.ids.tolist(), "prompts": self.prompts.description,
+                                   "noise_floor": self.info["noise_floor"],
+                                   "noise_floor_parts": self.info.get("noise_floor_parts"),
+                                   "contract": contract.to_dict()})
+        return engine
 
-    if todo:
+    def run(self, engine: SwapEngine, should_stop) -> None:
+        """Sweep the pairs left; each finished pair is cached and, with ``on_partial``, reported as a result."""
         def on_pair(i, j, vec):
             vec = {k: v.tolist() for k, v in vec.items()}
-            done[(i, j)] = vec
-            if use_cache:
-                entry.write_pair(i, j, vec)
-            if on_partial is not None:
-                on_partial(result_of(dict(done), info))
+            self.done[(i, j)] = vec
+            if self.use_cache:
+                self.entry.write_pair(i, j, vec)
+            if self.on_partial is not None:
+                self.on_partial(self.result_of(dict(self.done), self.info))
 
         def prog(d, t, what):
-            progress_at[0] = base_done + d
-            if progress is not None:
-                progress(base_done + d, total, what)
+            self.progress_at = self.base_done + d
+            if self.progress is not None:
+                self.progress(self.base_done + d, self.total, what)
 
-        engine.sweep(todo, progress=prog, on_pair=on_pair, should_stop=should_stop)
-        info["engine"] = {"block_calls": engine.stats.block_calls, "naive_block_calls": engine.stats.naive_block_calls,
-                          "oom_retries": list(engine.stats.oom_retries), "max_rows": engine.batch.max_rows,
-                          "max_live": engine.max_live, "kl_chunk_rows": engine.kl_chunk_rows,
-                          "seconds": engine.stats.seconds, "dtype": checkpoint.dtype,
-                          "devices": [str(d) for d in _model_devices(checkpoint.model)]}
-    info["seconds"] = time.perf_counter() - t_start
-    have = {p: done[p] for p in wanted if p in done}
-    return result_of(have, info)
+        engine.sweep(self.todo, progress=prog, on_pair=on_pair, should_stop=should_stop)
+        self.info["engine"] = {"block_calls": engine.stats.block_calls,
+                               "naive_block_calls": engine.stats.naive_block_calls,
+                               "oom_retries": list(engine.stats.oom_retries), "max_rows": engine.batch.max_rows,
+                               "max_live": engine.max_live, "kl_chunk_rows": engine.kl_chunk_rows,
+                               "seconds": engine.stats.seconds, "dtype": self.checkpoint.dtype,
+                               "devices": [str(d) for d in _model_devices(self.checkpoint.model)]}
+
+    def result_of(self, vectors: dict, extra_meta: dict) -> SwapResult:
+        contract, corpus = self.contract, self.corpus
+        return SwapResult.from_pair_vectors(
+            self.L, vectors,
+            contract=contract.to_dict() | {"corpus_label": corpus.label, "corpus_sha256": corpus.sha256},
+            identity=self.checkpoint.identity, prompt_token_ids=self.prompts.ids.tolist(),
+            prompts_info=self.prompts.description, noise_floor=extra_meta.get("noise_floor"), meta=extra_meta)
+
+    def result(self) -> SwapResult:
+        self.info["seconds"] = time.perf_counter() - self.t_start
+        return self.result_of({p: self.done[p] for p in self.wanted if p in self.done}, self.info)

@@ -253,96 +253,122 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
 
 
 def _train_into(folder: Path, s: DemoSettings, corpus, t_start: float, say, should_stop=None) -> dict:
-    import torch
+    return _Trainer(folder, s, corpus, t_start, say).run(should_stop)
 
-    train_text = corpus.prompt_text()
-    tokenizer = train_tokenizer(train_text, s.vocab)
-    vocab_size = len(tokenizer)
-    data = torch.tensor(tokenizer(train_text, verbose=False)["input_ids"], dtype=torch.long)
-    say(0, s.steps, f"tokenizer trained ({vocab_size} tokens); {len(data)} training tokens "
-        f"({time.perf_counter() - t_start:.1f} s)")
-    if len(data) < s.seq_len + 2:
-        raise DemoTrajectoryError("training text is shorter than one window")
-    heldout = heldout_ids(tokenizer, s, corpus)
-    model = init_model(s, vocab_size)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    gen = torch.Generator().manual_seed(s.seed + 1)
-    records: list[dict] = []
-    train_losses: list[float] = []
 
-    def save(step: int) -> float:
+class _Trainer:
+    """One demo training run into ``folder``: tokenizer, model and optimiser (``__init__``), the training steps with
+    the step count planned to fit the time budget, a checkpoint at each scheduled step, and the manifest."""
+
+    def __init__(self, folder: Path, s: DemoSettings, corpus, t_start: float, say):
+        import torch
+
+        self.folder, self.s, self.corpus, self.t_start, self.say = folder, s, corpus, t_start, say
+        train_text = corpus.prompt_text()
+        self.tokenizer = train_tokenizer(train_text, s.vocab)
+        self.vocab_size = len(self.tokenizer)
+        self.data = torch.tensor(self.tokenizer(train_text, verbose=False)["input_ids"], dtype=torch.long)
+        say(0, s.steps, f"tokenizer trained ({self.vocab_size} tokens); {len(self.data)} training tokens "
+            f"({time.perf_counter() - t_start:.1f} s)")
+        if len(self.data) < s.seq_len + 2:
+            raise DemoTrajectoryError("training text is shorter than one window")
+        self.heldout = heldout_ids(self.tokenizer, s, corpus)
+        self.model = init_model(s, self.vocab_size)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.01)
+        self.gen = torch.Generator().manual_seed(s.seed + 1)
+        self.records: list[dict] = []
+        self.train_losses: list[float] = []
+        self.step_times: list[float] = []
+
+    def save(self, step: int) -> float:
+        """Write checkpoint ``step`` (model, tokenizer, held-out loss); returns the seconds it took."""
         t0 = time.perf_counter()
         name = f"step{step}"
-        loss = heldout_loss(model, heldout)
-        model.save_pretrained(folder / name, safe_serialization=True)
-        tokenizer.save_pretrained(folder / name)
-        recent = train_losses[-20:]
-        records.append({"step": step, "folder": name, "heldout_loss": loss,
-                        "train_loss": sum(recent) / len(recent) if recent else None,
-                        "elapsed_s": round(time.perf_counter() - t_start, 2)})
+        loss = heldout_loss(self.model, self.heldout)
+        self.model.save_pretrained(self.folder / name, safe_serialization=True)
+        self.tokenizer.save_pretrained(self.folder / name)
+        recent = self.train_losses[-20:]
+        self.records.append({"step": step, "folder": name, "heldout_loss": loss,
+                             "train_loss": sum(recent) / len(recent) if recent else None,
+                             "elapsed_s": round(time.perf_counter() - self.t_start, 2)})
         return time.perf_counter() - t0
 
-    save_cost = save(0)
-    say(0, s.steps, f"step 0 saved (held-out loss {records[-1]['heldout_loss']:.3f} nats/token)")
-    planned = s.steps
-    schedule = set(checkpoint_steps(planned, s.checkpoints))
-    last_saved = 0
-    stopped_early = False
-    step = 0
-    step_times: list[float] = []
-    while step < planned:
-        if should_stop is not None and should_stop():
-            raise ComputeInterrupted(f"demo training stopped at step {step}; nothing was written")
+    def train_step(self, step: int, planned: int) -> None:
+        import torch
+
+        s, model, opt = self.s, self.model, self.opt
         t0 = time.perf_counter()
-        step += 1
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, planned, s)
-        starts = torch.randint(0, len(data) - s.seq_len, (s.batch_size,), generator=gen)
-        batch = torch.stack([data[i: i + s.seq_len] for i in starts.tolist()])
+        starts = torch.randint(0, len(self.data) - s.seq_len, (s.batch_size,), generator=self.gen)
+        batch = torch.stack([self.data[i: i + s.seq_len] for i in starts.tolist()])
         loss = model(input_ids=batch, labels=batch, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        train_losses.append(loss.item())
-        step_times.append(time.perf_counter() - t0)
-        if step == 2 and planned > 2:
-            # plan the step count so the whole schedule fits the time budget (upper bound: s.steps)
-            per_step = step_times[-1]
-            left = s.seconds - (time.perf_counter() - t_start) - (s.checkpoints + 1) * save_cost - 1.0
-            fit = int(PLAN_MARGIN * left / per_step) if per_step > 0 else planned
-            planned = max(2, min(s.steps, fit))
-            schedule = set(checkpoint_steps(planned, s.checkpoints))
-        if step in schedule or step == planned:
-            save(step)
-            last_saved = step
-            say(step, planned, f"step {step} saved (held-out loss {records[-1]['heldout_loss']:.3f})")
-        elif step % 25 == 0:
-            say(step, planned, f"train loss {train_losses[-1]:.3f}")
-        avg_step = sum(step_times[-20:]) / len(step_times[-20:])
-        if step < planned and time.perf_counter() - t_start + save_cost + avg_step > s.seconds:
-            stopped_early = True
-            if last_saved != step:
-                save(step)
-            say(step, step, f"time limit reached; step {step} saved as the final checkpoint")
-            break
-    return {
-        "format": FORMAT,
-        "description": "small GPT-NeoX (Pythia layout) trained on the CPU by swapkl demo-trajectory",
-        "settings": asdict(s),
-        "model_type": "gpt_neox",
-        "num_layers": s.layers,
-        "vocab_size": vocab_size,
-        "parameters": int(sum(p.numel() for p in model.parameters())),
-        "corpus": {"name": corpus.name, "label": corpus.label, "sha256": corpus.sha256,
-                   "training_text": "prompt region", "heldout_text": f"first {s.heldout_words} words of the "
-                   f"evaluation region, {heldout.shape[0]} windows of {s.seq_len} tokens"},
-        "planned_steps": planned,
-        "final_step": step,
-        "stopped_early": stopped_early,
-        "seconds_per_step": sum(step_times) / len(step_times) if step_times else None,
-        "torch_threads": torch.get_num_threads(),
-        "steps": [r["step"] for r in records],
-        "checkpoints": records,
-    }
+        self.train_losses.append(loss.item())
+        self.step_times.append(time.perf_counter() - t0)
+
+    def planned_steps(self, save_cost: float) -> int:
+        """The step count that fits the whole schedule into the time budget (upper bound: ``s.steps``), from the
+        time of the last step."""
+        s, per_step = self.s, self.step_times[-1]
+        left = s.seconds - (time.perf_counter() - self.t_start) - (s.checkpoints + 1) * save_cost - 1.0
+        fit = int(PLAN_MARGIN * left / per_step) if per_step > 0 else s.steps
+        return max(2, min(s.steps, fit))
+
+    def run(self, should_stop=None) -> dict:
+        s, say = self.s, self.say
+        save_cost = self.save(0)
+        say(0, s.steps, f"step 0 saved (held-out loss {self.records[-1]['heldout_loss']:.3f} nats/token)")
+        planned = s.steps
+        schedule = set(checkpoint_steps(planned, s.checkpoints))
+        last_saved, stopped_early, step = 0, False, 0
+        while step < planned:
+            if should_stop is not None and should_stop():
+                raise ComputeInterrupted(f"demo training stopped at step {step}; nothing was written")
+            step += 1
+            self.train_step(step, planned)
+            if step == 2 and planned > 2:
+                planned = self.planned_steps(save_cost)
+                schedule = set(checkpoint_steps(planned, s.checkpoints))
+            if step in schedule or step == planned:
+                self.save(step)
+                last_saved = step
+                say(step, planned, f"step {step} saved (held-out loss {self.records[-1]['heldout_loss']:.3f})")
+            elif step % 25 == 0:
+                say(step, planned, f"train loss {self.train_losses[-1]:.3f}")
+            avg_step = sum(self.step_times[-20:]) / len(self.step_times[-20:])
+            if step < planned and time.perf_counter() - self.t_start + save_cost + avg_step > s.seconds:
+                stopped_early = True
+                if last_saved != step:
+                    self.save(step)
+                say(step, step, f"time limit reached; step {step} saved as the final checkpoint")
+                break
+        return self.manifest(planned, step, stopped_early)
+
+    def manifest(self, planned: int, step: int, stopped_early: bool) -> dict:
+        import torch
+
+        s, corpus, step_times = self.s, self.corpus, self.step_times
+        return {
+            "format": FORMAT,
+            "description": "small GPT-NeoX (Pythia layout) trained on the CPU by swapkl demo-trajectory",
+            "settings": asdict(s),
+            "model_type": "gpt_neox",
+            "num_layers": s.layers,
+            "vocab_size": self.vocab_size,
+            "parameters": int(sum(p.numel() for p in self.model.parameters())),
+            "corpus": {"name": corpus.name, "label": corpus.label, "sha256": corpus.sha256,
+                       "training_text": "prompt region", "heldout_text": f"first {s.heldout_words} words of the "
+                       f"evaluation region, {self.heldout.shape[0]} windows of {s.seq_len} tokens"},
+            "planned_steps": planned,
+            "final_step": step,
+            "stopped_early": stopped_early,
+            "seconds_per_step": sum(step_times) / len(step_times) if step_times else None,
+            "torch_threads": torch.get_num_threads(),
+            "steps": [r["step"] for r in self.records],
+            "checkpoints": self.records,
+        }

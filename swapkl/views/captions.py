@@ -6,6 +6,7 @@ Every figure carries the evaluation contract (:func:`contract_caption`) as its s
 """
 from __future__ import annotations
 
+import base64
 import html as _html
 import math
 from typing import Any
@@ -34,7 +35,7 @@ def _fmt_model(m: dict | None) -> str:
     return "".join(parts) + extra
 
 
-def _fmt_evaluator(ev: dict | None) -> str:
+def fmt_evaluator(ev: dict | None) -> str:
     if not ev:
         return ""
     if isinstance(ev, str):
@@ -91,7 +92,7 @@ def contract_caption(source: Any, evaluator: dict | str | None = None) -> str:
     parts += _contract_parts(prov.contract or {}) + list(prov.extra)
     ev = evaluator or prov.evaluator
     if ev:
-        parts.append(_fmt_evaluator(ev))
+        parts.append(fmt_evaluator(ev))
     return SEP.join(parts)
 
 
@@ -173,3 +174,48 @@ def rgba(hex_col: str, alpha: float) -> str:
     h = hex_col.lstrip("#")
     r, g, b = (int(h[x:x + 2], 16) for x in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+# ============================================================================================ html and csv
+def html_text(x) -> str:
+    """``x`` as escaped HTML text."""
+    return _html.escape(str(x))
+
+
+def html_number(v, nd: int = 4) -> str:
+    """:func:`fmt_number` in HTML: escaped, large values (perplexities) not scientific."""
+    return html_text(fmt_number(v, nd, sci_from=None))
+
+
+def html_table(df, caption: str | None = None, row_class=None, nd: int = 4) -> str:
+    """``df`` as an HTML table (numbers through :func:`html_number`), its contract caption below."""
+    head = "".join(f"<th class=\"l\">{html_text(c)}</th>" if df[c].dtype == object else f"<th>{html_text(c)}</th>"
+                   for c in df.columns)
+    rows = []
+    for _, r in df.iterrows():
+        cells = []
+        for c in df.columns:
+            v = r[c]
+            if isinstance(v, bool) or type(v).__name__ == "bool_":
+                cells.append(f"<td>{'yes' if v else ''}</td>")
+            elif isinstance(v, float) or type(v).__name__.startswith("float"):
+                cells.append(f"<td>{html_number(v, nd)}</td>")
+            elif isinstance(v, (int,)) or type(v).__name__.startswith("int"):
+                cells.append(f"<td>{int(v)}</td>")
+            else:
+                cells.append(f"<td class=\"l\">{html_text(v)}</td>")
+        cls = f' class="{row_class(r)}"' if row_class and row_class(r) else ""
+        rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
+    cap = f'<p class="caption">contract: {html_text(caption)}</p>' if caption else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{cap}"
+
+
+def html_kv_table(items) -> str:
+    rows = "".join(f"<tr><th class=\"l\">{html_text(k)}</th><td class=\"l\">{v}</td></tr>" for k, v in items)
+    return f"<table><tbody>{rows}</tbody></table>"
+
+
+def csv_link(df, caption: str, filename: str, label: str) -> str:
+    """A download link holding :func:`table_csv` of ``df`` inline (no server needed)."""
+    data = base64.b64encode(table_csv(df, caption).encode("utf-8")).decode("ascii")
+    return f'<a download="{html_text(filename)}" href="data:text/csv;base64,{data}">{html_text(label)}</a>'

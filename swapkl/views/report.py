@@ -17,9 +17,7 @@ figure and table carries the contract caption (:func:`swapkl.views.captions.cont
 """
 from __future__ import annotations
 
-import base64
 import datetime as _dt
-import html
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ from swapkl.scoring.results import SwapResult
 from swapkl.store import atomic_write_text
 from swapkl.trajectory.compute import trajectory_provenance
 from swapkl.removal.verdict import regime_verdict
-from swapkl.views.captions import _fmt_evaluator, contract_caption, fmt_number, table_csv
+from swapkl.views.captions import fmt_evaluator, contract_caption, csv_link, html_kv_table, html_number, html_table, html_text
 from swapkl.views.curves import kl_to_base_figure, removal_curves, removed_layers_table
 from swapkl.views.scores import gap_heatmap, heatmaps, top_pairs_table
 from swapkl.views.trajectory import trajectory_figures
@@ -117,48 +115,6 @@ def as_trajectory(obj):
     return d, stats, depth
 
 
-# ============================================================================================ html helpers
-def _e(x) -> str:
-    return html.escape(str(x))
-
-
-def _num(v, nd: int = 4) -> str:
-    """:func:`~swapkl.views.captions.fmt_number` in HTML: escaped, large values (perplexities) not scientific."""
-    return _e(fmt_number(v, nd, sci_from=None))
-
-
-def _table(df, caption: str | None = None, row_class=None, nd: int = 4) -> str:
-    head = "".join(f"<th class=\"l\">{_e(c)}</th>" if df[c].dtype == object else f"<th>{_e(c)}</th>"
-                   for c in df.columns)
-    rows = []
-    for _, r in df.iterrows():
-        cells = []
-        for c in df.columns:
-            v = r[c]
-            if isinstance(v, bool) or type(v).__name__ == "bool_":
-                cells.append(f"<td>{'yes' if v else ''}</td>")
-            elif isinstance(v, float) or type(v).__name__.startswith("float"):
-                cells.append(f"<td>{_num(v, nd)}</td>")
-            elif isinstance(v, (int,)) or type(v).__name__.startswith("int"):
-                cells.append(f"<td>{int(v)}</td>")
-            else:
-                cells.append(f"<td class=\"l\">{_e(v)}</td>")
-        cls = f' class="{row_class(r)}"' if row_class and row_class(r) else ""
-        rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    cap = f'<p class="caption">contract: {_e(caption)}</p>' if caption else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{cap}"
-
-
-def _kv_table(items) -> str:
-    rows = "".join(f"<tr><th class=\"l\">{_e(k)}</th><td class=\"l\">{v}</td></tr>" for k, v in items)
-    return f"<table><tbody>{rows}</tbody></table>"
-
-
-def _csv_link(df, caption: str, filename: str, label: str) -> str:
-    data = base64.b64encode(table_csv(df, caption).encode("utf-8")).decode("ascii")
-    return f'<a download="{_e(filename)}" href="data:text/csv;base64,{data}">{_e(label)}</a>'
-
-
 class _Figures:
     """Collects figures as divs (plotly.js is added once by the page)."""
 
@@ -190,59 +146,59 @@ def _verdict_html(v: dict | None) -> str:
     if v is None:
         return ""
     if "error" in v:
-        return f'<h2>Regime verdict</h2><p class="note">{_e(v["error"])}</p>'
+        return f'<h2>Regime verdict</h2><p class="note">{html_text(v["error"])}</p>'
     ev = v.get("evidence", {})
     rows = []
     for name in ("replacement", "interchange"):
         e = ev.get(name) or {}
         rows.append(f"<tr><td class=\"l\">{name}</td><td>{e.get('n_pairs', '–')}</td><td>{e.get('below_0.05', '–')}"
-                    f"</td><td>{e.get('below_threshold', '–')}</td><td>{_num(e.get('min'))}</td>"
-                    f"<td>{_num(e.get('median'))}</td><td class=\"l\">{_e(tuple(e.get('best_pair') or ()))}</td></tr>")
+                    f"</td><td>{e.get('below_threshold', '–')}</td><td>{html_number(e.get('min'))}</td>"
+                    f"<td>{html_number(e.get('median'))}</td><td class=\"l\">{html_text(tuple(e.get('best_pair') or ()))}</td></tr>")
     thr = ev.get("threshold", 0.10)
     pairs = ev.get("pairs", "adjacent")
     pairs_txt = "adjacent pairs" if pairs == "adjacent" else f"pairs {pairs}"
-    return (f"<h2>Regime verdict</h2><p class=\"verdict {_e(v.get('regime', ''))}\"><b>{_e(v.get('regime', ''))}"
-            f"</b> (prefer: {_e(v.get('prefer', ''))}) — {_e(v['sentence'])}</p>"
-            f"<p>Evidence on the {_e(pairs_txt)}; a protocol is <i>low</i> when some pair scores below "
-            f"{_num(thr, 2)} nats.</p>"
+    return (f"<h2>Regime verdict</h2><p class=\"verdict {html_text(v.get('regime', ''))}\"><b>{html_text(v.get('regime', ''))}"
+            f"</b> (prefer: {html_text(v.get('prefer', ''))}) — {html_text(v['sentence'])}</p>"
+            f"<p>Evidence on the {html_text(pairs_txt)}; a protocol is <i>low</i> when some pair scores below "
+            f"{html_number(thr, 2)} nats.</p>"
             "<table><thead><tr><th class=\"l\">protocol</th><th>pairs</th><th>&lt; 0.05 nats</th>"
-            f"<th>&lt; {_num(thr, 2)} nats</th><th>min (nats)</th><th>median (nats)</th><th class=\"l\">best pair"
+            f"<th>&lt; {html_number(thr, 2)} nats</th><th>min (nats)</th><th>median (nats)</th><th class=\"l\">best pair"
             f"</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            f"<p>KL ratio d_inter / d_repl: median over pairs {_num(ev.get('kl_ratio_median'), 3)}, best-to-best "
-            f"{_num(ev.get('kl_ratio_best'), 3)}.</p>")
+            f"<p>KL ratio d_inter / d_repl: median over pairs {html_number(ev.get('kl_ratio_median'), 3)}, best-to-best "
+            f"{html_number(ev.get('kl_ratio_best'), 3)}.</p>")
 
 
 def _model_html(result, curves: dict | None) -> str:
     if result is not None:
         ident, c = result.identity or {}, result.contract or {}
-        items = [("model", _e(ident.get("display") or ident.get("id") or "?")),
-                 ("source", _e(ident.get("id", "–"))),
-                 ("revision / commit", _e(ident.get("revision") or "–") +
-                  (f" / {_e(ident['commit'])}" if ident.get("commit") else "")),
-                 ("fingerprint", _e((ident.get("fingerprint") or "–")[:16])),
-                 ("family / layers", f"{_e(ident.get('family', '?'))} / {result.num_layers}"),
-                 ("pairs", f"{_e(c.get('pairs'))} ({len(result.pairs)} scored)"),
-                 ("prompts × tokens", f"{_e(c.get('prompts'))} × {_e(c.get('tokens'))} (seed {_e(c.get('seed'))})"),
-                 ("positions", _e(c.get("positions"))), ("aggregation of d_repl", _e(c.get("aggregation"))),
-                 ("dtype (KL in)", f"{_e(c.get('dtype'))} ({_e(c.get('kl_dtype', 'float32'))})"),
-                 ("corpus", _e(c.get("corpus_label") or c.get("corpus") or "–")),
-                 ("noise floor", f"{_num(result.noise_floor)} nats" if result.noise_floor is not None else "–")]
+        items = [("model", html_text(ident.get("display") or ident.get("id") or "?")),
+                 ("source", html_text(ident.get("id", "–"))),
+                 ("revision / commit", html_text(ident.get("revision") or "–") +
+                  (f" / {html_text(ident['commit'])}" if ident.get("commit") else "")),
+                 ("fingerprint", html_text((ident.get("fingerprint") or "–")[:16])),
+                 ("family / layers", f"{html_text(ident.get('family', '?'))} / {result.num_layers}"),
+                 ("pairs", f"{html_text(c.get('pairs'))} ({len(result.pairs)} scored)"),
+                 ("prompts × tokens", f"{html_text(c.get('prompts'))} × {html_text(c.get('tokens'))} (seed {html_text(c.get('seed'))})"),
+                 ("positions", html_text(c.get("positions"))), ("aggregation of d_repl", html_text(c.get("aggregation"))),
+                 ("dtype (KL in)", f"{html_text(c.get('dtype'))} ({html_text(c.get('kl_dtype', 'float32'))})"),
+                 ("corpus", html_text(c.get("corpus_label") or c.get("corpus") or "–")),
+                 ("noise floor", f"{html_number(result.noise_floor)} nats" if result.noise_floor is not None else "–")]
         meta = result.meta or {}
         if meta.get("seconds") is not None:
-            items.append(("compute", f"{_e(meta.get('computed_pairs'))} pairs computed, "
-                                     f"{_e(meta.get('cached_pairs'))} from cache, {meta['seconds']:.1f} s "
-                                     f"on {_e(meta.get('device', '?'))}"))
+            items.append(("compute", f"{html_text(meta.get('computed_pairs'))} pairs computed, "
+                                     f"{html_text(meta.get('cached_pairs'))} from cache, {meta['seconds']:.1f} s "
+                                     f"on {html_text(meta.get('device', '?'))}"))
     else:
         m = (curves or {}).get("model") or {}
-        items = [("model", _e(m.get("display") or m.get("id") or m.get("name_or_path") or "?")),
-                 ("layers", _e(m.get("num_layers", "?")))]
+        items = [("model", html_text(m.get("display") or m.get("id") or m.get("name_or_path") or "?")),
+                 ("layers", html_text(m.get("num_layers", "?")))]
     if curves:
         ev = curves.get("evaluator") or {}
-        items.append(("perplexity evaluator", _e(_fmt_evaluator(ev))))
+        items.append(("perplexity evaluator", html_text(fmt_evaluator(ev))))
         corpus = curves.get("corpus") or {}
         if corpus:
-            items.append(("perplexity text", _e(corpus.get("label") or corpus.get("name"))))
-    return "<h2>Model and contract</h2>" + _kv_table(items)
+            items.append(("perplexity text", html_text(corpus.get("label") or corpus.get("name"))))
+    return "<h2>Model and contract</h2>" + html_kv_table(items)
 
 
 def _summary_html(result) -> str:
@@ -253,49 +209,49 @@ def _summary_html(result) -> str:
 
     def ci(key):
         v = g.get(key)
-        return f" [{_num(v[0])}, {_num(v[1])}]" if v else ""
+        return f" [{html_number(v[0])}, {html_number(v[1])}]" if v else ""
 
     rows = [("pairs scored", str(s["pairs"])),
-            ("gap d_repl − d_inter, mean (nats)", _num(g["mean"]) + ci("mean_ci")),
-            ("gap median (nats)", _num(g["median"]) + ci("median_ci")),
-            ("gap p75 / max / min (nats)", f"{_num(g['p75'])} / {_num(g['max'])} / {_num(g['min'])}"),
+            ("gap d_repl − d_inter, mean (nats)", html_number(g["mean"]) + ci("mean_ci")),
+            ("gap median (nats)", html_number(g["median"]) + ci("median_ci")),
+            ("gap p75 / max / min (nats)", f"{html_number(g['p75'])} / {html_number(g['max'])} / {html_number(g['min'])}"),
             ("pairs with negative gap (d_inter > d_repl)", str(g["negative_pairs"])),
-            ("KL ratio d_inter / d_repl, mean / median", f"{_num(s['kl_ratio']['mean'], 3)} / "
-                                                         f"{_num(s['kl_ratio']['median'], 3)}"),
-            ("Pearson r (d_repl vs d_inter over pairs)", _num(s.get("pearson"), 3))]
+            ("KL ratio d_inter / d_repl, mean / median", f"{html_number(s['kl_ratio']['mean'], 3)} / "
+                                                         f"{html_number(s['kl_ratio']['median'], 3)}"),
+            ("Pearson r (d_repl vs d_inter over pairs)", html_number(s.get("pearson"), 3))]
     for name in ("replacement", "interchange"):
         p = s[name]
-        rows.append((f"{name}: best pair, value (nats)", f"{_e(tuple(p['best_pair']))} {_num(p['best'])}"))
+        rows.append((f"{name}: best pair, value (nats)", f"{html_text(tuple(p['best_pair']))} {html_number(p['best'])}"))
         rows.append((f"{name}: pairs &lt; 0.05 / &lt; 0.10 nats, median", f"{p['strong']} / {p['conditional']}, "
-                                                                           f"{_num(p['median'])}"))
-    body = "".join(f"<tr><th class=\"l\">{k if '&lt;' in k else _e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+                                                                           f"{html_number(p['median'])}"))
+    body = "".join(f"<tr><th class=\"l\">{k if '&lt;' in k else html_text(k)}</th><td>{v}</td></tr>" for k, v in rows)
     return ("<h2>Summary statistics</h2><p>All values in nats (KL(base ‖ variant), mean over prompts); 95 % "
             f"bootstrap intervals over prompts (1,000 resamples) in brackets.</p><table><tbody>{body}</tbody></table>")
 
 
 def _curves_html(curves: dict, fig, caption: str) -> str:
     out = ["<h2>Removal curves</h2>",
-           f"<p>Baseline perplexity {_num(curves.get('baseline_ppl'), 3)}"
-           + (f" [{_num(curves['baseline_ppl_ci'][0], 3)}, {_num(curves['baseline_ppl_ci'][1], 3)}]"
+           f"<p>Baseline perplexity {html_number(curves.get('baseline_ppl'), 3)}"
+           + (f" [{html_number(curves['baseline_ppl_ci'][0], 3)}, {html_number(curves['baseline_ppl_ci'][1], 3)}]"
               if curves.get("baseline_ppl_ci") else "") + "; ΔPPL in % of the baseline.</p>",
            fig(removal_curves(curves, caption=caption))]
     tbl = removed_layers_table(curves)
     if len(tbl):
         out.append("<h3>Removed layers</h3>")
-        out.append(_table(tbl, caption, row_class=lambda r: "disagree" if r.get("repl_vs_inter_differ") else ""))
-        out.append(_csv_link(tbl, caption, "removed_layers.csv", "download CSV"))
+        out.append(html_table(tbl, caption, row_class=lambda r: "disagree" if r.get("repl_vs_inter_differ") else ""))
+        out.append(csv_link(tbl, caption, "removed_layers.csv", "download CSV"))
     if curves.get("delta_ratio"):
         import pandas as pd
         dr = pd.DataFrame([{"n": x["n"], "ΔPPL % interchange": x.get("interchange_delta_pct"),
                             "ΔPPL % replacement": x.get("replacement_delta_pct"), "ratio": x.get("ratio")}
                            for x in curves["delta_ratio"]])
         out.append("<h3>ΔPPL ratio (interchange-guided / replacement-guided)</h3>")
-        out.append(_table(dr, caption, nd=3))
+        out.append(html_table(dr, caption, nd=3))
     if any(e.get("kl_to_base") is not None for es in (curves.get("methods") or {}).values() for e in es):
         out.append("<h3>KL of the pruned model to the base model</h3>")
         out.append(fig(kl_to_base_figure(curves, caption=caption)))
     for n in curves.get("notes") or []:
-        out.append(f'<p class="note">note: {_e(n)}</p>')
+        out.append(f'<p class="note">note: {html_text(n)}</p>')
     return "\n".join(out)
 
 
@@ -308,12 +264,12 @@ def _recommend_html(curves: dict) -> str:
     except (SwapklError, KeyError, TypeError):
         return ""
     out = ["<h2>Recommended removal</h2>",
-           f"<p>Chosen by calibration perplexity only ({_e(rec.calibration_caption())}; never the test text) by "
-           f"a beam search (width {_e(rec.settings.get('width'))}) seeded "
-           f"by every method's sets, with {_e(rec.stats.get('evaluations'))} calibration evaluations "
-           f"(SLEB-iterative: {_e(rec.stats.get('sleb_evaluations'))}); ΔPPL is held-out.</p>",
-           _table(rec.table(), contract_caption(rec), nd=4)]
-    out += [f"<p>{_e(rec.explain(e['n']))}</p>" for e in rec.entries]
+           f"<p>Chosen by calibration perplexity only ({html_text(rec.calibration_caption())}; never the test text) by "
+           f"a beam search (width {html_text(rec.settings.get('width'))}) seeded "
+           f"by every method's sets, with {html_text(rec.stats.get('evaluations'))} calibration evaluations "
+           f"(SLEB-iterative: {html_text(rec.stats.get('sleb_evaluations'))}); ΔPPL is held-out.</p>",
+           html_table(rec.table(), contract_caption(rec), nd=4)]
+    out += [f"<p>{html_text(rec.explain(e['n']))}</p>" for e in rec.entries]
     return "\n".join(out)
 
 
@@ -337,11 +293,11 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         name = (result.identity.get("display") if result is not None else None) or (
             ((curves or {}).get("model") or {}).get("display")) or "swap-KL"
         title = f"swapkl report: {name}"
-    parts = [f"<h1>{_e(title)}</h1>",
-             f'<p class="caption">contract: {_e(caption)}</p>',
+    parts = [f"<h1>{html_text(title)}</h1>",
+             f'<p class="caption">contract: {html_text(caption)}</p>',
              f'<p class="caption">generated {_dt.datetime.now().strftime("%Y-%m-%d %H:%M")} by swapkl '
-             f'{_e(_version())}; swap-KL = KL(base ‖ variant) in nats: replacement runs block j\'s weights in slot '
-             f'i (d_repl = {_e(result.aggregation if result is not None else "max")} of the two directions), '
+             f'{html_text(_version())}; swap-KL = KL(base ‖ variant) in nats: replacement runs block j\'s weights in slot '
+             f'i (d_repl = {html_text(result.aggregation if result is not None else "max")} of the two directions), '
              f'interchange swaps blocks i and j.</p>']
     parts.append(_model_html(result, curves))
     parts.append(_verdict_html(_verdict(result, curves)))
@@ -356,9 +312,9 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         top = top_pairs_table(result, k=top_k)
         parts.append(f"<h2>Most redundant pairs (top {len(top)})</h2><p>Highlighted rows: the pairs differ "
                      "between the two rankings (in one top-k but not the other).</p>")
-        parts.append(_table(top, caption, row_class=lambda r: "disagree" if r["disagree"] else ""))
-        parts.append(_csv_link(top, caption, "top_pairs.csv", "download CSV") + " · " +
-                     _csv_link(result.pair_table(), caption, "pairs.csv", "all pairs with CIs (CSV)"))
+        parts.append(html_table(top, caption, row_class=lambda r: "disagree" if r["disagree"] else ""))
+        parts.append(csv_link(top, caption, "top_pairs.csv", "download CSV") + " · " +
+                     csv_link(result.pair_table(), caption, "pairs.csv", "all pairs with CIs (CSV)"))
     if curves is not None:
         parts.append(_curves_html(curves, fig, contract_caption(curves_provenance(curves))))
         if "recommend" in (curves.get("methods") or {}):
@@ -369,7 +325,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         figs = trajectory_figures(stats, depth, caption=tcap)
         parts.append("<h2>Training trajectory</h2>")
         if tdict and tdict.get("checkpoints"):
-            parts.append("<p>Checkpoints: " + ", ".join(_e(c.get("label") or c.get("spec"))
+            parts.append("<p>Checkpoints: " + ", ".join(html_text(c.get("label") or c.get("spec"))
                                                         for c in tdict["checkpoints"]) + "</p>")
         for key in ("gap", "kl_ratio", "pearson", "depth"):
             if key in figs:
@@ -377,9 +333,9 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         cols = [c for c in ("step", "label", "pairs", "gap_mean", "gap_median", "gap_p75", "gap_max", "ratio_mean",
                             "ratio_median", "kl_ratio_mean", "kl_ratio_median", "pearson") if c in stats.columns]
         if cols:
-            parts.append(_table(stats[cols], tcap))
+            parts.append(html_table(stats[cols], tcap))
     doc = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-           f"<title>{_e(title)}</title><style>{CSS}</style>\n"
+           f"<title>{html_text(title)}</title><style>{CSS}</style>\n"
            f"<script type=\"text/javascript\">{_plotlyjs()}</script>\n</head><body>\n"
            + "\n".join(p for p in parts if p) + "\n</body></html>\n")
     if out is not None:

@@ -44,9 +44,9 @@ def _col(df, name) -> list:
 
 
 def trajectory_figures(stats_df, depth_df=None, caption: str | None = None, log_x: bool | None = None) -> dict:
-    """Figures of the protocol gap over training, from :func:`swapkl.trajectory.checkpoint_stats` (one row per
+    """Figures of the protocol gap over training, from :func:`swapkl.trajectory.stats.checkpoint_stats` (one row per
     checkpoint: ``step``, ``gap_mean``/``gap_median``/``gap_p75``/``gap_max`` nats, ``ratio_mean``/``ratio_median``
-    or ``kl_ratio_mean``/``kl_ratio_median``, ``pearson``) and :func:`swapkl.trajectory.gap_vs_depth` (``depth`` in
+    or ``kl_ratio_mean``/``kl_ratio_median``, ``pearson``) and :func:`swapkl.trajectory.stats.gap_vs_depth` (``depth`` in
     [0, 1], ``gap`` nats, ``i``, ``j``).  Also accepts a ``Trajectory`` or its ``to_json()`` dict.
 
     Returns ``{"gap": gap distribution vs step, "kl_ratio": KL ratio vs step, "pearson": Pearson r vs step,

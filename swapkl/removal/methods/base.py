@@ -166,7 +166,7 @@ class MethodContext:
         the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's convention; the
         evaluator's stride scores every token with the held-out evaluator's context)."""
         from swapkl.removal import evaluate as E  # deferred (torch), as above
-        from swapkl.surgery.prune import pruned_copy
+        from swapkl.surgery.blocks import pruned_copy
 
         ids = self.calib_ids(max_tokens)
         win = min(window or self.evaluator.window, ids.numel())

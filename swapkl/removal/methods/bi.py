@@ -47,7 +47,7 @@ def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
     import torch  # deferred: the method registry must import without it
 
     from swapkl.model import architectures as arch
-    from swapkl.surgery.prune import pruned_copy
+    from swapkl.surgery.blocks import pruned_copy
 
     priv = pruned_copy(model, [])
     blocks = arch.locate(priv).blocks

@@ -91,50 +91,18 @@ def search(ctx, budget: int) -> MethodOutput:
     Returns a :class:`MethodOutput` whose ``sets[n-1]`` is the recommended set for n (not necessarily nested) and
     whose ``info["recommendation"]`` holds, per n, the calibration PPL, the sources that proposed the set, the
     per-layer signal ranks and the cumulative cost."""
+    return BeamSearch(ctx, budget).run()
 
-    t0 = time.perf_counter()
-    p = lambda k, d: ctx.param("recommend", k, d)
-    L = ctx.num_layers
-    cands_all, spacing, settings = ctx.literature_candidates("recommend", budget)
-    width = int(p("width", DEFAULT_WIDTH))
-    top_k = int(p("top_k", default_top_k(L)))
-    calib_tokens = int(p("calib_tokens", DEFAULT_CALIB_TOKENS))
-    windows = str(p("calib_windows", DEFAULT_CALIB_WINDOWS))
-    if windows not in ("evaluator", "disjoint"):
-        raise SwapklError(f"recommend calib_windows must be 'evaluator' or 'disjoint', not {windows!r}")
-    # "evaluator": the held-out evaluator's window and stride, so a calibration number is scored like the held-out
-    # one (each token with the same context); "disjoint": non-overlapping windows (SLEB's calibration, shared memo)
-    calib_stride = getattr(ctx.evaluator, "stride", None) if windows == "evaluator" else None
-    seed_names = list(p("seeds", SEED_METHODS))
-    singles = bool(p("singles", True))
-    cap = p("max_evals", "sleb")
-    cap = sleb_cost(len(cands_all), budget) if cap == "sleb" else (None if cap is None else int(cap))
-    if width < 1 or top_k < 1 or calib_tokens < 16:
-        raise SwapklError("recommend needs width >= 1, top_k >= 1 and calib_tokens >= 16")
-    notes: list[str] = []
 
-    # ---- seeds: every other method's proposed sets
+def collect_seeds(ctx, names: Sequence[str], budget: int, notes: list[str]) -> tuple[dict, dict, list]:
+    """Every other method's proposed sets: ``({n: [(set, method), ...]}, {method: its info}, [methods that merge
+    rather than remove])``; a method that cannot run is skipped with a note."""
     seeds: dict[int, list[tuple[frozenset, str]]] = {}
     seed_info: dict[str, dict] = {}
-    merged: list[str] = []  # seeds that merge rather than remove
-    for name in seed_names:
-        try:
-            spec = get(name)
-            if any(need not in ctx.scores for need in spec.needs):
-                notes.append(f"seed {name} skipped: needs {', '.join(spec.needs)} scores")
-                continue
-        except SwapklError as e:
-            notes.append(f"seed {name} skipped: {e}")
-            continue
-        out, err = None, None
-        for b in range(budget, 0, -1):  # the largest budget the method accepts (a spacing rule may refuse some)
-            try:
-                out = spec.func(ctx, b)
-                break
-            except (BudgetError, SwapklError) as e:
-                err = err or e
+    merged: list[str] = []
+    for name in names:
+        out = seed_output(ctx, name, budget, notes)
         if out is None:
-            notes.append(f"seed {name} skipped: {err}")
             continue
         if len(out.sets) < budget:
             notes.append(f"seed {name} proposes sets up to n={len(out.sets)}")
@@ -148,70 +116,135 @@ def search(ctx, budget: int) -> MethodOutput:
                 lst.append((key, name))
             elif name not in [b for a, b in lst if a == key]:
                 lst.append((key, name))
+    return seeds, seed_info, merged
+
+
+def seed_output(ctx, name: str, budget: int, notes: list[str]) -> MethodOutput | None:
+    """The sets method ``name`` proposes at the largest budget it accepts, or None (noted) when it cannot run."""
+    try:
+        spec = get(name)
+        if any(need not in ctx.scores for need in spec.needs):
+            notes.append(f"seed {name} skipped: needs {', '.join(spec.needs)} scores")
+            return None
+    except SwapklError as e:
+        notes.append(f"seed {name} skipped: {e}")
+        return None
+    err = None
+    for b in range(budget, 0, -1):  # the largest budget the method accepts (a spacing rule may refuse some)
+        try:
+            return spec.func(ctx, b)
+        except (BudgetError, SwapklError) as e:
+            err = err or e
+    notes.append(f"seed {name} skipped: {err}")
+    return None
+
+
+class BeamSearch:
+    """One run of :func:`search`: its settings, the seeds every other method proposes, the per-layer signals and
+    the candidates, then one beam step per n, each under its share of the evaluation budget."""
+
+    def __init__(self, ctx, budget: int):
+        self.t0 = time.perf_counter()
+        self.ctx, self.budget = ctx, budget
+        p = lambda k, d: ctx.param("recommend", k, d)
+        self.cands_all, self.spacing, self.settings = ctx.literature_candidates("recommend", budget)
+        self.width = int(p("width", DEFAULT_WIDTH))
+        self.top_k = int(p("top_k", default_top_k(ctx.num_layers)))
+        self.calib_tokens = int(p("calib_tokens", DEFAULT_CALIB_TOKENS))
+        self.windows = str(p("calib_windows", DEFAULT_CALIB_WINDOWS))
+        if self.windows not in ("evaluator", "disjoint"):
+            raise SwapklError(f"recommend calib_windows must be 'evaluator' or 'disjoint', not {self.windows!r}")
+        # "evaluator": the held-out evaluator's window and stride, so a calibration number is scored like the
+        # held-out one (each token with the same context); "disjoint": non-overlapping windows (SLEB's calibration,
+        # shared memo)
+        self.calib_stride = getattr(ctx.evaluator, "stride", None) if self.windows == "evaluator" else None
+        self.seed_names = list(p("seeds", SEED_METHODS))
+        self.singles = bool(p("singles", True))
+        cap = p("max_evals", "sleb")
+        self.cap = sleb_cost(len(self.cands_all), budget) if cap == "sleb" else (None if cap is None else int(cap))
+        if self.width < 1 or self.top_k < 1 or self.calib_tokens < 16:
+            raise SwapklError("recommend needs width >= 1, top_k >= 1 and calib_tokens >= 16")
+        self.calib_k = int(p("calib_k", max(1, self.top_k // 2)))
+        self.notes: list[str] = []
+        self.signals: dict[str, dict[int, int]] = {}
+        self.evaluated: dict[frozenset, float] = {}
+        self.sources: dict[frozenset, list[str]] = {}
+        self.evals = 0
+
+    def run(self) -> MethodOutput:
+        self.seeds, self.seed_info, self.merged = collect_seeds(self.ctx, self.seed_names, self.budget, self.notes)
+        self.candidates = self.rank_candidates()
+        self.base = self.calib(frozenset())
+        beam: list[frozenset] = [frozenset()]
+        chosen: list[dict] = []
+        for n in range(1, self.budget + 1):
+            level, level_seeds = self.step(n, beam)
+            if not level:
+                self.notes.append(f"no removal set of size {n} could be formed (spacing Δ={self.spacing})")
+                break
+            beam = level[:self.width]
+            chosen.append(self.level_entry(n, beam, level_seeds))
+            if self.ctx.progress is not None:
+                best = level[0]
+                self.ctx.progress(None, None, f"recommend n={n}: {sorted(best)} (calibration PPL "
+                                              f"{self.evaluated[best]:.4g}, {self.evals} evaluations)")
+        return self.output(chosen)
 
     # ---- signals and candidates
-    signals: dict[str, dict[int, int]] = {}
-    for proto in ("replacement", "interchange"):
-        if proto in ctx.scores:
-            s = layer_scores(ctx.scores[proto], ctx.partners)
-            signals[proto] = _ranks([float(x) for x in s], cands_all)
-    if "bi" in seed_info:
-        signals["bi"] = _ranks(seed_info["bi"]["bi"], cands_all)
-    if "taylor" in seed_info:
-        signals["taylor"] = _ranks(seed_info["taylor"]["taylor"], cands_all)
-    if "cka" in seed_info:
-        signals["cka"] = _ranks(seed_info["cka"]["cka"], cands_all, descending=True)
-    protos = [x for x in ("replacement", "interchange") if x in signals]
-    if protos:
-        pool = {i for pr in protos for i in cands_all if signals[pr][i] <= top_k}
-    else:  # no swap scores: fall back to the calibrated signals
-        pool = {i for pr in ("bi", "taylor") if pr in signals for i in cands_all if signals[pr][i] <= top_k}
-        pool = pool or set(cands_all[:top_k])
-    big = len(cands_all) + 1
-    candidates = sorted(pool, key=lambda i: (min(signals[pr][i] for pr in protos) if protos else big,
-                                             signals.get("bi", {}).get(i, big), i))
+    def rank_candidates(self) -> list[int]:
+        ctx, cands_all, signals, top_k = self.ctx, self.cands_all, self.signals, self.top_k
+        for proto in ("replacement", "interchange"):
+            if proto in ctx.scores:
+                s = layer_scores(ctx.scores[proto], ctx.partners)
+                signals[proto] = _ranks([float(x) for x in s], cands_all)
+        for name, descending in (("bi", False), ("taylor", False), ("cka", True)):
+            if name in self.seed_info:
+                signals[name] = _ranks(self.seed_info[name][name], cands_all, descending=descending)
+        protos = [x for x in ("replacement", "interchange") if x in signals]
+        if protos:
+            pool = {i for pr in protos for i in cands_all if signals[pr][i] <= top_k}
+        else:  # no swap scores: fall back to the calibrated signals
+            pool = {i for pr in ("bi", "taylor") if pr in signals for i in cands_all if signals[pr][i] <= top_k}
+            pool = pool or set(cands_all[:top_k])
+        big = len(cands_all) + 1
+        return sorted(pool, key=lambda i: (min(signals[pr][i] for pr in protos) if protos else big,
+                                           signals.get("bi", {}).get(i, big), i))
 
     # ---- the beam
-    evaluated: dict[frozenset, float] = {}
-    sources: dict[frozenset, list[str]] = {}
-    cost = {"evals": 0}
-    calib_k = int(p("calib_k", max(1, top_k // 2)))
+    def calib(self, s: frozenset) -> float:
+        if s not in self.evaluated:
+            self.evaluated[s] = float(self.ctx.calib_ppl(sorted(s), self.calib_tokens, stride=self.calib_stride))
+            self.evals += 1
+        return self.evaluated[s]
 
-    def calib(s: frozenset) -> float:
-        if s not in evaluated:
-            evaluated[s] = float(ctx.calib_ppl(sorted(s), calib_tokens, stride=calib_stride))
-            cost["evals"] += 1
-        return evaluated[s]
-
-    def add_source(s: frozenset, label: str) -> None:
-        lst = sources.setdefault(s, [])
+    def add_source(self, s: frozenset, label: str) -> None:
+        lst = self.sources.setdefault(s, [])
         found = any(x.startswith("beam:") or x.startswith("candidate") or x.startswith("single") for x in lst)
         if label not in lst and not (found and (label.startswith("beam:") or label.startswith("single"))):
             lst.append(label)
 
-    def fits(s: Sequence[int]) -> bool:
-        return all(abs(a - b) > spacing for a in s for b in s if a != b)
+    def fits(self, s: Sequence[int]) -> bool:
+        return all(abs(a - b) > self.spacing for a in s for b in s if a != b)
 
-    base = calib(frozenset())
-    beam: list[frozenset] = [frozenset()]
-    chosen: list[dict] = []
-    for n in range(1, budget + 1):
-        level_seeds = [(s, src) for s, src in seeds.get(n, []) if len(s) == n and fits(s)]
+    def proposals(self, n: int, beam: list[frozenset]) -> tuple[list, list, list]:
+        """(greedy sets, the seeds of size n, the other beam members' expansions) for step n, with their sources."""
+        spacing, candidates = self.spacing, self.candidates
+        level_seeds = [(s, src) for s, src in self.seeds.get(n, []) if len(s) == n and self.fits(s)]
         for s, src in level_seeds:
-            add_source(s, src)
-        if n == 1 and singles:
+            self.add_source(s, src)
+        if n == 1 and self.singles:
             # SLEB's first step: every single layer on calibration text; the calib_k best join the candidates
             greedy = [frozenset([c]) for c in candidates] + \
-                     [frozenset([c]) for c in cands_all if c not in set(candidates)]
+                     [frozenset([c]) for c in self.cands_all if c not in set(candidates)]
             for g in greedy:
-                add_source(g, f"single layer {next(iter(g))}")
+                self.add_source(g, f"single layer {next(iter(g))}")
         else:
             greedy = [beam[0] | {c} for c in candidates if c not in beam[0]
                       and all(abs(c - k) > spacing for k in beam[0])]
             for c in candidates:
                 g = beam[0] | {c}
                 if g in greedy:
-                    add_source(g, f"beam: {_fmt(beam[0])} + {c}" if beam[0] else f"candidate {c}")
+                    self.add_source(g, f"beam: {_fmt(beam[0])} + {c}" if beam[0] else f"candidate {c}")
         rest = []
         for rank, b in enumerate(beam[1:], start=1):
             for ci, c in enumerate(candidates):
@@ -220,61 +253,64 @@ def search(ctx, budget: int) -> MethodOutput:
                 rest.append((ci, rank, b | {c}, b, c))
         rest.sort(key=lambda t: (t[0], t[1]))
         for _, _, s_, b, c in rest:
-            add_source(s_, f"beam: {_fmt(b)} + {c}")
+            self.add_source(s_, f"beam: {_fmt(b)} + {c}")
+        return greedy, level_seeds, rest
+
+    def allowance(self, n: int, queue: list, greedy: list) -> int:
+        """How many of step n's ``queue`` it may evaluate: all without a cap, else the greedy step plus an even share
+        of what is left after reserving the future greedy steps (a hard cap)."""
+        if self.cap is None:
+            return len(queue)
+        n_greedy = len([g for g in dict.fromkeys(greedy) if g not in self.evaluated])
+        left = self.cap - self.evals
+        k_now = len(self.candidates) + (self.calib_k if n == 1 and self.singles else 0)
+        reserve = sum(max(0, k_now - m) for m in range(n, self.budget))  # future greedy steps
+        slack = max(0, left - n_greedy - reserve)
+        return min(left, n_greedy + slack // (self.budget - n + 1))
+
+    def step(self, n: int, beam: list[frozenset]) -> tuple[list[frozenset], list]:
+        """Evaluate step n's proposals within its allowance; the evaluated sets of size n, best first."""
+        greedy, level_seeds, rest = self.proposals(n, beam)
         # evaluation order: the greedy step (SLEB's, over the candidates), the seeds, the other members' expansions
         queue = list(dict.fromkeys(greedy + [s_ for s_, _ in level_seeds] + [t[2] for t in rest]))
-        queue = [q for q in queue if q not in evaluated]
-        n_greedy = len([g for g in dict.fromkeys(greedy) if g not in evaluated])
-        if cap is None:
-            allowance = len(queue)
-        else:
-            left = cap - cost["evals"]
-            k_now = len(candidates) + (calib_k if n == 1 and singles else 0)
-            reserve = sum(max(0, k_now - m) for m in range(n, budget))  # future greedy steps
-            slack = max(0, left - n_greedy - reserve)
-            allowance = min(left, n_greedy + slack // (budget - n + 1))  # a hard cap
-        spent0 = cost["evals"]
+        queue = [q for q in queue if q not in self.evaluated]
+        allowance = self.allowance(n, queue, greedy)
+        spent0 = self.evals
         for q in queue:
-            if cost["evals"] - spent0 >= allowance:
+            if self.evals - spent0 >= allowance:
                 break
-            calib(q)
-        if n == 1 and singles:
-            ranked = sorted((c for c in cands_all if frozenset([c]) in evaluated),
-                            key=lambda c: (evaluated[frozenset([c])], c))
-            signals["calibration"] = {c: r + 1 for r, c in enumerate(ranked)}
-            extra = [c for c in ranked[:calib_k] if c not in candidates]
-            candidates = candidates + extra
-        level = sorted((s for s in evaluated if len(s) == n), key=lambda s: (evaluated[s], sorted(s)))
-        if not level:
-            notes.append(f"no removal set of size {n} could be formed (spacing Δ={spacing})")
-            break
-        beam = level[:width]
-        best = level[0]
-        layers = {}
-        for i in sorted(best):
-            layers[str(i)] = {k: v.get(i) for k, v in signals.items()}
-        chosen.append({"n": n, "removed": sorted(best), "calib_ppl": evaluated[best],
-                       "calib_delta_pct": 100.0 * (evaluated[best] / base - 1.0),
-                       "sources": list(sources.get(best, [])), "layer_ranks": layers,
-                       "beam": [{"removed": sorted(s), "calib_ppl": evaluated[s]} for s in beam],
-                       "seed_calib": {src: {"removed": sorted(s), "calib_ppl": evaluated.get(s)}
-                                      for s, src in level_seeds},
-                       "evaluations": cost["evals"], "seconds": time.perf_counter() - t0})
-        if ctx.progress is not None:
-            ctx.progress(None, None, f"recommend n={n}: {sorted(best)} (calibration PPL {evaluated[best]:.4g}, "
-                                     f"{cost['evals']} evaluations)")
-    info = {"recommendation": {"levels": chosen, "candidates": candidates, "signals":
-                               {k: {str(i): r for i, r in v.items()} for k, v in signals.items()},
-                               "calib_base_ppl": base, "evaluations": cost["evals"], "max_evals": cap,
-                               "sleb_evaluations": sleb_cost(len(cands_all), budget),
-                               "seconds": time.perf_counter() - t0, "notes": notes}}
-    st = settings | {"width": width, "top_k": top_k, "calib_tokens": calib_tokens, "calib_windows": windows,
-                     "calib_stride": calib_stride, "max_evals": cap,
-                     "seeds": seed_names, "merged_seeds": merged, "label": LABEL,
-                     "calibration": "corpus prompt region (disjoint from the test text)",
-                     "choice": "lowest calibration PPL among every evaluated set of that size"}
-    return MethodOutput(sets=[c["removed"] for c in chosen], info=info, settings=st,
-                        notes=[x for x in notes if not x.startswith("seed ")])
+            self.calib(q)
+        if n == 1 and self.singles:
+            ranked = sorted((c for c in self.cands_all if frozenset([c]) in self.evaluated),
+                            key=lambda c: (self.evaluated[frozenset([c])], c))
+            self.signals["calibration"] = {c: r + 1 for r, c in enumerate(ranked)}
+            self.candidates = self.candidates + [c for c in ranked[:self.calib_k] if c not in self.candidates]
+        level = sorted((s for s in self.evaluated if len(s) == n), key=lambda s: (self.evaluated[s], sorted(s)))
+        return level, level_seeds
+
+    def level_entry(self, n: int, beam: list[frozenset], level_seeds: list) -> dict:
+        best, ev = beam[0], self.evaluated
+        layers = {str(i): {k: v.get(i) for k, v in self.signals.items()} for i in sorted(best)}
+        return {"n": n, "removed": sorted(best), "calib_ppl": ev[best],
+                "calib_delta_pct": 100.0 * (ev[best] / self.base - 1.0),
+                "sources": list(self.sources.get(best, [])), "layer_ranks": layers,
+                "beam": [{"removed": sorted(s), "calib_ppl": ev[s]} for s in beam],
+                "seed_calib": {src: {"removed": sorted(s), "calib_ppl": ev.get(s)} for s, src in level_seeds},
+                "evaluations": self.evals, "seconds": time.perf_counter() - self.t0}
+
+    def output(self, chosen: list[dict]) -> MethodOutput:
+        info = {"recommendation": {"levels": chosen, "candidates": self.candidates, "signals":
+                                   {k: {str(i): r for i, r in v.items()} for k, v in self.signals.items()},
+                                   "calib_base_ppl": self.base, "evaluations": self.evals, "max_evals": self.cap,
+                                   "sleb_evaluations": sleb_cost(len(self.cands_all), self.budget),
+                                   "seconds": time.perf_counter() - self.t0, "notes": self.notes}}
+        st = self.settings | {"width": self.width, "top_k": self.top_k, "calib_tokens": self.calib_tokens,
+                              "calib_windows": self.windows, "calib_stride": self.calib_stride, "max_evals": self.cap,
+                              "seeds": self.seed_names, "merged_seeds": self.merged, "label": LABEL,
+                              "calibration": "corpus prompt region (disjoint from the test text)",
+                              "choice": "lowest calibration PPL among every evaluated set of that size"}
+        return MethodOutput(sets=[c["removed"] for c in chosen], info=info, settings=st,
+                            notes=[x for x in self.notes if not x.startswith("seed ")])
 
 
 def recommend_method(ctx, budget):

