@@ -43,9 +43,16 @@ def write_tiny_llama_gguf(path: Path, n_layers: int = 5, seed: int = 0) -> Path:
     wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     wr.add_key_value("llama.attention.sliding_window_pattern", [i % 2 == 0 for i in range(n_layers)],
                      gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
-    wr.add_tokenizer_model("gpt2")
-    wr.add_token_list([f"t{i}" for i in range(VOCAB)])
-    wr.add_token_types([1] * VOCAB)
+    # a SentencePiece-style vocabulary: the control tokens, the 26 letters and the space marker, then pieces
+    letters = [chr(ord("a") + i) for i in range(26)]
+    pieces = ["<unk>", "<s>", "</s>", "\u2581", *letters, *[f"\u2581{c}" for c in letters]]
+    pieces += [f"{c}{d}" for c in "aeiost" for d in "aeinrst" if f"{c}{d}" not in pieces][: VOCAB - len(pieces)]
+    assert len(pieces) == VOCAB
+    wr.add_tokenizer_model("llama")
+    wr.add_token_list(pieces)
+    wr.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(VOCAB - 3)])
+    wr.add_token_types([2, 3, 3] + [1] * (VOCAB - 3))
+    wr.add_unk_token_id(0)
     wr.add_bos_token_id(1)
     wr.add_eos_token_id(2)
 
