@@ -31,7 +31,7 @@ def write_tiny_llama_gguf(path: Path, n_layers: int = 5, seed: int = 0) -> Path:
     wr = gguf.GGUFWriter(str(path), arch="llama")
     wr.add_name("tiny-llama-test")
     wr.add_block_count(n_layers)
-    wr.add_context_length(128)
+    wr.add_context_length(1024)
     wr.add_embedding_length(HIDDEN)
     wr.add_feed_forward_length(FFN)
     wr.add_head_count(HEADS)

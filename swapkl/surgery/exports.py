@@ -87,7 +87,7 @@ def contract_header(identity: dict | None, provenance: dict | None = None) -> di
             "revision": ident.get("commit") or ident.get("revision")
             or (f"sha256 {str(ident['fingerprint'])[:16]}" if ident.get("fingerprint") else None)}
     if ident.get("kind") in ("gguf", "builtin"):
-        head["source"] = f"{ident.get('id')}, read through its float32 Hugging Face conversion"
+        head["source"] = f"{Path(str(ident.get('id'))).name}, read through its float32 Hugging Face conversion"
     head.update({k: v for k, v in (provenance or {}).items() if v is not None})
     return head
 
@@ -124,9 +124,11 @@ def export_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.Pat
 
 def export_removal(model, remove, out: str | os.PathLike, fmt: str = "hf", tokenizer=None, identity: dict | None = None,
                    force: bool = False, merge=None, provenance: dict | None = None,
-                   force_hint: str = "force=True (prune --force)") -> dict:
+                   force_hint: str = "force=True (prune --force)", model_ref: str | None = None) -> dict:
     """Export ``model`` (a loaded model, e.g. the dashboard's cached one; never changed) with ``remove`` deleted,
-    in format ``fmt``.  ``provenance``: ``{"chosen_by": ..., "measured_on": ...}`` for the YAML header.  Returns
+    in format ``fmt``.  ``provenance``: ``{"chosen_by": ..., "measured_on": ...}`` for the YAML header;
+    ``model_ref``: the source the YAML names (default :func:`mergekit_model_ref`; a demo server names no path of
+    its own).  Returns
     ``{"format", "path", "removed", ...}``; raises :class:`ExportError`, ``PruneError``, ``OutputPathError``."""
     check_format(fmt, merge)
     from swapkl.model import architectures as arch  # deferred: torch
@@ -144,5 +146,5 @@ def export_removal(model, remove, out: str | os.PathLike, fmt: str = "hf", token
                            force_hint=force_hint)
     folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     dtype = (identity or {}).get("dtype") or str(next(model.parameters()).dtype).removeprefix("torch.")
-    return export_mergekit(remove, n, mergekit_model_ref(identity, folder), out, dtype,
+    return export_mergekit(remove, n, model_ref or mergekit_model_ref(identity, folder), out, dtype,
                            contract_header(identity, provenance), force=force, inputs=protected, force_hint=force_hint)
