@@ -15,7 +15,10 @@ import numpy as np
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 96
 
 
-def write_tiny_llama_gguf(path: Path, n_layers: int = 5, seed: int = 0) -> Path:
+def write_tiny_llama_gguf(path: Path, n_layers: int = 5, seed: int = 0, extra_kv: dict | None = None,
+                          extra_tensors: dict | None = None) -> Path:
+    """``extra_kv``: ``{key: (value, GGUFValueType)}`` added to the metadata; ``extra_tensors``: ``{name: array}``
+    added as F32 tensors (for the refusal tests)."""
     import gguf
     from gguf.quants import quantize
 
@@ -48,6 +51,8 @@ def write_tiny_llama_gguf(path: Path, n_layers: int = 5, seed: int = 0) -> Path:
     pieces = ["<unk>", "<s>", "</s>", "\u2581", *letters, *[f"\u2581{c}" for c in letters]]
     pieces += [f"{c}{d}" for c in "aeiost" for d in "aeinrst" if f"{c}{d}" not in pieces][: VOCAB - len(pieces)]
     assert len(pieces) == VOCAB
+    for k, (v, t) in (extra_kv or {}).items():
+        wr.add_key_value(k, v, t)
     wr.add_tokenizer_model("llama")
     wr.add_token_list(pieces)
     wr.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(VOCAB - 3)])
@@ -72,6 +77,8 @@ def write_tiny_llama_gguf(path: Path, n_layers: int = 5, seed: int = 0) -> Path:
         q8(f"blk.{i}.ffn_down.weight", w(HIDDEN, FFN))
     wr.add_tensor("output_norm.weight", norm(HIDDEN))
     q8("output.weight", w(VOCAB, HIDDEN, 0.3))
+    for name, arr in (extra_tensors or {}).items():
+        wr.add_tensor(name, np.asarray(arr, dtype=np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

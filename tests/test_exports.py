@@ -254,6 +254,23 @@ def test_pruned_gguf_hostile(tiny_gguf, tmp_path):
     assert not (tmp_path / "q.gguf").exists()
 
 
+def test_pruned_gguf_layer_index_metadata(tmp_path):
+    import gguf
+
+    u32 = gguf.GGUFValueType.UINT32
+    src = write_tiny_llama_gguf(tmp_path / "dense3.gguf", extra_kv={"llama.leading_dense_block_count": (3, u32)})
+    prune_gguf(src, [0, 4], tmp_path / "d.gguf")
+    assert _fields(tmp_path / "d.gguf")[1]["llama.leading_dense_block_count"] == 2   # block 0 was one of the 3
+    for key in ("llama.nextn_predict_layers", "llama.full_attention_interval"):
+        bad = write_tiny_llama_gguf(tmp_path / "bad.gguf", extra_kv={key: (1, u32)})
+        with pytest.raises(GGUFError, match=f"sets {key}; removing blocks would change what it means"):
+            prune_gguf(bad, [1], tmp_path / "x.gguf")
+    bad = write_tiny_llama_gguf(tmp_path / "pl.gguf", extra_tensors={"per_layer_model_proj.weight": np.ones((5, 4))})
+    with pytest.raises(GGUFError, match="global per-layer tensor per_layer_model_proj.weight"):
+        prune_gguf(bad, [1], tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
+
+
 def test_llama_quantize_command():
     cmd = llama_quantize_command("/m/My Model.gguf", [7, 3, 3], "/o/out.gguf")
     assert cmd == "llama-quantize --prune-layers 3,7 '/m/My Model.gguf' /o/out.gguf COPY"
