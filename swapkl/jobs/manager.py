@@ -257,13 +257,9 @@ class JobManager:
 
     def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None, fmt: str = "hf",
                       provenance: dict | None = None, model_ref: str | None = None) -> Path:
-        """Save the job's model with layers ``removed`` deleted to ``out_dir`` in format ``fmt`` (``hf``: a folder,
-        :func:`swapkl.surgery.prune.save_pruned`; ``mergekit``: a passthrough YAML; ``gguf``: a pruned GGUF of a GGUF
-        source -- :func:`swapkl.surgery.exports.export_removal`).  The shared model is not changed; an existing
-        non-empty folder or file needs ``force``.  ``merge``: a LaCo-style merged model instead (``{"groups": [[3,
-        4], ...], "mode": "average" | "laco"}``, hf only).  ``provenance``: ``{"chosen_by", "measured_on"}`` for the
-        YAML header; ``model_ref``: what the YAML names as the source (default: the hub id or the model's folder).
-        Returns the folder or file."""
+        """Export the job's model minus layers ``removed`` to ``out_dir`` in format ``fmt`` (hf | mergekit | gguf:
+        :func:`swapkl.surgery.exports.export_removal`, which says what ``merge``, ``provenance`` and ``model_ref``
+        are); the shared model is not changed; an existing export needs ``force``.  Returns the folder or file."""
         from swapkl.surgery.exports import export_removal  # deferred: torch
 
         req = job.request
