@@ -4,6 +4,7 @@ for ``prune``), each one ``error: ...`` line with exit code 2 and nothing writte
 ``swapkl.commands.cli.main`` (one subprocess checks the real entry point)."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -79,7 +80,7 @@ def test_hf_stays_the_default(stories_path, tmp_path, cli):
 @pytest.mark.parametrize("case", ["impossible-gguf", "impossible-yaml", "not-a-gguf-source", "gguf-over-source",
                                   "yaml-in-source-folder", "wrong-suffix", "existing-file", "merge-as-yaml",
                                   "from-and-remove", "from-random", "from-other-model", "from-missing-n",
-                                  "method-without-from"])
+                                  "method-without-from", "from-bad-recommendation", "from-not-json"])
 def test_hostile_exports(stories_path, tiny_gguf, tmp_path, cli, case):
     m = model_copy(stories_path, tmp_path / "m")
     g = tmp_path / "src.gguf"
@@ -89,6 +90,12 @@ def test_hostile_exports(stories_path, tiny_gguf, tmp_path, cli, case):
     existing.write_text("keep me")
     cv = _curves_file(tmp_path / "cv.json")
     other = _curves_file(tmp_path / "other.json", num_layers=30)
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"entries": [{"n": 1, "removed": ["x"]}], "model": {}, "evaluator": {}, "corpus": {},
+                               "baseline_ppl": 1.0, "calib_base_ppl": 1.0, "candidates": [], "signals": {},
+                               "settings": {}}))
+    notjson = tmp_path / "nj.json"
+    notjson.write_bytes(b"\x00\xff binary")
     argv, pattern = {
         "impossible-gguf": (["prune", g, "--remove", "5", "--format", "gguf", "--out", tmp_path / "o.gguf"],
                             r"layer\(s\) \[5\] out of range: the model has layers 0\.\.4$"),
@@ -115,6 +122,10 @@ def test_hostile_exports(stories_path, tiny_gguf, tmp_path, cli, case):
         "from-missing-n": (["prune", m, "--from", cv, "--method", "bi", "--out", tmp_path / "o"], r"needs --n N"),
         "method-without-from": (["prune", m, "--remove", "1", "--method", "bi", "--out", tmp_path / "o"],
                                 r"--method and --n go with --from"),
+        "from-bad-recommendation": (["prune", m, "--from", rec, "--n", "1", "--out", tmp_path / "o"],
+                                    r"rec\.json: recommend at n=1 has a malformed removal set$"),
+        "from-not-json": (["prune", m, "--from", notjson, "--n", "1", "--out", tmp_path / "o"],
+                          r"cannot read a curves or recommendation JSON"),
     }[case]
     rc, _, se = cli(*argv)
     assert rc == 2

@@ -46,7 +46,11 @@ def chosen_set(path: str, method: str | None, n: int | None) -> dict:
                           "seeds)")
     if entry.get("merge"):
         raise SwapklError(f"--from {p}: {name} at n={n} merges layers ({entry['merge']}); export it with --merge")
-    return {"removed": [int(i) for i in entry["removed"]], "chosen_by": f"{name}, n={n} (from {p.name})",
+    try:
+        removed = [int(i) for i in entry["removed"]]
+    except (TypeError, ValueError):
+        raise SwapklError(f"--from {p}: {name} at n={n} has a malformed removal set") from None
+    return {"removed": removed, "chosen_by": f"{name}, n={n} (from {p.name})",
             "measured_on": contract_caption(res), "model": res.model or {}}
 
 
