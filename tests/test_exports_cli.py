@@ -62,6 +62,25 @@ def test_mergekit_yaml_from_curves(stories_path, tmp_path, cli):
     assert "# measured on: stories260K · corpus wikitext-2 eval · budget 2 · spacing Δ=1 · evaluator matched" in text
 
 
+def test_hf_folder_from_a_recommendation(stories_path, tmp_path, cli):
+    from swapkl.removal.recommend import Recommendation
+
+    entries = [{"n": n, "removed": r, "delta_pct": 1.0 * n} for n, r in ((1, [3]), (2, [1, 3]))]
+    rec = Recommendation(model={"display": "stories260K", "num_layers": 5}, evaluator={"name": "matched", "window": 512},
+                         corpus={"label": "wikitext-2"}, baseline_ppl=10.0, baseline_ppl_ci=[9.0, 11.0],
+                         calib_base_ppl=9.5, entries=entries, candidates=[1, 3], signals={},
+                         settings={"calib_tokens": 1024, "calib_stride": 256})
+    f = tmp_path / "rec.json"
+    f.write_text(rec.to_json())
+    rc, so, se = cli("prune", stories_path, "--from", f, "--n", "2", "--format", "mergekit", "--out", tmp_path / "r.yaml")
+    assert rc == 0, se
+    text = (tmp_path / "r.yaml").read_text()
+    assert kept_from_config(yaml.safe_load(text)) == [0, 2, 4] and "# chosen by: recommend, n=2 (from rec.json)" in text
+    assert "calibration 1024 tokens of the prompt region, window 512/stride 256" in text
+    rc, so, se = cli("prune", stories_path, "--from", f, "--n", "1", "--out", tmp_path / "hf", "--verify")
+    assert rc == 0 and "removed layers [3], 4 of 5 kept" in so, se
+
+
 def test_gguf_from_a_gguf_source_with_verify(tiny_gguf, tmp_path, cli):
     out = tmp_path / "cut.gguf"
     rc, so, se = cli("prune", tiny_gguf, "--remove", "0,4", "--format", "gguf", "--out", out, "--verify")
