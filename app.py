@@ -117,7 +117,8 @@ def recommendation_view(job) -> None:
 
     st.caption(f"contract: {plots.contract_caption(rec)}")
     with st.expander("Export the recommended model"):
-        common.export_view(job, e["removed"], f"Export pruned model (remove {e['removed']})", key="export_rec")
+        common.export_view(job, e["removed"], f"Export pruned model (remove {e['removed']})", key="export_rec",
+                           provenance={"chosen_by": f"recommend, n={n}", "measured_on": plots.contract_caption(rec)})
 
 
 def summary_view(job) -> None:

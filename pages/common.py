@@ -235,13 +235,18 @@ def safe_name(s: str) -> str:
     return keep.strip("-")[:60] or "swapkl"
 
 
-def export_view(job: Job, removed, label: str, key: str = "export", merge: dict | None = None) -> None:
-    """Export the job's model with layers ``removed`` deleted (a folder that reloads with ``from_pretrained``).
+def export_view(job: Job, removed, label: str, key: str = "export", merge: dict | None = None,
+                provenance: dict | None = None) -> None:
+    """Export the job's model with layers ``removed`` deleted: a Hugging Face folder (reloads with
+    ``from_pretrained``), a mergekit passthrough YAML, or a pruned GGUF when the model came from one
+    (:mod:`swapkl.surgery.exports`; a merge exports only as a folder).  ``provenance``: what chose the set and
+    what it was measured on, for the YAML header.
 
-    Local server: an output folder typed here (a non-empty one needs the "replace" box).  Demo mode: no path
+    Local server: an output path typed here (an existing one needs the "replace" box).  Demo mode: no path
     from the browser -- the server writes ``<cache>/exports/<name derived from model, fingerprint and layers>``
-    (reused when already exported) and offers it as a zip download."""
+    (reused when already exported) and offers it as a download."""
     from swapkl.store import cache_root
+    from swapkl.surgery.exports import FILE_SUFFIX, FORMAT_LABELS, gguf_source, mergekit_model_ref
     from swapkl.surgery.outputs import folder_zip
 
     pol = policy()
@@ -249,18 +254,25 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
     tail = job.request.model.rstrip("/").split("/")[-1] + (f"@{job.request.revision}" if job.request.revision else "")
     what = (f"merged-{merge['mode']}-" + "-".join("+".join(map(str, g)) for g in merge["groups"])) if merge else \
         f"minus-{'-'.join(map(str, removed))}"
-    name = safe_name(f"{tail}-{str(ident.get('fingerprint') or '')[:8]}-{what}")
+    fmts = ["hf"] if merge else ["hf", "mergekit"] + (["gguf"] if gguf_source(ident) is not None else [])
+    fmt = st.radio("format", fmts, format_func=FORMAT_LABELS.get, horizontal=True, key=f"w_{key}_fmt")
+    name = safe_name(f"{tail}-{str(ident.get('fingerprint') or '')[:8]}-{what}") + FILE_SUFFIX.get(fmt, "")
+    ref = None  # a demo server's YAML names no path of its own: the hub id, else a folder the user fills in
+    if pol.demo and fmt == "mergekit":
+        ref = mergekit_model_ref(ident) if ident.get("kind") == "hub" else f"./{safe_name(tail)}"
     if pol.demo:
         out = pol.export_dir(name, cache_root())
         st.caption(f"The server saves it as `exports/{out.name}` and offers it for download.")
-        force = out.is_dir()
+        force = out.exists()
     else:
-        out = st.text_input("output folder", value=str(cache_root() / "exports" / name), key=f"w_{key}_out_{name}")
-        force = st.checkbox("replace the model files if the folder is not empty", key=f"w_{key}_force")
+        out = st.text_input("output " + ("folder" if fmt == "hf" else "file"), value=str(cache_root() / "exports" / name),
+                            key=f"w_{key}_out_{name}")
+        force = st.checkbox("replace an existing export there", key=f"w_{key}_force")
     if st.button(label, key=key):
         try:
             with st.spinner("saving…"):
-                path = manager().export_pruned(job, list(removed), out, force=force, merge=merge)
+                path = manager().export_pruned(job, list(removed), out, force=force, merge=merge, fmt=fmt,
+                                               provenance=provenance, model_ref=ref)
             st.session_state[f"_export_{key}"] = str(path)
         except SwapklError as e:
             st.error(str(e))
@@ -268,10 +280,15 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
             st.error(f"export failed: {type(e).__name__}: {e}")
     done = st.session_state.get(f"_export_{key}")
     if done and Path(done).name == Path(out).name:
-        st.success(f"Saved to {done if not pol.demo else 'exports/' + Path(done).name} (reload with "
-                   f"AutoModelForCausalLM.from_pretrained).")
-        st.download_button("⬇ pruned model (zip)", data=lambda: folder_zip(done), file_name=f"{Path(done).name}.zip",
-                           mime="application/zip", key=f"dl_{key}", on_click="ignore")
+        how = {"hf": "reload with AutoModelForCausalLM.from_pretrained", "mergekit": "run: mergekit-yaml FILE OUT_DIR",
+               "gguf": "runs in llama.cpp; transformers reads it with gguf_file="}[fmt]
+        st.success(f"Saved to {done if not pol.demo else 'exports/' + Path(done).name} ({how}).")
+        if fmt == "hf":
+            st.download_button("⬇ pruned model (zip)", data=lambda: folder_zip(done), file_name=f"{Path(done).name}.zip",
+                               mime="application/zip", key=f"dl_{key}", on_click="ignore")
+        else:
+            st.download_button(f"⬇ {Path(done).name}", data=lambda: Path(done).read_bytes(), file_name=Path(done).name,
+                               mime="application/octet-stream", key=f"dl_{key}", on_click="ignore")
 
 
 def download_figure(fig, name: str, key: str) -> None:

@@ -83,7 +83,8 @@ def body(job) -> None:
         common.export_view(job, entry["removed"], f"Export merged model ({entry['merge']})", key="export",
                            merge={"groups": groups, "mode": mode})
     else:
-        common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export")
+        common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export",
+                           provenance={"chosen_by": f"{m}, n={n} (removal curves)", "measured_on": cap})
 
 
 common.live(job, body, "curves", watch=("curves",))

@@ -1,10 +1,12 @@
 """``python -m swapkl prune MODEL --remove 3,7 --out DIR``: save a model with layers removed (reloads with
-``from_pretrained``)."""
+``from_pretrained``); ``--format mergekit`` (a passthrough YAML) or ``--format gguf`` (a pruned GGUF of a GGUF
+source) instead, and ``--from RESULT.json --method M --n N`` for the set a curves or recommend run chose."""
 from __future__ import annotations
 
 from swapkl.commands.common import add_model_args, load_from_args, model_inputs
 from swapkl.errors import SwapklError
-from swapkl.surgery.outputs import check_output_dir
+from swapkl.surgery.exports import FILE_SUFFIX, FORMATS, check_format
+from swapkl.surgery.outputs import check_file_out, check_output_dir
 
 # Deferred imports: torch, transformers and the torch-based swapkl modules are imported by run(): the CLI's --help
 # must not load them.
@@ -49,26 +51,80 @@ def register(sub) -> None:
                         "lowest slot and the rest removed (recorded in swapkl_prune.json)")
     p.add_argument("--merge-mode", default="average", choices=["average", "laco"],
                    help="average: every parameter averaged (default); laco: θ_l + Σ_k (θ_{l+k} − θ_l)")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="output folder: new or empty; never the source model's folder or inside it")
+    p.add_argument("--from", dest="from_file", default=None, metavar="RESULT.json",
+                   help="take the removal set from a 'curves --json' or 'recommend --json' file (with --method, --n)")
+    p.add_argument("--method", default=None, help="with --from: the method whose set to export")
+    p.add_argument("--n", type=int, default=None, help="with --from: the number of removed layers")
+    p.add_argument("--format", default="hf", choices=FORMATS,
+                   help="hf: a Hugging Face folder (default); mergekit: a passthrough YAML (.yaml); gguf: a pruned "
+                        "GGUF of a GGUF source (.gguf), quantised blocks copied as they are")
+    p.add_argument("--chosen-by", default=None, help="for the mergekit header: what chose the set (default: --from's)")
+    p.add_argument("--measured-on", default=None, help="for the mergekit header: what it was measured on")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="hf: output folder, new or empty; mergekit/gguf: a .yaml/.gguf file; never the source "
+                        "model's file or folder, nor inside it")
     p.add_argument("--force", action="store_true",
-                   help="write into a non-empty --out: its old weight files are replaced (none left beside the new)")
+                   help="write into a non-empty --out folder (its old weight files are replaced, none left beside "
+                        "the new) or over an existing --out file")
     p.add_argument("--verify", action="store_true",
-                   help="reload the saved folder and check its logits equal the in-memory pruned model's")
+                   help="reload what was written and check it: the logits (hf, gguf) or the kept layers (mergekit)")
     p.set_defaults(func=run)
 
 
+def _removal(a, num_layers: int | None = None, identity: dict | None = None) -> tuple[list[int] | None, dict]:
+    """The layers to remove (``--remove`` or ``--from``) and the provenance for an export's header."""
+    prov = {"chosen_by": a.chosen_by, "measured_on": a.measured_on}
+    if a.from_file is None:
+        return (parse_layers(a.remove) if a.remove is not None else None), prov
+    from swapkl.commands.chosen import chosen_set, check_same_model
+
+    ch = chosen_set(a.from_file, a.method, a.n)
+    if num_layers is not None:
+        check_same_model(ch, identity or {}, num_layers)
+    return ch["removed"], {"chosen_by": a.chosen_by or ch["chosen_by"], "measured_on": a.measured_on or ch["measured_on"]}
+
+
+def _check_args(a) -> None:
+    """Everything that can be refused before a model is loaded."""
+    if a.from_file is not None and (a.remove is not None or a.merge is not None):
+        raise SwapklError("give either --from or --remove/--merge, not both")
+    if a.from_file is None and (a.method is not None or a.n is not None):
+        raise SwapklError("--method and --n go with --from RESULT.json")
+    if a.remove is None and a.merge is None and a.from_file is None:
+        raise SwapklError("give --remove LAYERS, --merge GROUPS or --from RESULT.json")
+    check_format(a.format, merge=a.merge)
+    if a.format == "hf":
+        check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a))
+    else:
+        check_file_out(a.out, (FILE_SUFFIX[a.format], *((".yml",) if a.format == "mergekit" else ())),
+                       "a mergekit YAML" if a.format == "mergekit" else "a pruned GGUF", force=a.force,
+                       inputs=model_inputs(a))
+
+
 def run(a) -> int:
+    _check_args(a)
+    if a.format == "gguf":
+        from swapkl.commands.prune_formats import run_gguf
+
+        return run_gguf(a, _removal)
+    if a.format == "mergekit":
+        from swapkl.commands.prune_formats import run_mergekit
+
+        return run_mergekit(a, _removal)
+    return _run_hf(a)
+
+
+def _run_hf(a) -> int:
     import torch  # deferred: the CLI's --help must not
 
     from swapkl.surgery.prune import pruned_copy, save_pruned, validate_remove
 
-    if a.remove is None and a.merge is None:
-        raise SwapklError("give --remove LAYERS or --merge GROUPS")
-    remove = parse_layers(a.remove) if a.remove is not None else None
     groups = parse_groups(a.merge) if a.merge is not None else None
-    check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a))  # before loading anything
+    if a.from_file is None:
+        remove, _ = _removal(a)  # a bad --remove fails before the model loads
     ck = load_from_args(a)
+    if a.from_file is not None:
+        remove, _ = _removal(a, ck.num_layers, ck.identity)
     merge = None
     if groups is not None:
         from swapkl.surgery.merge import merge_plan  # deferred: pulls torch (see the module comment)

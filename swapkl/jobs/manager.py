@@ -270,17 +270,19 @@ class JobManager:
     def loaded_models(self) -> list[tuple]:
         return self.models.keys()
 
-    def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None) -> Path:
-        """Save the job's model with layers ``removed`` deleted to ``out_dir`` (:func:`swapkl.surgery.prune.save_pruned`;
-        the shared model is not changed; an existing non-empty folder needs ``force``).  ``merge``: a LaCo-style
-        merged model instead (``{"groups": [[3, 4], ...], "mode": "average" | "laco"}``).  Returns the folder."""
-        from swapkl.surgery.prune import save_pruned  # deferred: torch
+    def export_pruned(self, job: Job, removed, out_dir: str | Path, force: bool = False, merge=None, fmt: str = "hf",
+                      provenance: dict | None = None, model_ref: str | None = None) -> Path:
+        """Export the job's model minus layers ``removed`` to ``out_dir`` in format ``fmt`` (hf | mergekit | gguf:
+        :func:`swapkl.surgery.exports.export_removal`, which says what ``merge``, ``provenance`` and ``model_ref``
+        are); the shared model is not changed; an existing export needs ``force``.  Returns the folder or file."""
+        from swapkl.surgery.exports import export_removal  # deferred: torch
 
         req = job.request
         ck = self.checkpoint_for(req.model, req.revision, req.contract.dtype, req.contract.device)
         with heavy.exclusive():  # saving resolves lazy transformers modules while a job may load a model
-            return save_pruned(ck.model, None if merge else list(removed), out_dir, tokenizer=ck.tokenizer,
-                               identity=ck.identity, force=force, merge=merge)
+            rep = export_removal(ck.model, list(removed), out_dir, fmt, tokenizer=ck.tokenizer, identity=ck.identity,
+                                 force=force, merge=merge, provenance=provenance, model_ref=model_ref)
+        return Path(rep["path"])
 
     # ---------------------------------------------------------------- internals
     def _remember(self, job: Job) -> None:

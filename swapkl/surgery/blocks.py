@@ -23,25 +23,9 @@ from typing import Iterable
 import torch
 
 from swapkl.model import architectures as arch
-from swapkl.errors import SwapklError
+from swapkl.surgery.removal_set import PruneError, validate_remove
 
-
-class PruneError(SwapklError):
-    """An impossible removal set."""
-
-
-def validate_remove(remove: Iterable[int], num_layers: int) -> list[int]:
-    """Sorted unique layer indices; raises :class:`PruneError` for out-of-range or all-layer removal."""
-    try:
-        rem = sorted({int(i) for i in remove})
-    except (TypeError, ValueError) as e:
-        raise PruneError(f"layer indices must be integers ({e})") from e
-    bad = [i for i in rem if not 0 <= i < num_layers]
-    if bad:
-        raise PruneError(f"layer(s) {bad} out of range: the model has layers 0..{num_layers - 1}")
-    if len(rem) >= num_layers:
-        raise PruneError(f"cannot remove all {num_layers} layers; keep at least one")
-    return rem
+__all__ = ["PruneError", "validate_remove", "pruned_copy"]
 
 
 def _shallow(module: torch.nn.Module, memo: dict, old_cfg, new_cfg) -> torch.nn.Module:

@@ -97,6 +97,24 @@ def check_output_dir(path: str | os.PathLike, flag: str = "--out", force: bool =
     return p
 
 
+def check_file_out(out: str | os.PathLike, suffixes: tuple, what: str, force: bool = False, inputs: Iterable = (),
+                   flag: str = "--out", force_hint: str = "--force") -> Path:
+    """The rules of ``prune --out`` for an export that is one file (a mergekit YAML, a pruned GGUF): the right
+    suffix, never one of the run's ``inputs`` nor inside an input folder (the source model file or folder), an existing file
+    replaced only with ``force`` (:func:`check_output_file` for the rest).  Raises :class:`OutputPathError`."""
+    p = Path(out).expanduser()
+    if not p.name.lower().endswith(tuple(suffixes)):
+        raise OutputPathError(f"{flag} {p}: {what} is one file; give a name ending in {' or '.join(suffixes)}")
+    p = check_output_file(p, flag, inputs)
+    for src in inputs or ():
+        q = Path(src).expanduser().resolve() if src and Path(src).expanduser().is_dir() else None
+        if q is not None and _inside(p.resolve(), q):
+            raise OutputPathError(f"{flag} {p} is inside the source model folder {q}; choose another folder")
+    if p.exists() and not force:
+        raise OutputPathError(f"{flag} {p} exists; choose a new file name, or {force_hint} to replace it")
+    return p
+
+
 def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Run ``write(folder)`` on a temporary folder beside ``out``, then put the result at ``out``: a new ``out``
     is one rename; into an existing (empty or forced) one, the old weight files (:data:`STALE_WEIGHT_GLOBS`) are
