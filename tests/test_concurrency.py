@@ -211,3 +211,29 @@ def test_a_job_nobody_waits_for_is_cancelled_and_one_others_wait_for_goes_on(cac
     finally:
         gate.set()
         mgr.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------- the page
+def test_the_page_says_when_the_server_is_busy_and_queues_nothing(cache, monkeypatch):
+    """AppTest: a demo server whose queue is full answers Compute with one message that says what to do, and
+    submits nothing; a visitor who asks for what another already computes joins it (never refused)."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from app_util import APP, STORIES_REL, TIMEOUT
+
+    monkeypatch.setenv("SWAPKL_DEMO", "1")
+    monkeypatch.setenv("SWAPKL_DEMO_MODELS", STORIES_REL)
+    monkeypatch.setenv("SWAPKL_DEMO_MAX_QUEUED", "0")
+    st.cache_resource.clear()
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.number_input(key="w_prompts").set_value(4)
+    at.number_input(key="w_tokens").set_value(16)
+    at.number_input(key="w_budget").set_value(0).run()
+    at.button(key="compute").click().run()
+    assert not at.exception
+    assert any("the server is busy" in e.value and "Try again in a few minutes" in e.value for e in at.error), \
+        [e.value for e in at.error]
+    from pages import common
+
+    assert common.manager().jobs() == []

@@ -108,6 +108,11 @@ def lower_priority(nice: int | None) -> None:
         log.info("job worker priority unchanged: %s", e)
 
 
+def busy(jobs: dict) -> bool:
+    """Whether one of ``jobs`` (key -> Job) is running (the worker runs one at a time)."""
+    return any(j.status == "running" for j in jobs.values())
+
+
 def monitor(mgr: JobManager, every_s: float = 2.0) -> None:
     """Every ``every_s`` seconds: cancel the jobs nobody waits for any more (:class:`Audience`)."""
     while not mgr._closed:
@@ -184,7 +189,7 @@ class JobManager:
             if self.use_snapshots and self.snapshots.load(job):
                 return job
             self._queue.append(job)
-            renumber(self._queue, self._busy)
+            renumber(self._queue, busy(self._jobs))
             self._ensure_worker()
             self._wake.notify_all()
         job.note("queued")
@@ -247,7 +252,7 @@ class JobManager:
         with self._lock:
             if job.status == QUEUED and job in self._queue:
                 self._queue.remove(job)
-                renumber(self._queue, self._busy)
+                renumber(self._queue, busy(self._jobs))
                 job.finish(CANCELLED, reason)
         return True
 
@@ -298,10 +303,6 @@ class JobManager:
         if self.audience.alive is not None and (self._monitor is None or not self._monitor.is_alive()):
             self._monitor = threading.Thread(target=monitor, args=(self,), name="swapkl-audience", daemon=True)
             self._monitor.start()
-
-    @property
-    def _busy(self) -> bool:
-        return any(j.status == "running" for j in self._jobs.values())
 
     def _loop(self) -> None:
         lower_priority(self.nice)
