@@ -187,6 +187,7 @@ def test_cli_evidence_json_keys(stories_path, wikitext_path, tmp_path, cache_dir
     assert d["contract"]["evaluator"]["max_words"] == 800 and d["contract"]["regions"]["evaluation"] == [0, 800]
     assert d["region"]["region_2"]["words"] == [800, 1600]
     assert d["headline"].startswith("on this checkpoint ")
+    _check_views(d)
     # a second run reads every ground-truth evaluation back from the cache
     out2 = tmp_path / "ev2.json"
     code, _, err = _cli(["evidence", stories_path, "--budget", "2", "--eval-text", wikitext_path,
@@ -218,3 +219,29 @@ def test_cli_refuses_to_overwrite_the_model(stories_path, tmp_path, capsys, cach
     shutil.copytree(stories_path, m)
     code, _, err = _cli(["evidence", m, "--json", m / "config.json", *QUICK], capsys)
     assert code == 2 and err.startswith("error: ")
+
+
+def _check_views(d):
+    """The three figures and the CSV carry the numbers of the JSON and its contract."""
+    from swapkl.evidence.figures import evidence_figures
+    from swapkl.evidence.report import csv_text, text_tables
+
+    figs = evidence_figures(d)
+    assert set(figs) == {"agreement", "ground_truth", "stability"}
+    hm = figs["agreement"].data[0]
+    names = list(hm.x)
+    assert names[-2:] == ["ground_truth_ppl", "ground_truth_kl"]
+    i, j = names.index("interchange"), names.index("ground_truth_ppl")
+    assert hm.z[i][j] == d["agreement"]["spearman"]["interchange"]["ground_truth_ppl"]
+    lo, hi = d["agreement"]["spearman_ci"]["interchange"]["ground_truth_ppl"]
+    assert f"[{lo:.2f}, {hi:.2f}]" in hm.text[i][j]
+    bars = figs["ground_truth"].data
+    assert list(bars[0].y) == pytest.approx(d["ground_truth"]["delta_ppl_pct"])
+    assert len(bars) == 2 + len(d["signals"])  # the bars, the ground-truth rank, one rank trace per signal
+    strip = figs["stability"].data[0]
+    assert len(strip.y) == sum(len(v) for v in d["stability"].values())
+    for f in figs.values():
+        assert "stories260K" in f.layout.meta["contract"] and "evaluator matched@800w" in f.layout.meta["contract"]
+    csv = csv_text(d).splitlines()
+    assert csv[0].startswith("# ") and len(csv) == 2 + len(d["layers"])
+    assert "rank agreement" in text_tables(d)
