@@ -198,7 +198,9 @@ def main() -> None:
              st.Page(str(HERE / "pages" / "heatmaps.py"), title="Heatmaps", icon=":material/grid_on:", url_path="heatmaps"),
              st.Page(str(HERE / "pages" / "curves.py"), title="Removal curves", icon=":material/trending_up:", url_path="curves"),
              st.Page(str(HERE / "pages" / "trajectory.py"), title="Training trajectory", icon=":material/timeline:",
-                     url_path="trajectory")]
+                     url_path="trajectory"),
+             st.Page(str(HERE / "pages" / "evidence.py"), title="Evidence", icon=":material/fact_check:",
+                     url_path="evidence")]
     nav = st.navigation(pages)
     common.sidebar()
     nav.run()

@@ -52,17 +52,17 @@ def ground_truth_bars(d: dict, cap: str | None = None):
     layers = d["layers"]
     dp = np.asarray(g["delta_ppl_pct"], float)
     ci = np.asarray(g["delta_ppl_pct_ci"], float)
-    fig = go.Figure(go.Bar(x=layers, y=dp, name="ΔPPL % (held out)", marker_color="#999999",
-                           error_y={"type": "data", "symmetric": False, "array": ci[:, 1] - dp,
-                                    "arrayminus": dp - ci[:, 0]},
+    fig = go.Figure(go.Bar(x=layers, y=dp.tolist(), name="ΔPPL % (held out)", marker_color="#999999",
+                           error_y={"type": "data", "symmetric": False, "array": (ci[:, 1] - dp).tolist(),
+                                    "arrayminus": (dp - ci[:, 0]).tolist()},
                            hovertemplate="layer %{x}: ΔPPL %{y:.2f} %<extra></extra>"))
     truth_rank = stats.rankdata(dp)
-    fig.add_trace(go.Scatter(x=layers, y=truth_rank, yaxis="y2", mode="lines", name="ground-truth rank",
+    fig.add_trace(go.Scatter(x=layers, y=truth_rank.tolist(), yaxis="y2", mode="lines", name="ground-truth rank",
                              line={"color": "black", "dash": "dot"}))
     for name, v in d["signals"].items():
         v = np.asarray([np.nan if x is None else x for x in v], float)
         r = np.where(np.isfinite(v), stats.rankdata(np.where(np.isfinite(v), v, np.inf)), np.nan)
-        fig.add_trace(go.Scatter(x=layers, y=r, yaxis="y2", mode="markers", name=f"{name} rank",
+        fig.add_trace(go.Scatter(x=layers, y=[None if not np.isfinite(x) else float(x) for x in r], yaxis="y2", mode="markers", name=f"{name} rank",
                                  hovertemplate=f"{name}: layer %{{x}} rank %{{y}}<extra></extra>"))
     fig.update_layout(xaxis={"title": "layer removed", "dtick": 1}, yaxis={"title": "ΔPPL % (95 % CI)"},
                       yaxis2={"title": "rank (1 = safest)", "overlaying": "y", "side": "right",
