@@ -195,6 +195,7 @@ def test_cli_evidence_json_keys(stories_path, wikitext_path, tmp_path, cache_dir
     d2 = json.loads(out2.read_text())
     assert code == 0 and d2["timing"]["ground_truth_computed"] == 0
     assert d2["ground_truth"] == d["ground_truth"] and d2["signals"] == d["signals"]
+    assert list((cache_dir / "evidence").glob("signals-*.json"))  # the signals came from the store
 
 
 @pytest.mark.parametrize("args, pattern", [
@@ -245,3 +246,29 @@ def _check_views(d):
     csv = csv_text(d).splitlines()
     assert csv[0].startswith("# ") and len(csv) == 2 + len(d["layers"])
     assert "rank agreement" in text_tables(d)
+
+
+def test_sleb_prefill_equals_plain_first_step(stories_path, wikitext_path):
+    import transformers as tf
+
+    from swapkl.evidence.signals import prefill_sleb
+    from swapkl.removal import methods as M
+    from swapkl.removal.evaluate import Evaluator
+    from swapkl.removal.memo import EvalMemo
+    from swapkl.scoring.corpora import from_file
+
+    model = tf.AutoModelForCausalLM.from_pretrained(stories_path).eval()
+    tok = tf.AutoTokenizer.from_pretrained(stories_path)
+    corpus = from_file(wikitext_path)
+
+    def ctx():
+        return M.MethodContext(model=model, tokenizer=tok, scores={}, num_layers=5, candidates=list(range(5)),
+                               spacing=0, partners=None, corpus=corpus, evaluator=Evaluator("t", 200, 128, 64),
+                               seeds=[], memo=EvalMemo(), params={"sleb": {"calib_tokens": 300}})
+    plain = M.get("sleb").func(ctx(), 1).info["steps"][0]["trials"]
+    c = ctx()
+    prefill_sleb(c, 300)
+    misses = c.memo.misses
+    fast = M.get("sleb").func(c, 1).info["steps"][0]["trials"]
+    assert c.memo.misses == misses  # SLEB's first step read every trial from the prefilled memo
+    assert set(fast) == set(plain) and all(fast[k] == pytest.approx(plain[k], rel=1e-5) for k in plain)

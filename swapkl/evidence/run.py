@@ -16,12 +16,13 @@ from swapkl.errors import SwapklError
 from swapkl.evidence import agreement as A
 from swapkl.evidence import stability as S
 from swapkl.scoring.results import finite_json
-from swapkl.store import dump_json
+from swapkl.store import CorruptEntry, dump_json, read_entry, warn_unwritable, write_entry
 
 DEFAULT_BUDGET = 4
 DEFAULT_B_STABILITY = 200
 DEFAULT_B_AGREEMENT = 1000
 REGISTRY_SIGNALS = ("bi", "cka", "taylor", "sleb")
+SIGNAL_KIND = "evidence-signals"
 
 
 @dataclass
@@ -83,20 +84,56 @@ def _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report)
     return gt, gt2
 
 
-def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop):
+def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_cache=True):
+    """Every signal; the forward-pass parts (residual statistics on the scoring prompts, the registry methods'
+    scores) are cached per contract through :mod:`swapkl.store` (:func:`_signal_cache`)."""
     import torch
 
-    from swapkl.evidence.signals import prompt_signals, registry_signals, swap_signals
+    from swapkl.evidence.signals import Signal, prompt_signals, registry_signals, swap_signals
     from swapkl.removal import methods as M
     from swapkl.removal.methods.angular import residual_stats
 
-    stats = residual_stats(ck.model, torch.as_tensor(res.prompt_token_ids, dtype=torch.long))
-    params = {n: {"calib_tokens": calib_tokens} for n in names} if calib_tokens else {}
-    ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
-                          candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
-                          evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
-    sigs = swap_signals(res) + prompt_signals(stats) + registry_signals(ctx, ck.num_layers, names)
-    return sigs, stats
+    path = _signal_cache(ck, res, corpus, ev, calib_tokens, names) if use_cache else None
+    cached = None
+    if path is not None:
+        try:
+            cached = read_entry(path, SIGNAL_KIND)
+        except CorruptEntry:
+            cached = None
+    if cached is not None:
+        stats = {k: np.asarray(cached["stats"][k], float) for k in ("angular", "cos_adjacent")}
+        reg = [Signal(r["name"], np.asarray(r["values"], float), r["source"]) for r in cached["registry"]]
+    else:
+        stats = residual_stats(ck.model, torch.as_tensor(res.prompt_token_ids, dtype=torch.long))
+        params = {n: {"calib_tokens": calib_tokens} for n in names} if calib_tokens else {}
+        ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
+                              candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
+                              evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
+        reg = registry_signals(ctx, ck.num_layers, names)
+        if path is not None:
+            data = {"stats": {k: np.asarray(v).tolist() for k, v in stats.items()},
+                    "registry": [{"name": r.name, "values": r.values.tolist(), "source": r.source} for r in reg]}
+            try:
+                write_entry(path, SIGNAL_KIND, data)
+            except OSError as e:
+                warn_unwritable(path, e)
+    return swap_signals(res) + prompt_signals(stats) + reg, stats
+
+
+def _signal_cache(ck, res, corpus, ev, calib_tokens, names):
+    """Where the signals of this model, scoring contract, prompts, calibration text and window are stored; None
+    when the identity cannot name the weights."""
+    from swapkl import __version__
+    from swapkl.contract import stable_hash
+    from swapkl.store import cache_root
+
+    ident = {k: (ck.identity or {}).get(k) for k in ("kind", "id", "revision", "commit", "fingerprint", "dtype")}
+    if not (ident["fingerprint"] or ident["commit"] or (ident["kind"] == "hub" and ident["revision"])):
+        return None
+    key = stable_hash({"model": ident, "contract": res.contract, "prompts": res.prompt_token_ids,
+                       "corpus": corpus.sha256, "calib_tokens": calib_tokens, "window": ev.window,
+                       "names": list(names), "version": __version__})[:24]
+    return cache_root() / "evidence" / f"signals-{key}.json"
 
 
 def _stability(signals, stats, num_prompts, L, budget, n_boot, spacing):
@@ -164,7 +201,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     memo = disk_memo(ck.identity, kl=True) if use_cache else EvalMemo()
     gt, gt2 = _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report)
     report("signals")
-    sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop)
+    sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop, use_cache)
     report("agreement")
     vectors = {s.name: np.asarray(s.values, float) for s in sigs}
     vectors[A.GT_NAMES[0]] = np.asarray(gt.delta_ppl_pct)

@@ -71,6 +71,8 @@ def registry_signals(ctx, L: int, names=("bi", "cka", "taylor", "sleb")) -> list
     :class:`~swapkl.removal.methods.MethodContext`)."""
     from swapkl.removal import methods as M
 
+    if "sleb" in names:
+        prefill_sleb(ctx, int(ctx.param("sleb", "calib_tokens", 1024)))
     out = []
     for name in names:
         info = M.get(name).func(ctx, 1).info
@@ -83,3 +85,22 @@ def registry_signals(ctx, L: int, names=("bi", "cka", "taylor", "sleb")) -> list
         else:
             out.append(Signal(name, np.asarray(info[name], float), f"{name} (calibration text)"))
     return out
+
+
+def prefill_sleb(ctx, max_tokens: int) -> None:
+    """Put the calibration PPL of the base model and of every single removal into ``ctx.memo`` under the keys
+    ``MethodContext.calib_ppl`` uses, computed by one prefix-reuse sweep
+    (:func:`swapkl.removal.ground_truth.single_removal_sweep`, equal to the plain evaluations): SLEB's first step
+    then reads them instead of running L evaluations.  Entries already in the memo are kept."""
+    from swapkl.removal.ground_truth import single_removal_sweep
+
+    ids = ctx.calib_ids(max_tokens)
+    win = min(ctx.evaluator.window, ids.numel())
+    key = f"calib:{getattr(ctx.corpus, 'sha256', '?')}:{ids.numel()}:{win}"
+    missing = [i for i in range(ctx.num_layers) if ctx.memo.peek(key, [i]) is None]
+    if not missing:
+        return
+    sw = single_removal_sweep(ctx.model, ids, win, win, layers=missing, kl=False, should_stop=ctx.should_stop)
+    ctx.memo.get(key, [], lambda: sw.baseline)
+    for i, r in sw.removed.items():
+        ctx.memo.get(key, [i], lambda r=r: r)
