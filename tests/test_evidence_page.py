@@ -64,22 +64,38 @@ def test_demo_mode_bounds_budget_and_bootstrap():
 
 
 def test_evidence_page_renders_three_figures(cache, evidence_job):
-    """The page's request is served from a snapshot holding the job's evidence (no second computation here)."""
+    """Start page analysis → Evidence page (its request served from a snapshot holding the module job's evidence, so
+    nothing is computed twice here) → three figures, headline, caption → the start page carries the headline."""
     from streamlit.testing.v1 import AppTest
 
+    from pages import common
     from swapkl.jobs import SnapshotStore
 
     _, _, job = evidence_job
-    page_req = EvidenceRequest(model=STORIES_REL, contract=Contract(), budget=2, evaluator="matched", n_boot=20)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.radio(key="w_source").set_value("Local folder").run()
+    at.selectbox(key="w_local").set_value(STORIES_REL)
+    at.number_input(key="w_prompts").set_value(4)
+    at.number_input(key="w_tokens").set_value(16)
+    at.number_input(key="w_budget").set_value(0)
+    at.selectbox(key="w_pairs").set_value("adjacent").run()
+    at.button(key="compute").click().run()
+    analysis = common.manager().get(at.session_state["job_analysis"])
+    assert analysis.wait(180) and analysis.status == "done", analysis.error
+    at.run()
+    assert not at.exception, at.exception
+    assert any("Evidence" in str(p.proto) for p in at.get("page_link"))
+    a = analysis.request
+    page_req = EvidenceRequest(model=a.model, revision=a.revision, contract=a.contract, budget=2,
+                               evaluator=a.evaluator or "matched", n_boot=20)
 
     class _Done:
         key, request, evidence = request_key(page_req), page_req, job.evidence
 
     SnapshotStore(cache / "dashboard").save(_Done)
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.switch_page("pages/evidence.py").run()
     assert not at.exception, at.exception
-    at.text_input(key="w_ev_model").set_value(STORIES_REL)
+    assert at.text_input(key="w_ev_model").value == STORIES_REL  # the start page's checkpoint
     at.number_input(key="w_ev_budget").set_value(2)
     at.number_input(key="w_ev_boot").set_value(20).run()
     assert "budget 2" in at.code[0].value and "B=20" in at.code[0].value
@@ -96,3 +112,7 @@ def test_evidence_page_renders_three_figures(cache, evidence_job):
     assert len(charts[2]["data"][0]["y"]) == sum(len(v) for v in d["stability"].values())
     assert all("stories260K" in c["layout"]["meta"]["contract"] for c in charts)
     assert any(d["headline"] in m.value for m in at.markdown)
+    # back on the start page, the verdict carries the headline
+    at.switch_page("app.py").run()
+    assert not at.exception, at.exception
+    assert any("How far to trust it" in m.value and d["headline"] in m.value for m in at.markdown)
