@@ -272,3 +272,20 @@ def test_sleb_prefill_equals_plain_first_step(stories_path, wikitext_path):
     fast = M.get("sleb").func(c, 1).info["steps"][0]["trials"]
     assert c.memo.misses == misses  # SLEB's first step read every trial from the prefilled memo
     assert set(fast) == set(plain) and all(fast[k] == pytest.approx(plain[k], rel=1e-5) for k in plain)
+
+
+def test_contract_agreement(stories_path, cache_dir):
+    from swapkl.contract import Contract
+    from swapkl.evidence.run import _contract_agreement
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.scoring.score import score
+
+    ck = load_checkpoint(str(stories_path))
+    c = Contract(prompts=4, tokens=32)
+    res = score(ck, c)
+    rows = _contract_agreement(ck, res, [c, c.with_(seed=1)], 50, True, None)
+    assert rows[0]["spearman"] == {"replacement": pytest.approx(1.0), "interchange": pytest.approx(1.0)}
+    assert rows[1]["contract"]["seed"] == 1
+    for name in ("replacement", "interchange"):
+        lo, hi = rows[1]["spearman_ci"][name]
+        assert -1 <= lo <= hi <= 1 and -1 <= rows[1]["spearman"][name] <= 1

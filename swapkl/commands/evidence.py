@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--regions", type=int, default=2, choices=[1, 2],
                    help="evaluation regions (2: also the next words of the evaluation region, for the region effect)")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens for bi/cka/taylor/sleb")
+    p.add_argument("--compare-seed", type=int, action="append", default=[], metavar="S",
+                   help="also score with prompt seed S (repeatable) and report the rank agreement of the swap-KL "
+                        "layer scores between the two contracts")
     p.add_argument("--json", default=None, metavar="OUT", help="write the evidence JSON here")
     p.add_argument("--quiet", action="store_true")
     add_contract_args(p)
@@ -65,7 +68,8 @@ def run(a) -> int:
 
     res = compute_evidence(ck, contract, ev, corpus, budget=a.budget, n_boot=a.boot_agreement,
                            n_stability=a.boot, n_regions=a.regions, calib_tokens=a.calib_tokens,
-                           signals=SIGNALS, use_cache=not a.no_cache, progress=prog)
+                           signals=SIGNALS, use_cache=not a.no_cache, progress=prog,
+                           compare_contracts=[contract.with_(seed=s) for s in a.compare_seed])
     return emit(a, res, render)
 
 

@@ -86,8 +86,19 @@ def region_table(d: dict) -> list[str]:
             f"{_ci(r['kendall_ppl_ci'])}; KL ρ = {_n(r['spearman_kl'])}{_ci(r['spearman_kl_ci'])}"]
 
 
+def contracts_table(d: dict) -> list[str]:
+    lines = []
+    for row in d.get("contracts") or []:
+        c = row["contract"]
+        cells = [f"{k} ρ = {_n(v)}{_ci(row['spearman_ci'].get(k))}" for k, v in row["spearman"].items()]
+        lines.append(f"same checkpoint, contract seed {c.get('seed')} · {c.get('prompts')}×{c.get('tokens')} · "
+                     f"{c.get('dtype')}: " + "; ".join(cells))
+    return lines
+
+
 def text_tables(d: dict) -> str:
     lines = ground_truth_table(d) + [""] + agreement_table(d) + [""] + stability_table(d) + [""] + region_table(d)
+    lines += contracts_table(d)
     lines += [f"note: {n}" for n in d.get("notes", [])]
     lines.append(caption(d))
     return "\n".join(lines)
