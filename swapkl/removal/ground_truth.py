@@ -31,6 +31,9 @@ from swapkl.scoring.results import BOOT_SEED, N_BOOT
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.
 
+#: the hidden states entering every block, kept for one batch of windows, stay below this (the batch shrinks)
+STATES_BUDGET_BYTES = 2 ** 30
+
 
 def _hidden(x):
     return x[0] if isinstance(x, (tuple, list)) else x
@@ -129,8 +132,11 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
     for k, w in enumerate(wins):
         groups.setdefault((w.end - w.begin, w.keep), []).append(k)
     vocab = int(getattr(model.config, "vocab_size", 0) or 0) or 50000
+    p0 = next(priv.parameters())
+    hidden = int(getattr(model.config, "hidden_size", 0) or getattr(model.config, "n_embd", 0) or 4096)
+    state_bytes = L * hidden * max(4, p0.element_size())  # the L kept states of one token
     for (length, keep), members in groups.items():
-        bs = batch_size or E._auto_batch(keep, vocab)
+        bs = batch_size or max(1, min(E._auto_batch(keep, vocab), STATES_BUDGET_BYTES // max(1, state_bytes * length)))
         for start in range(0, len(members), bs):
             if should_stop is not None and should_stop():
                 raise ComputeInterrupted("ground-truth sweep stopped")
