@@ -21,10 +21,18 @@ base_req = analysis.request if analysis is not None else None
 st.session_state.setdefault("w_ev_model", base_req.model if base_req is not None else "default")
 st.session_state.setdefault("w_ev_budget", 4)
 st.session_state.setdefault("w_ev_boot", 200)
+pol = common.policy()
 c1, c2, c3 = st.columns([3, 1, 1])
-model = c1.text_input("Checkpoint", key="w_ev_model")
-budget = c2.number_input("budget n (stability for 1..n)", 1, 64, key="w_ev_budget", step=1)
-boot = c3.number_input("bootstrap B", 10, 2000, key="w_ev_boot", step=10)
+if pol.demo:  # a visitor picks from the allow-list; nothing typed reaches the loader
+    offered = list(pol.models)
+    if st.session_state["w_ev_model"] not in offered:
+        st.session_state["w_ev_model"] = offered[0]
+    model = c1.selectbox("Checkpoint", offered, key="w_ev_model")
+else:
+    model = c1.text_input("Checkpoint", key="w_ev_model")
+budget = c2.number_input("budget n (stability for 1..n)", 1, pol.max_budget if pol.demo else 64, key="w_ev_budget",
+                         step=1)
+boot = c3.number_input("bootstrap B", 10, pol.max_evidence_boot if pol.demo else 2000, key="w_ev_boot", step=10)
 request, err = None, None
 try:
     if not model.strip():
@@ -34,7 +42,7 @@ try:
     request = EvidenceRequest(model=model.strip(), revision=base_req.revision if same else None, contract=contract,
                               budget=int(budget), evaluator=(base_req.evaluator if same else None) or "matched",
                               n_boot=int(boot))
-    common.policy().check_request(request)
+    pol.check_request(request)
 except SwapklError as e:
     request, err = None, str(e)
 if err:

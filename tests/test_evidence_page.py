@@ -116,3 +116,22 @@ def test_evidence_page_renders_three_figures(cache, evidence_job):
     at.switch_page("app.py").run()
     assert not at.exception, at.exception
     assert any("How far to trust it" in m.value and d["headline"] in m.value for m in at.markdown)
+
+
+def test_demo_mode_evidence_page_offers_the_allow_list_only(cache, monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SWAPKL_DEMO", "1")
+    monkeypatch.setenv("SWAPKL_DEMO_MODELS", f"default,{STORIES_REL}")
+    monkeypatch.setenv("SWAPKL_DEMO_MAX_EVIDENCE_BOOT", "100")
+    st.cache_resource.clear()
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/evidence.py").run()
+    assert not at.exception, at.exception
+    assert not [t for t in at.text_input if t.key == "w_ev_model"]  # no typed checkpoint
+    assert at.selectbox(key="w_ev_model").options == ["default", STORIES_REL]
+    assert at.number_input(key="w_ev_boot").max == 100 and at.number_input(key="w_ev_budget").max == 6
+    from pages import common
+
+    assert common.manager().jobs() == []
