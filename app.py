@@ -121,6 +121,22 @@ def recommendation_view(job) -> None:
                            provenance={"chosen_by": f"recommend, n={n}", "measured_on": plots.contract_caption(rec)})
 
 
+def evidence_line(job) -> None:
+    """The evidence headline (docs/evidence.md) for this model and contract when an evidence job has finished,
+    else a pointer to the Evidence page."""
+    ev = None
+    for j in common.manager().jobs(viewer=common.session_id()):
+        r = j.request
+        if (r.kind == "evidence" and j.evidence is not None and r.model == job.request.model
+                and r.revision == job.request.revision and r.contract == job.request.contract):
+            ev = j.evidence
+            break
+    if ev is not None:
+        st.markdown(f"**How far to trust it:** {ev['headline']}")
+    st.page_link("pages/evidence.py", label="Evidence: ground truth, agreement and stability of every layer signal",
+                 icon=":material/fact_check:")
+
+
 def summary_view(job) -> None:
     """The first view (below the progress line that :func:`pages.common.live` draws): the lead figure (depth profile for adjacent pairs, else the heatmaps), the
     regime verdict with its evidence, best pairs and the gap statistics.  Everything derived from the result is
@@ -144,6 +160,7 @@ def summary_view(job) -> None:
     else:
         st.markdown(f"### {verdict['regime']} — prefer {verdict['prefer']}")
         st.write(verdict["sentence"])
+    evidence_line(job)
     if job.running:  # while computing, redraws stay light: the figure and the verdict; the tables come at the end
         st.caption("Evidence tables, best pairs and the gap statistics follow when the run is done.")
         return
@@ -199,7 +216,9 @@ def main() -> None:
              st.Page(str(HERE / "pages" / "heatmaps.py"), title="Heatmaps", icon=":material/grid_on:", url_path="heatmaps"),
              st.Page(str(HERE / "pages" / "curves.py"), title="Removal curves", icon=":material/trending_up:", url_path="curves"),
              st.Page(str(HERE / "pages" / "trajectory.py"), title="Training trajectory", icon=":material/timeline:",
-                     url_path="trajectory")]
+                     url_path="trajectory"),
+             st.Page(str(HERE / "pages" / "evidence.py"), title="Evidence", icon=":material/fact_check:",
+                     url_path="evidence")]
     nav = st.navigation(pages)
     common.sidebar()
     nav.run()

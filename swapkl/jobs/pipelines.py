@@ -128,3 +128,19 @@ def run_trajectory(job: Job) -> None:
 
     job.trajectory = compute_trajectory(specs, req.contract, progress=prog, should_stop=job.should_stop,
                                         on_checkpoint=on_checkpoint)
+
+
+def run_evidence(job: Job, models: ModelCache) -> None:
+    """Ground truth, every signal, agreement and stability (:func:`swapkl.evidence.run.compute_evidence`)."""
+    from swapkl.evidence.run import compute_evidence  # deferred: torch-based modules behind it
+
+    req = job.request
+    c = req.contract
+    job.phase(1, 2, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
+    ck = models.get(req.model, req.revision, c.dtype, c.device)
+    job.checkpoint = ck
+    ev = evaluator_of(req)
+    check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
+    job.phase(2, 2, "evidence: swap-KL, ground truth per layer, signals, agreement, stability")
+    job.evidence = compute_evidence(ck, c, ev, load_corpus(c.corpus), budget=req.budget, n_boot=5 * req.n_boot,
+                                    n_stability=req.n_boot, progress=job.tick, should_stop=job.should_stop)

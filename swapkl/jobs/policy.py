@@ -11,7 +11,8 @@ Demo mode is on with ``SWAPKL_DEMO=1`` (``./run.sh --demo`` sets it) or ``enable
     max_queued = 8                    # computations queued or running on the whole server
     max_prompt_tokens = 4096          # prompts x tokens of one contract
     pair_sets = ["adjacent", "gap:2", "gap:3"]
-    max_budget = 6                    # layers removed at most (removal curves)
+    max_budget = 6                    # layers removed at most (removal curves, evidence stability)
+    max_evidence_boot = 200           # bootstrap resamples of one evidence request
     upload_mb = 16                    # size of an opened result file
 
 Environment variables override the file: ``SWAPKL_DEMO_MODELS`` (comma-separated), ``SWAPKL_DEMO_MAX_JOBS``,
@@ -60,6 +61,7 @@ class Policy:
     pair_sets: tuple = ("adjacent", "gap:2", "gap:3")
     max_budget: int = 6
     upload_mb: int = 16
+    max_evidence_boot: int = 200  # prompt resamples of one evidence request (its agreement CIs use 5x)
     extra: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
@@ -83,7 +85,8 @@ class Policy:
         kw = {"demo": demo, "models": _models(models)}
         for key, var in (("max_jobs_per_session", "SWAPKL_DEMO_MAX_JOBS"), ("max_queued", "SWAPKL_DEMO_MAX_QUEUED"),
                          ("max_prompt_tokens", "SWAPKL_DEMO_MAX_PROMPT_TOKENS"),
-                         ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB")):
+                         ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"),
+                         ("max_evidence_boot", "SWAPKL_DEMO_MAX_EVIDENCE_BOOT"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB")):
             raw = env.get(var, conf.get(key))
             if raw is not None:
                 try:
@@ -142,6 +145,14 @@ class Policy:
             if request.budget > self.max_budget:
                 raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
                                   f"{request.budget} asked")
+        elif request.kind == "evidence":
+            self.check_model(request.model, request.revision)
+            if request.budget > self.max_budget:
+                raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
+                                  f"{request.budget} asked")
+            if request.n_boot > self.max_evidence_boot:
+                raise PolicyError(f"this demo server allows at most {self.max_evidence_boot} bootstrap resamples; "
+                                  f"{request.n_boot} asked")
         elif not getattr(request, "train_demo", False):
             self.check_checkpoint_list(request.checkpoints)
 

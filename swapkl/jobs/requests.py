@@ -63,6 +63,38 @@ class AnalysisRequest:
 
 
 @dataclass(frozen=True)
+class EvidenceRequest:
+    """How far to trust a layer ranking (docs/evidence.md): ground truth, agreement and stability for the model
+    under ``contract``; ``budget``: stability for n = 1..budget; ``n_boot``: prompt resamples for stability
+    (the agreement CIs use ``5 * n_boot``)."""
+
+    model: str = "default"
+    revision: str | None = None
+    contract: Contract = field(default_factory=Contract)
+    budget: int = 4
+    evaluator: Any = None
+    n_boot: int = 200
+    kind: str = "evidence"
+
+    def __post_init__(self):
+        object.__setattr__(self, "model", str(self.model).strip())
+        object.__setattr__(self, "revision", (str(self.revision).strip() or None) if self.revision else None)
+        object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
+        object.__setattr__(self, "budget", int(self.budget))
+        object.__setattr__(self, "n_boot", int(self.n_boot))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "revision": self.revision,
+                "contract": self.contract.to_dict(), "budget": self.budget, "evaluator": self.evaluator,
+                "n_boot": self.n_boot}
+
+    def label(self) -> str:
+        m = self.model + (f"@{self.revision}" if self.revision else "")
+        c = self.contract
+        return f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · B={self.n_boot}"
+
+
+@dataclass(frozen=True)
 class TrajectoryRequest:
     """Both protocols on every checkpoint of ``checkpoints`` (a list text for
     :func:`swapkl.trajectory.checkpoints.parse_checkpoints`) under ``contract``.  ``train_demo=True``: ``checkpoints`` is
@@ -102,7 +134,7 @@ def quick_fingerprint(model: str, revision: str | None = None) -> str:
 def request_key(request) -> str:
     """The job key: hash of the request, the model fingerprint(s) and the swapkl version."""
     d = request.to_dict()
-    if request.kind == "analysis":
+    if request.kind in ("analysis", "evidence"):
         d["fingerprint"] = quick_fingerprint(request.model, request.revision)
     elif getattr(request, "train_demo", False):
         d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings

@@ -36,6 +36,8 @@ def _pipeline(job: Job, models: ModelCache) -> None:
     heavy.ensure()  # waits for the warm-up's imports instead of racing them
     if job.request.kind == "trajectory":
         pipelines.run_trajectory(job)
+    elif job.request.kind == "evidence":
+        pipelines.run_evidence(job, models)
     else:
         pipelines.run_analysis(job, models)
 

@@ -33,6 +33,8 @@ class SnapshotStore:
         data = {"request": job.request.to_dict(), "finished": time.time()}
         if job.request.kind == "trajectory":
             data["trajectory"] = job.trajectory.to_dict()
+        elif job.request.kind == "evidence":
+            data["evidence"] = job.evidence.to_dict()
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
@@ -55,6 +57,12 @@ class SnapshotStore:
             if job.request.kind == "trajectory":
                 traj = Trajectory.from_dict(data["trajectory"], f"snapshot {where}")
                 parts = {"trajectory": traj, "result": traj.results[-1] if traj.results else None}
+            elif job.request.kind == "evidence":
+                from swapkl.evidence.run import EvidenceResult
+
+                if not isinstance(data.get("evidence"), dict) or "ground_truth" not in data["evidence"]:
+                    return False
+                parts = {"evidence": EvidenceResult(data["evidence"])}
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False

@@ -73,6 +73,16 @@ once, :func:`swapkl.store.warn_unwritable`, and the memo goes on in memory).  ``
             self.disk_writable = False
             warn_unwritable(self._file(key), e)
 
+    def peek(self, text_key: str, removed: Iterable[int]):
+        """The stored evaluation (memory, then the folder) or None; never computes, counts nothing."""
+        key = (text_key, frozenset(int(i) for i in removed))
+        if key in self.store:
+            return self.store[key]
+        val = self._load(key) if self.disk is not None else None
+        if val is not None:
+            self.store[key] = val
+        return val
+
     def get(self, text_key: str, removed: Iterable[int], compute: Callable[[], object]):
         key = (text_key, frozenset(int(i) for i in removed))
         if key in self.store:

@@ -1,0 +1,101 @@
+"""Evidence page: how far to trust a layer ranking on this checkpoint -- the measured cost of removing each layer
+alone (held-out ΔPPL with CIs), every signal's rank agreement with it (heatmap, CIs on hover), and the stability of
+the chosen sets under a bootstrap of the scoring prompts.  Computation: :func:`swapkl.evidence.run.compute_evidence`
+through the job system; figures: :mod:`swapkl.evidence.figures` (docs/evidence.md)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from swapkl.contract import Contract
+from swapkl.errors import SwapklError
+from swapkl.jobs import EvidenceRequest
+
+st.title("Evidence")
+st.caption("Which layer signal to believe on this checkpoint, and how firmly: the cost of removing each layer "
+           "alone on held-out text (disjoint from the scoring prompts and the calibration text), how well each "
+           "signal ranks it, and how often each layer is chosen when the scoring prompts are resampled.")
+
+analysis = common.current_job("analysis")
+base_req = analysis.request if analysis is not None else None
+st.session_state.setdefault("w_ev_model", base_req.model if base_req is not None else "default")
+st.session_state.setdefault("w_ev_budget", 4)
+st.session_state.setdefault("w_ev_boot", 200)
+pol = common.policy()
+c1, c2, c3 = st.columns([3, 1, 1])
+if pol.demo:  # a visitor picks from the allow-list; nothing typed reaches the loader
+    offered = list(pol.models)
+    if st.session_state["w_ev_model"] not in offered:
+        st.session_state["w_ev_model"] = offered[0]
+    model = c1.selectbox("Checkpoint", offered, key="w_ev_model")
+else:
+    model = c1.text_input("Checkpoint", key="w_ev_model")
+budget = c2.number_input("budget n (stability for 1..n)", 1, pol.max_budget if pol.demo else 64, key="w_ev_budget",
+                         step=1)
+boot = c3.number_input("bootstrap B", 10, pol.max_evidence_boot if pol.demo else 2000, key="w_ev_boot", step=10)
+request, err = None, None
+try:
+    if not model.strip():
+        raise SwapklError("choose a checkpoint")
+    same = base_req is not None and base_req.model == model.strip()
+    contract = base_req.contract if same else Contract()
+    request = EvidenceRequest(model=model.strip(), revision=base_req.revision if same else None, contract=contract,
+                              budget=int(budget), evaluator=(base_req.evaluator if same else None) or "matched",
+                              n_boot=int(boot))
+    pol.check_request(request)
+except SwapklError as e:
+    request, err = None, str(e)
+if err:
+    st.error(err)
+else:
+    st.code(request.label(), language=None, wrap_lines=True)
+
+job = None
+if st.button("Compute evidence", type="primary", disabled=request is None, key="compute_evidence"):
+    job = common.start(request)
+elif request is not None:
+    job = common.find(request)
+if job is None:
+    job = common.current_job("evidence")
+
+
+def body(job) -> None:
+    from swapkl.evidence.figures import evidence_figures
+    from swapkl.evidence.report import caption, csv_text
+
+    if job.evidence is None:
+        if job.running:
+            st.info("The figures appear when the evidence is complete (ground truth, signals, bootstrap).")
+        return
+    d = common.memo("evidence_dict", (job.key, job.updates["evidence"]), job.evidence.to_dict)
+    cap = caption(d)
+    st.markdown(f"**{d['headline']}**")
+    st.caption(f"contract: {cap}")
+    figs = common.memo("evidence_figs", (job.key, job.updates["evidence"]), lambda: evidence_figures(d))
+    st.plotly_chart(figs["agreement"], key="ev_agreement")
+    st.plotly_chart(figs["ground_truth"], key="ev_ground_truth")
+    st.plotly_chart(figs["stability"], key="ev_stability")
+    unstable = [f"{s} n={n}" for s, per in d["stability"].items() for n, v in per.items() if v["unstable"]]
+    if unstable:
+        st.warning("unstable (P(same set) < 0.8): " + ", ".join(unstable))
+    r = d.get("region")
+    if r:
+        st.caption(f"region effect: ground truth on words {r['region_1'].get('words')} vs "
+                   f"{r['region_2'].get('words')}: ρ = {r['spearman_ppl']:.2f}")
+    for n in d.get("notes", []):
+        st.caption(f"note: {n}")
+    if job.running:
+        return
+    st.markdown("**Downloads** (each carries its contract)")
+    a, b = st.columns(2)
+    with a:
+        st.download_button("CSV", csv_text(d), file_name="evidence.csv", mime="text/csv", key="dl_ev_csv")
+    with b:
+        common.download_json(d, "evidence", key="dl_ev_json")
+
+
+if job is not None:
+    st.divider()
+    common.live(job, body, "evidence", watch=("evidence",))
+else:
+    st.info("Press **Compute evidence**; evaluations already cached (ground truth, scores) are reused.")

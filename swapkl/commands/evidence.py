@@ -1,0 +1,80 @@
+"""``python -m swapkl evidence MODEL [--budget N]``: how far to trust a layer ranking: the measured cost of removing
+each layer alone (held-out ΔPPL % and KL, with CIs), every signal on the same layers, their rank agreement and the
+stability of the chosen sets under a bootstrap of the scoring prompts (docs/evidence.md)."""
+from __future__ import annotations
+
+import sys
+
+from swapkl.commands.common import (add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+                                    load_from_args)
+from swapkl.errors import SwapklError
+from swapkl.scoring import corpora
+
+SIGNALS = ("bi", "cka", "taylor", "sleb")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evidence", help="ground truth per layer, agreement and stability of every layer signal")
+    add_model_args(p)
+    p.add_argument("--budget", type=int, default=4, help="stability for n = 1..N removed layers (default 4)")
+    p.add_argument("--eval-text", default=None, metavar="PATH",
+                   help="text file: its evaluation region is the held-out text, the rest gives calibration text")
+    p.add_argument("--evaluator", default="matched", choices=["matched", "standard"],
+                   help="matched: 5,000 words, window 512, stride 256; standard: 20,000 words, 1024/512")
+    p.add_argument("--max-words", type=int, default=None,
+                   help="override the evaluator's word count (a labelled, non-standard contract; for quick runs)")
+    p.add_argument("--boot", type=int, default=200, help="prompt resamples for the stability figures (default 200)")
+    p.add_argument("--boot-agreement", type=int, default=1000, help="resamples for the agreement CIs (default 1000)")
+    p.add_argument("--regions", type=int, default=2, choices=[1, 2],
+                   help="evaluation regions (2: also the next words of the evaluation region, for the region effect)")
+    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens for bi/cka/taylor/sleb")
+    p.add_argument("--compare-seed", type=int, action="append", default=[], metavar="S",
+                   help="also score with prompt seed S (repeatable) and report the rank agreement of the swap-KL "
+                        "layer scores between the two contracts")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the evidence JSON here")
+    p.add_argument("--quiet", action="store_true")
+    add_contract_args(p)
+    p.set_defaults(func=run)
+
+
+def run(a) -> int:
+    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; --help must not
+
+    if a.budget < 1:
+        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    if a.boot < 10 or a.boot_agreement < 10:
+        raise SwapklError("--boot and --boot-agreement must be at least 10")
+    if a.calib_tokens is not None and a.calib_tokens < 16:
+        raise SwapklError(f"--calib-tokens must be at least 16 (got {a.calib_tokens})")
+    check_outputs(a, {"--json": a.json}, inputs=[a.eval_text])
+    ev = get_evaluator(a.evaluator)
+    if a.max_words is not None:
+        if a.max_words < 1:
+            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
+        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
+    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    contract = contract_from_args(a)
+    from swapkl.evidence.run import compute_evidence, regions  # deferred: the CLI's --help stays light
+
+    regions(corpus, ev, a.regions)  # overlapping or too short regions fail before the model is loaded
+    ck = load_from_args(a)
+    from swapkl.removal.curves import check_evaluator_context
+
+    check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
+
+    def prog(done, total, msg):
+        if not a.quiet:
+            print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
+
+    res = compute_evidence(ck, contract, ev, corpus, budget=a.budget, n_boot=a.boot_agreement,
+                           n_stability=a.boot, n_regions=a.regions, calib_tokens=a.calib_tokens,
+                           signals=SIGNALS, use_cache=not a.no_cache, progress=prog,
+                           compare_contracts=[contract.with_(seed=s) for s in a.compare_seed])
+    return emit(a, res, render)
+
+
+
+def render(r) -> str:
+    from swapkl.evidence.report import text_tables  # deferred: plain text formatting
+
+    return text_tables(r.to_dict())

@@ -1,0 +1,1 @@
+"""How far to trust a ranking: ground truth, agreement and stability for every layer signal (docs/evidence.md)."""

@@ -1,0 +1,134 @@
+"""Rank agreement between layer signals and the ground truth (docs/evidence.md §3).
+
+Point values are :func:`scipy.stats.spearmanr` / :func:`scipy.stats.kendalltau` (tau-b) on the emitted vectors,
+over the layers where both are finite.  CIs: one joint bootstrap; replicate b draws the scoring prompts (signals
+with per-prompt values are recomputed) and, independently, the evaluation windows (the ground truth is recomputed,
+paired with its baseline); every coefficient of replicate b comes from the same draws, so differences between two
+signals' coefficients are paired.  Per replicate the coefficients are computed by :func:`spearman_rows` /
+:func:`kendall_rows`, the same definitions vectorised (tests check them against scipy).
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+GT_NAMES = ("ground_truth_ppl", "ground_truth_kl")
+
+
+def _finite(a, b):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    m = np.isfinite(a) & np.isfinite(b)
+    return a[m], b[m]
+
+
+def spearman(a, b) -> float:
+    x, y = _finite(a, b)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(stats.spearmanr(x, y).statistic)
+
+
+def kendall(a, b) -> float:
+    x, y = _finite(a, b)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(stats.kendalltau(x, y).statistic)
+
+
+def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman ρ of every row pair of (B, n) arrays (average ranks for ties, as scipy): Pearson of the ranks."""
+    ra = stats.rankdata(a, axis=1)
+    rb = stats.rankdata(b, axis=1)
+    ra = ra - ra.mean(1, keepdims=True)
+    rb = rb - rb.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (ra * rb).sum(1) / np.sqrt((ra ** 2).sum(1) * (rb ** 2).sum(1))
+
+
+def kendall_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Kendall τ-b of every row pair of (B, n) arrays: ``Σ sx·sy / sqrt(Σ|sx| Σ|sy|)`` over pairs i < j."""
+    n = a.shape[1]
+    iu, ju = np.triu_indices(n, 1)
+    sx = np.sign(a[:, iu] - a[:, ju])
+    sy = np.sign(b[:, iu] - b[:, ju])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (sx * sy).sum(1) / np.sqrt(np.abs(sx).sum(1) * np.abs(sy).sum(1))
+
+
+def _ci(v: np.ndarray) -> list:
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return [None, None]
+    return [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+
+
+def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0) -> dict:
+    """``{name: (n_boot, L)}``: every signal and both ground truths under the joint bootstrap (module docstring).
+    Signals without per-prompt values stay at their full-sample value."""
+    rng = np.random.default_rng(seed)
+    pidx = rng.integers(0, max(1, num_prompts), size=(n_boot, max(1, num_prompts)))
+    widx = rng.integers(0, len(gt.counts), size=(n_boot, len(gt.counts)))
+    out = {}
+    for s in signals:
+        out[s.name] = s.resample(pidx) if s.resample is not None else np.repeat(s.values[None], n_boot, 0)
+    d, k = gt.resampled(widx)
+    out[GT_NAMES[0]], out[GT_NAMES[1]] = d, k
+    return out
+
+
+def agreement(vectors: dict, replicates: dict) -> dict:
+    """Spearman and Kendall between every pair of ``vectors`` ({name: (L,)}) with 95 % CIs from ``replicates``
+    ({name: (B, L)}).  Returns ``{"spearman": {a: {b: ρ}}, "spearman_ci": {a: {b: [lo, hi]}}, "kendall": ...,
+    "kendall_ci": ...}``."""
+    names = list(vectors)
+    out = {"spearman": {}, "kendall": {}, "spearman_ci": {}, "kendall_ci": {}}
+    for a in names:
+        for key in out:
+            out[key][a] = {}
+    for ia, a in enumerate(names):
+        for b in names[ia:]:
+            m = np.isfinite(vectors[a]) & np.isfinite(vectors[b])
+            for key, point, rows in (("spearman", spearman, spearman_rows), ("kendall", kendall, kendall_rows)):
+                v = point(vectors[a], vectors[b]) if a != b else 1.0
+                ci = _ci(rows(replicates[a][:, m], replicates[b][:, m])) if a != b else [1.0, 1.0]
+                out[key][a][b] = out[key][b][a] = v
+                out[key + "_ci"][a][b] = out[key + "_ci"][b][a] = ci
+    return out
+
+
+def compare_to(truth: str, signal_names, vectors: dict, replicates: dict) -> dict:
+    """Which signal predicts ``truth`` best (Spearman), and every other signal against it: the paired bootstrap CI
+    of ρ(best) - ρ(other) and ``"indistinguishable"`` (CI includes 0) or ``"worse"``."""
+    rho = {s: spearman(vectors[s], vectors[truth]) for s in signal_names}
+    ranked = sorted((s for s in signal_names if np.isfinite(rho[s])), key=lambda s: -rho[s])
+    if not ranked:
+        return {"truth": truth, "best": None, "rho": rho, "others": {}}
+    best = ranked[0]
+    m_t = np.isfinite(vectors[truth])
+    reps = {}
+    for s in ranked:
+        m = m_t & np.isfinite(vectors[s])
+        reps[s] = spearman_rows(replicates[s][:, m], replicates[truth][:, m])
+    others = {}
+    for s in ranked[1:]:
+        lo, hi = _ci(reps[best] - reps[s])
+        others[s] = {"rho": rho[s], "diff_ci": [lo, hi],
+                     "verdict": "indistinguishable" if lo is None or lo <= 0 <= hi else "worse"}
+    return {"truth": truth, "best": best, "rho": rho, "best_ci": _ci(reps[best]), "others": others}
+
+
+def headline(cmp: dict, what: str = "single-layer removal cost (held-out ΔPPL)") -> str:
+    """One sentence: the best predictor with its ρ and CI, those indistinguishable from it, those significantly worse."""
+    best = cmp.get("best")
+    if best is None:
+        return "no signal could be ranked against the ground truth"
+    lo, hi = cmp["best_ci"]
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else ""
+    s = f"on this checkpoint {best} predicts {what} best (ρ = {cmp['rho'][best]:.2f}{ci})"
+    same = [k for k, v in cmp["others"].items() if v["verdict"] == "indistinguishable"]
+    worse = [k for k, v in cmp["others"].items() if v["verdict"] == "worse"]
+    if same:
+        s += f"; {', '.join(same)} {'is' if len(same) == 1 else 'are'} indistinguishable from it"
+    if worse:
+        s += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} significantly worse"
+    return s + "."

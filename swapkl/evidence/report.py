@@ -1,0 +1,118 @@
+"""Plain-text tables and CSV of an evidence dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`): what the CLI
+prints, the bench shows and the downloads hold.  Every table ends with the contract caption."""
+from __future__ import annotations
+
+import csv
+import io
+
+from swapkl.contract import Provenance
+
+GT = ("ground_truth_ppl", "ground_truth_kl")
+
+
+def provenance(d: dict) -> Provenance:
+    c = d.get("contract") or {}
+    sc = dict(c.get("scoring") or {})
+    extra = [f"budget {d.get('budget')}"]
+    bs = c.get("bootstrap") or {}
+    if bs:
+        extra.append(f"bootstrap B={bs.get('agreement')} (agreement), B={bs.get('stability')} (stability)")
+    regs = c.get("regions") or {}
+    if regs:
+        extra.append("regions " + ", ".join(f"{k} words {v[0]}-{v[1]}" for k, v in regs.items()))
+    return Provenance(model=c.get("model"), contract=sc, evaluator=c.get("evaluator"), extra=tuple(extra))
+
+
+def caption(d: dict) -> str:
+    from swapkl.views.captions import contract_caption  # deferred: plotly-free, but keep this module light
+
+    return contract_caption(provenance(d))
+
+
+def _n(x, fmt="{:.2f}"):
+    return "-" if x is None else fmt.format(x)
+
+
+def _ci(ci, fmt="{:.2f}"):
+    if not ci or ci[0] is None:
+        return ""
+    return f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]"
+
+
+def ground_truth_table(d: dict) -> list[str]:
+    g = d["ground_truth"]
+    lines = [f"ground truth (remove one layer; baseline PPL {_n(g.get('baseline_ppl'), '{:.4g}')}, "
+             f"{g.get('n_windows')} windows):",
+             "  layer   ΔPPL %  [95% CI]                 KL nats [95% CI]"]
+    for i, k in enumerate(d["layers"]):
+        lines.append(f"  {k:>5}  {_n(g['delta_ppl_pct'][i], '{:+9.2f}')}{_ci(g['delta_ppl_pct_ci'][i], '{:+.2f}'):<24}"
+                     f"  {_n(g['kl'][i], '{:.4f}')}{_ci(g['kl_ci'][i], '{:.4f}')}")
+    return lines
+
+
+def agreement_table(d: dict) -> list[str]:
+    ag = d["agreement"]
+    lines = ["rank agreement with the ground truth (Spearman ρ [95% CI]; Kendall τ [95% CI]):",
+             f"  {'signal':<14} {'vs ΔPPL: ρ':<24} {'τ':<22} {'vs KL: ρ':<24} τ"]
+    for s in d["signals"]:
+        row = f"  {s:<14}"
+        for g in GT:
+            row += (f" {_n(ag['spearman'][s][g]) + _ci(ag['spearman_ci'][s][g]):<24}"
+                    f" {_n(ag['kendall'][s][g]) + _ci(ag['kendall_ci'][s][g]):<22}")
+        lines.append(row)
+    for key in ("headline", "headline_kl"):
+        if d.get(key):
+            lines.append(d[key])
+    return lines
+
+
+def stability_table(d: dict) -> list[str]:
+    lines = ["stability under a bootstrap of the scoring prompts (P(same set); the set; unstable below 0.8):"]
+    for s, per_n in d["stability"].items():
+        cells = []
+        for n, v in per_n.items():
+            flag = " UNSTABLE" if v["unstable"] else ""
+            cells.append(f"n={n}: {v['same_set']:.2f} {v['set']}{flag}")
+        lines.append(f"  {s:<14} " + "; ".join(cells))
+    return lines
+
+
+def region_table(d: dict) -> list[str]:
+    r = d.get("region")
+    if not r:
+        return ["region effect: no second evaluation region"]
+    return [f"region effect (ground truth on words {r['region_1'].get('words')} vs {r['region_2'].get('words')}): "
+            f"ΔPPL ρ = {_n(r['spearman_ppl'])}{_ci(r['spearman_ppl_ci'])}, τ = {_n(r['kendall_ppl'])}"
+            f"{_ci(r['kendall_ppl_ci'])}; KL ρ = {_n(r['spearman_kl'])}{_ci(r['spearman_kl_ci'])}"]
+
+
+def contracts_table(d: dict) -> list[str]:
+    lines = []
+    for row in d.get("contracts") or []:
+        c = row["contract"]
+        cells = [f"{k} ρ = {_n(v)}{_ci(row['spearman_ci'].get(k))}" for k, v in row["spearman"].items()]
+        lines.append(f"same checkpoint, contract seed {c.get('seed')} · {c.get('prompts')}×{c.get('tokens')} · "
+                     f"{c.get('dtype')}: " + "; ".join(cells))
+    return lines
+
+
+def text_tables(d: dict) -> str:
+    lines = ground_truth_table(d) + [""] + agreement_table(d) + [""] + stability_table(d) + [""] + region_table(d)
+    lines += contracts_table(d)
+    lines += [f"note: {n}" for n in d.get("notes", [])]
+    lines.append(caption(d))
+    return "\n".join(lines)
+
+
+def csv_text(d: dict) -> str:
+    """One row per layer: ground truth with CIs and every signal's score (lower = safer); the caption first."""
+    buf = io.StringIO()
+    buf.write(f"# {caption(d)}\n")
+    w = csv.writer(buf)
+    sig = list(d["signals"])
+    w.writerow(["layer", "delta_ppl_pct", "delta_ppl_pct_lo", "delta_ppl_pct_hi", "kl", "kl_lo", "kl_hi", *sig])
+    g = d["ground_truth"]
+    for i, k in enumerate(d["layers"]):
+        w.writerow([k, g["delta_ppl_pct"][i], *g["delta_ppl_pct_ci"][i], g["kl"][i], *g["kl_ci"][i],
+                    *[d["signals"][s][i] for s in sig]])
+    return buf.getvalue()

@@ -1,0 +1,264 @@
+"""``evidence``: ground truth, every signal, their agreement and stability on one checkpoint (docs/evidence.md).
+
+:func:`compute_evidence` is the one entry point (the CLI and the dashboard's pipeline call it); it returns an
+:class:`EvidenceResult` whose :meth:`~EvidenceResult.to_dict` has the keys other tools read: ``layers``,
+``ground_truth`` {``delta_ppl_pct``, ``kl``}, ``signals``, ``agreement`` {``spearman``, ``kendall``}, ``stability``,
+``contract``, plus CIs, the headline, the region effect and timings.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from swapkl.errors import SwapklError
+from swapkl.evidence import agreement as A
+from swapkl.evidence import stability as S
+from swapkl.scoring.results import finite_json
+from swapkl.store import CorruptEntry, dump_json, read_entry, warn_unwritable, write_entry
+
+DEFAULT_BUDGET = 4
+DEFAULT_B_STABILITY = 200
+DEFAULT_B_AGREEMENT = 1000
+REGISTRY_SIGNALS = ("bi", "cka", "taylor", "sleb")
+SIGNAL_KIND = "evidence-signals"
+
+
+@dataclass
+class EvidenceResult:
+    data: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return finite_json(self.data)
+
+    def to_json(self, path=None, indent: int = 2) -> str:
+        return dump_json(self.to_dict(), path, indent)
+
+    def __getitem__(self, k):
+        return self.data[k]
+
+
+def regions(corpus, ev, n_regions: int = 2) -> dict:
+    """Word ranges ``[start, end)`` of the evaluation regions (the first ``ev.max_words`` words, then the next
+    ``ev.max_words`` when ``n_regions`` is 2 and the evaluation region holds them) and of the prompt region (scoring
+    prompts and calibration text).  Raises :class:`SwapklError` if any two overlap (they never should)."""
+    split = corpus.split_point
+    if ev.max_words > split:
+        raise SwapklError(f"corpus '{corpus.name}' has {split} words of evaluation text; the evaluator needs "
+                          f"{ev.max_words}")
+    out = {"evaluation": [0, ev.max_words], "prompts_and_calibration": [split, len(corpus.words)]}
+    if n_regions >= 2 and 2 * ev.max_words <= split:
+        out["evaluation_2"] = [ev.max_words, 2 * ev.max_words]
+    spans = sorted(out.values())
+    for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise SwapklError(f"evaluation and prompt regions overlap ({out}); refusing to compute")
+    return out
+
+
+def _region2_ids(corpus, tokenizer, ev, span):
+    import torch
+
+    text = " ".join(corpus.words[span[0]:span[1]])
+    ids = torch.as_tensor(tokenizer(text)["input_ids"], dtype=torch.long).reshape(-1)
+    return ids if ids.numel() >= ev.window else None
+
+
+def _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report):
+    from swapkl.removal import evaluate as E
+    from swapkl.removal.ground_truth import ground_truth, text_key
+
+    ids = E.eval_ids(corpus, ck.tokenizer, ev)
+    report("ground truth: region 1")
+    gt = ground_truth(ck.model, ids, ev, memo, text_key(corpus, ev), region={"words": spans["evaluation"]},
+                      batch_size=batch_size, should_stop=should_stop)
+    gt2 = None
+    if "evaluation_2" in spans:
+        ids2 = _region2_ids(corpus, ck.tokenizer, ev, spans["evaluation_2"])
+        if ids2 is not None:
+            report("ground truth: region 2")
+            gt2 = ground_truth(ck.model, ids2, ev, memo, text_key(corpus, ev, spans["evaluation_2"][0]),
+                               region={"words": spans["evaluation_2"]}, batch_size=batch_size,
+                               should_stop=should_stop)
+    return gt, gt2
+
+
+def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_cache=True):
+    """Every signal; the forward-pass parts (residual statistics on the scoring prompts, the registry methods'
+    scores) are cached per contract through :mod:`swapkl.store` (:func:`_signal_cache`)."""
+    import torch
+
+    from swapkl.evidence.signals import Signal, prompt_signals, registry_signals, swap_signals
+    from swapkl.removal import methods as M
+    from swapkl.removal.methods.angular import residual_stats
+
+    path = _signal_cache(ck, res, corpus, ev, calib_tokens, names) if use_cache else None
+    cached = None
+    if path is not None:
+        try:
+            cached = read_entry(path, SIGNAL_KIND)
+        except CorruptEntry:
+            cached = None
+    if cached is not None:
+        stats = {k: np.asarray(cached["stats"][k], float) for k in ("angular", "cos_adjacent")}
+        reg = [Signal(r["name"], np.asarray(r["values"], float), r["source"]) for r in cached["registry"]]
+    else:
+        stats = residual_stats(ck.model, torch.as_tensor(res.prompt_token_ids, dtype=torch.long))
+        params = {n: {"calib_tokens": calib_tokens} for n in names} if calib_tokens else {}
+        ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
+                              candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
+                              evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
+        reg = registry_signals(ctx, ck.num_layers, names)
+        if path is not None:
+            data = {"stats": {k: np.asarray(v).tolist() for k, v in stats.items()},
+                    "registry": [{"name": r.name, "values": r.values.tolist(), "source": r.source} for r in reg]}
+            try:
+                write_entry(path, SIGNAL_KIND, data)
+            except OSError as e:
+                warn_unwritable(path, e)
+    return swap_signals(res) + prompt_signals(stats) + reg, stats
+
+
+def _signal_cache(ck, res, corpus, ev, calib_tokens, names):
+    """Where the signals of this model, scoring contract, prompts, calibration text and window are stored; None
+    when the identity cannot name the weights."""
+    from swapkl import __version__
+    from swapkl.contract import stable_hash
+    from swapkl.store import cache_root
+
+    ident = {k: (ck.identity or {}).get(k) for k in ("kind", "id", "revision", "commit", "fingerprint", "dtype")}
+    if not (ident["fingerprint"] or ident["commit"] or (ident["kind"] == "hub" and ident["revision"])):
+        return None
+    key = stable_hash({"model": ident, "contract": res.contract, "prompts": res.prompt_token_ids,
+                       "corpus": corpus.sha256, "calib_tokens": calib_tokens, "window": ev.window,
+                       "names": list(names), "version": __version__})[:24]
+    return cache_root() / "evidence" / f"signals-{key}.json"
+
+
+def _stability(signals, stats, num_prompts, L, budget, n_boot, spacing):
+    from swapkl.removal.selection import default_candidates, max_feasible
+
+    idx = S.prompt_bootstrap(num_prompts, n_boot)
+    cands = default_candidates(L)
+    out, notes = {}, []
+    for s in signals:
+        if s.resample is None:
+            continue
+        reps = s.resample(idx)
+        if s.rule == "guided":
+            out[s.name] = S.signal_stability(s.values, reps, min(budget, max_feasible(cands, spacing)), cands,
+                                             spacing)
+            if len(out[s.name]) < budget:
+                notes.append(f"{s.name}: stability up to n={len(out[s.name])} only: the guided rule's order stops "
+                             f"there (candidates 1..L-2, spacing Δ={spacing})")
+        else:
+            out[s.name] = S.signal_stability(s.values, reps, min(budget, L - 1), list(range(L)), 0)
+    out["angular_blocks"] = S.angular_stability(np.asarray(stats["angular"]), idx, min(budget, L - 1))
+    return out, notes
+
+
+def _region_effect(gt, gt2, n_boot):
+    if gt2 is None:
+        return None
+    rng = np.random.default_rng(2)
+    d1, k1 = gt.resampled(rng.integers(0, len(gt.counts), (n_boot, len(gt.counts))))
+    d2, k2 = gt2.resampled(rng.integers(0, len(gt2.counts), (n_boot, len(gt2.counts))))
+    out = {"region_1": gt.region, "region_2": gt2.region, "delta_ppl_pct_2": gt2.delta_ppl_pct, "kl_2": gt2.kl}
+    for name, a, b, ra, rb in (("ppl", gt.delta_ppl_pct, gt2.delta_ppl_pct, d1, d2), ("kl", gt.kl, gt2.kl, k1, k2)):
+        out[f"spearman_{name}"] = A.spearman(a, b)
+        out[f"spearman_{name}_ci"] = A._ci(A.spearman_rows(ra, rb))
+        out[f"kendall_{name}"] = A.kendall(a, b)
+        out[f"kendall_{name}_ci"] = A._ci(A.kendall_rows(ra, rb))
+    return out
+
+
+def _contract_agreement(ck, res, others, n_boot, use_cache, should_stop) -> list:
+    """Rank agreement of the swap-KL layer scores between the main scoring contract and each of ``others`` (same
+    checkpoint): Spearman ρ with a CI from independent prompt bootstraps of the two results."""
+    from swapkl.evidence.signals import swap_signals
+    from swapkl.scoring.score import score
+
+    mine = {s.name: s for s in swap_signals(res)}
+    rng = np.random.default_rng(3)
+    out = []
+    for c in others:
+        res2 = score(ck, c, use_cache=use_cache, should_stop=should_stop)
+        row = {"contract": res2.contract, "spearman": {}, "spearman_ci": {}, "kendall": {}}
+        for s2 in swap_signals(res2):
+            s1 = mine[s2.name]
+            row["spearman"][s2.name] = A.spearman(s1.values, s2.values)
+            row["kendall"][s2.name] = A.kendall(s1.values, s2.values)
+            if s1.resample is not None and s2.resample is not None:
+                i1 = rng.integers(0, res.num_prompts, (n_boot, res.num_prompts))
+                i2 = rng.integers(0, res2.num_prompts, (n_boot, res2.num_prompts))
+                a, b = s1.resample(i1), s2.resample(i2)
+                m = np.isfinite(s1.values) & np.isfinite(s2.values)
+                row["spearman_ci"][s2.name] = A._ci(A.spearman_rows(a[:, m], b[:, m]))
+        out.append(row)
+    return out
+
+
+def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_boot: int = DEFAULT_B_AGREEMENT,
+                     n_stability: int = DEFAULT_B_STABILITY, n_regions: int = 2, calib_tokens: int | None = None,
+                     signals=REGISTRY_SIGNALS, use_cache: bool = True, progress=None, should_stop=None,
+                     batch_size: int | None = None, compare_contracts=()) -> EvidenceResult:
+    """Everything the evidence page and ``swapkl evidence`` show, for checkpoint ``ck`` (a loaded
+    :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``."""
+    from swapkl.removal.memo import EvalMemo, disk_memo
+    from swapkl.scoring.score import score
+
+    t0 = time.perf_counter()
+    L = ck.num_layers
+    if budget < 1 or budget > L - 1:
+        raise SwapklError(f"--budget must be between 1 and {L - 1} for a {L}-layer model (got {budget})")
+    if n_boot < 10 or n_stability < 10:
+        raise SwapklError("bootstrap resamples must be at least 10")
+    spans = regions(corpus, ev, n_regions)
+    steps = []
+
+    def report(msg):
+        steps.append((msg, time.perf_counter() - t0))
+        if progress is not None:
+            progress(len(steps), 6, msg)
+
+    report("swap-KL scores")
+    res = score(ck, contract, use_cache=use_cache, should_stop=should_stop)
+    memo = disk_memo(ck.identity, kl=True) if use_cache else EvalMemo()
+    gt, gt2 = _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report)
+    report("signals")
+    sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop, use_cache)
+    report("agreement")
+    vectors = {s.name: np.asarray(s.values, float) for s in sigs}
+    vectors[A.GT_NAMES[0]] = np.asarray(gt.delta_ppl_pct)
+    vectors[A.GT_NAMES[1]] = np.asarray(gt.kl)
+    reps = A.replicate_vectors(sigs, gt, res.num_prompts, n_boot)
+    agree = A.agreement(vectors, reps)
+    names = [s.name for s in sigs]
+    cmp_ppl = A.compare_to(A.GT_NAMES[0], names, vectors, reps)
+    cmp_kl = A.compare_to(A.GT_NAMES[1], names, vectors, reps)
+    report("stability")
+    spacing = 1
+    stab, notes = _stability(sigs, stats, res.num_prompts, L, budget, n_stability, spacing)
+    region = _region_effect(gt, gt2, n_boot)
+    contracts = _contract_agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
+    if region is None:
+        notes.append("no second evaluation region (the corpus's evaluation region holds one evaluator text only)")
+    contract_d = {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts,
+                  "evaluator": ev.to_dict(), "corpus": corpus.describe(), "regions": spans,
+                  "dtype": ck.dtype, "bootstrap": {"agreement": n_boot, "stability": n_stability,
+                                                   "ground_truth_ci": "1000 window resamples, seed 0"},
+                  "selection": {"guided": f"layers 1..L-2, spacing {spacing}", "others": "every layer, no spacing"}}
+    data = {"layers": list(range(L)),
+            "ground_truth": {"delta_ppl_pct": gt.delta_ppl_pct, "kl": gt.kl,
+                             "delta_ppl_pct_ci": gt.delta_ppl_pct_ci, "kl_ci": gt.kl_ci,
+                             "baseline_ppl": gt.baseline_ppl, "n_windows": int(len(gt.counts))},
+            "signals": {s.name: vectors[s.name].tolist() for s in sigs},
+            "signal_sources": {s.name: s.source for s in sigs},
+            "agreement": agree, "comparison": {"ground_truth_ppl": cmp_ppl, "ground_truth_kl": cmp_kl},
+            "headline": A.headline(cmp_ppl), "headline_kl": A.headline(cmp_kl, "single-layer KL to the base"),
+            "stability": stab, "region": region, "contracts": contracts, "budget": budget, "contract": contract_d, "notes": notes,
+            "timing": {"seconds": time.perf_counter() - t0, "steps": steps,
+                       "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
+                       "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}}
+    return EvidenceResult(data)

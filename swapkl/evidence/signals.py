@@ -1,0 +1,106 @@
+"""Every layer signal on the same layers, oriented lower = safer to remove (docs/evidence.md §2).
+
+A :class:`Signal` holds the full-sample per-layer score and, for signals built from per-prompt quantities, a
+function that recomputes it from a resample of the scoring prompts (``resample(idx)``, idx (B, P) → (B, L)).
+
+* ``replacement`` / ``interchange``: the guided rule's layer score ``min over scored partners of d(i, j)``
+  (:func:`swapkl.removal.selection.layer_scores`), per prompt from the swap-KL vectors the engine keeps;
+* ``bi_prompts``: Block Influence ``1 - mean cos(x_ℓ, x_ℓ+1)`` and ``angular``: ``mean arccos(cos(x_ℓ, x_ℓ+1))/π``,
+  both per scoring prompt (one base forward over the prompts);
+* ``bi``, ``cka`` (as ``1 - CKA``), ``taylor``: the registry methods' own scores on calibration text;
+* ``sleb``: SLEB's first step, the calibration PPL of each single removal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from swapkl.removal.selection import layer_scores
+
+
+@dataclass
+class Signal:
+    name: str
+    values: np.ndarray  # (L,), lower = safer, NaN = not scored
+    source: str
+    resample: Callable[[np.ndarray], np.ndarray] | None = None  # prompt resamples (B, P) -> (B, L)
+    rule: str = "lowest"  # "guided": the swap-KL rule's candidates and spacing; "lowest": every layer, no spacing
+
+
+def pair_layer_min(pairs, values: np.ndarray, L: int) -> np.ndarray:
+    """``s[:, i] = min over pairs (i, j) or (j, i) of values[:, p]``: the layer score of every row of ``values``
+    ((B, npairs) → (B, L)); NaN for a layer without a pair."""
+    out = np.full((values.shape[0], L), np.inf)
+    for p, (i, j) in enumerate(pairs):
+        out[:, i] = np.minimum(out[:, i], values[:, p])
+        out[:, j] = np.minimum(out[:, j], values[:, p])
+    out[np.isinf(out)] = np.nan
+    return out
+
+
+def swap_signals(res) -> list[Signal]:
+    """``replacement`` and ``interchange`` from a :class:`~swapkl.scoring.results.SwapResult` (every scored pair is
+    a partner, as in the guided rule's default)."""
+    L, agg, pairs = res.num_layers, res.aggregation, list(res.pairs)
+    out = []
+    for k, (name, mat) in enumerate((("replacement", res.replacement()), ("interchange", res.interchange()))):
+        def resample(idx, k=k):
+            return pair_layer_min(pairs, res._pair_stat_boot(idx, agg)[k], L)
+        out.append(Signal(name, layer_scores(mat), f"swap-KL, {len(pairs)} pairs, min over partners",
+                          resample if res.num_prompts > 1 else None, rule="guided"))
+    return out
+
+
+def prompt_signals(stats: dict) -> list[Signal]:
+    """``bi_prompts`` and ``angular`` from :func:`swapkl.removal.methods.angular.residual_stats` on the scoring
+    prompts (rows = prompts)."""
+    cos = np.asarray(stats["cos_adjacent"])  # (P, L)
+    ang = np.asarray(stats["angular"])
+    L = cos.shape[1]
+    a1 = ang[:, np.arange(L), np.arange(L) + 1]  # (P, L): d(ℓ, ℓ+1)
+    return [Signal("bi_prompts", 1.0 - cos.mean(0), "Block Influence per scoring prompt",
+                   lambda idx: 1.0 - cos[idx].mean(1)),
+            Signal("angular", a1.mean(0), "angular distance (block size 1) per scoring prompt",
+                   lambda idx: a1[idx].mean(1))]
+
+
+def registry_signals(ctx, L: int, names=("bi", "cka", "taylor", "sleb")) -> list[Signal]:
+    """The registry methods' own per-layer scores on calibration text (``ctx``: a
+    :class:`~swapkl.removal.methods.MethodContext`)."""
+    from swapkl.removal import methods as M
+
+    if "sleb" in names:
+        prefill_sleb(ctx, int(ctx.param("sleb", "calib_tokens", 1024)))
+    out = []
+    for name in names:
+        info = M.get(name).func(ctx, 1).info
+        if name == "sleb":
+            trials = info["steps"][0]["trials"]
+            v = np.array([trials.get(str(i), np.nan) for i in range(L)], dtype=float)
+            out.append(Signal("sleb", v, "SLEB first step: calibration PPL without the layer"))
+        elif name == "cka":
+            out.append(Signal("cka", 1.0 - np.asarray(info["cka"], float), "1 - linear CKA (calibration text)"))
+        else:
+            out.append(Signal(name, np.asarray(info[name], float), f"{name} (calibration text)"))
+    return out
+
+
+def prefill_sleb(ctx, max_tokens: int) -> None:
+    """Put the calibration PPL of the base model and of every single removal into ``ctx.memo`` under the keys
+    ``MethodContext.calib_ppl`` uses, computed by one prefix-reuse sweep
+    (:func:`swapkl.removal.ground_truth.single_removal_sweep`, equal to the plain evaluations): SLEB's first step
+    then reads them instead of running L evaluations.  Entries already in the memo are kept."""
+    from swapkl.removal.ground_truth import single_removal_sweep
+
+    ids = ctx.calib_ids(max_tokens)
+    win = min(ctx.evaluator.window, ids.numel())
+    key = f"calib:{getattr(ctx.corpus, 'sha256', '?')}:{ids.numel()}:{win}"
+    missing = [i for i in range(ctx.num_layers) if ctx.memo.peek(key, [i]) is None]
+    if not missing:
+        return
+    sw = single_removal_sweep(ctx.model, ids, win, win, layers=missing, kl=False, should_stop=ctx.should_stop)
+    ctx.memo.get(key, [], lambda: sw.baseline)
+    for i, r in sw.removed.items():
+        ctx.memo.get(key, [i], lambda r=r: r)
