@@ -21,7 +21,8 @@ PKG = ROOT / "swapkl"
 #: the modules that import torch at module level; every other module must import without it (the CLI's --help,
 #: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
 TORCH_MODULES = {"swapkl.scoring.score", "swapkl.model.architectures", "swapkl.surgery.blocks", "swapkl.model.checkpoints", "swapkl.scoring.engine",
-                 "swapkl.removal.evaluate", "swapkl.surgery.merge", "swapkl.scoring.prompts", "swapkl.surgery.prune", "swapkl.scoring.reference"}
+                 "swapkl.removal.evaluate", "swapkl.surgery.merge", "swapkl.scoring.prompts", "swapkl.surgery.prune", "swapkl.scoring.reference",
+                 "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal"}
 #: runs the CLI when imported
 NOT_IMPORTABLE = {"swapkl.__main__"}
 
