@@ -285,3 +285,22 @@ def test_cli_end_to_end(stories_path, small_corpus, tmp_path):
     assert d["recipe"]["steps"] == 3 and d["recipe"]["tokens_seen"] == 3 * 2 * 32
     assert (out / "model.safetensors").is_file() and (out / "adapter" / "adapter_config.json").is_file()
     assert "recovers" in r.stdout and "contract:" in r.stdout
+
+
+def test_method_set_is_the_methods_own_choice(stories, small_corpus):
+    from swapkl.healing.heal import chosen_set
+    from swapkl.removal.selection import select
+    from swapkl.errors import SwapklError
+
+    L = stories.num_layers
+    d = np.full((L, L), np.nan)
+    for i in range(L - 1):
+        d[i, i + 1] = d[i + 1, i] = [0.5, 0.1, 0.3, 0.9][i]
+    scores = {"interchange": d, "replacement": d[::-1, ::-1].copy()}
+    for method in ("interchange", "replacement"):
+        got, sel = chosen_set(stories.model, stories.tokenizer, method, 2, scores, small_corpus, EV, spacing=0)
+        assert got == select(scores[method], 2, spacing=0)[-1] and sel["method"] == method and sel["n"] == 2
+    with pytest.raises(SwapklError, match="seeded"):
+        chosen_set(stories.model, stories.tokenizer, "random", 1, scores, small_corpus, EV)
+    with pytest.raises(SwapklError, match="budget 3 is larger"):  # one line from the selection rule
+        chosen_set(stories.model, stories.tokenizer, "interchange", 3, scores, small_corpus, EV, spacing=1)
