@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def plain_loop(model, removed, chunks, recipe) -> float:
-    """The textbook transformers + peft loop with the recipe (seconds for ``recipe.steps`` updates)."""
+def plain_stepper(model, removed, chunks, recipe):
+    """The textbook transformers + peft loop with the recipe, one update per call."""
     import copy
 
     import torch
@@ -39,38 +39,42 @@ def plain_loop(model, removed, chunks, recipe) -> float:
     opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=recipe.lr)
     g = torch.Generator().manual_seed(recipe.seed)
     pm.train()
-    t = time.perf_counter()
-    for _ in range(recipe.steps):
+
+    def step():
         x = chunks[torch.randint(0, len(chunks), (recipe.batch,), generator=g)]
         loss = pm(input_ids=x, labels=x, use_cache=False).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return time.perf_counter() - t
+    return step
 
 
-def speed(model, removed, chunks, recipe, rounds: int = 7) -> dict:
-    """tokens/s of swapkl's loop (checkpoints on, into a temporary folder) and of the plain loop, each timed on its
-    own loop (set-up excluded), in ``rounds`` paired rounds whose order alternates (the CPU is shared: a paired
-    ratio per round cancels slow drifts in the machine's load)."""
+def speed(model, removed, chunks, recipe) -> dict:
+    """tokens/s of swapkl's loop (checkpoints on, into a temporary folder) and of the plain loop, in lockstep: after
+    each of swapkl's updates (timed from the end of the previous callback: its whole loop body, checkpoint writes
+    included) one plain update runs and is timed, so every pair of updates shares the machine's load of that
+    moment (the CPU is shared).  The first pair (warm-up) is dropped."""
     from swapkl.healing import train as TR
 
-    ours, plain = [], []
-    for k in range(rounds):
-        def mine():
-            with tempfile.TemporaryDirectory() as tmp:
-                ours.append(TR.train(model, removed, chunks, recipe, Path(tmp))[1]["seconds"])
+    plain = plain_stepper(model, removed, chunks, recipe)
+    ours, theirs = [], []
+    mark = [time.perf_counter()]
 
-        def theirs():
-            plain.append(plain_loop(model, removed, chunks, recipe))
+    def progress(step, steps, msg):
+        ours.append(time.perf_counter() - mark[0])
+        t = time.perf_counter()
+        plain()
+        theirs.append(time.perf_counter() - t)
+        mark[0] = time.perf_counter()
 
-        for f in ((mine, theirs) if k % 2 == 0 else (theirs, mine)):
-            f()
-    tok = recipe.steps * recipe.batch * recipe.seq_len
-    ratios = sorted(p / o for o, p in zip(ours, plain))
-    return {"swapkl_tok_s": tok / statistics.median(ours), "plain_tok_s": tok / statistics.median(plain),
-            "ratio": statistics.median(ratios), "ratio_range": [ratios[0], ratios[-1]], "rounds": rounds,
-            "steps": recipe.steps}
+    with tempfile.TemporaryDirectory() as tmp:
+        TR.train(model, removed, chunks, recipe, Path(tmp), progress=progress)
+    ours, theirs = ours[1:], theirs[1:]
+    tok = recipe.batch * recipe.seq_len
+    per_step = sorted(p / o for o, p in zip(ours, theirs))
+    return {"swapkl_tok_s": tok * len(ours) / sum(ours), "plain_tok_s": tok * len(theirs) / sum(theirs),
+            "ratio": sum(theirs) / sum(ours), "median_step_ratio": statistics.median(per_step),
+            "steps": len(ours)}
 
 
 def main() -> int:
@@ -86,7 +90,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--evaluator", default="matched")
     ap.add_argument("--max-words", type=int, default=None)
-    ap.add_argument("--speed-steps", type=int, default=20, help="updates per speed round (0: skip)")
+    ap.add_argument("--speed-steps", type=int, default=30, help="updates of the lockstep speed check (0: skip)")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
     import torch
@@ -131,10 +135,10 @@ def main() -> int:
         tt = training_text(ck.model, ck.tokenizer, corpus, recipe)
         sr = Recipe(**{**recipe.__dict__, "steps": a.speed_steps, "checkpoint_every": 10})  # one write included
         s = speed(ck.model, rows[0][2].removed, tt.chunks, sr)
-        print(f"\ntraining speed ({s['steps']} updates × {sr.batch} × {sr.seq_len} tokens, median of {s['rounds']} "
-              f"paired rounds, order alternating): swapkl {s['swapkl_tok_s']:.0f} tok/s, plain transformers + peft "
-              f"{s['plain_tok_s']:.0f} tok/s; paired ratio median {s['ratio']:.2f} (rounds {s['ratio_range'][0]:.2f}"
-              f"..{s['ratio_range'][1]:.2f}; > 1: swapkl faster)")
+        print(f"\ntraining speed ({s['steps']} updates × {sr.batch} × {sr.seq_len} tokens each, in lockstep, "
+              f"checkpoint every 10): swapkl {s['swapkl_tok_s']:.0f} tok/s, plain transformers + peft "
+              f"{s['plain_tok_s']:.0f} tok/s; ratio {s['ratio']:.2f} (median per-update ratio "
+              f"{s['median_step_ratio']:.2f}; > 1: swapkl faster)")
     return 0
 
 
