@@ -273,18 +273,23 @@ def test_cli_hostile_input(stories_path, wikitext_path, tmp_path, cache_dir, cap
     assert not any(cache_dir.rglob("*.pt")) if cache_dir.exists() else True
 
 
-def test_cli_end_to_end(stories_path, small_corpus, tmp_path):
+def test_cli_end_to_end(stories_path, small_corpus, tmp_path, cache_dir, capsys):
+    from swapkl.commands.cli import main
+
     text = tmp_path / "eval.txt"
     text.write_text(" ".join(small_corpus.words))
     out, js = tmp_path / "healed", tmp_path / "h.json"
-    r = run_cli("heal", stories_path, "--removed", "1,3", "--steps", "3", "--seq-len", "32", "--batch", "2",
-                "--eval-text", text, "--max-words", "300", "--out", out, "--json", js, cache=tmp_path / "c")
-    assert r.returncode == 0, r.stderr
+    args = ["heal", str(stories_path), "--removed", "1,3", "--steps", "3", "--seq-len", "32", "--batch", "2",
+            "--eval-text", str(text), "--max-words", "300", "--out", str(out), "--json", str(js)]
+    assert main(args) == 0
+    stdout = capsys.readouterr().out
     d = json.loads(js.read_text())
     assert {"removed", "ppl", "recovered", "recovered_ci", "recipe", "seconds", "contract"} <= set(d)
     assert d["recipe"]["steps"] == 3 and d["recipe"]["tokens_seen"] == 3 * 2 * 32
     assert (out / "model.safetensors").is_file() and (out / "adapter" / "adapter_config.json").is_file()
-    assert "recovers" in r.stdout and "contract:" in r.stdout
+    assert "recovers" in stdout and "contract:" in stdout and "healing: LoRA r8" in stdout
+    assert main(args[:-4] + ["--json", str(js)]) == 0  # again: both adapters come from the cache
+    assert all(v["cached"] for v in json.loads(js.read_text())["training"].values())
 
 
 def test_method_set_is_the_methods_own_choice(stories, small_corpus):
