@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--evaluator", default="matched")
     ap.add_argument("--max-words", type=int, default=None)
     ap.add_argument("--speed-steps", type=int, default=30, help="updates of the lockstep speed check (0: skip)")
+    ap.add_argument("--prompts", type=int, default=16, help="the scoring contract's prompts (P)")
+    ap.add_argument("--tokens", type=int, default=64, help="... and tokens per prompt (T)")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
     import torch
@@ -111,7 +113,7 @@ def main() -> int:
     if a.max_words:
         ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride)
     recipe = Recipe(steps=a.steps, rank=a.rank, alpha=2.0 * a.rank, lr=a.lr, seq_len=a.seq_len, batch=a.batch)
-    res = score(ck, Contract(corpus=None))
+    res = score(ck, Contract(corpus=None, prompts=a.prompts, tokens=a.tokens))
     scores = {"replacement": res.replacement(), "interchange": res.interchange()}
     print(f"model {ck.identity.get('display')} ({ck.num_layers} layers), corpus {corpus.label}, evaluator "
           f"{ev.name} ({ev.max_words} words, {ev.window}/{ev.stride}); recipe {recipe.describe()}; "
@@ -122,7 +124,7 @@ def main() -> int:
             removed, _ = chosen_set(ck.model, ck.tokenizer, method, n, scores, corpus, ev, spacing=a.spacing)
             t = time.perf_counter()
             r = heal(ck.model, ck.tokenizer, removed, recipe, corpus=corpus, evaluator=ev, identity=ck.identity,
-                     selection={"method": method, "n": n})
+                     prompts=a.prompts, tokens=a.tokens, selection={"method": method, "n": n})
             wall = time.perf_counter() - t
             rows.append((method, n, r, wall))
             d = r.delta_pct
@@ -132,7 +134,7 @@ def main() -> int:
     print()
     print(table(rows, recipe))
     if a.speed_steps:
-        tt = training_text(ck.model, ck.tokenizer, corpus, recipe)
+        tt = training_text(ck.model, ck.tokenizer, corpus, recipe, prompts=a.prompts, tokens=a.tokens)
         sr = Recipe(**{**recipe.__dict__, "steps": a.speed_steps, "checkpoint_every": 10})  # one write included
         s = speed(ck.model, rows[0][2].removed, tt.chunks, sr)
         print(f"\ntraining speed ({s['steps']} updates × {sr.batch} × {sr.seq_len} tokens each, in lockstep, "
