@@ -62,6 +62,26 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """:func:`atomic_write_text` for bytes (a tensor file, a checkpoint): the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def atomic_replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """Put the finished folder ``tmp`` at ``final`` (same filesystem), replacing an old one: readers see the
     old folder or the whole new one.  The old one is first renamed aside, then deleted."""

@@ -23,7 +23,8 @@ PKG = ROOT / "swapkl"
 #: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
 TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.checkpoints", "swapkl.scoring.engine",
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
-                 "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.removal.evaluate"}
+                 "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.removal.evaluate",
+                 "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal"}
 #: runs the CLI when imported
 NOT_IMPORTABLE = {"swapkl.__main__"}
 

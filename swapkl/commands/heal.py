@@ -1,0 +1,186 @@
+"""``python -m swapkl heal MODEL (--removed 13,14,17 | --method interchange --n 3)``: heal the pruned model with a
+short LoRA fine-tune and measure it against the same fine-tune of the unpruned base (docs/healing.md)."""
+from __future__ import annotations
+
+import sys
+import time
+
+from swapkl.commands.common import add_model_args, check_outputs, emit, load_from_args, model_inputs
+from swapkl.errors import SwapklError
+from swapkl.healing.recipe import Recipe
+from swapkl.scoring import corpora
+
+# Deferred imports: torch, transformers, peft and the torch-based swapkl modules are imported by run(): the CLI's
+# --help must not load them.
+
+
+def register(sub) -> None:
+    p = sub.add_parser("heal", help="LoRA-heal a pruned model and measure what it recovers against a fine-tuned base")
+    add_model_args(p)
+    g = p.add_argument_group("the removed set (one of)")
+    g.add_argument("--removed", default=None, metavar="LAYERS", help="comma-separated layer indices, e.g. 13,14,17")
+    g.add_argument("--method", default=None, help="or the set a removal method picks (interchange, replacement, bi, sleb, ...), with --n")
+    g.add_argument("--n", type=int, default=None, help="how many layers --method removes")
+    g.add_argument("--spacing", type=int, default=1, help="the selection rule's Δ for --method (default 1)")
+    r = p.add_argument_group("the recipe")
+    d = Recipe()
+    r.add_argument("--steps", type=int, default=d.steps, help="optimizer updates (default %(default)s)")
+    r.add_argument("--lora-rank", type=int, default=d.rank, help="LoRA rank (default %(default)s)")
+    r.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 × rank)")
+    r.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
+    r.add_argument("--warmup", type=int, default=d.warmup, help="linear warm-up steps (default %(default)s)")
+    r.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per training sequence (default %(default)s)")
+    r.add_argument("--batch", type=int, default=d.batch, help="sequences per update (default %(default)s)")
+    r.add_argument("--seed", type=int, default=d.seed, help="LoRA init, batch order, dropout (default %(default)s)")
+    r.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="resumable checkpoint every k updates (default %(default)s)")
+    r.add_argument("--qlora", action="store_true", help="4-bit base weights through bitsandbytes (CUDA only)")
+    p.add_argument("--train-text", default=None, metavar="FILE",
+                   help="training text (default: the training region of the evaluation corpus); refused when it "
+                        "overlaps the evaluation text or the scoring corpus")
+    p.add_argument("--eval-text", default=None, metavar="FILE",
+                   help="evaluation text (its evaluation region; default WikiText-2 test, hub or local copy)")
+    p.add_argument("--evaluator", default="matched", choices=["matched", "standard"])
+    p.add_argument("--max-words", type=int, default=None, help="override the evaluator's word count (labelled)")
+    s = p.add_argument_group("the scores behind --method (swap-KL contract)")
+    s.add_argument("--pairs", default="adjacent")
+    s.add_argument("--prompts", type=int, default=16)
+    s.add_argument("--tokens", type=int, default=64)
+    s.add_argument("--prompt-seed", type=int, default=0)
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write the merged healed model here (HF folder) and the adapter in DIR/adapter/")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write cached evaluations and adapters")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run)
+
+
+def parse_removed(s: str) -> list[int]:
+    try:
+        out = [int(x) for x in str(s).replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise SwapklError(f"--removed wants comma-separated layer indices such as 13,14,17 (got '{s}')") from None
+    if not out:
+        raise SwapklError("--removed needs at least one layer index")
+    return out
+
+
+def recipe_from_args(a) -> Recipe:
+    alpha = a.lora_alpha if a.lora_alpha is not None else 2.0 * a.lora_rank
+    return Recipe(steps=a.steps, rank=a.lora_rank, alpha=alpha, lr=a.lr, warmup=a.warmup, seq_len=a.seq_len,
+                  batch=a.batch, seed=a.seed, qlora=a.qlora, checkpoint_every=a.checkpoint_every).validate()
+
+
+def _check_args(a):
+    """Every check that needs no model: the set, the recipe, the texts (and their disjointness), the outputs."""
+    from swapkl.healing import text as T  # deferred: pulls torch
+    from swapkl.removal import methods as M
+    from swapkl.removal.evaluate import Evaluator, get_evaluator
+    from swapkl.surgery.outputs import check_output_dir
+
+    if (a.removed is None) == (a.method is None):
+        raise SwapklError("give the removed set: --removed LAYERS or --method NAME --n N (one of them)")
+    removed = parse_removed(a.removed) if a.removed is not None else None
+    if a.spacing < 0:
+        raise SwapklError(f"--spacing must be >= 0 (got {a.spacing})")
+    if a.method is not None:
+        M.get(a.method)  # an unknown name fails here
+        if a.n is None or a.n < 1:
+            raise SwapklError("--method needs --n N (N >= 1 layers to remove)")
+    recipe = recipe_from_args(a)
+    check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text])
+    if a.out:
+        check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a), force_hint="--force")
+    ev = get_evaluator(a.evaluator)
+    if a.max_words is not None:
+        if a.max_words < 1:
+            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
+        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
+    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    if a.train_text:
+        T.check_file_disjoint(corpora.from_file(a.train_text), [("evaluation text", corpus)])
+    return removed, recipe, ev, corpus
+
+
+def run(a) -> int:
+    from swapkl.healing.heal import check_qlora, export_healed, heal  # deferred: pulls torch
+
+    removed, recipe, ev, corpus = _check_args(a)
+    check_qlora(recipe)
+    ck = load_from_args(a)
+    selection = None
+    if a.method is not None:
+        removed, selection = _select(a, ck, corpus, ev)
+    states: dict = {}
+    result = heal(ck.model, ck.tokenizer, removed, recipe, corpus=corpus, evaluator=ev, train_path=a.train_text,
+                  prompts=a.prompts, tokens=a.tokens, prompt_seed=a.prompt_seed, identity=ck.identity,
+                  use_cache=not a.no_cache, progress=_Progress(a.quiet), selection=selection, keep_states=states)
+    if a.out:
+        out = export_healed(ck.model, result.removed, recipe, states["healed"], a.out, ck.tokenizer, ck.identity,
+                            force=a.force, record={"ppl": result.ppl, "recovered": result.recovered,
+                                                   "contract": result.contract})
+        result.notes.append(f"merged healed model written to {out}, adapter to {out}/adapter")
+    return emit(a, result, render)
+
+
+def _select(a, ck, corpus, ev):
+    from swapkl.contract import Contract
+    from swapkl.healing.heal import chosen_set
+    from swapkl.removal import methods as M
+
+    scores = None
+    if M.get(a.method).needs:
+        from swapkl.scoring.score import score  # deferred: pulls torch
+
+        contract = Contract.preset("canonical", pairs=a.pairs, prompts=a.prompts, tokens=a.tokens,
+                                   corpus=a.eval_text, seed=a.prompt_seed, dtype=a.dtype, device=a.device)
+        res = score(ck, contract, use_cache=not a.no_cache)
+        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    removed, sel = chosen_set(ck.model, ck.tokenizer, a.method, a.n, scores, corpus, ev, spacing=a.spacing)
+    if scores is not None:
+        sel["scores"] = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "seed": a.prompt_seed}
+    return removed, sel
+
+
+class _Progress:
+    """``step k/N · elapsed · ETA`` on stderr (a terminal: one updating line; else only the last line)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.tty, self.t0, self.last = quiet, sys.stderr.isatty(), time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int, msg: str) -> None:
+        now = time.perf_counter()
+        if self.quiet or (not self.tty and done != total) or (now - self.last < 0.2 and done != total):
+            return
+        self.last = now
+        el = now - self.t0
+        eta = el / done * (total - done) if done else float("nan")
+        print(f"  {done}/{total}  {el:6.1f}s elapsed  ETA {eta:6.1f}s  {msg:<40}", end="\n" if done == total else
+              "\r", file=sys.stderr, flush=True)
+
+
+def render(r) -> str:
+    from swapkl.views.captions import contract_caption
+
+    d, p = r.delta_pct, r.ppl
+    lines = [f"removed layers {r.removed}" + (f" (chosen by {r.selection['method']}, n = {r.selection['n']})"
+                                               if r.selection.get("method") else ""),
+             f"recipe: {r.contract['recipe_line']} ({r.recipe['tokens_seen']} tokens)",
+             "PPL: " + "  ".join(f"{k} {p[k]:.4g}" for k in ("base", "pruned", "healed", "base_finetuned"))]
+    for key, what in (("pruned_vs_base", "pruned vs base"), ("healed_vs_base", "healed vs base"),
+                      ("base_finetuned_vs_base", "fine-tuned base vs base"),
+                      ("healed_vs_base_finetuned", "healed vs fine-tuned base")):
+        x = d[key]
+        lines.append(f"  ΔPPL {what:<27} {x['value']:+8.1f} % [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
+                     + ("  tie" if x["tie"] else ""))
+    lines.append(r.headline())
+    tr = r.training
+    parts = []
+    for k, v in tr.items():
+        when = "cached" if v.get("cached") else f"{v['seconds']:.1f}s"
+        parts.append(f"{k} {when}, loss {v.get('loss_first') or 0:.3f} → {v.get('loss_last') or 0:.3f}")
+    lines.append("training: " + "; ".join(parts))
+    lines.append(f"contract: {contract_caption(r.provenance())}")
+    lines.extend(f"note: {n}" for n in r.notes)
+    return "\n".join(lines)

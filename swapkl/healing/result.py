@@ -1,0 +1,115 @@
+"""The result of a heal (:class:`HealResult`, JSON-able) and the share of the removal damage recovered, with a
+paired bootstrap CI over the shared evaluation windows (numpy only: no torch).
+
+recovered = 1 − (PPL_healed − PPL_finetuned_base) / (PPL_pruned − PPL_base): 1 when healing brings the pruned
+model to where the same fine-tune brings the unpruned one, 0 when it recovers nothing beyond what the
+fine-tune gives any model on this text.  Each bootstrap resample draws windows with replacement (the project's
+1,000 resamples, seed 0) and computes all four perplexities from the same windows (paired).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from swapkl.contract import Provenance
+from swapkl.store import dump_json
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, finite_json
+
+ROLES = ("base", "pruned", "healed", "base_finetuned")
+
+
+def _boot(nll: dict, counts: np.ndarray, n_boot: int, seed: int) -> dict:
+    """PPL of each role per resample, (n_boot,) arrays; windows drawn with replacement, the same for all roles."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+    c = counts[idx].sum(1)
+    return {r: np.exp(np.asarray(v)[idx].sum(1) / c) for r, v in nll.items()}
+
+
+def recovered_share(ppl: dict) -> float | None:
+    """1 − (healed − base_finetuned) / (pruned − base); None when the removal did no damage (pruned == base)."""
+    damage = ppl["pruned"] - ppl["base"]
+    if not np.isfinite(damage) or abs(damage) < 1e-12:
+        return None
+    return float(1.0 - (ppl["healed"] - ppl["base_finetuned"]) / damage)
+
+
+def compare(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict:
+    """Everything the heal reports from per-window NLL sums ``nll[role]`` ((W,) nats) and ``counts`` ((W,)
+    scored tokens), all on the same windows: ``ppl``, ``ppl_ci``, ``delta_pct`` (pruned/healed/base_finetuned vs
+    base, healed vs base_finetuned) with paired CIs and a tie flag (the CI includes 0), and ``recovered`` with
+    ``recovered_ci``."""
+    counts = np.asarray(counts, dtype=np.int64)
+    nll = {r: np.asarray(nll[r], dtype=np.float64) for r in ROLES}
+    ppl = {r: float(np.exp(nll[r].sum() / counts.sum())) for r in ROLES}
+    boot = _boot(nll, counts, n_boot, seed)
+    ci = {r: [float(np.percentile(boot[r], 2.5)), float(np.percentile(boot[r], 97.5))] for r in ROLES}
+
+    def delta(a, b):
+        vals = 100.0 * (boot[a] / boot[b] - 1.0)
+        lo, hi = float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
+        return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": bool(lo <= 0.0 <= hi)}
+
+    deltas = {"pruned_vs_base": delta("pruned", "base"), "healed_vs_base": delta("healed", "base"),
+              "base_finetuned_vs_base": delta("base_finetuned", "base"),
+              "healed_vs_base_finetuned": delta("healed", "base_finetuned")}
+    rec = recovered_share(ppl)
+    rec_ci = None
+    if rec is not None:
+        damage = boot["pruned"] - boot["base"]
+        with np.errstate(all="ignore"):
+            vals = 1.0 - (boot["healed"] - boot["base_finetuned"]) / damage
+        vals = vals[np.isfinite(vals) & (np.abs(damage) > 1e-12)]
+        if vals.size:
+            rec_ci = [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
+    return {"ppl": ppl, "ppl_ci": ci, "delta_pct": deltas, "recovered": rec, "recovered_ci": rec_ci}
+
+
+@dataclass
+class HealResult:
+    """One heal: ``removed`` (0-based slots of the base), ``ppl``/``ppl_ci`` per role (:data:`ROLES`),
+    ``delta_pct`` (see :func:`compare`), ``recovered`` (+ ``recovered_ci``), ``recipe`` (with ``tokens_seen``),
+    ``training`` ({"healed": stats, "base_finetuned": stats}: loss, seconds, tokens/s, cached, resumed_from),
+    ``train_text`` (where the training text came from and how it was kept disjoint), ``contract`` (model,
+    evaluator, corpus, recipe: what every number was computed under), ``seconds`` (wall time of the run),
+    ``selection`` (how ``removed`` was chosen), ``windows`` (per-window NLL sums, for re-analysis)."""
+
+    removed: list
+    ppl: dict
+    ppl_ci: dict
+    delta_pct: dict
+    recovered: float | None
+    recovered_ci: list | None
+    recipe: dict
+    training: dict
+    train_text: dict
+    contract: dict
+    seconds: float
+    selection: dict = field(default_factory=dict)
+    windows: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def provenance(self) -> Provenance:
+        c = self.contract
+        extra = [f"healing: {c.get('recipe_line', '')}", f"training text: {self.train_text.get('label', '?')}"]
+        return Provenance(model=c.get("model"), contract={"corpus_label": c.get("corpus_label")},
+                          evaluator=c.get("evaluator"), extra=tuple(extra))
+
+    def to_dict(self) -> dict:
+        return finite_json({k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    def to_json(self, path=None, indent: int = 2) -> str:
+        return dump_json(self.to_dict(), path, indent)
+
+    def headline(self) -> str:
+        """One sentence: what healing recovered, against the honest control."""
+        d = self.delta_pct
+        hb = d["healed_vs_base_finetuned"]
+        if self.recovered is None:
+            return "the removal did no damage on these windows; nothing to recover"
+        lo, hi = self.recovered_ci or (float("nan"), float("nan"))
+        tie = " (a tie with the fine-tuned base: its CI includes 0)" if hb["tie"] else ""
+        return (f"healing recovers {100 * self.recovered:.0f} % [{100 * lo:.0f}, {100 * hi:.0f}] of the removal "
+                f"damage against the fine-tuned base; healed vs fine-tuned base ΔPPL {hb['value']:+.1f} % "
+                f"[{hb['ci'][0]:+.1f}, {hb['ci'][1]:+.1f}]{tie}")
