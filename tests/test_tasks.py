@@ -186,3 +186,68 @@ def test_hostile_tasks_cli(stories_path, tmp_path, capsys, monkeypatch, args, pa
     assert rc == 2
     _one_error(capsys.readouterr().err, pattern)
     assert not (tmp_path / "c" / "tasks").exists()
+
+
+# ------------------------------------------------------------------------------------------------- dashboard backend
+def test_demo_policy_bounds_task_requests():
+    """Demo mode: allow-listed task names only (a YAML path in the name field is refused: lm-eval would load it and
+    a task YAML can run code), never a visitor's include path, a limit required and bounded."""
+    from swapkl.jobs import TasksRequest
+    from swapkl.jobs.policy import Policy, PolicyError
+
+    demo = Policy(demo=True, models=("default",), tasks=(TASK,), task_include_path="tests/fixtures/tasks",
+                  max_task_limit=100)
+    ok = TasksRequest(model="default", budget=2, tasks=(TASK,), limit=50, include_path="tests/fixtures/tasks")
+    demo.check_request(ok)
+    bad = {
+        "a task not on the list": dict(tasks=("hellaswag",)),
+        "a YAML path as a task name": dict(tasks=("/tmp/evil/task.yaml",)),
+        "a visitor's include path": dict(include_path="/tmp/evil"),
+        "no limit": dict(limit=None),
+        "a limit past the bound": dict(limit=101),
+        "too many shots": dict(num_fewshot=50),
+        "a model off the list": dict(model="/etc"),
+        "a budget past the bound": dict(budget=99),
+        "no task": dict(tasks=()),
+    }
+    for why, change in bad.items():
+        req = TasksRequest(**(ok.to_dict() | {"contract": ok.contract} | change))
+        with pytest.raises(PolicyError):
+            demo.check_request(req)
+            pytest.fail(why)
+    Policy(demo=False).check_request(TasksRequest(tasks=("x",), include_path="/anything"))  # a local user: theirs
+    env = Policy.from_env({"SWAPKL_DEMO": "1", "SWAPKL_DEMO_TASKS": "arc_easy,piqa",
+                           "SWAPKL_DEMO_MAX_TASK_LIMIT": "20"}, config_file="/nonexistent.toml")
+    assert env.tasks == ("arc_easy", "piqa") and env.max_task_limit == 20
+
+
+def test_tasks_job_runs_publishes_and_is_snapshotted(stories_path, tmp_path, monkeypatch):
+    """The job system runs a task-accuracy request (progress, the result on the job) and a new manager serves the
+    same request from its snapshot without loading the model."""
+    from swapkl.contract import Contract
+    from swapkl.jobs import DONE, JobManager, TasksRequest
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(ROOT)
+    req = TasksRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), budget=1,
+                       methods=("interchange",), tasks=(TASK,), limit=12, include_path=str(FIXTURE_TASKS))
+    m = JobManager()
+    try:
+        job = m.submit(req)
+        assert job.wait(600), job.summary()
+        assert job.status == DONE, job.error
+        t = job.tasks
+        assert t.complete and [e["n"] for e in t.methods["interchange"]] == [1]
+        assert 0 <= t.base["metrics"][TASK]["acc,none"] <= 1 and job.result is not None
+        p = job.progress()
+        assert (p.step, p.steps) == (3, 3) and p.done == p.total
+    finally:
+        m.shutdown()
+    m2 = JobManager(loader=lambda *a, **k: pytest.fail("a cached request must not load the model"))
+    try:
+        j2 = m2.submit(req)
+        assert j2.status == DONE and j2.from_snapshot
+        assert j2.tasks.methods == t.methods and j2.tasks.base == t.base
+    finally:
+        m2.shutdown()

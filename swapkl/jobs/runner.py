@@ -36,6 +36,8 @@ def _pipeline(job: Job, models: ModelCache) -> None:
     heavy.ensure()  # waits for the warm-up's imports instead of racing them
     if job.request.kind == "trajectory":
         pipelines.run_trajectory(job)
+    elif job.request.kind == "tasks":
+        pipelines.run_tasks(job, models)
     else:
         pipelines.run_analysis(job, models)
 
@@ -55,6 +57,8 @@ def run_job(job: Job, models: ModelCache, snapshots: SnapshotStore | None, log_p
             partial = getattr(e, "partial", None)
             if partial is not None and job.request.kind == "analysis" and hasattr(partial, "methods"):
                 job.curves = partial
+            if partial is not None and job.request.kind == "tasks":
+                job.tasks = partial
             job.finish(CANCELLED, "cancelled; finished pairs are kept in the cache")
             return
         except BaseException as e:  # every failure becomes one readable line, the app goes on

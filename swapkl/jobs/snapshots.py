@@ -1,6 +1,6 @@
 """Finished jobs on disk: ``<root>/<job key>/snapshot.json``, one checksummed store entry
 (:mod:`swapkl.store`) holding the request and the job's results (``result`` + ``curves`` for an analysis,
-``trajectory`` for a trajectory); a later identical request is served from it at once, without the model.
+``trajectory`` for a trajectory, ``result`` + ``tasks`` for task accuracy); a later identical request is served from it at once, without the model.
 A damaged or old-format snapshot is ignored (and the job recomputed)."""
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ class SnapshotStore:
         data = {"request": job.request.to_dict(), "finished": time.time()}
         if job.request.kind == "trajectory":
             data["trajectory"] = job.trajectory.to_dict()
+        elif job.request.kind == "tasks":
+            data["result"] = job.result.to_dict() if job.result is not None else None
+            data["tasks"] = job.tasks.to_dict()
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
@@ -56,6 +59,12 @@ class SnapshotStore:
             if job.request.kind == "trajectory":
                 traj = Trajectory.from_dict(data["trajectory"], f"snapshot {where}")
                 parts = {"trajectory": traj, "result": traj.results[-1] if traj.results else None}
+            elif job.request.kind == "tasks":
+                from swapkl.removal.tasks import TasksResult
+
+                parts = {"tasks": TasksResult.from_dict(data["tasks"]),
+                         "result": SwapResult.from_dict(data["result"], f"snapshot {where}") if data.get("result")
+                         else None}
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False

@@ -119,6 +119,7 @@ class _Runner:
         self.ident = _cache_key(identity) if use_cache else None
         self.progress, self.should_stop = progress, should_stop
         self.done, self.total = 0, total
+        self.on_partial, self.result = None, None
         self.memo: dict = {}
         self.stats = {"evaluations": 0, "cache_hits": 0, "variants": 0, "eval_seconds": 0.0}
         self.lm_eval_version = lmeval.lm_eval_version()
@@ -188,6 +189,8 @@ class _Runner:
         self.done += 1
         if self.progress is not None:
             self.progress(min(self.done, self.total), self.total, msg)
+        if self.on_partial is not None:
+            self.on_partial(self.result)
 
 
 def _summary(rows: dict, tasks: list[dict]) -> str:
@@ -232,14 +235,15 @@ def _seeded(per_seed: dict) -> list[dict]:
 def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], tasks: Sequence[str],
                   *, include_path: str | None = None, limit: int | None = None, num_fewshot: int | None = None,
                   batch_size: int = 16, identity: dict | None = None, use_cache: bool = True, progress=None,
-                  should_stop=None, sets: dict | None = None, **selection) -> TasksResult:
+                  should_stop=None, sets: dict | None = None, on_partial=None, **selection) -> TasksResult:
     """Task accuracy of the base model and of each method's pruned model at n = 1..``budget`` (lm-eval's own
     evaluator on the in-memory copies; see the module docstring).  ``tasks``: lm-eval task or group names (hub
     tasks, or tasks from YAML files under ``include_path``).  ``selection``: the keyword arguments of
     :func:`removal_sets` (spacing, exclude_boundary, partners, seeds, corpus, method_params, memo); ``sets``: the
     :func:`removal_sets` output when already known.  ``progress(done, total, message)`` after every variant;
     ``should_stop()`` → True raises :class:`~swapkl.errors.ComputeInterrupted` with the partial result in
-    ``.partial``.  Raises :class:`~swapkl.removal.lmeval.TaskError` for an unknown or unloadable task."""
+    ``.partial``; ``on_partial(result)`` after every model (the dashboard's job publishes it).  Raises
+    :class:`~swapkl.removal.lmeval.TaskError` for an unknown or unloadable task."""
     t_start = time.perf_counter()
     ip = lmeval.check_include_path(include_path) if include_path else None
     tm = lmeval.task_manager(ip)
@@ -259,6 +263,7 @@ def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: S
                                                                            "seeds")}}
     result = TasksResult(model=identity or {"name_or_path": getattr(model, "name_or_path", None)}, contract=contract,
                          complete=False)
+    run.on_partial, run.result = on_partial, result
     try:
         base = run.variant(())
         result.base = {"metrics": base["metrics"], "stderr": base["stderr"]}
