@@ -221,17 +221,18 @@ def test_demo_policy_bounds_task_requests():
     assert env.tasks == ("arc_easy", "piqa") and env.max_task_limit == 20
 
 
-def test_tasks_job_runs_publishes_and_is_snapshotted(stories_path, tmp_path, monkeypatch):
+def test_tasks_job_runs_publishes_and_is_snapshotted(first_run, stories_path, cache, monkeypatch):
     """The job system runs a task-accuracy request (progress, the result on the job) and a new manager serves the
-    same request from its snapshot without loading the model."""
+    same request from its snapshot without loading the model.  (The module's cache: the scores and the base model's
+    accuracy come from the first run.)"""
     from swapkl.contract import Contract
     from swapkl.jobs import DONE, JobManager, TasksRequest
 
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SWAPKL_CACHE", str(cache))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.chdir(ROOT)
     req = TasksRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), budget=1,
-                       methods=("interchange",), tasks=(TASK,), limit=12, include_path=str(FIXTURE_TASKS))
+                       methods=("interchange",), tasks=(TASK,), limit=LIMIT, include_path=str(FIXTURE_TASKS))
     m = JobManager()
     try:
         job = m.submit(req)
@@ -239,7 +240,7 @@ def test_tasks_job_runs_publishes_and_is_snapshotted(stories_path, tmp_path, mon
         assert job.status == DONE, job.error
         t = job.tasks
         assert t.complete and [e["n"] for e in t.methods["interchange"]] == [1]
-        assert 0 <= t.base["metrics"][TASK]["acc,none"] <= 1 and job.result is not None
+        assert t.base == first_run["base"] and job.result is not None
         p = job.progress()
         assert (p.step, p.steps) == (3, 3) and p.done == p.total
     finally:
@@ -251,3 +252,59 @@ def test_tasks_job_runs_publishes_and_is_snapshotted(stories_path, tmp_path, mon
         assert j2.tasks.methods == t.methods and j2.tasks.base == t.base
     finally:
         m2.shutdown()
+
+
+def _panel_app():
+    import json
+    import os
+
+    from pages import tasks_panel
+    from swapkl.jobs import Job, TasksRequest
+    from swapkl.removal.tasks import TasksResult
+
+    job = Job("panel-test", TasksRequest(tasks=("tinystories_mc",)))
+    job.done_from("test", tasks=TasksResult.from_dict(json.loads(open(os.environ["SWAPKL_TEST_TASKS"]).read())))
+    tasks_panel.body(job)
+
+
+def _demo_widgets_app():
+    from pages import tasks_panel
+    from swapkl.jobs.policy import Policy
+
+    tasks_panel._widgets(Policy(demo=True, tasks=("tinystories_mc", "arc_easy"), max_task_limit=30))
+
+
+def test_panel_draws_each_method_with_stderr_and_chance(first_run, tmp_path, monkeypatch):
+    """The dashboard panel: per task (and n = 0 the base) each method's metric with lm-eval's stderr as error bars,
+    the chance line, the table and the three downloads."""
+    from streamlit.testing.v1 import AppTest
+
+    f = tmp_path / "tasks.json"
+    f.write_text(json.dumps(first_run))
+    monkeypatch.setenv("SWAPKL_TEST_TASKS", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    (chart,) = at.get("plotly_chart")
+    fig = json.loads(chart.proto.spec)
+    metric = "acc_norm,none"
+    assert fig["layout"]["meta"]["metric"] == metric
+    base = first_run["base"]
+    for tr in fig["data"]:
+        entries = first_run["methods"][tr["meta"]["method"]]
+        assert tr["x"] == [0, 1, 2]
+        assert tr["y"] == [base["metrics"][TASK][metric]] + [e["metrics"][TASK][metric] for e in entries]
+        assert tr["error_y"]["array"] == [base["stderr"][TASK][metric]] + [e["stderr"][TASK][metric] for e in entries]
+    assert any(s.get("y0") == 0.25 and s.get("line", {}).get("dash") == "dash" for s in fig["layout"]["shapes"])
+    assert "lm-eval 0.4.13" in fig["layout"]["meta"]["contract"]
+    assert len(at.get("download_button")) == 3
+
+
+def test_demo_panel_offers_the_allow_list_and_no_include_path():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_demo_widgets_app, default_timeout=30).run()
+    assert not at.exception, at.exception
+    assert [w.key for w in at.text_input] == []            # nothing typed: no task name, no folder
+    (ms,) = at.multiselect
+    assert list(ms.options) == ["tinystories_mc", "arc_easy"]
+    assert at.number_input(key="w_tasks_limit_demo").max == 30
