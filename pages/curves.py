@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from pages import common, tasks_panel
 from swapkl import views
 
 st.title("Removal curves")
@@ -88,3 +88,5 @@ def body(job) -> None:
 
 
 common.live(job, body, "curves", watch=("curves",))
+if job is not None:
+    tasks_panel.section(job)

@@ -34,10 +34,10 @@ from .failures import readable_error
 from .job import CANCELLED, DONE, ERROR, FINISHED, QUEUED, RUNNING, Job, Progress, fmt_s
 from .manager import JobManager
 from .models import ModelCache
-from .requests import AnalysisRequest, EvidenceRequest, TrajectoryRequest, quick_fingerprint, request_key
+from .requests import AnalysisRequest, EvidenceRequest, TasksRequest, TrajectoryRequest, quick_fingerprint, request_key
 from .snapshots import SnapshotStore
 
 __all__ = ["CANCELLED", "DONE", "ERROR", "FINISHED", "QUEUED", "RUNNING", "AnalysisRequest", "EvidenceRequest", "Job",
-           "JobManager",
-           "ModelCache", "Progress", "SnapshotStore", "TrajectoryRequest", "fmt_s", "quick_fingerprint",
+           "JobManager", "ModelCache", "Progress", "SnapshotStore", "TasksRequest", "TrajectoryRequest", "fmt_s",
+           "quick_fingerprint",
            "readable_error", "request_key"]

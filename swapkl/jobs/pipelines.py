@@ -7,6 +7,8 @@
 * :func:`run_curves`: removal curves one method after the other with one shared evaluation memo, publishing a
   partial ``CurvesResult`` after each method (guided ones first).
 * :func:`run_trajectory`: every checkpoint of a list (optionally training the demo model first).
+* :func:`run_tasks`: swap-KL scores, then lm-eval task accuracy of the base model and each method's pruned model
+  (:func:`swapkl.removal.tasks.task_accuracy`), publishing the partial result after every model.
 
 The library's modules that import torch are imported inside these functions on purpose: importing
 ``swapkl.jobs`` (the dashboard does it before its first page is drawn) must not wait for torch.
@@ -21,7 +23,7 @@ from swapkl.trajectory.checkpoints import parse_checkpoints
 from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job
 from .models import ModelCache
-from .requests import AnalysisRequest, TrajectoryRequest
+from .requests import AnalysisRequest, TasksRequest, TrajectoryRequest
 
 
 def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
@@ -144,3 +146,25 @@ def run_evidence(job: Job, models: ModelCache) -> None:
     job.phase(2, 2, "evidence: swap-KL, ground truth per layer, signals, agreement, stability")
     job.evidence = compute_evidence(ck, c, ev, load_corpus(c.corpus), budget=req.budget, n_boot=5 * req.n_boot,
                                     n_stability=req.n_boot, progress=job.tick, should_stop=job.should_stop)
+
+
+def run_tasks(job: Job, models: ModelCache) -> None:
+    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers
+    from swapkl.scoring.score import score
+
+    req: TasksRequest = job.request
+    c = req.contract
+    job.phase(1, 3, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
+    ck = models.get(req.model, req.revision, c.dtype, c.device)
+    job.checkpoint = ck
+    job.phase(2, 3, f"swap-KL on the pair set {c.pairs} (the guided methods' scores)")
+    res = score(ck, c, progress=job.tick, should_stop=job.should_stop,
+                engine_kw=engine_kw(ck, c, len(c.pair_list(ck.num_layers))))
+    job.result = res
+    job.phase(3, 3, f"lm-eval task accuracy: {', '.join(req.tasks)}, n = 1..{req.budget}")
+    job.tasks = task_accuracy(ck.model, ck.tokenizer, {"replacement": res.replacement(),
+                                                       "interchange": res.interchange()},
+                              req.budget, list(req.methods), list(req.tasks), include_path=req.include_path,
+                              limit=req.limit, num_fewshot=req.num_fewshot, identity=ck.identity,
+                              progress=job.tick, should_stop=job.should_stop,
+                              on_partial=lambda r: setattr(job, "tasks", r), corpus=load_corpus(c.corpus))

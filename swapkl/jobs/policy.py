@@ -14,9 +14,18 @@ Demo mode is on with ``SWAPKL_DEMO=1`` (``./run.sh --demo`` sets it) or ``enable
     max_budget = 6                    # layers removed at most (removal curves, evidence stability)
     max_evidence_boot = 200           # bootstrap resamples of one evidence request
     upload_mb = 16                    # size of an opened result file
+    tasks = ["tinystories_mc"]        # lm-eval task names a visitor may run (task accuracy after removal)
+    task_include_path = "tests/fixtures/tasks"  # the operator's folder of task YAMLs (never a visitor's)
+    max_task_limit = 100              # documents per task at most (a limit is required)
 
 Environment variables override the file: ``SWAPKL_DEMO_MODELS`` (comma-separated), ``SWAPKL_DEMO_MAX_JOBS``,
-``SWAPKL_DEMO_MAX_QUEUED``, ``SWAPKL_DEMO_MAX_PROMPT_TOKENS``, ``SWAPKL_DEMO_MAX_BUDGET``, ``SWAPKL_DEMO_UPLOAD_MB``.
+``SWAPKL_DEMO_MAX_QUEUED``, ``SWAPKL_DEMO_MAX_PROMPT_TOKENS``, ``SWAPKL_DEMO_MAX_BUDGET``, ``SWAPKL_DEMO_UPLOAD_MB``,
+``SWAPKL_DEMO_TASKS`` (comma-separated), ``SWAPKL_DEMO_MAX_TASK_LIMIT``.
+
+An lm-eval task YAML can run Python (``!function``, ``process_docs``), and lm-eval takes a YAML *path* where a task
+name goes: in demo mode a task is one of the allow-listed names (compared as strings), its include path is the
+operator's ``task_include_path`` and never a visitor's, and a limit of at most ``max_task_limit`` documents is
+required.
 
 In demo mode a checkpoint is one of the allow-list's entries, matched as a string (a visitor's text never
 reaches the filesystem: nothing reveals whether a path exists); ``org/name`` allows every revision of that hub
@@ -62,6 +71,10 @@ class Policy:
     max_budget: int = 6
     upload_mb: int = 16
     max_evidence_boot: int = 200  # prompt resamples of one evidence request (its agreement CIs use 5x)
+    tasks: tuple = ("tinystories_mc",)
+    task_include_path: str | None = "tests/fixtures/tasks"
+    max_task_limit: int = 100
+    max_fewshot: int = 5
     extra: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
@@ -86,7 +99,8 @@ class Policy:
         for key, var in (("max_jobs_per_session", "SWAPKL_DEMO_MAX_JOBS"), ("max_queued", "SWAPKL_DEMO_MAX_QUEUED"),
                          ("max_prompt_tokens", "SWAPKL_DEMO_MAX_PROMPT_TOKENS"),
                          ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"),
-                         ("max_evidence_boot", "SWAPKL_DEMO_MAX_EVIDENCE_BOOT"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB")):
+                         ("max_evidence_boot", "SWAPKL_DEMO_MAX_EVIDENCE_BOOT"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB"),
+                         ("max_task_limit", "SWAPKL_DEMO_MAX_TASK_LIMIT")):
             raw = env.get(var, conf.get(key))
             if raw is not None:
                 try:
@@ -97,6 +111,11 @@ class Policy:
                     raise PolicyError(f"{var} / [demo] {key} must be >= 0, got {kw[key]}")
         if "pair_sets" in conf:
             kw["pair_sets"] = tuple(str(p) for p in conf["pair_sets"])
+        tasks = env["SWAPKL_DEMO_TASKS"].split(",") if env.get("SWAPKL_DEMO_TASKS") else conf.get("tasks")
+        if tasks is not None:
+            kw["tasks"] = tuple(t.strip() for t in ([tasks] if isinstance(tasks, str) else tasks) if str(t).strip())
+        if "task_include_path" in conf:
+            kw["task_include_path"] = str(conf["task_include_path"]) or None
         return cls(**kw)
 
     # ------------------------------------------------------------------ checks
@@ -145,16 +164,37 @@ class Policy:
             if request.budget > self.max_budget:
                 raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
                                   f"{request.budget} asked")
-        elif request.kind == "evidence":
+        elif request.kind in ("evidence", "tasks"):
             self.check_model(request.model, request.revision)
             if request.budget > self.max_budget:
                 raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
                                   f"{request.budget} asked")
-            if request.n_boot > self.max_evidence_boot:
+            if request.kind == "tasks":
+                self.check_tasks(request)
+            elif request.n_boot > self.max_evidence_boot:
                 raise PolicyError(f"this demo server allows at most {self.max_evidence_boot} bootstrap resamples; "
                                   f"{request.n_boot} asked")
         elif not getattr(request, "train_demo", False):
             self.check_checkpoint_list(request.checkpoints)
+
+    def check_tasks(self, request) -> None:
+        """A task-accuracy request in demo mode: allow-listed task names only (strings; lm-eval would also take a
+        YAML path there, and a task YAML can run code), the operator's include path only, a limit required and
+        bounded, a bounded few-shot count."""
+        if not self.demo:
+            return
+        if not request.tasks:
+            raise PolicyError("no task chosen")
+        for t in request.tasks:
+            if t not in self.tasks:
+                raise PolicyError(f"this demo server runs only these tasks: {', '.join(self.tasks)}")
+        if request.include_path is not None and request.include_path != self.task_include_path:
+            raise PolicyError("this demo server never takes a task folder (include path) from a browser")
+        if request.limit is None or not 1 <= int(request.limit) <= self.max_task_limit:
+            raise PolicyError(f"this demo server evaluates at most {self.max_task_limit} documents per task; "
+                              f"choose a limit from 1 to {self.max_task_limit}")
+        if request.num_fewshot is not None and not 0 <= int(request.num_fewshot) <= self.max_fewshot:
+            raise PolicyError(f"this demo server allows 0 to {self.max_fewshot} few-shot examples")
 
     def check_checkpoint_list(self, text: str) -> None:
         """A trajectory's checkpoint list in demo mode: tokens (split on commas and blanks, never looked up on

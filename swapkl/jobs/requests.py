@@ -1,4 +1,5 @@
-"""What a page asks the job manager for: :class:`AnalysisRequest` and :class:`TrajectoryRequest`, and the job
+"""What a page asks the job manager for: :class:`AnalysisRequest`, :class:`TrajectoryRequest` and
+:class:`TasksRequest`, and the job
 key (:func:`request_key`: the request, a cheap content fingerprint of the model files and the swapkl version)."""
 from __future__ import annotations
 
@@ -115,6 +116,43 @@ class TrajectoryRequest:
         return f"{what} · pairs {self.contract.pairs}"
 
 
+@dataclass(frozen=True)
+class TasksRequest:
+    """Task accuracy after removal (:func:`swapkl.removal.tasks.task_accuracy`): the base model and each method's
+    pruned model at n = 1..``budget`` on lm-eval ``tasks``, with the swap-KL scores of ``contract`` for the guided
+    methods.  ``include_path``: a folder of local task YAMLs -- code that runs; a local user's choice, and in demo
+    mode only the server operator's configured folder (:meth:`swapkl.jobs.policy.Policy.check_request`)."""
+
+    model: str = "default"
+    revision: str | None = None
+    contract: Contract = field(default_factory=Contract)
+    budget: int = 4
+    methods: tuple = ("replacement", "interchange", "random")
+    tasks: tuple = ()
+    limit: int | None = None
+    num_fewshot: int | None = None
+    include_path: str | None = None
+    kind: str = "tasks"
+
+    def __post_init__(self):
+        object.__setattr__(self, "model", str(self.model).strip())
+        object.__setattr__(self, "revision", (str(self.revision).strip() or None) if self.revision else None)
+        object.__setattr__(self, "methods", tuple(str(m) for m in self.methods if m))
+        object.__setattr__(self, "tasks", tuple(str(t).strip() for t in self.tasks if str(t).strip()))
+        object.__setattr__(self, "budget", int(self.budget or 0))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "revision": self.revision,
+                "contract": self.contract.to_dict(), "budget": self.budget, "methods": list(self.methods),
+                "tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
+                "include_path": self.include_path}
+
+    def label(self) -> str:
+        m = self.model + (f"@{self.revision}" if self.revision else "")
+        lim = f" · limit {self.limit}" if self.limit else ""
+        return f"{m} · tasks {', '.join(self.tasks)} · budget {self.budget}{lim}"
+
+
 def quick_fingerprint(model: str, revision: str | None = None) -> str:
     """A content fingerprint of a checkpoint spec without loading the model (sha256s are memoised on disk):
     built-in / GGUF: the GGUF file's sha256; local folder: its config + weight files; hub: ``id@revision``.
@@ -134,7 +172,7 @@ def quick_fingerprint(model: str, revision: str | None = None) -> str:
 def request_key(request) -> str:
     """The job key: hash of the request, the model fingerprint(s) and the swapkl version."""
     d = request.to_dict()
-    if request.kind in ("analysis", "evidence"):
+    if request.kind in ("analysis", "evidence", "tasks"):
         d["fingerprint"] = quick_fingerprint(request.model, request.revision)
     elif getattr(request, "train_demo", False):
         d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings

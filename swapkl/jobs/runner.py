@@ -38,6 +38,8 @@ def _pipeline(job: Job, models: ModelCache) -> None:
         pipelines.run_trajectory(job)
     elif job.request.kind == "evidence":
         pipelines.run_evidence(job, models)
+    elif job.request.kind == "tasks":
+        pipelines.run_tasks(job, models)
     else:
         pipelines.run_analysis(job, models)
 
@@ -57,6 +59,8 @@ def run_job(job: Job, models: ModelCache, snapshots: SnapshotStore | None, log_p
             partial = getattr(e, "partial", None)
             if partial is not None and job.request.kind == "analysis" and hasattr(partial, "methods"):
                 job.curves = partial
+            if partial is not None and job.request.kind == "tasks":
+                job.tasks = partial
             job.finish(CANCELLED, "cancelled; finished pairs are kept in the cache")
             return
         except BaseException as e:  # every failure becomes one readable line, the app goes on

@@ -1,6 +1,6 @@
 """Finished jobs on disk: ``<root>/<job key>/snapshot.json``, one checksummed store entry
 (:mod:`swapkl.store`) holding the request and the job's results (``result`` + ``curves`` for an analysis,
-``trajectory`` for a trajectory); a later identical request is served from it at once, without the model.
+``trajectory`` for a trajectory, ``result`` + ``tasks`` for task accuracy); a later identical request is served from it at once, without the model.
 A damaged or old-format snapshot is ignored (and the job recomputed)."""
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ class SnapshotStore:
             data["trajectory"] = job.trajectory.to_dict()
         elif job.request.kind == "evidence":
             data["evidence"] = job.evidence.to_dict()
+        elif job.request.kind == "tasks":
+            data["result"] = job.result.to_dict() if job.result is not None else None
+            data["tasks"] = job.tasks.to_dict()
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
@@ -63,6 +66,12 @@ class SnapshotStore:
                 if not isinstance(data.get("evidence"), dict) or "ground_truth" not in data["evidence"]:
                     return False
                 parts = {"evidence": EvidenceResult(data["evidence"])}
+            elif job.request.kind == "tasks":
+                from swapkl.removal.tasks import TasksResult
+
+                parts = {"tasks": TasksResult.from_dict(data["tasks"]),
+                         "result": SwapResult.from_dict(data["result"], f"snapshot {where}") if data.get("result")
+                         else None}
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False

@@ -1,0 +1,147 @@
+"""``python -m swapkl tasks MODEL --budget N --tasks a,b``: task accuracy after removal, through lm-evaluation-harness
+itself -- the base model and each method's pruned model at n = 1..N, evaluated in memory (docs/tasks.md)."""
+from __future__ import annotations
+
+import sys
+
+from swapkl.commands.common import (add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+                                    load_from_args)
+from swapkl.commands.curves import load_scores
+from swapkl.errors import SwapklError
+from swapkl.removal import lmeval
+from swapkl.removal import methods as M
+
+DEFAULT_METHODS = "replacement,interchange,random"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tasks", help="lm-eval task accuracy of each method's pruned model at n = 1..N")
+    add_model_args(p)
+    p.add_argument("--budget", type=int, required=True, help="largest number of removed layers N (n = 1..N)")
+    p.add_argument("--tasks", required=True,
+                   help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
+                        "lambada_openai, or tasks from --include-path)")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma-separated removal methods, as for 'curves' (default: %(default)s)")
+    p.add_argument("--include-path", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
+    p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
+    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
+                   help="few-shot examples (default: each task's own, else 0)")
+    p.add_argument("--batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
+    p.add_argument("--scores", default=None, metavar="SCORES.json",
+                   help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
+    p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
+    p.add_argument("--include-boundary", action="store_true", help="allow removing the first and last layer")
+    p.add_argument("--partners", default=None,
+                   help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
+    p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds (>= 5)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
+    p.add_argument("--quiet", action="store_true")
+    add_contract_args(p)
+    p.set_defaults(func=run)
+
+
+def _check_args(a) -> tuple[list[str], list[str], object]:
+    """Every check that needs neither lm-eval's task index nor the model: (methods, tasks, partners)."""
+    if a.budget < 1:
+        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
+    if a.limit is not None and a.limit < 1:
+        raise SwapklError(f"--limit must be at least 1 (got {a.limit})")
+    if a.num_fewshot is not None and a.num_fewshot < 0:
+        raise SwapklError(f"--num-fewshot must be 0 or more (got {a.num_fewshot})")
+    if a.batch_size < 1:
+        raise SwapklError(f"--batch-size must be at least 1 (got {a.batch_size})")
+    if a.spacing < 0:
+        raise SwapklError(f"--spacing must be 0 or more (got {a.spacing})")
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    if not methods:
+        raise SwapklError("--methods names no method")
+    for m in methods:
+        if m not in M.GROUPS:
+            M.get(m)  # unknown names fail before anything is loaded
+    tasks = lmeval.parse_task_names(a.tasks)
+    partners = a.partners
+    if partners is not None and partners not in ("adjacent", "all"):
+        try:
+            partners = int(partners)
+        except ValueError:
+            raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
+    check_outputs(a, {"--json": a.json}, inputs=[a.scores])
+    return methods, tasks, None if partners == "all" else partners
+
+
+def run(a) -> int:
+    methods, tasks, partners = _check_args(a)
+    include = lmeval.check_include_path(a.include_path) if a.include_path else None
+    loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded
+    tm = lmeval.task_manager(include)
+    for name in tasks:  # unknown or unloadable tasks fail before the model is loaded
+        lmeval.load_task(tm, name)
+    ck = load_from_args(a)
+    from swapkl.removal.selection import check_budget, default_candidates
+    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers; the CLI's --help must not
+
+    specs = M.resolve(methods, {"replacement": 0, "interchange": 0})
+    if any(s.rule_candidates for s in specs):  # an impossible budget fails before the scores are computed
+        check_budget(a.budget, default_candidates(ck.num_layers, not a.include_boundary), a.spacing)
+    scores, src = _scores(a, ck, loaded)
+
+    def prog(done, total, msg):
+        if not a.quiet:
+            print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
+
+    result = task_accuracy(ck.model, ck.tokenizer, scores, a.budget, methods, tasks, include_path=include,
+                           limit=a.limit, num_fewshot=a.num_fewshot, batch_size=a.batch_size, identity=ck.identity,
+                           use_cache=not a.no_cache, progress=prog, spacing=a.spacing,
+                           exclude_boundary=not a.include_boundary, partners=partners,
+                           seeds=tuple(range(a.seeds)))
+    if src:
+        result.notes.insert(0, src)
+    return emit(a, result, render)
+
+
+def _scores(a, ck, loaded) -> tuple[dict, str | None]:
+    """The swap-KL scores (the guided methods need them; recommend and laco use them when given, as in 'curves')."""
+    if loaded is not None:
+        from swapkl.removal.curves import check_scores
+
+        scores, ident, _ = loaded
+        check_scores(scores, ck.num_layers, ident, ck.identity)
+        return scores, f"scores from {a.scores}"
+    from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
+
+    contract = contract_from_args(a)
+    res = score(ck, contract, use_cache=not a.no_cache)
+    return ({"replacement": res.replacement(), "interchange": res.interchange()},
+            f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})")
+
+
+def _fmt(v, e) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4f} ± {e:.4f}" if e is not None else f"{v:.4f}"
+
+
+def render(r) -> str:
+    c = r.contract
+    m = r.model
+    lines = [f"model: {m.get('display') or m.get('id') or m.get('name_or_path')}  layers: {m.get('num_layers')}",
+             f"lm-eval {c['lm_eval_version']} ({c['evaluator']}); limit {c['limit'] or 'all'}, few-shot "
+             f"{c['num_fewshot'] if c['num_fewshot'] is not None else 'task default'}, batch {c['batch_size']}"]
+    for task, info in c["tasks"].items():
+        ch = f", chance {info['chance']:.4f}" if info.get("chance") is not None else ""
+        lines.append(f"task {task}: version {info['versions'].get(task, info['versions'])}{ch}")
+    for task, metrics in r.base.get("metrics", {}).items():
+        for metric, v in metrics.items():
+            lines.append(f"{task} {metric}")
+            lines.append(f"  base{'':<22} {_fmt(v, r.base['stderr'][task].get(metric))}")
+            for name, entries in r.methods.items():
+                for e in entries:
+                    rem = e["removed"] if e["removed"] is not None else f"mean of {e.get('n_seeds')} seeds"
+                    val = e["metrics"].get(task, {}).get(metric)
+                    err = e["stderr"].get(task, {}).get(metric)
+                    lines.append(f"  {name:<12} n={e['n']:<3} {str(rem):<14} {_fmt(val, err)}")
+    for n in r.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""lm-evaluation-harness as swapkl uses it: task loading with one-line errors, and one evaluation of an in-memory
+model (``lm_eval.simple_evaluate`` on an ``HFLM`` wrapped around the model object: no export, no model load).
+
+Metric names are kept exactly as lm-eval writes them (``"acc,none"``, ``"acc_norm,none"``: the metric, then the
+filter), each with its stderr (``"acc_stderr,none"`` in lm-eval's results, stored here under the metric's own key
+in a separate ``stderr`` table).  lm-eval and its task registry are imported inside the functions: importing this
+module costs nothing (the CLI's ``--help``, the dashboard's first paint).
+
+An lm-eval task YAML can run Python (``!function``, ``process_docs``, ``custom_dataset``): a task from
+``include_path`` is the local user's own code.  Nothing here takes an include path or a YAML from a browser (see
+``docs/security.md``).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from swapkl.contract import stable_hash
+from swapkl.errors import SwapklError
+
+#: keys of an lm-eval result row that are not metrics
+NOT_METRICS = ("alias", "name", "sample_len", "samples", " ")
+
+_MANAGERS: dict = {}
+_MANAGERS_LOCK = threading.Lock()
+
+
+class TaskError(SwapklError):
+    """A task that cannot be named, found or loaded (one line, exit 2 at the command line)."""
+
+
+def lm_eval_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("lm_eval")
+    except Exception:  # not installed under that distribution name
+        import lm_eval
+
+        return getattr(lm_eval, "__version__", "?")
+
+
+def check_include_path(path) -> str:
+    """The resolved folder of ``--include-path``, or :class:`TaskError` when it is missing, not a folder, or holds
+    no task YAML (lm-eval itself would skip it silently and then not know the task)."""
+    p = Path(str(path)).expanduser()
+    if not p.exists():
+        raise TaskError(f"--include-path {path} does not exist")
+    if not p.is_dir():
+        raise TaskError(f"--include-path {path} is not a folder of task YAML files")
+    if not any(p.rglob("*.yaml")) and not any(p.rglob("*.yml")):
+        raise TaskError(f"--include-path {path} holds no task YAML files (*.yaml)")
+    return str(p.resolve())
+
+
+def parse_task_names(text: str) -> list[str]:
+    """Comma-separated task names, stripped, duplicates dropped; :class:`TaskError` for none or a bad name."""
+    names = list(dict.fromkeys(t.strip() for t in str(text or "").split(",") if t.strip()))
+    if not names:
+        raise TaskError("--tasks names no task (e.g. --tasks hellaswag,arc_easy)")
+    for n in names:
+        if len(n) > 200 or any(c in n for c in "\n\r\0"):
+            raise TaskError(f"bad task name {n[:40]!r}")
+    return names
+
+
+def task_manager(include_path: str | None = None):
+    """One ``lm_eval.tasks.TaskManager`` per include path for the process (building the index of lm-eval's ~15,000
+    task YAMLs takes seconds; a CLI run of ``lm_eval`` pays it every time)."""
+    key = include_path or ""
+    with _MANAGERS_LOCK:
+        if key not in _MANAGERS:
+            from lm_eval.tasks import TaskManager
+
+            _MANAGERS[key] = TaskManager(include_path=include_path)
+        return _MANAGERS[key]
+
+
+def load_task(tm, name: str) -> dict:
+    """Load task (or group) ``name`` once: ``{"name", "spec": what simple_evaluate takes, "leaves": {task name:
+    Task}, "versions": {name: version}, "config_sha": hash of every leaf's configuration, "output_types"}``.
+    Raises :class:`TaskError` for an unknown name or a dataset that cannot be loaded (offline hub, bad path)."""
+    try:
+        loaded = tm.load([name])
+    except KeyError:
+        raise TaskError(f"unknown lm-eval task '{name}' (not in lm-eval's registry nor under --include-path)") \
+            from None
+    except Exception as e:  # dataset download, YAML or dataset errors of any kind
+        msg = " ".join(str(e).split())[:300] or type(e).__name__
+        raise TaskError(f"cannot load lm-eval task '{name}': {type(e).__name__}: {msg}") from None
+    leaves = dict(loaded["tasks"])
+    if not leaves:
+        raise TaskError(f"lm-eval task '{name}' has no tasks to evaluate")
+    versions = {t: _version(obj) for t, obj in leaves.items()}
+    for g, obj in loaded.get("groups", {}).items():
+        versions[str(g)] = _version(obj)
+    configs = {t: json.loads(json.dumps(obj.dump_config(), sort_keys=True, default=str)) for t, obj in leaves.items()}
+    objs = list(loaded["groups"].values()) or list(leaves.values())
+    top = [o for o in objs if str(getattr(o, "name", "")) == name] or objs
+    return {"name": name, "spec": top, "leaves": leaves, "versions": versions, "config_sha": stable_hash(configs)[:16],
+            "output_types": {t: obj.get_config("output_type") for t, obj in leaves.items()}}
+
+
+def _version(obj):
+    v = getattr(obj, "VERSION", None)
+    if v is None:
+        meta = getattr(getattr(obj, "config", None), "metadata", None) or {}
+        v = meta.get("version") if isinstance(meta, dict) else None
+    return v if isinstance(v, (int, float, str)) or v is None else str(v)
+
+
+def chance(task: dict, limit: int | None = None) -> float | None:
+    """Chance accuracy of a multiple-choice task: the mean over the evaluated documents (the first ``limit``) of
+    1 / number of choices; None for other task kinds or a group of several tasks."""
+    if len(task["leaves"]) != 1:
+        return None
+    obj = next(iter(task["leaves"].values()))
+    if obj.get_config("output_type") != "multiple_choice":
+        return None
+    docs = list(obj.eval_docs)
+    docs = docs[:limit] if limit else docs
+    inv = [1.0 / len(obj.doc_to_choice(d)) for d in docs]
+    return sum(inv) / len(inv) if inv else None
+
+
+def evaluate(model, tokenizer, task: dict, tm, *, limit: int | None = None, num_fewshot: int | None = None,
+             batch_size: int = 16) -> dict:
+    """lm-eval's own evaluation of the in-memory ``model`` on ``task`` (from :func:`load_task`):
+    ``{"metrics": {task: {metric: value}}, "stderr": {task: {metric: stderr}}, "versions", "n-shot",
+    "n-samples"}`` for every task and group row lm-eval reports."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    out = lm_eval.simple_evaluate(model=lm, tasks=list(task["spec"]), task_manager=tm, limit=limit,
+                                  num_fewshot=num_fewshot, log_samples=False, verbosity="ERROR")
+    return rows_of(out)
+
+
+def rows_of(out: dict) -> dict:
+    """The metric and stderr tables of an lm-eval results dict (``simple_evaluate``'s return, or the JSON file the
+    ``lm_eval`` CLI writes with ``--output_path``)."""
+    metrics, stderr = {}, {}
+    for t, row in (out.get("results") or {}).items():
+        m, s = {}, {}
+        for k, v in row.items():
+            if k in NOT_METRICS or "_stderr," in k:
+                continue
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                m[k] = float(v)
+                name, _, filt = k.partition(",")
+                e = row.get(f"{name}_stderr,{filt}")
+                s[k] = float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) else None
+        metrics[t], stderr[t] = m, s
+    return {"metrics": metrics, "stderr": stderr, "versions": dict(out.get("versions") or {}),
+            "n-shot": dict(out.get("n-shot") or {}), "n-samples": dict(out.get("n-samples") or {})}
