@@ -18,8 +18,9 @@ figure and table carries the contract caption (:func:`swapkl.views.captions.cont
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from swapkl import __version__, schema
 from swapkl.removal.curves import curves_provenance
@@ -126,6 +127,23 @@ class _Figures:
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"swapkl-fig-{self.count}",
                           config={"displaylogo": False, "responsive": True})
         return f'<div class="fig">{div}</div>'
+
+
+@dataclass(frozen=True)
+class Section:
+    """A report section built by a tier above ``views`` (evidence, healing, task accuracy), which this module must
+    not import: ``title`` (the ``<h2>`` text), ``intro`` (HTML paragraphs, already escaped), ``figures`` (plotly
+    figures, drawn in order), ``blocks`` (HTML blocks after the figures: tables, CSV links; already escaped).  Each
+    block should carry its contract caption (:func:`swapkl.views.captions.html_table` does)."""
+
+    title: str
+    intro: str = ""
+    figures: tuple = ()
+    blocks: tuple = ()
+
+    def html(self, fig) -> str:
+        return "\n".join([f"<h2>{html_text(self.title)}</h2>", self.intro]
+                         + [fig(f) for f in self.figures] + list(self.blocks))
 
 
 # ============================================================================================ sections
@@ -275,14 +293,16 @@ def _recommend_html(curves: dict) -> str:
 
 # ============================================================================================ the report
 def build_report(result=None, curves=None, trajectory=None, title: str | None = None, out=None,
-                 top_k: int = 10) -> str:
+                 top_k: int = 10, sections: Sequence[Section] = ()) -> str:
     """The HTML text of a self-contained report (see the module docstring); written to ``out`` when given.
 
     Figures: 2 with ``result`` (heatmaps, gap), 1–2 with ``curves`` (ΔPPL curves; KL to base when recorded),
-    3–4 with ``trajectory``.  Raises :class:`SwapklError` when given nothing."""
+    3–4 with ``trajectory``, plus each :class:`Section`'s own (appended after the rest, in order).  Raises
+    :class:`SwapklError` when given nothing."""
     result = as_result(result)
     curves = as_curves(curves)
     traj = as_trajectory(trajectory)
+    sections = tuple(sections)
     if result is None and curves is None and traj is None:
         raise SwapklError("nothing to report: give a score result, removal curves or a trajectory")
     fig = _Figures()
@@ -334,6 +354,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
                             "ratio_median", "kl_ratio_mean", "kl_ratio_median", "pearson") if c in stats.columns]
         if cols:
             parts.append(html_table(stats[cols], tcap))
+    parts.extend(sec.html(fig) for sec in sections)
     doc = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
            f"<title>{html_text(title)}</title><style>{CSS}</style>\n"
            f"<script type=\"text/javascript\">{_plotlyjs()}</script>\n</head><body>\n"
