@@ -131,6 +131,7 @@ def render(out: dict) -> str:
                      + (f"; random best-of-seeds {rbest:+.2f} %" if rbest is not None else "")
                      + f"; recommend {calib_evaluations(c, 'recommend', n)} vs SLEB "
                        f"{calib_evaluations(c, 'sleb', n)} calibration evaluations")
+    lines += paired_table(c)
     rec = c["method_info"].get("recommend", {}).get("recommendation")
     if rec:
         from swapkl.removal.recommend import Recommendation
@@ -146,6 +147,37 @@ def render(out: dict) -> str:
             lines.append(f"* {r.explain(n)}")
     lines += ["", f"total wall time {out['seconds']:.0f} s on {out['threads']} thread(s)"]
     return "\n".join(lines)
+
+
+def paired_table(c: dict) -> list[str]:
+    """Recommend judged fairly (docs/recommend-rule.md): per n, the rule's outcome, then ΔPPL %(recommend) −
+    ΔPPL %(method) in points with the paired bootstrap CI over the held-out windows, and the issue's target: never
+    significantly worse than the best zero-evaluation method."""
+    paired = c["method_info"].get("recommend", {}).get("paired") or []
+    if not paired:
+        return []
+    levels = {lv["n"]: lv for lv in c["method_info"]["recommend"]["recommendation"]["levels"]}
+    names = [m for m in METHODS if m != "recommend" and any(x["method"] == m for r in paired for x in r["comparisons"])]
+    lines = ["", "Recommend judged fairly: ΔPPL %(recommend) − ΔPPL %(method), points, paired bootstrap 95 % CI over "
+                 "the held-out windows (1,000 resamples; random: its mean over seeds); * zero-evaluation", "",
+             "| n | rule | " + " | ".join(LABELS.get(m, m).strip("*") + ("*" if m not in ("sleb",) else "")
+                                          for m in names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for r in paired:
+        cells = {x["method"]: f"{x['diff']:+.1f} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}] {x['word']}"
+                 for x in r["comparisons"]}
+        rule = (levels.get(r["n"], {}).get("rule") or {}).get("outcome", "calibration")
+        lines.append(f"| {r['n']} | {rule} | " + " | ".join(cells.get(m, "-") for m in names) + " |")
+    lines += ["", "Target (never significantly worse than the best zero-evaluation method at any n):", ""]
+    for r in paired:
+        best = r.get("best_zero_eval")
+        x = next((x for x in r["comparisons"] if x["method"] == best), None)
+        if x is None:
+            continue
+        lines.append(f"* n={r['n']}: best zero-evaluation {LABELS.get(best, best)} {x['delta_pct']:+.2f} %, recommend "
+                     f"{r['delta_pct']:+.2f} %: {x['diff']:+.1f} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}] {x['word']} → "
+                     + ("NOT met" if x["word"] == "worse" else "met"))
+    return lines
 
 
 def main() -> int:

@@ -42,6 +42,8 @@ def _scores(L, seed=0):
 
 
 def _ctx(model, tok, corpus, scores, params, calib_ids=None, spacing=0):
+    """A context for the search itself: the old rule (the best calibration set) unless ``params`` names one."""
+    params = {"rule": "calibration"} | params
     L = len(scores["replacement"])
     ctx = MethodContext(model=model, tokenizer=tok, scores=scores, num_layers=L, candidates=list(range(1, L - 1)),
                         spacing=spacing, partners=None, corpus=corpus, evaluator=EV, seeds=[0, 1, 2, 3, 4],
@@ -168,9 +170,10 @@ def test_recommend_never_reads_the_test_text(stories, monkeypatch):
     monkeypatch.undo()
     # end to end: the chosen sets do not depend on the test text (two different evaluation texts, same choice;
     # the calibration windows follow the evaluator's window and stride, so those stay the same)
-    a = recommend(model, tok, _scores(5), 2, corpus, EV, calib_tokens=tokens, memo=EvalMemo())
+    old = {"recommend": {"rule": "calibration"}}
+    a = recommend(model, tok, _scores(5), 2, corpus, EV, calib_tokens=tokens, memo=EvalMemo(), method_params=old)
     b = recommend(model, tok, _scores(5), 2, corpus, Evaluator("tiny2", 900, EV.window, EV.stride),
-                  calib_tokens=tokens, memo=EvalMemo())
+                  calib_tokens=tokens, memo=EvalMemo(), method_params=old)
     assert [a.removed(n) for n in (1, 2)] == [b.removed(n) for n in (1, 2)] == out.sets
     assert a.entries[0]["delta_pct"] != b.entries[0]["delta_pct"]
 
@@ -207,7 +210,8 @@ def test_recommend_is_a_curves_method(stories):
     corpus = load_corpus()
     res = removal_curves(stories.model, stories.tokenizer, _scores(5), 2, ["recommend", "sleb"], EV, corpus,
                          memo=EvalMemo(), spacing=0,
-                         method_params={"recommend": {"calib_tokens": 256, "calib_windows": "disjoint"},
+                         method_params={"recommend": {"calib_tokens": 256, "calib_windows": "disjoint",
+                                                      "rule": "calibration"},
                                         "sleb": {"calib_tokens": 256}})
     rec = Recommendation.from_curves(res)
     assert [e["removed"] for e in res.methods["recommend"]] == [rec.removed(1), rec.removed(2)]

@@ -41,6 +41,14 @@ def register(sub) -> None:
                         "or none (no cap)")
     p.add_argument("--seeds-from", default=",".join(SEED_METHODS),
                    help="methods whose sets seed the beam (default %(default)s)")
+    p.add_argument("--compare", default="replacement,interchange,bi",
+                   help="methods run on the same held-out windows for the paired comparison at each n "
+                        "(default %(default)s; 'none' for none)")
+    p.add_argument("--rule", default="confirmed", choices=["confirmed", "calibration"],
+                   help="confirmed (default): the protocol rule's set unless the search's set wins on every "
+                        "calibration region (docs/recommend-rule.md); calibration: the best calibration PPL")
+    p.add_argument("--calib-regions", type=int, default=3,
+                   help="disjoint calibration regions the confirmed rule checks (default %(default)s)")
     p.add_argument("--constrained", action="store_true",
                    help="use the guided methods' candidates (no first/last layer) and spacing --spacing")
     p.add_argument("--spacing", type=int, default=1, help="Δ for the guided seeds (and with --constrained)")
@@ -81,6 +89,11 @@ def run(a) -> int:
         if m == "recommend":
             raise SwapklError("--seeds-from cannot name recommend itself")
         M.get(m)  # unknown names fail before loading anything
+    compare = [] if a.compare.strip().lower() == "none" else [m.strip() for m in a.compare.split(",") if m.strip()]
+    for m in compare:
+        M.get(m)  # unknown names fail before loading anything
+    if a.calib_regions < 1:
+        raise SwapklError(f"--calib-regions must be at least 1 (got {a.calib_regions})")
     check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
     ev = get_evaluator(a.evaluator)
     if a.max_words is not None:
@@ -119,7 +132,8 @@ def run(a) -> int:
                     calib_tokens=a.calib_tokens, calib_windows=a.calib_windows,
                     max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
-                    kl=not a.no_kl)
+                    kl=not a.no_kl, compare=compare,
+                    method_params={"recommend": {"rule": a.rule, "calib_regions": a.calib_regions}})
     return emit(a, rec, render)
 
 
@@ -141,6 +155,23 @@ def render(rec) -> str:
         lines.append(f"{e['n']:>3}  {str(e['removed']):<20} {e['calib_ppl']:>10.4g} {held:>28}  {e['evaluations']}")
     for e in rec.entries:
         lines.append(rec.explain(e["n"]))
+    lines.extend(paired_lines(rec))
     for n in rec.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+def paired_lines(rec) -> list[str]:
+    """The held-out paired comparison table: per n and method, ΔPPL(recommend) − ΔPPL(method) in points [CI] and
+    better / tie / worse; zero-evaluation methods marked ``*``."""
+    if not rec.paired:
+        return []
+    out = ["held-out, paired over the same windows: ΔPPL %(recommend) − ΔPPL %(method), points [95 % CI] "
+           "(* zero-evaluation)"]
+    for row in rec.paired:
+        cells = [f"{c['method']}{'*' if c['zero_eval'] else ''} {c['diff']:+.1f} [{c['ci'][0]:+.1f}, "
+                 f"{c['ci'][1]:+.1f}] {c['word']}" for c in row["comparisons"]]
+        best = row.get("best_zero_eval")
+        tail = f"  (vs best zero-evaluation {best}: {row['vs_best_zero_eval']})" if best else ""
+        out.append(f"  n={row['n']}: " + "; ".join(cells) + tail)
+    return out

@@ -328,6 +328,11 @@ class CurvesRun:
             self.report("stopped")
             e.partial = result
             raise
+        if "recommend" in result.methods:  # recommend judged fairly: paired with every other method (docs/recommend-rule.md)
+            from swapkl.removal.paired import paired_comparisons
+
+            result.method_info["recommend"]["paired"] = paired_comparisons(
+                result, lambda s: self.memo.peek(self.text_key, s), self.baseline)
         _finish(result, self.scores, self.memo, self.counter, self.t_start)
         result.complete = True
         self.counter["points"] = self.planned

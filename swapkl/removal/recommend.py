@@ -51,6 +51,8 @@ class Recommendation:
     settings: dict
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    #: per n, the held-out paired comparison with every other method of the same run (swapkl.removal.paired)
+    paired: list = field(default_factory=list)
 
     # -- access
     @property
@@ -104,8 +106,8 @@ class Recommendation:
         return (f"Remove layers {e['removed']} (n={n}): calibration PPL {e['calib_ppl']:.4g} "
                 f"({e['calib_delta_pct']:+.1f} % vs {self.calib_base_ppl:.4g}){held}; "
                 + "; ".join(parts) + ("; " + "; ".join(how) if how else "")
-                + f"; chosen by calibration PPL only after {e['evaluations']} calibration evaluations "
-                  f"({e['seconds']:.0f} s).")
+                + f"; {rule_phrase(e)} after {e['evaluations']} calibration evaluations "
+                  f"({e['seconds']:.0f} s)" + judged_phrase(self.paired, n) + ".")
 
     def table(self):
         """pandas DataFrame, one row per n: removed, calibration PPL / Δ%, held-out PPL / ΔPPL % with CI,
@@ -120,6 +122,16 @@ class Recommendation:
                          "ΔPPL % lo": ci[0], "ΔPPL % hi": ci[1], "evaluations": e["evaluations"],
                          "seconds": e["seconds"], "chosen by": "; ".join(e.get("sources", []))})
         return pd.DataFrame(rows)
+
+    def paired_table(self):
+        """pandas DataFrame of the held-out paired comparison (:attr:`paired`): one row per (n, method) with the
+        method's ΔPPL %, ΔPPL %(recommend) − ΔPPL %(method) in points, its 95 % CI and better / tie / worse."""
+        import pandas as pd
+
+        return pd.DataFrame([{"n": r["n"], "method": c["method"], "zero-evaluation": c["zero_eval"],
+                              "method ΔPPL %": c["delta_pct"], "recommend ΔPPL %": r["delta_pct"],
+                              "difference (points)": c["diff"], "lo": c["ci"][0], "hi": c["ci"][1],
+                              "verdict": c["word"]} for r in self.paired for c in r["comparisons"]])
 
     def provenance(self) -> Provenance:
         """Model, corpus and held-out evaluator of the recommendation, its budget, and the calibration contract
@@ -158,7 +170,7 @@ class Recommendation:
         if not isinstance(entries, list) or not all(isinstance(e, dict) and "removed" in e and "n" in e
                                                     for e in entries):
             raise SwapklError("not a swapkl recommendation: entries must be a list of {n, removed, ...}")
-        return cls(**{k: d.get(k, [] if k in ("notes", "baseline_ppl_ci") else {} if k == "stats" else None)
+        return cls(**{k: d.get(k, [] if k in ("notes", "baseline_ppl_ci", "paired") else {} if k == "stats" else None)
                       for k in cls.__dataclass_fields__})
 
     @classmethod
@@ -192,7 +204,34 @@ class Recommendation:
                    stats={"evaluations": rec["evaluations"], "max_evals": rec["max_evals"],
                           "sleb_evaluations": rec["sleb_evaluations"], "search_seconds": rec["seconds"],
                           "test_evaluations": len(entries)},
-                   notes=list(rec.get("notes", [])))
+                   notes=list(rec.get("notes", [])), paired=list(info.get("paired") or []))
+
+
+def rule_phrase(e: dict) -> str:
+    """How the rule (docs/recommend-rule.md) chose the entry's set."""
+    r = e.get("rule")
+    if not r:
+        return "chosen by calibration PPL only"
+    if r.get("anchor") is None:
+        return f"the search's set ({r.get('why')})"
+    if r["outcome"].startswith("anchor, confirmed"):
+        return f"the {r['anchor_method']}-guided set, which the search also found best ({r.get('why')})"
+    d = r.get("decision") or {}
+    ci = d.get("ci") or [float("nan")] * 2
+    how = (f"search's {r['challenger']} vs {r['anchor_method']}-guided {r['anchor']} on {d.get('regions')} "
+           f"calibration regions: {d.get('diff', float('nan')):+.4f} nats/token [{ci[0]:+.4f}, {ci[1]:+.4f}], "
+           f"{d.get('reason')}")
+    return ("departed from the protocol rule's set: " if r["outcome"] == "departed"
+            else f"kept the {r['anchor_method']}-guided set: ") + how
+
+def judged_phrase(paired: list, n: int) -> str:
+    """Held-out, paired with the best zero-evaluation method of the same run ("" when none ran)."""
+    row = next((p for p in paired if p["n"] == n), None)
+    if not row or not row.get("best_zero_eval"):
+        return ""
+    c = next(x for x in row["comparisons"] if x["method"] == row["best_zero_eval"])
+    return (f"; held-out vs the best zero-evaluation method ({M.label(c['method'])}, {c['delta_pct']:+.1f} %): "
+            f"{c['diff']:+.1f} points [{c['ci'][0]:+.1f}, {c['ci'][1]:+.1f}], {c['word']}")
 
 
 def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, evaluator="matched", *,
@@ -200,19 +239,22 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
               calib_windows: str = DEFAULT_CALIB_WINDOWS,
               max_evals="sleb", seeds: Sequence[str] = SEED_METHODS, constrained: bool = False, spacing: int = 1,
               memo=None, identity: dict | None = None, progress=None, should_stop=None, kl: bool = True,
-              method_params: dict | None = None, batch_size: int | None = None) -> Recommendation:
+              method_params: dict | None = None, batch_size: int | None = None,
+              compare: Sequence[str] = ()) -> Recommendation:
     """Recommend the layers to remove for n = 1..``budget`` (see the module docstring) and evaluate each choice on
     the held-out test text (the evaluator's text from the corpus's evaluation region, ``evaluator``) once, after
     the choice.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may be missing).  ``memo``:
     a :class:`~swapkl.removal.memo.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
     ``spacing``: Δ of the selection rule (the guided seeds', and the search's with ``constrained``).
-    Returns a :class:`Recommendation`."""
+    ``compare``: other methods run on the same held-out windows, so that each n carries the paired comparison
+    (``Recommendation.paired``, :mod:`swapkl.removal.paired`).  Returns a :class:`Recommendation`."""
     params = dict(method_params or {})
     params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows,
                            "max_evals": max_evals,
                            "seeds": list(seeds), "constrained": constrained} | (
         {"top_k": top_k} if top_k is not None else {}) | params.get("recommend", {})
-    res = removal_curves(model, tokenizer, scores, budget, ["recommend"], evaluator, corpus, progress=progress,
+    methods = ["recommend"] + [m for m in compare if m != "recommend"]
+    res = removal_curves(model, tokenizer, scores, budget, methods, evaluator, corpus, progress=progress,
                          should_stop=should_stop, memo=memo, identity=identity, kl=kl, method_params=params,
                          batch_size=batch_size, spacing=spacing)
     rec = Recommendation.from_curves(res)

@@ -281,13 +281,21 @@ def _recommend_html(curves: dict) -> str:
         rec = Recommendation.from_curves(curves)
     except (SwapklError, KeyError, TypeError):
         return ""
+    cap = contract_caption(rec)
     out = ["<h2>Recommended removal</h2>",
-           f"<p>Chosen by calibration perplexity only ({html_text(rec.calibration_caption())}; never the test text) by "
+           f"<p>Chosen on calibration text only ({html_text(rec.calibration_caption())}; never the test text) by "
            f"a beam search (width {html_text(rec.settings.get('width'))}) seeded "
            f"by every method's sets, with {html_text(rec.stats.get('evaluations'))} calibration evaluations "
-           f"(SLEB-iterative: {html_text(rec.stats.get('sleb_evaluations'))}); ΔPPL is held-out.</p>",
-           html_table(rec.table(), contract_caption(rec), nd=4)]
+           f"(SLEB-iterative: {html_text(rec.stats.get('sleb_evaluations'))}); rule: "
+           f"{html_text(rec.settings.get('choice', 'lowest calibration PPL'))}. ΔPPL is held-out.</p>",
+           html_table(rec.table(), cap, nd=4)]
     out += [f"<p>{html_text(rec.explain(e['n']))}</p>" for e in rec.entries]
+    if rec.paired:
+        tbl = rec.paired_table()
+        out += ["<h3>Recommend against every method, paired on the held-out windows</h3><p>ΔPPL %(recommend) − "
+                "ΔPPL %(method) in points with its paired bootstrap 95 % CI (1,000 resamples of the windows); "
+                "tie when the CI includes 0; random: its mean over seeds.</p>",
+                html_table(tbl, cap, nd=2), csv_link(tbl, cap, "recommend_paired.csv", "download CSV")]
     return "\n".join(out)
 
 

@@ -160,21 +160,38 @@ class MethodContext:
             self._calib_ids = ids
         return self._calib_ids[:max_tokens]
 
-    def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
-                  stride: int | None = None) -> float:
-        """PPL of the model without ``removed`` on the calibration text, memoised.  ``window`` (tokens, default
-        the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's convention; the
-        evaluator's stride scores every token with the held-out evaluator's context)."""
+    def calib_region_ids(self, region: int, tokens: int):
+        """Calibration region ``region`` (0-based): tokens ``[region·tokens, (region+1)·tokens)`` of the prompt region's
+        start (region 0 is :meth:`calib_ids`).  Disjoint from each other and from the evaluation text.  Raises
+        :class:`SwapklError` when the prompt region is too short for it."""
+        ids = self.calib_ids((region + 1) * tokens)
+        if ids.numel() < (region + 1) * tokens:
+            raise SwapklError(f"corpus '{self.corpus.name}' has {ids.numel()} calibration tokens; calibration region "
+                              f"{region + 1} needs {(region + 1) * tokens}")
+        return ids[region * tokens:(region + 1) * tokens]
+
+    def calib_result(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
+                     stride: int | None = None, region: int = 0):
+        """The :class:`~swapkl.removal.evaluate.PPLResult` (per-window NLL) of the model without ``removed`` on
+        calibration region ``region`` (``max_tokens`` tokens; region 0 = :meth:`calib_ids`), memoised.  ``window``
+        (tokens, default the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's
+        convention; the evaluator's stride scores every token with the held-out evaluator's context)."""
         from swapkl.removal import evaluate as E  # deferred (torch), as above
         from swapkl.surgery.blocks import pruned_copy
 
-        ids = self.calib_ids(max_tokens)
+        ids = self.calib_ids(max_tokens) if region == 0 else self.calib_region_ids(region, max_tokens)
         win = min(window or self.evaluator.window, ids.numel())
         step = min(stride or win, win)
-        key = f"calib:{getattr(self.corpus, 'sha256', '?')}:{ids.numel()}:{win}" + (f":s{step}" if step != win else "")
+        key = (f"calib:{getattr(self.corpus, 'sha256', '?')}:{ids.numel()}:{win}" + (f":s{step}" if step != win else "")
+               + (f":r{region}" if region else ""))
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("stopped")
-        res = self.memo.get(key, removed, lambda: E.evaluate_ppl(
+        return self.memo.get(key, removed, lambda: E.evaluate_ppl(
             pruned_copy(self.model, removed) if removed else self.model, ids, win, step,
             batch_size=self.batch_size))
-        return res.ppl
+
+    def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
+                  stride: int | None = None) -> float:
+        """PPL of the model without ``removed`` on the calibration text (region 0), memoised; see
+        :meth:`calib_result`."""
+        return self.calib_result(removed, max_tokens, window, stride).ppl

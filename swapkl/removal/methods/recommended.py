@@ -15,7 +15,10 @@ The search (:func:`search`):
    prompt region** (:meth:`MethodContext.calib_ppl`, never the test text), in the held-out evaluator's windows
    and stride (so each calibration token is scored with the context a test token gets), through the run's memo so
    no set is evaluated twice.  The ``width`` best sets of size n form the next beam.
-4. The set recommended for n is the best calibration PPL among every size-n set evaluated.
+4. The rule (``docs/recommend-rule.md``, ``rule="confirmed"``, the default): the set recommended for n is the
+   protocol rule's zero-evaluation set (the anchor) unless the best calibration set among every size-n set evaluated
+   beats it on each of ``calib_regions`` (3) disjoint calibration regions with a pooled paired CI below 0
+   (:mod:`swapkl.removal.confirm`).  ``rule="calibration"``: the best calibration PPL, as before.
 
 Cost cap: ``max_evals`` distinct calibration evaluations (default: what SLEB-iterative spends for the same budget,
 ``1 + Σ_{s<budget} (C - s)`` over its ``C`` candidates), shared over the levels; seeds are evaluated first at
@@ -33,6 +36,7 @@ import time
 from typing import Sequence
 
 from swapkl.errors import SwapklError
+from swapkl.removal.confirm import DEFAULT_REGIONS, DEFAULT_RULE, RULES, confirm, pick_anchor
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.methods.registry import get
 from swapkl.removal.selection import BudgetError, layer_scores
@@ -165,11 +169,15 @@ class BeamSearch:
         if self.width < 1 or self.top_k < 1 or self.calib_tokens < 16:
             raise SwapklError("recommend needs width >= 1, top_k >= 1 and calib_tokens >= 16")
         self.calib_k = int(p("calib_k", max(1, self.top_k // 2)))
+        self.rule, self.regions = str(p("rule", DEFAULT_RULE)), int(p("calib_regions", DEFAULT_REGIONS))
+        if self.rule not in RULES or self.regions < 1:
+            raise SwapklError(f"recommend rule must be one of {', '.join(RULES)} and calib_regions >= 1")
         self.notes: list[str] = []
         self.signals: dict[str, dict[int, int]] = {}
         self.evaluated: dict[frozenset, float] = {}
         self.sources: dict[frozenset, list[str]] = {}
         self.evals = 0
+        self.rule_evals = 0  # region-1 evaluations of anchors the search had not evaluated (regions 2..K: memo only)
 
     def run(self) -> MethodOutput:
         self.seeds, self.seed_info, self.merged = collect_seeds(self.ctx, self.seed_names, self.budget, self.notes)
@@ -183,7 +191,7 @@ class BeamSearch:
                 self.notes.append(f"no removal set of size {n} could be formed (spacing Δ={self.spacing})")
                 break
             beam = level[:self.width]
-            chosen.append(self.level_entry(n, beam, level_seeds))
+            chosen.append(apply_rule(self, self.level_entry(n, beam, level_seeds), level_seeds))
             if self.ctx.progress is not None:
                 best = level[0]
                 self.ctx.progress(None, None, f"recommend n={n}: {sorted(best)} (calibration PPL "
@@ -290,27 +298,69 @@ class BeamSearch:
 
     def level_entry(self, n: int, beam: list[frozenset], level_seeds: list) -> dict:
         best, ev = beam[0], self.evaluated
+        self.calib(best)
         layers = {str(i): {k: v.get(i) for k, v in self.signals.items()} for i in sorted(best)}
         return {"n": n, "removed": sorted(best), "calib_ppl": ev[best],
                 "calib_delta_pct": 100.0 * (ev[best] / self.base - 1.0),
                 "sources": list(self.sources.get(best, [])), "layer_ranks": layers,
                 "beam": [{"removed": sorted(s), "calib_ppl": ev[s]} for s in beam],
                 "seed_calib": {src: {"removed": sorted(s), "calib_ppl": ev.get(s)} for s, src in level_seeds},
-                "evaluations": self.evals, "seconds": time.perf_counter() - self.t0}
+                "evaluations": self.evals, "seconds": time.perf_counter() - self.t0, "beam_sets": list(beam[1:])}
 
     def output(self, chosen: list[dict]) -> MethodOutput:
+        for c in chosen:
+            c.pop("beam_sets", None)
         info = {"recommendation": {"levels": chosen, "candidates": self.candidates, "signals":
                                    {k: {str(i): r for i, r in v.items()} for k, v in self.signals.items()},
-                                   "calib_base_ppl": self.base, "evaluations": self.evals, "max_evals": self.cap,
+                                   "calib_base_ppl": self.base, "evaluations": self.evals,
+                                   "rule_evaluations": self.rule_evals, "max_evals": self.cap,
                                    "sleb_evaluations": sleb_cost(len(self.cands_all), self.budget),
                                    "seconds": time.perf_counter() - self.t0, "notes": self.notes}}
         st = self.settings | {"width": self.width, "top_k": self.top_k, "calib_tokens": self.calib_tokens,
                               "calib_windows": self.windows, "calib_stride": self.calib_stride, "max_evals": self.cap,
                               "seeds": self.seed_names, "merged_seeds": self.merged, "label": LABEL,
                               "calibration": "corpus prompt region (disjoint from the test text)",
-                              "choice": "lowest calibration PPL among every evaluated set of that size"}
+                              "rule": self.rule, "calib_regions": self.regions,
+                              "choice": ("the protocol rule's zero-evaluation set unless the search's best calibration "
+                                         f"set wins on all {self.regions} disjoint calibration regions "
+                                         "(docs/recommend-rule.md)") if self.rule == "confirmed" else
+                              "lowest calibration PPL among every evaluated set of that size"}
         return MethodOutput(sets=[c["removed"] for c in chosen], info=info, settings=st,
                             notes=[x for x in self.notes if not x.startswith("seed ")])
+
+
+def apply_rule(bs: BeamSearch, entry: dict, level_seeds: list) -> dict:
+    """The recommendation rule (docs/recommend-rule.md) on one level's entry of the search ``bs``: keep the search's set, or replace
+    it by the anchor; ``entry["rule"]`` records the anchor, the challenger and the decision."""
+    if bs.rule != "confirmed":
+        return entry
+    spent = bs.evals
+    try:
+        return _apply_rule(bs, entry, level_seeds)
+    finally:  # the rule's calibration evaluations are its own: they do not eat into the search's cap
+        bs.rule_evals += bs.evals - spent
+        bs.evals = spent
+
+
+def _apply_rule(bs: BeamSearch, entry: dict, level_seeds: list) -> dict:
+    best = frozenset(entry["removed"])
+    anchor, src, why = pick_anchor(level_seeds, bs.ctx.scores, bs.calib)
+    rule = {"name": bs.rule, "anchor": None if anchor is None else sorted(anchor), "anchor_method": src,
+            "why": why, "challenger": sorted(best)}
+    if anchor is None:
+        entry["rule"] = rule | {"outcome": "search (no anchor)"}
+        return entry
+    if anchor == best:
+        entry["rule"] = rule | {"outcome": "anchor, confirmed by the search"}
+        return entry
+    dec = confirm(bs.ctx, anchor, best, bs.calib_tokens, bs.calib_stride, bs.regions)
+    entry["rule"] = rule | {"decision": dec, "outcome": "departed" if dec["depart"] else "anchor"}
+    if not dec["depart"]:
+        n = entry["n"]
+        entry.update({k: v for k, v in bs.level_entry(n, [anchor] + entry["beam_sets"], []).items()
+                      if k in ("removed", "calib_ppl", "calib_delta_pct", "layer_ranks")})
+        entry["sources"] = list(dict.fromkeys([src] + bs.sources.get(anchor, [])))
+    return entry
 
 
 def recommend_method(ctx, budget):
