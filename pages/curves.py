@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common, tasks_panel
+from pages import common, recommend_panel, tasks_panel
 from swapkl import views
 
 st.title("Removal curves")
@@ -56,6 +56,7 @@ def body(job) -> None:
 
     if job.running:
         return
+    recommend_panel.section(curves)
     st.markdown("**Downloads** (each carries its contract)")
     a, b, c, d = st.columns(4)
     with a:

@@ -171,3 +171,41 @@ def test_recommend_cli_rule_flags_bad_input(stories_path, capsys, monkeypatch, t
     assert main(["recommend", str(stories_path), "--device", "cpu", "--budget", "2", *args]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and msg in err
+
+
+def _panel_app():
+    import os
+
+    from pages import recommend_panel
+    from swapkl.removal.curves import CurvesResult
+
+    recommend_panel.section(CurvesResult.from_json(os.environ["SWAPKL_TEST_CURVES"]))
+
+
+def test_curves_page_section_shows_the_rule_and_the_paired_table(stories, tmp_path, monkeypatch):
+    """The removal-curves page's "Recommended removal" section: one sentence per n (with the held-out comparison
+    against the best zero-evaluation method), the paired table with every other method, its CSV download."""
+    from streamlit.testing.v1 import AppTest
+
+    from swapkl.removal.curves import removal_curves
+
+    res = removal_curves(stories.model, stories.tokenizer, _scores(5), 2, ["recommend", "interchange", "bi"], EV,
+                         load_corpus(), memo=EvalMemo(), spacing=0, kl=False,
+                         method_params={"recommend": {"calib_tokens": 200}})
+    f = tmp_path / "curves.json"
+    res.to_json(f)
+    monkeypatch.setenv("SWAPKL_TEST_CURVES", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    text = " ".join(m.value for m in at.markdown)
+    for e in res.methods["recommend"]:
+        assert f"Remove layers {e['removed']} (n={e['n']})" in text
+    assert "held-out vs the best zero-evaluation method" in text
+    (df,) = at.dataframe
+    paired = res.method_info["recommend"]["paired"]
+    assert len(df.value) == sum(len(r["comparisons"]) for r in paired) == 4
+    got = df.value.set_index(["n", "method"])["difference (points)"]
+    for r in paired:
+        for c in r["comparisons"]:
+            assert got[(r["n"], c["method"])] == pytest.approx(c["diff"])
+    assert len(at.get("download_button")) == 1
