@@ -20,14 +20,6 @@ from swapkl.surgery.blocks import pruned_copy
 EV = Evaluator("tiny", 400, 128, 64)
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _scores(L, prefer="interchange"):
     """Scores whose verdict prefers ``prefer``: every adjacent pair low (0.02) under it, high (0.5+) under the
     other protocol."""
