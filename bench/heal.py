@@ -158,17 +158,21 @@ def _ci(x: dict) -> str:
 def table(hc, recipe) -> str:
     out = ["| method | n | removed | ΔPPL % before healing | healed vs base | healed vs fine-tuned base | recovered "
            "| steps | tokens | wall s (healed / control) |", "|" + "---|" * 10]
+    seen: dict = {}
     for method, entries in hc.methods.items():
         for e in entries:
             d = e["delta_pct"]
+            first = seen.setdefault(tuple(e["removed"]), method)
             rec = "–" if e["recovered"] is None else (f"{100 * e['recovered']:.0f} % [{100 * e['recovered_ci'][0]:.0f}, "
                                                       f"{100 * e['recovered_ci'][1]:.0f}]")
             tr = e["training"]
             w = " / ".join("cached" if tr[k].get("cached") else f"{tr[k]['seconds']:.0f}"
-                           for k in ("healed", "base_finetuned"))
+                           for k in ("healed", "base_finetuned")) + f" (run {e.get('seconds') or 0:.0f})"
+            if first != method:
+                w = f"the {first} row's heal (same set)"
             out.append(f"| {method} | {e['n']} | {e['removed']} | {_ci(d['pruned_vs_base'])} | "
                        f"{_ci(d['healed_vs_base'])} | {_ci(d['healed_vs_base_finetuned'])} | {rec} | {recipe.steps} | "
-                       f"{recipe.tokens_seen} | {w} (run {e.get('seconds') or 0:.0f}) |")
+                       f"{recipe.tokens_seen} | {w} |")
     e0 = next(iter(hc.methods.values()))[0]
     out.append("")
     out.append(f"PPL base {e0['ppl']['base']:.4g}, fine-tuned base {e0['ppl']['base_finetuned']:.4g} "
