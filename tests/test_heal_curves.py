@@ -209,6 +209,25 @@ def test_report_cli_takes_heal_json(curves_run, tmp_path, capsys):
     assert err[-1].startswith("error: --heal") and "Traceback" not in "\n".join(err)
 
 
+def test_cancel_keeps_finished_heals_and_a_rerun_reuses_them(stories, small_corpus, cache_dir):
+    """should_stop after the first heal: ComputeInterrupted, the partial curves hold that heal; the rerun (disk
+    cache) trains only what was missing and gives the same numbers for the first set."""
+    from swapkl.errors import ComputeInterrupted
+    from swapkl.healing.multi import heal_curves
+
+    partial = []
+    kw = dict(scores=fake_scores(), corpus=small_corpus, evaluator=EV, spacing=0, identity=stories.identity)
+    with pytest.raises(ComputeInterrupted):
+        heal_curves(stories.model, stories.tokenizer, ["interchange", "replacement"], [1], TINY,
+                    on_partial=partial.append, should_stop=lambda: len(partial) >= 1, **kw)
+    assert len(partial) == 1 and list(partial[0].methods) == ["interchange"]
+    hc = heal_curves(stories.model, stories.tokenizer, ["interchange", "replacement"], [1], TINY, **kw)
+    first, second = hc.methods["interchange"][0], hc.methods["replacement"][0]
+    assert all(v["cached"] for v in first["training"].values())     # the set and the control: from the cache
+    assert not second["training"]["healed"]["cached"] and second["training"]["base_finetuned"]["cached"]
+    assert first["ppl"] == partial[0].methods["interchange"][0]["ppl"]
+
+
 def test_parse_ns_and_bounds(stories, small_corpus):
     from swapkl.healing.multi import heal_curves, parse_ns
 
