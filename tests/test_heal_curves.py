@@ -265,3 +265,25 @@ def test_qlora_guard_and_config():
 
         with pytest.raises(ContractError, match="needs CUDA"):
             check_qlora(Recipe(qlora=True))
+
+
+def test_cli_heal_several_methods_and_n_writes_healed_curves(stories_path, small_corpus, tmp_path, cache_dir, capsys):
+    from swapkl.commands.cli import main
+
+    text = tmp_path / "eval.txt"
+    text.write_text(" ".join(small_corpus.words))
+    js = tmp_path / "curves.json"
+    common = ["heal", str(stories_path), "--steps", "2", "--seq-len", "32", "--batch", "2", "--eval-text", str(text),
+              "--max-words", "300", "--spacing", "0", "--prompts", "4", "--tokens", "16"]
+    assert main(common + ["--method", "interchange,replacement", "--n", "1,2", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    d = json.loads(js.read_text())
+    assert d["format"] == "swapkl.heal_curves/1" and set(d["methods"]) == {"interchange", "replacement"}
+    assert [c["n"] for c in d["comparisons"]] == [1, 2] and d["headline"] and "headline:" in out
+    assert "contract:" in out and "healing: LoRA r8" in out
+    for args, pattern in ((["--method", "interchange,replacement", "--n", "1,2", "--out", str(tmp_path / "o")],
+                           "--out exports one healed set"), (["--method", "interchange", "--n", "0"], "--n: n must"),
+                          (["--method", "interchange,nope", "--n", "1"], "nope")):
+        assert main(common + args) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+        assert len(err) == 1 and pattern in err[0], err
