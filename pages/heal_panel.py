@@ -13,6 +13,7 @@ import streamlit as st
 from pages import common
 from swapkl.errors import SwapklError
 from swapkl.healing import figures as hf
+from swapkl.healing.multi import MERGING
 from swapkl.healing.recipe import Recipe
 from swapkl.jobs import HealRequest
 from swapkl.removal import methods as M
@@ -26,7 +27,7 @@ def healable(methods) -> list[str]:
     out = []
     for m in M.run_order(methods):
         spec = M.find(m)
-        if spec is not None and not spec.seeded and m not in M.GROUPS and m not in ("laco",):
+        if spec is not None and not spec.seeded and m not in M.GROUPS and m not in MERGING:
             out.append(m)
     return out
 

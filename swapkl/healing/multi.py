@@ -20,6 +20,8 @@ from swapkl.healing.recipe import Recipe
 
 #: bound on the heals of one run (methods × n)
 MAX_SETS = 64
+#: methods whose sets are merges, not removals: healing takes plain removal (chosen_set refuses them)
+MERGING = ("laco",)
 
 
 def parse_ns(text, limit: int | None = None) -> list[int]:

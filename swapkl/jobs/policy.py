@@ -249,11 +249,12 @@ def check_heal(self: Policy, request) -> None:
     rank ``max_heal_rank``, no QLoRA, the server's evaluator.  A bound passed: :class:`PolicyError` naming it."""
     if not self.demo:
         return
+    from swapkl.healing.multi import MERGING  # torch-free
     from swapkl.removal import methods as M  # the registry: torch-free
 
     for m in request.methods:
         spec = M.find(m)
-        if spec is None or not spec.offered or spec.seeded or m in M.GROUPS:
+        if spec is None or not spec.offered or spec.seeded or m in M.GROUPS or m in MERGING:
             raise PolicyError(f"this demo server heals only the sets of its offered deterministic methods; "
                               f"not '{m}'")
     if not request.methods or not request.ns:
