@@ -287,3 +287,27 @@ def test_cli_heal_several_methods_and_n_writes_healed_curves(stories_path, small
         assert main(common + args) == 2
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
         assert len(err) == 1 and pattern in err[0], err
+
+
+def test_qlora_plumbing_runs_on_cpu_without_the_quantisation(monkeypatch):
+    """The QLoRA path with the 4-bit step replaced by a plain bfloat16 load on the CPU (no CUDA here): the pruned copy
+    is saved and reloaded, prepared by peft for k-bit training, trained with the same LoRA, and its adapter has the
+    LoRA path's names and shapes, so the dequantised merge (healed_model) takes it.  Not a test of bitsandbytes."""
+    import torch
+
+    from swapkl.healing import qlora as Q
+    from swapkl.healing import train as TR
+    from tests.conftest import tiny_model
+
+    monkeypatch.setattr(Q, "check_available", lambda cuda=None: None)
+    monkeypatch.setattr(Q, "bnb_config", lambda: None)
+    monkeypatch.setattr(Q, "DEVICE_MAP", {"": "cpu"})
+    model = tiny_model("llama", num_layers=4)
+    chunks = torch.randint(1, 96, (8, 24), generator=torch.Generator().manual_seed(0))
+    r = Recipe(steps=2, rank=2, seq_len=24, batch=2, qlora=True)
+    state, stats = TR.train(model, [1], chunks, r)
+    plain, _ = TR.train(model, [1], chunks, Recipe(steps=0, rank=2, seq_len=24, batch=2))
+    assert set(state) == set(plain) and all(state[k].shape == plain[k].shape for k in plain)
+    assert stats["loss_first"] is not None and stats["steps"] == 2
+    healed = TR.healed_model(model, [1], r, state)  # folded into the full-precision pruned copy
+    assert next(healed.parameters()).dtype == torch.float32 and healed.config.num_hidden_layers == 3

@@ -11,7 +11,8 @@
   the adapter was trained on (its base weights are the unquantised ones): the heal measures the merged model.
 
 Written against transformers' and peft's documented QLoRA path; it has **not been run on a GPU in this project**
-(the development machines have none).  Tested on CPU: the guard and the configuration.
+(the development machines have none).  Tested on CPU: the guard, the configuration, and the plumbing with the
+4-bit load replaced by a plain one (``DEVICE_MAP`` and :func:`bnb_config` patched).
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import tempfile
 from swapkl.errors import ContractError
 
 # Deferred imports: torch, transformers, peft and bitsandbytes are imported by the functions that need them.
+
+#: where the 4-bit model is loaded (transformers' device_map): the first CUDA device
+DEVICE_MAP = {"": 0}
 
 
 def bnb_config_kwargs() -> dict:
@@ -65,6 +69,6 @@ def quantized_copy(model, removed):
     check_available()
     with tempfile.TemporaryDirectory(prefix="swapkl-qlora-") as tmp:
         pruned_copy(model, list(removed)).save_pretrained(tmp, safe_serialization=True)
-        q = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb_config(), device_map={"": 0},
+        q = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb_config(), device_map=DEVICE_MAP,
                                                  dtype=torch.bfloat16, trust_remote_code=False)
     return prepare_model_for_kbit_training(q, use_gradient_checkpointing=True)
