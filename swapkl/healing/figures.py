@@ -89,9 +89,30 @@ def heal_figure(hc, methods=None):
         fig.add_hline(y=0, line={"color": "black", "width": 0.8}, row=1, col=col)
         fig.update_xaxes(title_text="layers removed (n)", dtick=1, row=1, col=col)
     fig.update_yaxes(title_text="ΔPPL %", row=1, col=1)
+    _fit_healed(fig, hc)
     fig.update_layout(template="plotly_white", height=460, legend={"orientation": "h", "y": -0.2},
                       meta={"healed": hc.recipe_line(), "headline": hc.headline})
     return _stamp(fig, "Healed curves: ΔPPL before and after healing", caption(hc))
+
+
+def _fit_healed(fig, hc, factor: float = 4.0) -> None:
+    """When the damage before healing dwarfs the healed curves (a before-healing point above ``factor`` × the
+    largest healed |ΔPPL|, at least 25 %), fit the left panel's y axis to the healed curves and name the points
+    above it in a note (the table has every number)."""
+    healed = [abs(v) for e in (e for v in hc.methods.values() for e in v)
+              for v in (e["delta_pct"]["healed_vs_base"]["ci"] + [e["delta_pct"]["healed_vs_base"]["value"]])]
+    if not healed:
+        return
+    cap = factor * max(max(healed), 25.0)
+    above = [(m, e["n"], e["delta_pct"]["pruned_vs_base"]["value"]) for m, v in hc.methods.items() for e in v
+             if e["delta_pct"]["pruned_vs_base"]["value"] > cap]
+    if not above:
+        return
+    low = min(-max(healed), 0.0) * 1.15 - 5.0
+    fig.update_yaxes(range=[low, cap], row=1, col=1)
+    fig.add_annotation(text="above the axis, before healing: " + ", ".join(
+        f"{method_label(m)} n={n} {v:+.0f} %" for m, n, v in above), xref="x domain", yref="y domain", x=0.0,
+        y=1.0, xanchor="left", yanchor="top", showarrow=False, font={"size": 10})
 
 
 def _ci(x: dict | None, scale: float = 1.0, unit: str = "") -> str:
