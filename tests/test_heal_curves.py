@@ -186,6 +186,10 @@ def test_json_roundtrip_figure_and_report_section(curves_run, tmp_path):
     base = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout={"meta": {"contract": "model x"}})
     over = F.with_healed(base, hc)
     assert len(over.data) == 3 and len(base.data) == 1 and "healed: LoRA r2" in over.layout.meta["contract"]
+    focused = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout={"meta": {"contract": "m"}, "yaxis": {"range": [0, 5]}})
+    lo, hi = F.with_healed(focused, hc).layout.yaxis.range  # a focused range widens to hold every healed CI
+    cis = [c for v in hc.methods.values() for e in v for c in e["delta_pct"]["healed_vs_base"]["ci"]]
+    assert lo < min(cis) and hi >= max(max(cis), 5)
     plain = build_report(sections=[Section("other", "<p>no figure</p>")])
     html = build_report(sections=[Section("other", "<p>no figure</p>"), F.section(hc)])
     assert figure_count(html) == figure_count(plain) + 1

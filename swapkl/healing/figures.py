@@ -65,8 +65,15 @@ def with_healed(fig, hc, methods=None):
     import plotly.graph_objects as go
 
     new = go.Figure(fig)
-    for tr in healed_traces(hc, "healed_vs_base", methods):
+    traces = healed_traces(hc, "healed_vs_base", methods)
+    for tr in traces:
         new.add_trace(tr)
+    rng = new.layout.yaxis.range  # a focused y range (views.curves): widen it to hold the healed points and CIs
+    if rng is not None and traces:
+        vals = [y + s * d for tr in traces for y, dp, dm in zip(tr.y, tr.error_y.array, tr.error_y.arrayminus)
+                for s, d in ((1, dp), (-1, dm))]
+        span = max(rng[1] - rng[0], 1.0)
+        new.update_yaxes(range=[min(rng[0], min(vals) - 0.08 * span), max(rng[1], max(vals) + 0.08 * span)])
     meta = new.layout.meta if isinstance(new.layout.meta, dict) else {}
     recipe = as_curves(hc).recipe_line()
     new.update_layout(meta=dict(meta, contract=f"{meta.get('contract', '')}{SEP}healed: {recipe}", healed=recipe))
