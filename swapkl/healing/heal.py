@@ -153,14 +153,19 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
     cmp = compare({r: res[r].nll for r in ROLES}, res["base"].counts)
     ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
     tt_desc = dict(tt.description, label=_text_label(tt.description), key=tt.key)
-    contract = {"model": ident, "model_fingerprint": fp, "evaluator": ev.to_dict(), "corpus": corpus.describe(),
-                "corpus_label": corpus.label, "recipe_line": recipe.describe(), "recipe_key": recipe.key(),
-                "swapkl_version": __version__}
+    contract = _contract(ident, fp, ev, corpus, recipe)
     return HealResult(removed=removed, ppl=cmp["ppl"], ppl_ci=cmp["ppl_ci"], delta_pct=cmp["delta_pct"],
                       recovered=cmp["recovered"], recovered_ci=cmp["recovered_ci"], recipe=recipe.to_dict(),
                       training=training, train_text=tt_desc, contract=contract, seconds=time.perf_counter() - t0,
                       selection=selection or {"given": removed},
                       windows={"counts": res["base"].counts.tolist(), **{r: res[r].nll.tolist() for r in ROLES}})
+
+
+def _contract(ident: dict, fp: str, ev, corpus, recipe: Recipe) -> dict:
+    """What every number of a heal was computed under: model, weights fingerprint, evaluator, corpus, recipe."""
+    return {"model": ident, "model_fingerprint": fp, "evaluator": ev.to_dict(), "corpus": corpus.describe(),
+            "corpus_label": corpus.label, "recipe_line": recipe.describe(), "recipe_key": recipe.key(),
+            "swapkl_version": __version__}
 
 
 def _trained(shared: dict, key: tuple, train: Callable) -> tuple[dict, dict]:
