@@ -65,7 +65,8 @@ def section(analysis_job) -> None:
     top = min(req.budget, pol.max_budget) if pol.demo else req.budget
     lo, hi = (c2.slider("n (layers removed)", 1, top, (1, min(2, top)), key="w_heal_n") if top > 1 else (1, 1))
     recipe = _recipe_widgets(pol)
-    st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control)")
+    bound = f"; this server allows {pol.max_heal_tokens}" if pol.demo else ""
+    st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control{bound})")
     if st.button("Heal", key="heal_start", disabled=not methods):
         try:
             hreq = HealRequest(model=req.model, revision=req.revision, contract=req.contract, methods=tuple(methods),
