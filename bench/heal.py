@@ -5,7 +5,9 @@
 
 For interchange- and replacement-guided removal at each n: ΔPPL before healing (pruned vs base), after healing
 against the base and against the base fine-tuned with the same recipe on the same text, the share of the damage
-recovered (paired bootstrap CI over the shared evaluation windows), steps, tokens and wall time.  Then the training
+recovered (paired bootstrap CI over the shared evaluation windows), steps, tokens and wall time; every set healed in
+one run with one recipe and one control (swapkl.healing.multi.heal_curves), then the paired comparison of the
+two methods at each n (A − B, same windows) and the headline; --json writes the healed curves.  Then the training
 speed of swapkl's loop against a plain transformers + peft loop with the same recipe (same model, LoRA targets,
 optimizer, batches), interleaved in this run, as a ratio (> 1: swapkl is faster).  Prints a markdown table.
 """
@@ -81,7 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default="default")
     ap.add_argument("--methods", default="interchange,replacement")
-    ap.add_argument("--n", default="2,4", help="set sizes, comma-separated")
+    ap.add_argument("--n", default="2,4", help="set sizes: 2,4 or 1-4 (every n healed for every method, one run)")
     ap.add_argument("--spacing", type=int, default=1)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rank", type=int, default=8)
@@ -94,13 +96,15 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16, help="the scoring contract's prompts (P)")
     ap.add_argument("--tokens", type=int, default=64, help="... and tokens per prompt (T)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None, metavar="OUT", help="write the healed curves (swapkl report --heal reads it)")
     a = ap.parse_args()
     import torch
 
     if a.threads:
         torch.set_num_threads(a.threads)
     from swapkl.contract import Contract
-    from swapkl.healing.heal import chosen_set, heal, training_text
+    from swapkl.healing.heal import training_text
+    from swapkl.healing.multi import heal_curves, parse_ns
     from swapkl.healing.recipe import Recipe
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.removal.evaluate import Evaluator, get_evaluator
@@ -118,25 +122,28 @@ def main() -> int:
     print(f"model {ck.identity.get('display')} ({ck.num_layers} layers), corpus {corpus.label}, evaluator "
           f"{ev.name} ({ev.max_words} words, {ev.window}/{ev.stride}); recipe {recipe.describe()}; "
           f"threads {torch.get_num_threads()}", flush=True)
-    rows = []
-    for n in [int(x) for x in a.n.split(",")]:
-        for method in a.methods.split(","):
-            removed, _ = chosen_set(ck.model, ck.tokenizer, method, n, scores, corpus, ev, spacing=a.spacing)
-            t = time.perf_counter()
-            r = heal(ck.model, ck.tokenizer, removed, recipe, corpus=corpus, evaluator=ev, identity=ck.identity,
-                     prompts=a.prompts, tokens=a.tokens, selection={"method": method, "n": n})
-            wall = time.perf_counter() - t
-            rows.append((method, n, r, wall))
-            d = r.delta_pct
-            print(f"  {method} n={n} {removed}: pruned {d['pruned_vs_base']['value']:+.1f} %, healed vs base "
-                  f"{d['healed_vs_base']['value']:+.1f} %, vs fine-tuned {d['healed_vs_base_finetuned']['value']:+.1f}"
-                  f" %, recovered {r.recovered}  ({wall:.0f} s)", flush=True)
+
+    def progress(done, total, msg):
+        if "PPL" in msg or done == total:
+            print(f"  [{done}/{total}] {msg}", flush=True)
+
+    t = time.perf_counter()
+    hc = heal_curves(ck.model, ck.tokenizer, [m for m in a.methods.split(",") if m], parse_ns(a.n), recipe,
+                     scores=scores, corpus=corpus, evaluator=ev, spacing=a.spacing, identity=ck.identity,
+                     prompts=a.prompts, tokens=a.tokens, progress=progress)
+    wall = time.perf_counter() - t
     print()
-    print(table(rows, recipe))
+    print(table(hc, recipe))
+    print()
+    print(comparison(hc))
+    print(f"\nwall {wall:.0f} s for the whole run (one control, {len(hc.windows['sets'])} distinct sets)")
+    if a.json:
+        hc.to_json(a.json)
+        print(f"wrote {a.json} (python -m swapkl report --heal {a.json} --out heal.html)")
     if a.speed_steps:
         tt = training_text(ck.model, ck.tokenizer, corpus, recipe, prompts=a.prompts, tokens=a.tokens)
         sr = Recipe(**{**recipe.__dict__, "steps": a.speed_steps, "checkpoint_every": 10})  # one write included
-        s = speed(ck.model, rows[0][2].removed, tt.chunks, sr)
+        s = speed(ck.model, next(iter(hc.methods.values()))[0]["removed"], tt.chunks, sr)
         print(f"\ntraining speed ({s['steps']} updates × {sr.batch} × {sr.seq_len} tokens each, in lockstep, "
               f"checkpoint every 10): swapkl {s['swapkl_tok_s']:.0f} tok/s, plain transformers + peft "
               f"{s['plain_tok_s']:.0f} tok/s; ratio {s['ratio']:.2f} (median per-update ratio "
@@ -148,23 +155,44 @@ def _ci(x: dict) -> str:
     return f"{x['value']:+.1f} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
 
 
-def table(rows, recipe) -> str:
+def table(hc, recipe) -> str:
     out = ["| method | n | removed | ΔPPL % before healing | healed vs base | healed vs fine-tuned base | recovered "
            "| steps | tokens | wall s (healed / control) |", "|" + "---|" * 10]
-    for method, n, r, wall in rows:
-        d = r.delta_pct
-        rec = "–" if r.recovered is None else (f"{100 * r.recovered:.0f} % [{100 * r.recovered_ci[0]:.0f}, "
-                                                 f"{100 * r.recovered_ci[1]:.0f}]")
-        tr = r.training
-        w = " / ".join("cached" if tr[k].get("cached") else f"{tr[k]['seconds']:.0f}"
-                       for k in ("healed", "base_finetuned"))
-        out.append(f"| {method} | {n} | {r.removed} | {_ci(d['pruned_vs_base'])} | {_ci(d['healed_vs_base'])} | "
-                   f"{_ci(d['healed_vs_base_finetuned'])} | {rec} | {recipe.steps} | {recipe.tokens_seen} | "
-                   f"{w} (run {wall:.0f}) |")
-    base = rows[0][2]
+    seen: dict = {}
+    for method, entries in hc.methods.items():
+        for e in entries:
+            d = e["delta_pct"]
+            first = seen.setdefault(tuple(e["removed"]), method)
+            rec = "–" if e["recovered"] is None else (f"{100 * e['recovered']:.0f} % [{100 * e['recovered_ci'][0]:.0f}, "
+                                                      f"{100 * e['recovered_ci'][1]:.0f}]")
+            tr = e["training"]
+            w = " / ".join("cached" if tr[k].get("cached") else f"{tr[k]['seconds']:.0f}"
+                           for k in ("healed", "base_finetuned")) + f" (run {e.get('seconds') or 0:.0f})"
+            if first != method:
+                w = f"the {first} row's heal (same set)"
+            out.append(f"| {method} | {e['n']} | {e['removed']} | {_ci(d['pruned_vs_base'])} | "
+                       f"{_ci(d['healed_vs_base'])} | {_ci(d['healed_vs_base_finetuned'])} | {rec} | {recipe.steps} | "
+                       f"{recipe.tokens_seen} | {w} |")
+    e0 = next(iter(hc.methods.values()))[0]
     out.append("")
-    out.append(f"PPL base {base.ppl['base']:.4g}, fine-tuned base {base.ppl['base_finetuned']:.4g} "
-               f"({_ci(base.delta_pct['base_finetuned_vs_base'])} %): the control every healed model is held to.")
+    out.append(f"PPL base {e0['ppl']['base']:.4g}, fine-tuned base {e0['ppl']['base_finetuned']:.4g} "
+               f"({_ci(e0['delta_pct']['base_finetuned_vs_base'])} %): the control every healed model is held to.")
+    return "\n".join(out)
+
+
+def comparison(hc) -> str:
+    """The paired comparison per n (A − B, percentage points of the base PPL, same windows) and the headline."""
+    if not hc.comparisons:
+        return "(one method: no paired comparison)"
+    out = ["| n | A − B before healing (pp) | | healed, vs base (pp) | | healed, vs fine-tuned base (pp) | |",
+           "|" + "---|" * 7]
+    for c in hc.comparisons:
+        d = c["diff"]
+        out.append(f"| {c['n']} | {_ci(d['before'])} | {d['before']['word']} | {_ci(d['healed'])} | "
+                   f"{d['healed']['word']} | {_ci(d['healed_vs_finetuned'])} | {d['healed_vs_finetuned']['word']} |")
+    out.append("")
+    out += [f"* {c['sentence']}" for c in hc.comparisons]
+    out.append(f"\nheadline: {hc.headline}")
     return "\n".join(out)
 
 

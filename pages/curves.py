@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common, recommend_panel, tasks_panel
+from pages import common, heal_panel, recommend_panel, tasks_panel
 from swapkl import views
 
 st.title("Removal curves")
@@ -31,6 +31,7 @@ def body(job) -> None:
     rk = common.result_key(job)
     fig = common.memo("curves", rk + (tuple(shown), bands, full),
                       lambda: views.removal_curves(curves, methods=shown, bands=bands, full_range=full))
+    fig = heal_panel.overlay(fig, job)  # the session's healed curves, dashed
     st.plotly_chart(fig, key="cv_main")
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")
@@ -91,3 +92,4 @@ def body(job) -> None:
 common.live(job, body, "curves", watch=("curves",))
 if job is not None:
     tasks_panel.section(job)
+    heal_panel.section(job)

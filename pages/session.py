@@ -44,10 +44,12 @@ def streamlit_session() -> str | None:
 
 
 def connected(session: str) -> bool:
-    """Whether the browser connection ``session`` (:func:`streamlit_session`) is still open."""
+    """Whether the browser connection ``session`` (:func:`streamlit_session`) is still open.  Without a Streamlit
+    runtime (an AppTest, a bare script run) nobody can tell, so the session counts as connected: a probe that
+    cannot answer must not cancel anybody's job."""
     from streamlit import runtime
 
-    return runtime.exists() and runtime.get_instance().is_active_session(session)
+    return not runtime.exists() or runtime.get_instance().is_active_session(session)
 
 
 @st.cache_resource(show_spinner=False)

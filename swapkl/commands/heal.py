@@ -19,8 +19,10 @@ def register(sub) -> None:
     add_model_args(p)
     g = p.add_argument_group("the removed set (one of)")
     g.add_argument("--removed", default=None, metavar="LAYERS", help="comma-separated layer indices, e.g. 13,14,17")
-    g.add_argument("--method", default=None, help="or the set a removal method picks (interchange, replacement, bi, sleb, ...), with --n")
-    g.add_argument("--n", type=int, default=None, help="how many layers --method removes")
+    g.add_argument("--method", default=None, help="or the set a removal method picks (interchange, replacement, bi, sleb, ...), "
+                   "with --n; several methods (interchange,replacement) with several n (2,4 or 1-4): healed curves, "
+                   "one recipe, one control, and the paired comparison of the first two methods per n")
+    g.add_argument("--n", default=None, help="how many layers --method removes (one number, or 2,4 / 1-4)")
     g.add_argument("--spacing", type=int, default=1, help="the selection rule's Δ for --method (default 1)")
     r = p.add_argument_group("the recipe")
     d = Recipe()
@@ -84,10 +86,23 @@ def _check_args(a):
     removed = parse_removed(a.removed) if a.removed is not None else None
     if a.spacing < 0:
         raise SwapklError(f"--spacing must be >= 0 (got {a.spacing})")
+    a.methods, a.ns = [], []
     if a.method is not None:
-        M.get(a.method)  # an unknown name fails here
-        if a.n is None or a.n < 1:
+        a.methods = list(dict.fromkeys(m.strip() for m in a.method.split(",") if m.strip()))
+        if not a.methods:
+            raise SwapklError("--method needs a method name")
+        for m in a.methods:
+            M.get(m)  # an unknown name fails here
+        if a.n is None:
             raise SwapklError("--method needs --n N (N >= 1 layers to remove)")
+        from swapkl.healing.multi import parse_ns
+
+        try:
+            a.ns = parse_ns(a.n)
+        except SwapklError as e:
+            raise SwapklError(f"--n: {e}") from None
+        if len(a.methods) * len(a.ns) > 1 and a.out:
+            raise SwapklError("--out exports one healed set: give one method and one n (or --removed)")
     recipe = recipe_from_args(a)
     check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text])
     if a.out:
@@ -109,6 +124,8 @@ def run(a) -> int:
     removed, recipe, ev, corpus = _check_args(a)
     check_qlora(recipe)
     ck = load_from_args(a)
+    if len(a.methods) * len(a.ns) > 1:
+        return _curves(a, ck, recipe, corpus, ev)
     selection = None
     if a.method is not None:
         removed, selection = _select(a, ck, corpus, ev)
@@ -124,20 +141,38 @@ def run(a) -> int:
     return emit(a, result, render)
 
 
-def _select(a, ck, corpus, ev):
+def _scores(a, ck) -> dict | None:
+    """The swap-KL matrices of the ``--pairs/--prompts/--tokens`` contract when a method needs them (cached)."""
     from swapkl.contract import Contract
-    from swapkl.healing.heal import chosen_set
     from swapkl.removal import methods as M
 
-    scores = None
-    if M.get(a.method).needs:
-        from swapkl.scoring.score import score  # deferred: pulls torch
+    if not any(M.get(m).needs for m in a.methods):
+        return None
+    from swapkl.scoring.score import score  # deferred: pulls torch
 
-        contract = Contract.preset("canonical", pairs=a.pairs, prompts=a.prompts, tokens=a.tokens,
-                                   corpus=a.eval_text, seed=a.prompt_seed, dtype=a.dtype, device=a.device)
-        res = score(ck, contract, use_cache=not a.no_cache)
-        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-    removed, sel = chosen_set(ck.model, ck.tokenizer, a.method, a.n, scores, corpus, ev, spacing=a.spacing)
+    contract = Contract.preset("canonical", pairs=a.pairs, prompts=a.prompts, tokens=a.tokens,
+                               corpus=a.eval_text, seed=a.prompt_seed, dtype=a.dtype, device=a.device)
+    res = score(ck, contract, use_cache=not a.no_cache)
+    return {"replacement": res.replacement(), "interchange": res.interchange()}
+
+
+def _curves(a, ck, recipe, corpus, ev) -> int:
+    """Several methods and/or several n: healed curves (:func:`swapkl.healing.multi.heal_curves`)."""
+    from swapkl.healing.multi import heal_curves
+
+    hc = heal_curves(ck.model, ck.tokenizer, a.methods, a.ns, recipe, scores=_scores(a, ck), corpus=corpus,
+                     evaluator=ev, spacing=a.spacing, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
+                     prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
+                     progress=_Progress(a.quiet))
+    return emit(a, hc, render_curves)
+
+
+def _select(a, ck, corpus, ev):
+    from swapkl.healing.heal import chosen_set
+
+    scores = _scores(a, ck)
+    (method,), (n,) = a.methods, a.ns
+    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, corpus, ev, spacing=a.spacing)
     if scores is not None:
         sel["scores"] = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "seed": a.prompt_seed}
     return removed, sel
@@ -183,4 +218,27 @@ def render(r) -> str:
     lines.append("training: " + "; ".join(parts))
     lines.append(f"contract: {contract_caption(r.provenance())}")
     lines.extend(f"note: {n}" for n in r.notes)
+    return "\n".join(lines)
+
+
+def render_curves(hc) -> str:
+    """Healed curves as text: one line per method and n, the paired comparison per n, the headline, the contract."""
+    from swapkl.healing.figures import caption
+
+    def ci(x):
+        return f"{x['value']:+.1f} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
+
+    lines = [f"recipe: {hc.recipe_line()} ({hc.recipe.get('tokens_seen')} tokens per set and for the control)",
+             f"PPL base {hc.base_ppl:.4g}, fine-tuned base (the control) {hc.finetuned_ppl:.4g}"]
+    for m, entries in hc.methods.items():
+        for e in entries:
+            d = e["delta_pct"]
+            lines.append(f"  {m:<12} n={e['n']} {e['removed']}: ΔPPL before {ci(d['pruned_vs_base'])} %, healed vs "
+                         f"base {ci(d['healed_vs_base'])} %, vs fine-tuned base {ci(d['healed_vs_base_finetuned'])} %")
+    for c in hc.comparisons:
+        lines.append(f"  n={c['n']}: {c['sentence']}")
+    if hc.headline:
+        lines.append(f"headline: {hc.headline}")
+    lines.append(f"contract: {caption(hc)}")
+    lines.extend(f"note: {n}" for n in hc.notes)
     return "\n".join(lines)

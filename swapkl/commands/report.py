@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
     p.add_argument("--curves", default=None, metavar="CURVES.json", help="a 'swapkl curves --json' file")
     p.add_argument("--trajectory", default=None, metavar="TRAJ.json", help="a trajectory JSON file")
+    p.add_argument("--heal", default=None, metavar="HEAL.json",
+                   help="healed curves (bench/heal.py --json, the dashboard's download) or a 'swapkl heal --json' "
+                        "result: adds the healing section")
     p.add_argument("--budget", type=int, default=None,
                    help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
     p.add_argument("--methods", default=",".join(M.default_set("dashboard")),
@@ -57,10 +60,11 @@ def run(a) -> int:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
-    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory)):
+    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.heal)):
         raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
-    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text])
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.heal])
     result = report.as_result(a.scores) if a.scores else None
+    sections = [heal_section(a.heal, result)] if a.heal else []
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
     if result is not None and curves is not None:  # never one report from two models
@@ -68,7 +72,7 @@ def run(a) -> int:
                                                             "different models")
 
     ck = None
-    if a.model and (want_curves or (result is None and curves is None and traj is None)):
+    if a.model and (want_curves or (result is None and curves is None and traj is None and not sections)):
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
             from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
@@ -82,7 +86,7 @@ def run(a) -> int:
         result = score(ck, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
     if want_curves:
         curves = _compute_curves(a, ck, result)
-    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top)
+    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top, sections=sections)
     _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
     if result is not None and not a.quiet:
         v = report._verdict(result, curves)
@@ -106,3 +110,26 @@ def _compute_curves(a, ck, result):
 
     return C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, get_evaluator(a.evaluator), corpus,
                           progress=prog, spacing=a.spacing, seeds=tuple(range(a.seeds)), identity=ck.identity)
+
+
+def heal_section(path, result=None):
+    """The healing section of the report from ``--heal FILE`` (healed curves or one heal result), validated; refused
+    when ``result`` (the report's scores) is for another model."""
+    import json
+    from pathlib import Path
+
+    from swapkl.healing.curves import HealCurves
+    from swapkl.healing.figures import section
+
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SwapklError(f"--heal {path}: cannot read it as JSON ({type(e).__name__})") from None
+    try:
+        hc = HealCurves.from_dict(d, f"--heal {path}")
+        if result is not None:
+            check_same_model(result, hc.contract.get("model"),
+                             what=f"--scores and --heal {path} are for different models")
+        return section(hc)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise SwapklError(f"--heal {path}: not healed curves nor a heal result ({type(e).__name__}: {e})") from None

@@ -7,15 +7,14 @@ registry), :func:`export_healed` writes the merged healed model and its adapter.
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
-
 from swapkl import __version__
-from swapkl.errors import ContractError, SwapklError
+from swapkl.errors import SwapklError
 from swapkl.healing import text as T
 from swapkl.healing import train as TR
 from swapkl.healing.recipe import Recipe
@@ -62,14 +61,11 @@ def _eval_key(corpus, ev) -> str:
 
 
 def check_qlora(recipe: Recipe) -> None:
-    if recipe.qlora and not torch.cuda.is_available():
-        raise ContractError("QLoRA (4-bit base weights through bitsandbytes) needs CUDA; this machine has none")
+    """With ``recipe.qlora``: one line unless CUDA and bitsandbytes are present (:mod:`swapkl.healing.qlora`)."""
     if recipe.qlora:
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            raise ContractError("QLoRA needs the bitsandbytes package (pip install bitsandbytes)") from None
-        raise ContractError("QLoRA is not wired in this version (docs/healing.md); use LoRA")
+        from swapkl.healing.qlora import check_available
+
+        check_available()
 
 
 def training_text(model, tokenizer, corpus, recipe: Recipe, train_path=None, scoring_corpus=None,
@@ -89,14 +85,16 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
          train_path=None, scoring_corpus=None, prompts: int = 16, tokens: int = 64, prompt_seed: int = 0,
          identity: dict | None = None, use_cache: bool = True, progress: Callable | None = None,
          should_stop: Callable | None = None, selection: dict | None = None,
-         keep_states: dict | None = None) -> HealResult:
+         keep_states: dict | None = None, shared: dict | None = None) -> HealResult:
     """Heal ``model`` without ``removed`` with ``recipe`` and measure it against the control (module docstring).
 
     ``corpus``: evaluation text (its evaluation region) and, unless ``train_path`` is given, training text (its
     training region, :mod:`swapkl.healing.text`); ``evaluator``: a removal evaluator (``matched``, ``standard``
     or an :class:`~swapkl.removal.evaluate.Evaluator`).  ``progress(done, total, message)``: units are training
     updates plus one per evaluation; ``should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted` (training
-    resumes on the next call).  ``keep_states``: a dict that receives the two adapter states (for export)."""
+    resumes on the next call).  ``keep_states``: a dict that receives the two adapter states (for export).
+    ``shared``: a dict kept across calls with the same model, texts and recipe (training text, fingerprint, memo,
+    adapters: the control trains once; :func:`swapkl.healing.multi.heal_curves`)."""
     t0 = time.perf_counter()
     recipe.validate()
     check_qlora(recipe)
@@ -107,9 +105,13 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
     arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
                        "use an evaluator whose window is at most {limit} tokens")
     ids = E.eval_ids(corpus, tokenizer, ev)
-    tt = training_text(model, tokenizer, corpus, recipe, train_path, scoring_corpus, prompts, tokens, prompt_seed)
-    fp = TR.model_fingerprint(model)
-    memo = disk_memo(identity, kl=False) if use_cache else EvalMemo()
+    shared = shared if shared is not None else {}
+    if "text" not in shared:
+        shared["text"] = training_text(model, tokenizer, corpus, recipe, train_path, scoring_corpus, prompts, tokens,
+                                       prompt_seed)
+        shared["fingerprint"] = TR.model_fingerprint(model)
+    memo = shared.setdefault("memo", disk_memo(identity, kl=False) if use_cache else EvalMemo())
+    tt, fp = shared["text"], shared["fingerprint"]
     key = _eval_key(corpus, ev)
     total = 2 * recipe.steps + 4
     done = {"n": 0}
@@ -136,7 +138,8 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
             if progress is not None:
                 progress(done["n"], total, f"{role}: {msg}")
 
-        states[role], training[role] = TR.train(model, rem, tt.chunks, recipe, folder, step_progress, should_stop)
+        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, step_progress, should_stop)
+        states[role], training[role] = _trained(shared, (fp, tuple(rem), recipe.key(), tt.key), train)
         done["n"] = base_done + recipe.steps
         hkey = f"{key}|heal:{fp}:{recipe.key()}:{tt.key}"
         res[role] = memo.get(hkey, rem, lambda rem=rem, role=role: evaluate(
@@ -150,14 +153,29 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
     cmp = compare({r: res[r].nll for r in ROLES}, res["base"].counts)
     ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
     tt_desc = dict(tt.description, label=_text_label(tt.description), key=tt.key)
-    contract = {"model": ident, "model_fingerprint": fp, "evaluator": ev.to_dict(), "corpus": corpus.describe(),
-                "corpus_label": corpus.label, "recipe_line": recipe.describe(), "recipe_key": recipe.key(),
-                "swapkl_version": __version__}
+    contract = _contract(ident, fp, ev, corpus, recipe)
     return HealResult(removed=removed, ppl=cmp["ppl"], ppl_ci=cmp["ppl_ci"], delta_pct=cmp["delta_pct"],
                       recovered=cmp["recovered"], recovered_ci=cmp["recovered_ci"], recipe=recipe.to_dict(),
                       training=training, train_text=tt_desc, contract=contract, seconds=time.perf_counter() - t0,
                       selection=selection or {"given": removed},
                       windows={"counts": res["base"].counts.tolist(), **{r: res[r].nll.tolist() for r in ROLES}})
+
+
+def _contract(ident: dict, fp: str, ev, corpus, recipe: Recipe) -> dict:
+    """What every number of a heal was computed under: model, weights fingerprint, evaluator, corpus, recipe."""
+    return {"model": ident, "model_fingerprint": fp, "evaluator": ev.to_dict(), "corpus": corpus.describe(),
+            "corpus_label": corpus.label, "recipe_line": recipe.describe(), "recipe_key": recipe.key(),
+            "swapkl_version": __version__}
+
+
+def _trained(shared: dict, key: tuple, train: Callable) -> tuple[dict, dict]:
+    """(adapter state, stats) of ``key`` trained earlier in this session (stats marked cached), else ``train()``."""
+    adapters = shared.setdefault("adapters", {})
+    if key in adapters:
+        state, stats = adapters[key]
+        return state, dict(stats, cached=True)
+    adapters[key] = train()
+    return adapters[key]
 
 
 def _text_label(d: dict) -> str:

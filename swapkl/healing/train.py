@@ -176,8 +176,13 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
     recipe.validate()
     if folder is not None and (hit := read_cached(folder, ADAPTER_KIND, recipe)) is not None:
         return hit[1], dict(hit[0]["stats"], cached=True)
-    pm = lora_model(private_copy(model, removed), recipe)
-    dev = next(pm.parameters()).device
+    if recipe.qlora:  # the 4-bit base on CUDA (swapkl.healing.qlora); the adapter merges into full precision
+        from swapkl.healing.qlora import quantized_copy
+
+        pm = lora_model(quantized_copy(model, removed), recipe)
+    else:
+        pm = lora_model(private_copy(model, removed), recipe)
+    dev = next(p for _, p in trainable(pm)).device
     params = [p for _, p in trainable(pm)]
     # fused: one kernel for all LoRA tensors (CPU and CUDA); the textbook loop's per-tensor update is slower
     opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=recipe.weight_decay,

@@ -34,10 +34,11 @@ from .failures import readable_error
 from .job import CANCELLED, DONE, ERROR, FINISHED, QUEUED, RUNNING, Job, Progress, fmt_s
 from .manager import JobManager
 from .models import ModelCache
-from .requests import AnalysisRequest, EvidenceRequest, TasksRequest, TrajectoryRequest, quick_fingerprint, request_key
+from .requests import (AnalysisRequest, EvidenceRequest, HealRequest, TasksRequest, TrajectoryRequest, quick_fingerprint,
+                       request_key)
 from .snapshots import SnapshotStore
 
-__all__ = ["CANCELLED", "DONE", "ERROR", "FINISHED", "QUEUED", "RUNNING", "AnalysisRequest", "EvidenceRequest", "Job",
+__all__ = ["CANCELLED", "DONE", "ERROR", "FINISHED", "QUEUED", "RUNNING", "AnalysisRequest", "EvidenceRequest", "HealRequest", "Job",
            "JobManager", "ModelCache", "Progress", "SnapshotStore", "TasksRequest", "TrajectoryRequest", "fmt_s",
            "quick_fingerprint",
            "readable_error", "request_key"]

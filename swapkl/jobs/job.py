@@ -55,7 +55,7 @@ class Job:
         self.key = key
         self.request = request
         # per drawable part, how often it was replaced (a page redraws only when a part it shows changed)
-        self.updates = {"result": 0, "curves": 0, "trajectory": 0, "evidence": 0, "tasks": 0}
+        self.updates = {"result": 0, "curves": 0, "trajectory": 0, "evidence": 0, "tasks": 0, "heal": 0}
         self.progress_path: Path | None = None  # where publish writes the progress JSON (the dashboard's poll)
         self._published = 0.0
         self.status = QUEUED
@@ -64,6 +64,7 @@ class Job:
         self.trajectory = None
         self.evidence = None  # an EvidenceResult (evidence jobs)
         self.tasks = None  # a TasksResult (task accuracy jobs)
+        self.heal = None  # a HealCurves (healing jobs)
         self.error: str | None = None
         self.error_kind: str | None = None
         self.from_snapshot = False
@@ -85,7 +86,7 @@ class Job:
     # ---------------------------------------------------------------- state
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name in ("result", "curves", "trajectory", "evidence", "tasks") and "updates" in self.__dict__:
+        if name in ("result", "curves", "trajectory", "evidence", "tasks", "heal") and "updates" in self.__dict__:
             self.updates[name] += 1
             if getattr(self, "progress_path", None) is not None:
                 self.publish(force=True)
@@ -162,10 +163,11 @@ class Job:
         """Ask the job to stop (polled by the computation through :meth:`should_stop`)."""
         self._cancel.set()
 
-    def done_from(self, note: str, result=None, curves=None, trajectory=None, evidence=None, tasks=None) -> None:
+    def done_from(self, note: str, result=None, curves=None, trajectory=None, evidence=None, tasks=None,
+                  heal=None) -> None:
         """Finished at once without computing (a snapshot or an opened file), holding these parts."""
         for name, part in (("result", result), ("curves", curves), ("trajectory", trajectory), ("evidence", evidence),
-                           ("tasks", tasks)):
+                           ("tasks", tasks), ("heal", heal)):
             if part is not None:
                 setattr(self, name, part)
         self.from_snapshot = True

@@ -9,6 +9,8 @@
 * :func:`run_trajectory`: every checkpoint of a list (optionally training the demo model first).
 * :func:`run_tasks`: swap-KL scores, then lm-eval task accuracy of the base model and each method's pruned model
   (:func:`swapkl.removal.tasks.task_accuracy`), publishing the partial result after every model.
+* :func:`run_heal`: swap-KL scores, then healed curves (:func:`swapkl.healing.multi.heal_curves`), publishing the
+  partial curves after every heal.
 
 The library's modules that import torch are imported inside these functions on purpose: importing
 ``swapkl.jobs`` (the dashboard does it before its first page is drawn) must not wait for torch.
@@ -23,7 +25,7 @@ from swapkl.trajectory.checkpoints import parse_checkpoints
 from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job
 from .models import ModelCache
-from .requests import AnalysisRequest, TasksRequest, TrajectoryRequest
+from .requests import AnalysisRequest, HealRequest, TasksRequest, TrajectoryRequest
 
 
 def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
@@ -168,3 +170,30 @@ def run_tasks(job: Job, models: ModelCache) -> None:
                               limit=req.limit, num_fewshot=req.num_fewshot, identity=ck.identity,
                               progress=job.tick, should_stop=job.should_stop,
                               on_partial=lambda r: setattr(job, "tasks", r), corpus=load_corpus(c.corpus))
+
+
+def run_heal(job: Job, models: ModelCache) -> None:
+    """Healed curves (:func:`swapkl.healing.multi.heal_curves`): the guided methods' scores, then every set healed
+    with the one recipe against one control, publishing the partial curves after each heal."""
+    from swapkl.healing.multi import heal_curves  # deferred: torch, peft
+    from swapkl.scoring.score import score
+
+    req: HealRequest = job.request
+    c = req.contract
+    job.phase(1, 3, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
+    ck = models.get(req.model, req.revision, c.dtype, c.device)
+    job.checkpoint = ck
+    scores = None
+    if any(M.get(m).needs for m in req.methods):
+        job.phase(2, 3, f"swap-KL on the pair set {c.pairs} (the guided methods' sets)")
+        res = score(ck, c, progress=job.tick, should_stop=job.should_stop,
+                    engine_kw=engine_kw(ck, c, len(c.pair_list(ck.num_layers))))
+        job.result = res
+        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    recipe = req.recipe_obj()
+    job.phase(3, 3, f"healing {', '.join(req.methods)} at n = {', '.join(map(str, req.ns))}: {recipe.describe()}")
+    job.heal = heal_curves(ck.model, ck.tokenizer, req.methods, req.ns, recipe, scores=scores,
+                           corpus=load_corpus(c.corpus), evaluator=evaluator_of(req), spacing=req.spacing,
+                           prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed, identity=ck.identity,
+                           progress=job.tick, should_stop=job.should_stop,
+                           on_partial=lambda h: setattr(job, "heal", h))

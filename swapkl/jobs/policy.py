@@ -17,10 +17,13 @@ Demo mode is on with ``SWAPKL_DEMO=1`` (``./run.sh --demo`` sets it) or ``enable
     tasks = ["tinystories_mc"]        # lm-eval task names a visitor may run (task accuracy after removal)
     task_include_path = "tests/fixtures/tasks"  # the operator's folder of task YAMLs (never a visitor's)
     max_task_limit = 100              # documents per task at most (a limit is required)
+    max_heal_steps = 50               # healing: LoRA updates per heal
+    max_heal_tokens = 51200           # healing: training tokens per heal (steps x batch x seq_len)
 
 Environment variables override the file: ``SWAPKL_DEMO_MODELS`` (comma-separated), ``SWAPKL_DEMO_MAX_JOBS``,
 ``SWAPKL_DEMO_MAX_QUEUED``, ``SWAPKL_DEMO_MAX_PROMPT_TOKENS``, ``SWAPKL_DEMO_MAX_BUDGET``, ``SWAPKL_DEMO_UPLOAD_MB``,
-``SWAPKL_DEMO_TASKS`` (comma-separated), ``SWAPKL_DEMO_MAX_TASK_LIMIT``.
+``SWAPKL_DEMO_TASKS`` (comma-separated), ``SWAPKL_DEMO_MAX_TASK_LIMIT``, ``SWAPKL_DEMO_MAX_HEAL_STEPS``,
+``SWAPKL_DEMO_MAX_HEAL_TOKENS``.
 
 An lm-eval task YAML can run Python (``!function``, ``process_docs``), and lm-eval takes a YAML *path* where a task
 name goes: in demo mode a task is one of the allow-listed names (compared as strings), its include path is the
@@ -75,6 +78,10 @@ class Policy:
     task_include_path: str | None = "tests/fixtures/tasks"
     max_task_limit: int = 100
     max_fewshot: int = 5
+    max_heal_steps: int = 50  # LoRA updates of one healing recipe
+    max_heal_tokens: int = 51_200  # training tokens of one recipe (steps x batch x seq_len), each set and the control
+    max_heal_rank: int = 16
+    max_heal_sets: int = 8  # heals of one request (methods x n)
     extra: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
@@ -100,7 +107,8 @@ class Policy:
                          ("max_prompt_tokens", "SWAPKL_DEMO_MAX_PROMPT_TOKENS"),
                          ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"),
                          ("max_evidence_boot", "SWAPKL_DEMO_MAX_EVIDENCE_BOOT"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB"),
-                         ("max_task_limit", "SWAPKL_DEMO_MAX_TASK_LIMIT")):
+                         ("max_task_limit", "SWAPKL_DEMO_MAX_TASK_LIMIT"), ("max_heal_steps", "SWAPKL_DEMO_MAX_HEAL_STEPS"),
+                         ("max_heal_tokens", "SWAPKL_DEMO_MAX_HEAL_TOKENS")):
             raw = env.get(var, conf.get(key))
             if raw is not None:
                 try:
@@ -174,6 +182,9 @@ class Policy:
             elif request.n_boot > self.max_evidence_boot:
                 raise PolicyError(f"this demo server allows at most {self.max_evidence_boot} bootstrap resamples; "
                                   f"{request.n_boot} asked")
+        elif request.kind == "heal":
+            self.check_model(request.model, request.revision)
+            check_heal(self, request)
         elif not getattr(request, "train_demo", False):
             self.check_checkpoint_list(request.checkpoints)
 
@@ -229,6 +240,46 @@ class Policy:
         if out.parent != root:  # pragma: no cover - the name has no separators left
             raise PolicyError(f"export name {name!r} is not allowed")
         return out
+
+
+def check_heal(self: Policy, request) -> None:
+    """A healing request (:class:`~swapkl.jobs.requests.HealRequest`) against policy ``self`` in demo mode
+    (training runs on the server's CPU): offered deterministic methods only, n up to ``max_budget``, at most
+    ``max_heal_sets`` heals, a recipe of at most ``max_heal_steps`` updates, ``max_heal_tokens`` training tokens and
+    rank ``max_heal_rank``, no QLoRA, the server's evaluator.  A bound passed: :class:`PolicyError` naming it."""
+    if not self.demo:
+        return
+    from swapkl.healing.multi import MERGING  # torch-free
+    from swapkl.removal import methods as M  # the registry: torch-free
+
+    for m in request.methods:
+        spec = M.find(m)
+        if spec is None or not spec.offered or spec.seeded or m in M.GROUPS or m in MERGING:
+            raise PolicyError(f"this demo server heals only the sets of its offered deterministic methods; "
+                              f"not '{m}'")
+    if not request.methods or not request.ns:
+        raise PolicyError("choose at least one method and one n to heal")
+    if max(request.ns) > self.max_budget:
+        raise PolicyError(f"this demo server removes at most {self.max_budget} layers; n = {max(request.ns)} "
+                          "asked")
+    sets = len(request.methods) * len(request.ns)
+    if sets > self.max_heal_sets:
+        raise PolicyError(f"this demo server heals at most {self.max_heal_sets} sets per request (methods x n); "
+                          f"{sets} asked")
+    r = request.recipe
+    tokens = int(r["steps"]) * int(r["batch"]) * int(r["seq_len"])
+    if int(r["steps"]) > self.max_heal_steps:
+        raise PolicyError(f"this demo server trains at most {self.max_heal_steps} steps per heal; "
+                          f"{r['steps']} asked")
+    if tokens > self.max_heal_tokens:
+        raise PolicyError(f"this demo server trains on at most {self.max_heal_tokens} tokens per heal (steps x "
+                          f"batch x sequence length); {r['steps']} x {r['batch']} x {r['seq_len']} = {tokens}")
+    if int(r["rank"]) > self.max_heal_rank:
+        raise PolicyError(f"this demo server allows LoRA rank at most {self.max_heal_rank}; {r['rank']} asked")
+    if r.get("qlora"):
+        raise PolicyError("this demo server has no QLoRA (it needs CUDA and bitsandbytes)")
+    if request.evaluator is not None:
+        raise PolicyError("this demo server evaluates healing with its own evaluator (matched)")
 
 
 def _flag(v) -> bool:

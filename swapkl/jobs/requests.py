@@ -1,5 +1,5 @@
 """What a page asks the job manager for: :class:`AnalysisRequest`, :class:`TrajectoryRequest` and
-:class:`TasksRequest`, and the job
+:class:`TasksRequest`, :class:`HealRequest`, and the job
 key (:func:`request_key`: the request, a cheap content fingerprint of the model files and the swapkl version)."""
 from __future__ import annotations
 
@@ -153,6 +153,51 @@ class TasksRequest:
         return f"{m} · tasks {', '.join(self.tasks)} · budget {self.budget}{lim}"
 
 
+@dataclass(frozen=True)
+class HealRequest:
+    """Healed curves (:func:`swapkl.healing.multi.heal_curves`): the set each of ``methods`` chooses at each n of
+    ``ns`` (with the swap-KL scores of ``contract`` for the guided methods), healed with one LoRA ``recipe`` (a
+    :class:`~swapkl.healing.recipe.Recipe` dict) against one control, on the removal evaluator ``evaluator``.
+    Demo mode bounds the steps, tokens, rank and n (:func:`swapkl.jobs.policy.check_heal`)."""
+
+    model: str = "default"
+    revision: str | None = None
+    contract: Contract = field(default_factory=Contract)
+    methods: tuple = ("interchange", "replacement")
+    ns: tuple = (1, 2)
+    recipe: Any = None
+    evaluator: Any = None
+    spacing: int = 1
+    kind: str = "heal"
+
+    def __post_init__(self):
+        from swapkl.healing.recipe import Recipe
+
+        object.__setattr__(self, "model", str(self.model).strip())
+        object.__setattr__(self, "revision", (str(self.revision).strip() or None) if self.revision else None)
+        object.__setattr__(self, "methods", tuple(dict.fromkeys(str(m) for m in self.methods if m)))
+        object.__setattr__(self, "ns", tuple(sorted({int(n) for n in self.ns})))
+        r = self.recipe if isinstance(self.recipe, Recipe) else Recipe.from_dict(dict(self.recipe or {}))
+        object.__setattr__(self, "recipe", {k: v for k, v in r.__dict__.items()})
+        object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
+        object.__setattr__(self, "spacing", int(self.spacing))
+
+    def recipe_obj(self):
+        from swapkl.healing.recipe import Recipe
+
+        return Recipe.from_dict(self.recipe)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "revision": self.revision,
+                "contract": self.contract.to_dict(), "methods": list(self.methods), "ns": list(self.ns),
+                "recipe": dict(self.recipe), "evaluator": self.evaluator, "spacing": self.spacing}
+
+    def label(self) -> str:
+        m = self.model + (f"@{self.revision}" if self.revision else "")
+        return (f"healing: {m} · {', '.join(self.methods)} · n = {', '.join(map(str, self.ns))} · "
+                f"{self.recipe_obj().describe()}")
+
+
 def quick_fingerprint(model: str, revision: str | None = None) -> str:
     """A content fingerprint of a checkpoint spec without loading the model (sha256s are memoised on disk):
     built-in / GGUF: the GGUF file's sha256; local folder: its config + weight files; hub: ``id@revision``.
@@ -172,7 +217,7 @@ def quick_fingerprint(model: str, revision: str | None = None) -> str:
 def request_key(request) -> str:
     """The job key: hash of the request, the model fingerprint(s) and the swapkl version."""
     d = request.to_dict()
-    if request.kind in ("analysis", "evidence", "tasks"):
+    if request.kind in ("analysis", "evidence", "tasks", "heal"):
         d["fingerprint"] = quick_fingerprint(request.model, request.revision)
     elif getattr(request, "train_demo", False):
         d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings

@@ -40,6 +40,8 @@ def _pipeline(job: Job, models: ModelCache) -> None:
         pipelines.run_evidence(job, models)
     elif job.request.kind == "tasks":
         pipelines.run_tasks(job, models)
+    elif job.request.kind == "heal":
+        pipelines.run_heal(job, models)
     else:
         pipelines.run_analysis(job, models)
 

@@ -1,6 +1,6 @@
 """Finished jobs on disk: ``<root>/<job key>/snapshot.json``, one checksummed store entry
 (:mod:`swapkl.store`) holding the request and the job's results (``result`` + ``curves`` for an analysis,
-``trajectory`` for a trajectory, ``result`` + ``tasks`` for task accuracy); a later identical request is served from it at once, without the model.
+``trajectory`` for a trajectory, ``result`` + ``tasks`` for task accuracy, ``heal`` for healed curves); a later identical request is served from it at once, without the model.
 A damaged or old-format snapshot is ignored (and the job recomputed)."""
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class SnapshotStore:
         elif job.request.kind == "tasks":
             data["result"] = job.result.to_dict() if job.result is not None else None
             data["tasks"] = job.tasks.to_dict()
+        elif job.request.kind == "heal":
+            data["heal"] = job.heal.to_dict()
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
@@ -72,6 +74,10 @@ class SnapshotStore:
                 parts = {"tasks": TasksResult.from_dict(data["tasks"]),
                          "result": SwapResult.from_dict(data["result"], f"snapshot {where}") if data.get("result")
                          else None}
+            elif job.request.kind == "heal":
+                from swapkl.healing.curves import HealCurves
+
+                parts = {"heal": HealCurves.from_dict(data["heal"], f"snapshot {where}")}
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False

@@ -1,0 +1,123 @@
+"""The "Healing" panel of the removal-curves page: the sets that the chosen methods pick at each n, healed with one
+LoRA recipe against one control (the unpruned base fine-tuned with the same recipe on the same text), run by the job
+system (progress, ETA, cancel; :class:`swapkl.jobs.HealRequest`), drawn by :mod:`swapkl.healing.figures` (dashed
+healed curves, also added to the page's removal-curves figure), with the paired comparison's headline and
+downloads.
+
+Demo mode: the recipe widgets stop at the policy's bounds, and the policy refuses a request past them (a browser
+can send anything; :func:`swapkl.jobs.policy.check_heal`)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from swapkl.errors import SwapklError
+from swapkl.healing import figures as hf
+from swapkl.healing.multi import MERGING
+from swapkl.healing.recipe import Recipe
+from swapkl.jobs import HealRequest
+from swapkl.removal import methods as M
+
+#: the panel's recipe when nobody changes it: small enough for a CPU (about a minute per set on stories260K)
+DEFAULT = Recipe(steps=30, rank=8, alpha=16.0, lr=2e-3, warmup=3, seq_len=128, batch=4)
+
+
+def healable(methods) -> list[str]:
+    """The deterministic, non-merging methods among ``methods`` (guided ones first): the ones with one set per n."""
+    out = []
+    for m in M.run_order(methods):
+        spec = M.find(m)
+        if spec is not None and not spec.seeded and m not in M.GROUPS and m not in MERGING:
+            out.append(m)
+    return out
+
+
+def _recipe_widgets(pol) -> Recipe:
+    """The recipe from the widgets (demo: the widgets stop at the policy's bounds)."""
+    c1, c2, c3, c4, c5 = st.columns(5)
+    max_steps = pol.max_heal_steps if pol.demo else 100_000
+    steps = int(c1.number_input("Steps", 0, max_steps, min(DEFAULT.steps, max_steps), key="w_heal_steps"))
+    max_rank = pol.max_heal_rank if pol.demo else 1024
+    rank = int(c2.number_input("LoRA rank", 1, max_rank, min(DEFAULT.rank, max_rank), key="w_heal_rank"))
+    lr = float(c3.number_input("Learning rate", 1e-5, 1.0, DEFAULT.lr, format="%.4g", key="w_heal_lr"))
+    seq_len = int(c4.selectbox("Sequence length", [64, 128, 256, 512], index=1, key="w_heal_seq"))
+    batch = int(c5.number_input("Batch", 1, 64 if not pol.demo else 16, DEFAULT.batch, key="w_heal_batch"))
+    return Recipe(steps=steps, rank=rank, alpha=2.0 * rank, lr=lr, warmup=min(DEFAULT.warmup, steps),
+                  seq_len=seq_len, batch=batch)
+
+
+def section(analysis_job) -> None:
+    """The panel, below the removal curves of ``analysis_job`` (its model, contract, budget and methods)."""
+    st.subheader("Healing after removal")
+    st.caption("Each method's set at each n, healed with a short LoRA fine-tune, against the control: the unpruned "
+               "base fine-tuned with the same recipe on the same text (so domain adaptation is not counted as "
+               "healing), all on the same evaluation windows.")
+    req = analysis_job.request if analysis_job is not None else None
+    if req is None or req.kind != "analysis" or not req.wants_curves:
+        st.info("Start an analysis with a layer budget first: healing uses its model, contract, budget and methods.")
+        return
+    pol = common.policy()
+    offered = healable(req.methods)
+    c1, c2 = st.columns([3, 2])
+    methods = c1.multiselect("Methods to heal", offered, default=[m for m in offered
+                                                                  if m in ("interchange", "replacement")],
+                             key="w_heal_methods")
+    top = min(req.budget, pol.max_budget) if pol.demo else req.budget
+    lo, hi = (c2.slider("n (layers removed)", 1, top, (1, min(2, top)), key="w_heal_n") if top > 1 else (1, 1))
+    recipe = _recipe_widgets(pol)
+    bound = f"; this server allows {pol.max_heal_tokens}" if pol.demo else ""
+    st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control{bound})")
+    if st.button("Heal", key="heal_start", disabled=not methods):
+        try:
+            hreq = HealRequest(model=req.model, revision=req.revision, contract=req.contract, methods=tuple(methods),
+                               ns=tuple(range(lo, hi + 1)), recipe=recipe,
+                               evaluator=None if pol.demo else req.evaluator)
+        except SwapklError as e:
+            st.error(str(e), icon=":material/block:")
+        else:
+            common.start(hreq)
+    job = common.current_job("heal")
+    if job is not None:
+        common.live(job, body, "heal", watch=("heal",))
+
+
+def overlay(fig, analysis_job):
+    """The removal-curves figure with this session's healed curves dashed on it (same model), else ``fig``."""
+    job = common.current_job("heal")
+    if job is None or job.heal is None or analysis_job is None or job.request.model != analysis_job.request.model:
+        return fig
+    return common.memo("heal_overlay", (job.key, id(fig), job.updates["heal"]), lambda: hf.with_healed(fig, job.heal))
+
+
+def body(job) -> None:
+    hc = job.heal
+    if hc is None or not hc.methods:
+        st.info("The healed curves appear here set by set (each set's heal, then the next).")
+        return
+    if hc.headline:
+        st.markdown(f"**{hc.headline[0].upper() + hc.headline[1:]}**")
+    rk = (job.key, job.updates["heal"])
+    fig = common.memo("heal_fig", rk, lambda: hf.heal_figure(hc))
+    st.plotly_chart(fig, key="heal_main")
+    table = common.memo("heal_table", rk, lambda: hf.heal_table(hc))
+    st.dataframe(table, hide_index=True, key="heal_table")
+    comp = common.memo("heal_comp", rk, lambda: hf.comparison_table(hc))
+    if len(comp):
+        st.markdown("**Paired comparison per n** (A − B in percentage points of the base PPL; same windows)")
+        st.dataframe(comp, hide_index=True, key="heal_comp")
+        for c in hc.comparisons:
+            st.caption(c["sentence"])
+    cap = hf.caption(hc)
+    st.caption(f"contract: {cap}")
+    for note in hc.notes:
+        st.caption(f"note: {note}")
+    if job.running:
+        return
+    st.markdown("**Downloads** (each carries its contract)")
+    a, b, c = st.columns(3)
+    with a:
+        common.download_figure(fig, "healed-curves", key="dl_heal_fig")
+    with b:
+        common.download_table(table, cap, "healed-curves", key="dl_heal_table")
+    with c:
+        common.download_json(hc.to_json(), "healed-curves", key="dl_heal_json")

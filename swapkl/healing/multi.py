@@ -1,0 +1,115 @@
+"""Heal the set each method chooses at each n with ONE recipe and ONE control, on the same evaluation windows
+(:func:`heal_curves`), and compare two methods' healed models at each n, paired over those windows
+(:class:`swapkl.healing.curves.HealCurves`; docs/healing.md).
+
+The control (the unpruned base fine-tuned with the recipe) trains once: every heal of the run shares one
+:func:`~swapkl.healing.heal.heal` session (training text, weights fingerprint, evaluation memo, adapters), and with
+the disk cache the adapter is also found by later runs.  Two methods that choose the same set at some n share one
+heal (it is computed once and its paired difference is exactly 0).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from swapkl.errors import SwapklError
+from swapkl.healing.curves import HealCurves, set_key
+from swapkl.healing.recipe import Recipe
+
+# Deferred: swapkl.healing.heal (torch, peft) is imported by heal_curves.
+
+#: bound on the heals of one run (methods × n)
+MAX_SETS = 64
+#: methods whose sets are merges, not removals: healing takes plain removal (chosen_set refuses them)
+MERGING = ("laco",)
+
+
+def parse_ns(text, limit: int | None = None) -> list[int]:
+    """``"1-4"``, ``"2,4"`` or ``"1..3"`` (or a list of ints) -> sorted distinct n >= 1; one-line error otherwise."""
+    if isinstance(text, (list, tuple)):
+        parts = [str(x) for x in text]
+    else:
+        parts = [p for p in str(text).replace(" ", "").split(",") if p]
+    out: set[int] = set()
+    try:
+        for p in parts:
+            lo, sep, hi = p.replace("..", "-").partition("-")
+            a, b = int(lo), int(hi) if sep else int(lo)
+            if b - a > 1000:
+                raise ValueError
+            out.update(range(a, b + 1))
+    except ValueError:
+        raise SwapklError(f"n wants numbers such as 1-4 or 2,4 (got '{text}')") from None
+    if not out or min(out) < 1:
+        raise SwapklError(f"n must be at least 1 (got '{text}')")
+    if limit is not None and max(out) > limit:
+        raise SwapklError(f"n goes up to {limit} here (got {max(out)})")
+    return sorted(out)
+
+
+def heal_curves(model, tokenizer, methods: Sequence[str], ns: Sequence[int], recipe: Recipe, *,
+                scores: dict | None = None, corpus=None, evaluator="matched", spacing: int = 1, train_path=None,
+                scoring_corpus=None, prompts: int = 16, tokens: int = 64, prompt_seed: int = 0,
+                identity: dict | None = None, use_cache: bool = True, pair: Sequence[str] | None = None,
+                progress: Callable | None = None, should_stop: Callable | None = None,
+                on_partial: Callable | None = None) -> HealCurves:
+    """Heal, for each of ``methods`` and each n in ``ns``, the set that method chooses
+    (:func:`~swapkl.healing.heal.chosen_set`, with ``scores`` for the guided methods and ``spacing``), with
+    ``recipe`` against one control, and compare ``pair`` (default: interchange vs replacement when both are
+    asked) at each n.  The other arguments are :func:`~swapkl.healing.heal.heal`'s.  ``progress(done, total,
+    message)`` counts training updates and evaluations over the whole run; ``on_partial(HealCurves)`` after each
+    heal; ``should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted` (the heals done so far are cached)."""
+    from swapkl.healing.heal import chosen_set, heal
+    from swapkl.removal import evaluate as E
+    from swapkl.removal.memo import EvalMemo, disk_memo
+    from swapkl.scoring.corpora import load_corpus
+
+    t0 = time.perf_counter()
+    recipe.validate()
+    methods, ns = list(dict.fromkeys(methods)), sorted(set(int(n) for n in ns))
+    if not methods or not ns:
+        raise SwapklError("healed curves need at least one method and one n")
+    if len(methods) * len(ns) > MAX_SETS:
+        raise SwapklError(f"at most {MAX_SETS} heals in one run (methods × n); got {len(methods) * len(ns)}")
+    if pair is not None and (len(pair) != 2 or any(m not in methods for m in pair)):
+        raise SwapklError(f"the compared pair must be two of the healed methods ({', '.join(methods)})")
+    corpus = corpus if corpus is not None else load_corpus()
+    ev = E.get_evaluator(evaluator)
+    memo = disk_memo(identity, kl=False) if use_cache else EvalMemo()
+    shared: dict = {"memo": memo}
+    plan = [(m, n, *chosen_set(model, tokenizer, m, n, scores, corpus, ev, spacing=spacing, memo=memo,
+                               should_stop=should_stop)) for m in methods for n in ns]
+    unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in plan))
+    per = 2 * recipe.steps + 4
+    total = per * len(unique)
+    heals, done_sets = [], {}
+    for m, n, removed, sel in plan:
+        k = set_key(removed)
+        if k not in done_sets:
+            base = per * len(done_sets)
+
+            def prog(d, _t, msg, base=base, m=m, n=n):
+                if progress is not None:
+                    progress(base + d, total, f"{m} n={n}: {msg}")
+
+            done_sets[k] = heal(model, tokenizer, removed, recipe, corpus=corpus, evaluator=ev, train_path=train_path,
+                                scoring_corpus=scoring_corpus, prompts=prompts, tokens=tokens,
+                                prompt_seed=prompt_seed, identity=identity, use_cache=use_cache, progress=prog,
+                                should_stop=should_stop, selection=sel, shared=shared)
+        h = done_sets[k].to_dict()
+        heals.append((m, n, dict(h, selection=sel)))
+        if on_partial is not None:
+            on_partial(HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0))
+    notes = [f"methods {a} and {b} choose the same set at n = {n}: one heal" for a, b, n in _shared_sets(plan)]
+    if progress is not None:
+        progress(total, total, "healed curves finished")
+    return HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0, notes=notes)
+
+
+def _shared_sets(plan) -> list[tuple[str, str, int]]:
+    out = []
+    for i, (m, n, rem, _) in enumerate(plan):
+        for m2, n2, rem2, _ in plan[i + 1:]:
+            if n2 == n and m2 != m and set_key(rem2) == set_key(rem):
+                out.append((m, m2, n))
+    return out
