@@ -317,21 +317,36 @@ def result_json(job: Job) -> dict:
     return out
 
 
-def report_html(job: Job | None, traj_job: Job | None = None) -> str:
+def report_html(job: Job | None, traj_job: Job | None = None, ev_job: Job | None = None) -> str:
     """The one-click demo report (:func:`swapkl.views.report.build_report`) of what this session has."""
     from swapkl.views.report import build_report
 
     return build_report(result=job.result if job else None, curves=job.curves if job else None,
-                        trajectory=traj_job.trajectory if traj_job else None)
+                        trajectory=traj_job.trajectory if traj_job else None,
+                        sections=evidence_sections(ev_job))
+
+
+def evidence_done(ev_job: Job | None) -> bool:
+    return ev_job is not None and ev_job.status == "done" and ev_job.evidence is not None
+
+
+def evidence_sections(ev_job: Job | None) -> list:
+    """The evidence section of the report when the session has a finished evidence job."""
+    if not evidence_done(ev_job):
+        return []
+    from swapkl.evidence.section import section
+
+    return [section(ev_job.evidence)]
 
 
 def report_button(key: str) -> None:
     """Offer the demo report of the current analysis (and trajectory, when there is one) as a download."""
-    job, traj = current_job("analysis"), current_job("trajectory")
-    have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None)
+    job, traj, ev = current_job("analysis"), current_job("trajectory"), current_job("evidence")
+    have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None) \
+        or evidence_done(ev)
     if not have:
         return
-    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj), file_name="swapkl-report.html",
+    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj, ev), file_name="swapkl-report.html",
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")
 

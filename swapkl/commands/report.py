@@ -30,6 +30,7 @@ def register(sub) -> None:
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
     p.add_argument("--curves", default=None, metavar="CURVES.json", help="a 'swapkl curves --json' file")
     p.add_argument("--trajectory", default=None, metavar="TRAJ.json", help="a trajectory JSON file")
+    p.add_argument("--evidence", default=None, metavar="EV.json", help="a 'swapkl evidence --json' file")
     p.add_argument("--budget", type=int, default=None,
                    help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
     p.add_argument("--methods", default=",".join(M.default_set("dashboard")),
@@ -57,18 +58,19 @@ def run(a) -> int:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
-    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory)):
+    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.evidence)):
         raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
-    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text])
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.evidence])
     result = report.as_result(a.scores) if a.scores else None
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
+    sections = _evidence_section(a, result)
     if result is not None and curves is not None:  # never one report from two models
         check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
                                                             "different models")
 
     ck = None
-    if a.model and (want_curves or (result is None and curves is None and traj is None)):
+    if a.model and (want_curves or (result is None and curves is None and traj is None and not sections)):
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
             from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
@@ -82,13 +84,27 @@ def run(a) -> int:
         result = score(ck, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
     if want_curves:
         curves = _compute_curves(a, ck, result)
-    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top)
+    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top,
+                               sections=sections)
     _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
     if result is not None and not a.quiet:
         v = report._verdict(result, curves)
         if v and "sentence" in v:
             print(v["sentence"])
     return 0
+
+
+def _evidence_section(a, result) -> list:
+    """``--evidence``: the evidence section (swapkl.evidence.section), checked to be of the scores' model."""
+    if not a.evidence:
+        return []
+    from swapkl.evidence.section import as_evidence, section
+
+    d = as_evidence(a.evidence, f"--evidence {a.evidence}")
+    if result is not None:
+        check_same_model(result, (d.get("contract") or {}).get("model"),
+                         what=f"--scores {a.scores} and --evidence {a.evidence} are for different models")
+    return [section(d)]
 
 
 def _compute_curves(a, ck, result):
