@@ -89,7 +89,8 @@ def test_coefficients_compare_and_too_few_sets():
     rng = np.random.default_rng(1)
     cost = np.concatenate([rng.uniform(0, 1, 5), 5 + rng.uniform(0, 1, 5)])
     groups = [np.arange(5), np.arange(5, 10)]
-    scores = {"perfect": cost ** 3, "noise": rng.normal(size=10), "one_set": np.r_[cost[:1], [np.nan] * 9]}
+    scores = {"perfect": cost ** 3, "noise": rng.normal(size=10), "one_set": np.r_[cost[:1], [np.nan] * 9],
+              "partial": np.r_[cost[:9], np.nan]}
     B = 200
     reps = {k: np.repeat(v[None], B, 0) for k, v in scores.items()}
     widx = rng.integers(0, 10, (B, 10))
@@ -97,9 +98,14 @@ def test_coefficients_compare_and_too_few_sets():
     out = SA.coefficients(scores, {"ground_truth_ppl": cost}, reps, creps, groups)["ground_truth_ppl"]
     assert out["perfect"]["spearman"] == pytest.approx(1.0) and out["perfect"]["pairs"] == 20
     assert out["one_set"]["spearman"] is None and out["one_set"]["pairs"] == 0
+    assert out["partial"]["pairs"] == 16 and out["partial"]["spearman"] == pytest.approx(1.0)
+    assert out["perfect"]["all_sets"] and not out["partial"]["all_sets"]
+    lo, hi = out["noise"]["spearman_ci"]  # the sets are resampled within n: a noise score gets a wide interval
+    assert hi - lo > 0.5
     cmp = SA.compare(out)
-    assert cmp["best"] == "perfect" and set(cmp["others"]) == {"noise"}
+    assert cmp["best"] == "perfect" and set(cmp["others"]) == {"noise"} and cmp["not_compared"] == ["partial"]
     h = SA.headline(cmp, 10, 20, 2)
+    assert h.endswith("(partial: scores only some of the sets, not compared).")
     assert h.startswith("across the 10 distinct sets the methods chose at n = 1..2 (20 pairs of the same size), "
                         "perfect orders their held-out ΔPPL best")
     assert SA.headline(SA.compare({"x": out["one_set"]}), 2, 0, 2).startswith("too few distinct sets")

@@ -14,10 +14,12 @@ how well each signal's *set score* orders their measured held-out cost.
   ρ = Pearson correlation of the within-n ranks centred per n (``pooled_spearman``, = scipy's ρ for one n, =
   ``scipy.stats.pearsonr`` of the concatenated centred ranks), τ = τ-b over the pairs of sets of the same size
   (``pooled_kendall``, = scipy's τ for one n).  Not reported (None, with a note) below :data:`MIN_PAIRS` pairs.
-* CIs: a joint bootstrap as for layers: replicate b resamples the scoring prompts (per-prompt signals recomputed)
-  and the evaluation windows (every set's cost recomputed, paired with the baseline); the sets stay fixed.
-  The best signal (pooled ρ against ΔPPL) is compared with every other by the paired CI of the difference:
-  indistinguishable when it holds 0, worse otherwise.
+* CIs: a joint bootstrap: replicate b resamples the scoring prompts (per-prompt signals recomputed), the
+  evaluation windows (every set's cost recomputed, paired with the baseline) and the sets within each n (the
+  usual bootstrap of a correlation over its observations: with few sets, which sets happened to be chosen is the
+  largest uncertainty).  The best signal (pooled ρ against ΔPPL, among the signals that score every set) is
+  compared with every other such signal by the paired CI of the difference: indistinguishable when it holds 0,
+  worse otherwise.
 """
 from __future__ import annotations
 
@@ -87,41 +89,61 @@ def per_n(score: np.ndarray, cost: np.ndarray, groups, ns) -> dict:
     return out
 
 
-def coefficients(scores: dict, costs: dict, score_reps: dict, cost_reps: dict, groups) -> dict:
+def within_draws(groups, K: int, n_boot: int, rng) -> np.ndarray:
+    """(B, K) column indices: each group's columns replaced by a draw with replacement from that group (the sets
+    of each n resampled among themselves; other columns kept)."""
+    sel = np.tile(np.arange(K), (n_boot, 1))
+    for g in groups:
+        if len(g):
+            sel[:, g] = rng.choice(g, size=(n_boot, len(g)))
+    return sel
+
+
+def coefficients(scores: dict, costs: dict, score_reps: dict, cost_reps: dict, groups, seed: int = 5) -> dict:
     """For each cost (``ground_truth_ppl``, ``ground_truth_kl``) and signal: pooled ρ and τ with 95 % CIs, the
-    number of within-n pairs, and the replicate ρ (kept for the comparison, not emitted)."""
-    out = {}
-    for cname, cost in costs.items():
-        rows = {}
-        for sname, score in scores.items():
-            gs = _groups(groups, np.isfinite(score))
-            k = n_pairs(gs)
-            if k < MIN_PAIRS:
-                rows[sname] = {"pairs": k, "spearman": None, "spearman_ci": [None, None], "kendall": None,
-                               "kendall_ci": [None, None], "_reps": None}
-                continue
-            rho = pooled_spearman(score[None], cost[None], gs)[0]
-            tau = pooled_kendall(score[None], cost[None], gs)[0]
-            r_rho = pooled_spearman(score_reps[sname], cost_reps[cname], gs)
-            r_tau = pooled_kendall(score_reps[sname], cost_reps[cname], gs)
-            rows[sname] = {"pairs": k, "spearman": _value(rho), "spearman_ci": A._ci(r_rho), "kendall": _value(tau),
-                           "kendall_ci": A._ci(r_tau), "_reps": r_rho}
-        out[cname] = rows
+    number of within-n pairs, whether the signal scores every set (``all_sets``), and the replicate ρ (kept for the
+    comparison, not emitted).  Replicate b also resamples the sets within each n (the same draw for every signal
+    that scores all sets, so their differences are paired)."""
+    rng = np.random.default_rng(seed)
+    K = len(next(iter(costs.values())))
+    n_boot = len(next(iter(cost_reps.values())))
+    common = within_draws(groups, K, n_boot, rng)
+    out = {c: {} for c in costs}
+    for sname, score in scores.items():
+        idx = np.flatnonzero(np.isfinite(score))
+        gs = [np.flatnonzero(np.isin(idx, g)) for g in groups]  # the groups in the columns ``idx``
+        k, full = n_pairs(gs), len(idx) == K
+        sel = common if full else within_draws(gs, len(idx), n_boot, rng)
+        for cname, cost in costs.items():
+            row = {"pairs": k, "all_sets": bool(full), "spearman": None, "spearman_ci": [None, None],
+                   "kendall": None, "kendall_ci": [None, None], "_reps": None}
+            if k >= MIN_PAIRS:
+                sr = np.take_along_axis(score_reps[sname][:, idx], sel, 1)
+                cr = np.take_along_axis(cost_reps[cname][:, idx], sel, 1)
+                r_rho = pooled_spearman(sr, cr, gs)
+                row.update(spearman=_value(pooled_spearman(score[idx][None], cost[idx][None], gs)[0]),
+                           kendall=_value(pooled_kendall(score[idx][None], cost[idx][None], gs)[0]),
+                           spearman_ci=A._ci(r_rho), kendall_ci=A._ci(pooled_kendall(sr, cr, gs)), _reps=r_rho)
+            out[cname][sname] = row
     return out
 
 
 def compare(rows: dict) -> dict:
-    """The signal with the largest pooled ρ and, for each other, the paired CI of ρ(best) − ρ(other)."""
-    ranked = sorted((s for s, r in rows.items() if r["spearman"] is not None), key=lambda s: -rows[s]["spearman"])
+    """The signal with the largest pooled ρ among those that score every set and, for each other such signal, the
+    paired CI of ρ(best) − ρ(other); signals that score only some sets are listed in ``not_compared``."""
+    ok = [s for s, r in rows.items() if r["spearman"] is not None and r["all_sets"]]
+    ranked = sorted(ok, key=lambda s: -rows[s]["spearman"])
+    skipped = [s for s, r in rows.items() if r["spearman"] is not None and not r["all_sets"]]
     if not ranked:
-        return {"best": None, "others": {}}
+        return {"best": None, "others": {}, "not_compared": skipped}
     best = ranked[0]
     others = {}
     for s in ranked[1:]:
         lo, hi = A._ci(rows[best]["_reps"] - rows[s]["_reps"])
         others[s] = {"rho": rows[s]["spearman"], "diff_ci": [lo, hi],
                      "verdict": "indistinguishable" if lo is None or lo <= 0 <= hi else "worse"}
-    return {"best": best, "rho": rows[best]["spearman"], "best_ci": rows[best]["spearman_ci"], "others": others}
+    return {"best": best, "rho": rows[best]["spearman"], "best_ci": rows[best]["spearman_ci"], "others": others,
+            "not_compared": skipped}
 
 
 def headline(cmp: dict, n_sets: int, pairs: int, budget: int) -> str:
@@ -137,6 +159,8 @@ def headline(cmp: dict, n_sets: int, pairs: int, budget: int) -> str:
         s += f"; {', '.join(same)} {'is' if len(same) == 1 else 'are'} indistinguishable from it"
     if worse:
         s += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} significantly worse"
+    if cmp.get("not_compared"):
+        s += f" ({', '.join(cmp['not_compared'])}: scores only some of the sets, not compared)"
     return s + "."
 
 
