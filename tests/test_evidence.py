@@ -196,6 +196,8 @@ def test_cli_evidence_json_keys(stories_path, wikitext_path, tmp_path, cache_dir
     assert code == 0 and d2["timing"]["ground_truth_computed"] == 0
     assert d2["ground_truth"] == d["ground_truth"] and d2["signals"] == d["signals"]
     assert list((cache_dir / "evidence").glob("signals-*.json"))  # the signals came from the store
+    assert list((cache_dir / "evidence").glob("sets-b2-*.json"))  # and the sets the methods chose
+    assert d2["set_agreement"] == d["set_agreement"]
 
 
 @pytest.mark.parametrize("args, pattern", [

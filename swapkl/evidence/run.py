@@ -222,8 +222,9 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     set_agree = None
     if sets:
         report("set agreement: every method's sets, measured")
+        cache = _signal_cache(ck, res, corpus, ev, calib_tokens, signals) if use_cache else None
         set_agree = SA.compute(ck, res, corpus, ev, memo, sigs, stats, budget, n_boot, calib_tokens, should_stop,
-                               spacing)
+                               spacing, cache=cache and cache.with_name(f"sets-b{budget}-{cache.name[8:]}"))
     report("contract comparisons")
     contracts = K.agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
     if region is None:

@@ -203,13 +203,50 @@ def block_scores(ang: np.ndarray, sets: list[list[int]], idx: np.ndarray | None 
 
 
 # ------------------------------------------------------------------------------------------------ the run
-def compute(ck, res, corpus, ev, memo, sigs, stats_, budget: int, n_boot: int, calib_tokens=None, should_stop=None,
-            spacing: int = 1, seed: int = 4) -> dict:
-    """The set-level agreement of one evidence run (module docstring): ``sigs`` the run's
-    :class:`~swapkl.evidence.signals.Signal` list, ``stats_`` its residual statistics on the scoring prompts,
-    ``memo`` its evaluation memo (shared with ``curves``)."""
+SETS_KIND = "evidence-sets"
+
+
+def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, cache) -> tuple[list, list]:
+    """The distinct sets at n = 1..b with SLEB's set score (``sleb_set``) and the runner's notes: from ``cache``
+    (a store entry) when it is there and the memo holds every set's evaluation, else by running the methods."""
     from swapkl.removal import methods as M
     from swapkl.removal.curves import removal_curves
+    from swapkl.removal.ground_truth import text_key
+    from swapkl.store import CorruptEntry, read_entry, warn_unwritable, write_entry
+
+    key = text_key(corpus, ev)
+    try:
+        hit = read_entry(cache, SETS_KIND) if cache is not None else None
+    except CorruptEntry:
+        hit = None
+    if hit is not None and memo.peek(key, []) is not None and all(
+            getattr(memo.peek(key, f["set"]), "kl", None) is not None for f in hit["sets"]):
+        return hit["sets"], hit["notes"]
+    params = {m: {"calib_tokens": calib_tokens} for m in SET_METHODS} if calib_tokens else {}
+    cr = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
+                        b, list(SET_METHODS), ev, corpus, should_stop=should_stop, spacing=spacing, memo=memo,
+                        identity=ck.identity, method_params=params)
+    found = chosen_sets(cr.methods, b)
+    ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
+                          candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
+                          evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
+    sleb_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
+    for f in found:
+        f["sleb_set"] = ctx.calib_ppl(f["set"], sleb_tokens)
+    if cache is not None:
+        try:
+            write_entry(cache, SETS_KIND, {"sets": found, "notes": list(cr.notes)})
+        except OSError as e:
+            warn_unwritable(cache, e)
+    return found, list(cr.notes)
+
+
+def compute(ck, res, corpus, ev, memo, sigs, stats_, budget: int, n_boot: int, calib_tokens=None, should_stop=None,
+            spacing: int = 1, seed: int = 4, cache=None) -> dict:
+    """The set-level agreement of one evidence run (module docstring): ``sigs`` the run's
+    :class:`~swapkl.evidence.signals.Signal` list, ``stats_`` its residual statistics on the scoring prompts,
+    ``memo`` its evaluation memo (shared with ``curves``); ``cache``: where the chosen sets are stored (a path
+    keyed by everything that picks them; None: not stored)."""
     from swapkl.removal.ground_truth import from_results, text_key
     from swapkl.removal.selection import default_candidates, max_feasible
 
@@ -217,19 +254,11 @@ def compute(ck, res, corpus, ev, memo, sigs, stats_, budget: int, n_boot: int, c
     b = min(budget, max_feasible(default_candidates(L), spacing))
     if b < budget:
         notes.append(f"sets up to n={b} only: the guided rule's candidates (1..L-2, spacing Δ={spacing}) stop there")
-    params = {m: {"calib_tokens": calib_tokens} for m in SET_METHODS} if calib_tokens else {}
-    cr = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
-                        b, list(SET_METHODS), ev, corpus, should_stop=should_stop, spacing=spacing, memo=memo,
-                        identity=ck.identity, method_params=params)
-    notes += list(cr.notes)
-    found = chosen_sets(cr.methods, b)
+    found, more = _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, cache)
+    notes += more
     sets = [f["set"] for f in found]
     key = text_key(corpus, ev)
     cost = from_results(range(len(sets)), memo.peek(key, []), {k: memo.peek(key, s) for k, s in enumerate(sets)})
-    ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=L, candidates=list(range(L)),
-                          spacing=0, partners=None, corpus=corpus, evaluator=ev, seeds=[], memo=memo,
-                          should_stop=should_stop, params=params)
-    sleb_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
     rng = np.random.default_rng(seed)
     pidx = rng.integers(0, max(1, res.num_prompts), (n_boot, max(1, res.num_prompts)))
     widx = rng.integers(0, len(cost.counts), (n_boot, len(cost.counts)))
@@ -238,7 +267,7 @@ def compute(ck, res, corpus, ev, memo, sigs, stats_, budget: int, n_boot: int, c
         scores[s.name] = additive(np.asarray(s.values, float), sets)
         reps[s.name] = (additive(s.resample(pidx), sets) if s.resample is not None
                         else np.repeat(scores[s.name][None], n_boot, 0))
-    scores["sleb_set"] = np.array([ctx.calib_ppl(s, sleb_tokens) for s in sets])
+    scores["sleb_set"] = np.array([f.pop("sleb_set") for f in found], float)
     reps["sleb_set"] = np.repeat(scores["sleb_set"][None], n_boot, 0)
     ang = np.asarray(stats_["angular"], float)
     scores["angular_blocks"], reps["angular_blocks"] = block_scores(ang, sets), block_scores(ang, sets, pidx)
