@@ -317,27 +317,42 @@ def result_json(job: Job) -> dict:
     return out
 
 
-def report_html(job: Job | None, traj_job: Job | None = None, heal_job: Job | None = None) -> str:
-    """The one-click demo report (:func:`swapkl.views.report.build_report`) of what this session has (with the
-    healing section when the session has healed curves)."""
+def report_html(job: Job | None, traj_job: Job | None = None, *others: Job | None) -> str:
+    """The one-click demo report (:func:`swapkl.views.report.build_report`) of what this session has: the analysis,
+    the trajectory, and a section for each finished job in ``others`` that has one (evidence, healing)."""
     from swapkl.views.report import build_report
 
-    sections = []
-    if heal_job is not None and heal_job.heal is not None:
-        from swapkl.healing.figures import section as heal_section
-
-        sections.append(heal_section(heal_job.heal))
     return build_report(result=job.result if job else None, curves=job.curves if job else None,
-                        trajectory=traj_job.trajectory if traj_job else None, sections=sections)
+                        trajectory=traj_job.trajectory if traj_job else None,
+                        sections=[sec for j in others for sec in job_sections(j)])
+
+
+def evidence_done(ev_job: Job | None) -> bool:
+    return ev_job is not None and ev_job.status == "done" and ev_job.evidence is not None
+
+
+def job_sections(j: Job | None) -> list:
+    """The report sections a finished job adds (tiers above views build them): evidence, healed curves."""
+    if evidence_done(j):
+        from swapkl.evidence.section import section
+
+        return [section(j.evidence)]
+    if j is not None and getattr(j, "heal", None) is not None:
+        from swapkl.healing.figures import section
+
+        return [section(j.heal)]
+    return []
 
 
 def report_button(key: str) -> None:
     """Offer the demo report of the current analysis (and trajectory, when there is one) as a download."""
-    job, traj, heal = current_job("analysis"), current_job("trajectory"), current_job("heal")
-    have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None)
+    job, traj = current_job("analysis"), current_job("trajectory")
+    ev, heal = current_job("evidence"), current_job("heal")
+    have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None) \
+        or evidence_done(ev)
     if not have:
         return
-    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj, heal),
+    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj, ev, heal),
                        file_name="swapkl-report.html",
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")

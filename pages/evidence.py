@@ -82,6 +82,16 @@ def body(job) -> None:
     if r:
         st.caption(f"region effect: ground truth on words {r['region_1'].get('words')} vs "
                    f"{r['region_2'].get('words')}: ρ = {r['spearman_ppl']:.2f}")
+    sa = d.get("set_agreement")
+    if sa:  # the set-level agreement: every method's sets, each signal's set score against their measured cost
+        import pandas as pd
+
+        from swapkl.evidence.section import set_rows
+
+        st.markdown(f"**Sets.** {sa['headline']}")
+        st.dataframe(pd.DataFrame(set_rows(d)), hide_index=True)
+        for n in sa.get("notes", []):
+            st.caption(f"note (sets): {n}")
     for n in d.get("notes", []):
         st.caption(f"note: {n}")
     if job.running:

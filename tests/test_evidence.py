@@ -196,6 +196,8 @@ def test_cli_evidence_json_keys(stories_path, wikitext_path, tmp_path, cache_dir
     assert code == 0 and d2["timing"]["ground_truth_computed"] == 0
     assert d2["ground_truth"] == d["ground_truth"] and d2["signals"] == d["signals"]
     assert list((cache_dir / "evidence").glob("signals-*.json"))  # the signals came from the store
+    assert list((cache_dir / "evidence").glob("sets-b2-*.json"))  # and the sets the methods chose
+    assert d2["set_agreement"] == d["set_agreement"]
 
 
 @pytest.mark.parametrize("args, pattern", [
@@ -276,14 +278,14 @@ def test_sleb_prefill_equals_plain_first_step(stories_path, wikitext_path):
 
 def test_contract_agreement(stories_path, cache_dir):
     from swapkl.contract import Contract
-    from swapkl.evidence.run import _contract_agreement
+    from swapkl.evidence.contracts import agreement as contract_agreement
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.scoring.score import score
 
     ck = load_checkpoint(str(stories_path))
     c = Contract(prompts=4, tokens=32)
     res = score(ck, c)
-    rows = _contract_agreement(ck, res, [c, c.with_(seed=1)], 50, True, None)
+    rows = contract_agreement(ck, res, [c, c.with_(seed=1)], 50, True, None)
     assert rows[0]["spearman"] == {"replacement": pytest.approx(1.0), "interchange": pytest.approx(1.0)}
     assert rows[1]["contract"]["seed"] == 1
     for name in ("replacement", "interchange"):

@@ -112,10 +112,20 @@ def test_evidence_page_renders_three_figures(cache, evidence_job):
     assert len(charts[2]["data"][0]["y"]) == sum(len(v) for v in d["stability"].values())
     assert all("stories260K" in c["layout"]["meta"]["contract"] for c in charts)
     assert any(d["headline"] in m.value for m in at.markdown)
+    assert any(d["set_agreement"]["headline"] in m.value for m in at.markdown)  # the set-level agreement
+    labels = [b.label for b in at.get("download_button")]
+    assert "CSV" in labels and "⬇ evidence (JSON)" in labels  # the downloads the issue asks for
     # back on the start page, the verdict carries the headline
     at.switch_page("app.py").run()
     assert not at.exception, at.exception
     assert any("How far to trust it" in m.value and d["headline"] in m.value for m in at.markdown)
+    # the one-click report holds the session's finished evidence: three more figures
+    from swapkl.views.report import figure_count
+
+    assert "⬇ Demo report (HTML)" in [b.label for b in at.get("download_button")]
+    ev_job = common.manager().get(at.session_state["job_evidence"])
+    assert ev_job.status == "done"
+    assert figure_count(common.report_html(analysis, None, ev_job)) == figure_count(common.report_html(analysis)) + 3
 
 
 def test_demo_mode_evidence_page_offers_the_allow_list_only(cache, monkeypatch):

@@ -31,6 +31,13 @@ def register(sub) -> None:
     p.add_argument("--compare-seed", type=int, action="append", default=[], metavar="S",
                    help="also score with prompt seed S (repeatable) and report the rank agreement of the swap-KL "
                         "layer scores between the two contracts")
+    p.add_argument("--compare-corpus", action="append", default=[], metavar="FILE",
+                   help="also score with prompts from FILE's prompt region (repeatable); report the rank agreement")
+    p.add_argument("--compare-dtype", action="append", default=[], metavar="DTYPE",
+                   help="also score the weights loaded as float32, bfloat16, float16 or 4bit (bitsandbytes NF4; "
+                        "CUDA only) (repeatable); report the rank agreement")
+    p.add_argument("--no-sets", action="store_true",
+                   help="skip the set-level agreement (it evaluates every method's sets at n = 1..budget)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the evidence JSON here")
     p.add_argument("--quiet", action="store_true")
     add_contract_args(p)
@@ -46,7 +53,7 @@ def run(a) -> int:
         raise SwapklError("--boot and --boot-agreement must be at least 10")
     if a.calib_tokens is not None and a.calib_tokens < 16:
         raise SwapklError(f"--calib-tokens must be at least 16 (got {a.calib_tokens})")
-    check_outputs(a, {"--json": a.json}, inputs=[a.eval_text])
+    check_outputs(a, {"--json": a.json}, inputs=[a.eval_text, *a.compare_corpus])
     ev = get_evaluator(a.evaluator)
     if a.max_words is not None:
         if a.max_words < 1:
@@ -57,6 +64,7 @@ def run(a) -> int:
     from swapkl.evidence.run import compute_evidence, regions  # deferred: the CLI's --help stays light
 
     regions(corpus, ev, a.regions)  # overlapping or too short regions fail before the model is loaded
+    compare = _comparisons(a, contract)  # bad files, dtypes or a missing CUDA fail before the model is loaded
     ck = load_from_args(a)
     from swapkl.removal.curves import check_evaluator_context
 
@@ -69,9 +77,21 @@ def run(a) -> int:
     res = compute_evidence(ck, contract, ev, corpus, budget=a.budget, n_boot=a.boot_agreement,
                            n_stability=a.boot, n_regions=a.regions, calib_tokens=a.calib_tokens,
                            signals=SIGNALS, use_cache=not a.no_cache, progress=prog,
-                           compare_contracts=[contract.with_(seed=s) for s in a.compare_seed])
+                           compare_contracts=compare, sets=not a.no_sets)
     return emit(a, res, render)
 
+
+def _comparisons(a, contract) -> list:
+    from swapkl.evidence import contracts as K
+
+    def loader(dtype):
+        from swapkl.model.checkpoints import load_checkpoint  # deferred: pulls torch
+
+        return load_checkpoint(a.model, revision=a.revision, dtype=dtype, device=a.device,
+                               trust_remote_code=a.trust_remote_code, device_map=a.device_map)
+
+    return ([K.by_seed(contract, s) for s in a.compare_seed] + [K.by_corpus(contract, f) for f in a.compare_corpus]
+            + [K.by_dtype(contract, d, loader) for d in a.compare_dtype])
 
 
 def render(r) -> str:

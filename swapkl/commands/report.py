@@ -33,6 +33,7 @@ def register(sub) -> None:
     p.add_argument("--heal", default=None, metavar="HEAL.json",
                    help="healed curves (bench/heal.py --json, the dashboard's download) or a 'swapkl heal --json' "
                         "result: adds the healing section")
+    p.add_argument("--evidence", default=None, metavar="EV.json", help="a 'swapkl evidence --json' file")
     p.add_argument("--budget", type=int, default=None,
                    help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
     p.add_argument("--methods", default=",".join(M.default_set("dashboard")),
@@ -60,13 +61,14 @@ def run(a) -> int:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
-    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.heal)):
-        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
-    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.heal])
+    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.heal or a.evidence)):
+        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory/--heal/--evidence files to "
+                          "report on")
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.heal, a.evidence])
     result = report.as_result(a.scores) if a.scores else None
-    sections = [heal_section(a.heal, result)] if a.heal else []
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
+    sections = _evidence_section(a, result) + ([heal_section(a.heal, result)] if a.heal else [])
     if result is not None and curves is not None:  # never one report from two models
         check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
                                                             "different models")
@@ -93,6 +95,19 @@ def run(a) -> int:
         if v and "sentence" in v:
             print(v["sentence"])
     return 0
+
+
+def _evidence_section(a, result) -> list:
+    """``--evidence``: the evidence section (swapkl.evidence.section), checked to be of the scores' model."""
+    if not a.evidence:
+        return []
+    from swapkl.evidence.section import as_evidence, section
+
+    d = as_evidence(a.evidence, f"--evidence {a.evidence}")
+    if result is not None:
+        check_same_model(result, (d.get("contract") or {}).get("model"),
+                         what=f"--scores {a.scores} and --evidence {a.evidence} are for different models")
+    return [section(d)]
 
 
 def _compute_curves(a, ck, result):

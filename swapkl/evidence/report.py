@@ -90,15 +90,42 @@ def contracts_table(d: dict) -> list[str]:
     lines = []
     for row in d.get("contracts") or []:
         c = row["contract"]
-        cells = [f"{k} ρ = {_n(v)}{_ci(row['spearman_ci'].get(k))}" for k, v in row["spearman"].items()]
-        lines.append(f"same checkpoint, contract seed {c.get('seed')} · {c.get('prompts')}×{c.get('tokens')} · "
-                     f"{c.get('dtype')}: " + "; ".join(cells))
+        label = row.get("label") or f"contract seed {c.get('seed')}"
+        cells = [f"{k} ρ = {_n(v)}{_ci(row['spearman_ci'].get(k))}, τ = {_n(row['kendall'].get(k))}"
+                 f"{_ci((row.get('kendall_ci') or {}).get(k))}" for k, v in row["spearman"].items()]
+        how = "paired" if row.get("paired") else "independent"
+        lines.append(f"same checkpoint, {label} ({c.get('prompts')}×{c.get('tokens')}, {c.get('dtype')}; "
+                     f"{how} prompt bootstrap): " + "; ".join(cells))
+    return lines
+
+
+def set_agreement_table(d: dict) -> list[str]:
+    """The set-level agreement: every distinct set with its measured cost, then each signal's pooled ρ and τ."""
+    sa = d.get("set_agreement")
+    if not sa:
+        return []
+    lines = [f"sets the methods chose (n = 1..{sa['budget']}), measured on the held-out text:",
+             "  n  set             ΔPPL % [95% CI]            chosen by"]
+    for e in sa["sets"]:
+        lines.append(f"  {e['n']:<2} {str(e['set']):<15} {_n(e['delta_ppl_pct'], '{:+.2f}')}"
+                     f"{_ci(e['delta_ppl_pct_ci'], '{:+.2f}'):<22} {', '.join(e['methods'])}")
+    lines.append("set-level agreement (set score vs measured cost, ranks within each n; pooled ρ [95% CI]; τ):")
+    pooled = sa["pooled"]
+    for s, r in pooled["ground_truth_ppl"].items():
+        k = pooled["ground_truth_kl"][s]
+        lines.append(f"  {s:<15} vs ΔPPL ρ = {_n(r['spearman'])}{_ci(r['spearman_ci'])}, τ = {_n(r['kendall'])}"
+                     f"{_ci(r['kendall_ci'])}; vs KL ρ = {_n(k['spearman'])}{_ci(k['spearman_ci'])}  "
+                     f"({r['pairs']} pairs)")
+    lines.append(sa["headline"])
+    lines += [f"note (sets): {n}" for n in sa.get("notes", [])]
     return lines
 
 
 def text_tables(d: dict) -> str:
     lines = ground_truth_table(d) + [""] + agreement_table(d) + [""] + stability_table(d) + [""] + region_table(d)
     lines += contracts_table(d)
+    sa = set_agreement_table(d)
+    lines += [""] + sa if sa else []
     lines += [f"note: {n}" for n in d.get("notes", [])]
     lines.append(caption(d))
     return "\n".join(lines)

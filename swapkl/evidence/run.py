@@ -173,38 +173,16 @@ def _region_effect(gt, gt2, n_boot):
     return out
 
 
-def _contract_agreement(ck, res, others, n_boot, use_cache, should_stop) -> list:
-    """Rank agreement of the swap-KL layer scores between the main scoring contract and each of ``others`` (same
-    checkpoint): Spearman ρ with a CI from independent prompt bootstraps of the two results."""
-    from swapkl.evidence.signals import swap_signals
-    from swapkl.scoring.score import score
-
-    mine = {s.name: s for s in swap_signals(res)}
-    rng = np.random.default_rng(3)
-    out = []
-    for c in others:
-        res2 = score(ck, c, use_cache=use_cache, should_stop=should_stop)
-        row = {"contract": res2.contract, "spearman": {}, "spearman_ci": {}, "kendall": {}}
-        for s2 in swap_signals(res2):
-            s1 = mine[s2.name]
-            row["spearman"][s2.name] = A.spearman(s1.values, s2.values)
-            row["kendall"][s2.name] = A.kendall(s1.values, s2.values)
-            if s1.resample is not None and s2.resample is not None:
-                i1 = rng.integers(0, res.num_prompts, (n_boot, res.num_prompts))
-                i2 = rng.integers(0, res2.num_prompts, (n_boot, res2.num_prompts))
-                a, b = s1.resample(i1), s2.resample(i2)
-                m = np.isfinite(s1.values) & np.isfinite(s2.values)
-                row["spearman_ci"][s2.name] = A._ci(A.spearman_rows(a[:, m], b[:, m]))
-        out.append(row)
-    return out
-
-
 def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_boot: int = DEFAULT_B_AGREEMENT,
                      n_stability: int = DEFAULT_B_STABILITY, n_regions: int = 2, calib_tokens: int | None = None,
                      signals=REGISTRY_SIGNALS, use_cache: bool = True, progress=None, should_stop=None,
-                     batch_size: int | None = None, compare_contracts=()) -> EvidenceResult:
+                     batch_size: int | None = None, compare_contracts=(), sets: bool = True) -> EvidenceResult:
     """Everything the evidence page and ``swapkl evidence`` show, for checkpoint ``ck`` (a loaded
-    :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``."""
+    :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``.
+    ``compare_contracts``: :class:`~swapkl.evidence.contracts.Comparison` (or plain contracts for the same
+    checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`)."""
+    from swapkl.evidence import contracts as K
+    from swapkl.evidence import sets as SA
     from swapkl.removal.memo import EvalMemo, disk_memo
     from swapkl.scoring.score import score
 
@@ -220,7 +198,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     def report(msg):
         steps.append((msg, time.perf_counter() - t0))
         if progress is not None:
-            progress(len(steps), 6, msg)
+            progress(len(steps), 8 if sets else 7, msg)
 
     report("swap-KL scores")
     res = score(ck, contract, use_cache=use_cache, should_stop=should_stop)
@@ -241,7 +219,14 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     spacing = 1
     stab, notes = _stability(sigs, stats, res.num_prompts, L, budget, n_stability, spacing)
     region = _region_effect(gt, gt2, n_boot)
-    contracts = _contract_agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
+    set_agree = None
+    if sets:
+        report("set agreement: every method's sets, measured")
+        cache = _signal_cache(ck, res, corpus, ev, calib_tokens, signals) if use_cache else None
+        set_agree = SA.compute(ck, res, corpus, ev, memo, sigs, stats, budget, n_boot, calib_tokens, should_stop,
+                               spacing, cache=cache and cache.with_name(f"sets-b{budget}-{cache.name[8:]}"))
+    report("contract comparisons")
+    contracts = K.agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
     if region is None:
         notes.append("no second evaluation region (the corpus's evaluation region holds one evaluator text only)")
     contract_d = {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts,
@@ -257,7 +242,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
             "signal_sources": {s.name: s.source for s in sigs},
             "agreement": agree, "comparison": {"ground_truth_ppl": cmp_ppl, "ground_truth_kl": cmp_kl},
             "headline": A.headline(cmp_ppl), "headline_kl": A.headline(cmp_kl, "single-layer KL to the base"),
-            "stability": stab, "region": region, "contracts": contracts, "budget": budget, "contract": contract_d, "notes": notes,
+            "stability": stab, "region": region, "contracts": contracts, "set_agreement": set_agree,
+            "budget": budget, "contract": contract_d, "notes": notes,
             "timing": {"seconds": time.perf_counter() - t0, "steps": steps,
                        "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
                        "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}}

@@ -316,20 +316,18 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
     fig = _Figures()
     caption = contract_caption(result) if result is not None else (
         contract_caption(curves_provenance(curves)) if curves is not None
-        else contract_caption(trajectory_provenance(traj[0] or {})) if traj is not None
-        else "each section states its own contract")
+        else contract_caption(trajectory_provenance(traj[0] or {})) if traj is not None else "")  # "": sections only
     if title is None:
         name = (result.identity.get("display") if result is not None else None) or (
             ((curves or {}).get("model") or {}).get("display")) or "swap-KL"
         title = f"swapkl report: {name}"
     parts = [f"<h1>{html_text(title)}</h1>",
-             f'<p class="caption">contract: {html_text(caption)}</p>',
+             f'<p class="caption">contract: {html_text(caption)}</p>' if caption else "",
              f'<p class="caption">generated {_dt.datetime.now().strftime("%Y-%m-%d %H:%M")} by swapkl '
              f'{html_text(_version())}; swap-KL = KL(base ‖ variant) in nats: replacement runs block j\'s weights in slot '
              f'i (d_repl = {html_text(result.aggregation if result is not None else "max")} of the two directions), '
              f'interchange swaps blocks i and j.</p>']
-    if result is not None or curves is not None:
-        parts.append(_model_html(result, curves))
+    parts.append(_model_html(result, curves) if result is not None or curves is not None else "")
     parts.append(_verdict_html(_verdict(result, curves)))
     if result is not None:
         parts.append(_summary_html(result))
