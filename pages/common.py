@@ -317,21 +317,24 @@ def result_json(job: Job) -> dict:
     return out
 
 
-def report_html(job: Job | None, traj_job: Job | None = None) -> str:
-    """The one-click demo report (:func:`swapkl.views.report.build_report`) of what this session has."""
+def report_html(job: Job | None, traj_job: Job | None = None, tasks_job: Job | None = None) -> str:
+    """The one-click demo report (:func:`swapkl.views.report.build_report`) of what this session has (the task
+    accuracy of a finished tasks job as a section)."""
+    from pages.tasks_panel import report_sections
     from swapkl.views.report import build_report
 
+    sections = report_sections(job, tasks_job)
     return build_report(result=job.result if job else None, curves=job.curves if job else None,
-                        trajectory=traj_job.trajectory if traj_job else None)
+                        trajectory=traj_job.trajectory if traj_job else None, sections=sections)
 
 
 def report_button(key: str) -> None:
     """Offer the demo report of the current analysis (and trajectory, when there is one) as a download."""
-    job, traj = current_job("analysis"), current_job("trajectory")
+    job, traj, tasks = current_job("analysis"), current_job("trajectory"), current_job("tasks")
     have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None)
     if not have:
         return
-    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj), file_name="swapkl-report.html",
+    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj, tasks), file_name="swapkl-report.html",
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")
 

@@ -1,7 +1,8 @@
 """``python -m swapkl report MODEL ... --out report.html``: one self-contained HTML report.
 
 From files (no model computation): ``--scores SCORES.json`` (``swapkl score --json``), ``--curves CURVES.json``
-(``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON).  Otherwise the scores are computed
+(``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON), ``--tasks TASKS.json`` (``swapkl tasks
+--json``: the task accuracy section).  Otherwise the scores are computed
 through :func:`swapkl.scoring.score.score` (cached) under the contract arguments, and with ``--budget N`` the removal curves
 through :func:`swapkl.removal.curves.removal_curves`.  MODEL may be omitted when files provide everything.
 """
@@ -12,6 +13,7 @@ import sys
 from swapkl.scoring import corpora
 from swapkl.removal import methods as M
 from swapkl.views import report
+from swapkl.views import tasks as task_views
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
@@ -30,6 +32,8 @@ def register(sub) -> None:
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
     p.add_argument("--curves", default=None, metavar="CURVES.json", help="a 'swapkl curves --json' file")
     p.add_argument("--trajectory", default=None, metavar="TRAJ.json", help="a trajectory JSON file")
+    p.add_argument("--tasks", default=None, metavar="TASKS.json",
+                   help="a 'swapkl tasks --json' file: adds the task accuracy after removal")
     p.add_argument("--budget", type=int, default=None,
                    help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
     p.add_argument("--methods", default=",".join(M.default_set("dashboard")),
@@ -57,9 +61,11 @@ def run(a) -> int:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
-    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory)):
-        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory files to report on")
-    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text])
+    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.tasks)):
+        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory/--tasks files to report on")
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.tasks])
+    tasks = task_views.load_tasks(a.tasks, "--tasks file") if a.tasks else None
+    sections = [task_views.section(tasks)] if tasks is not None else []
     result = report.as_result(a.scores) if a.scores else None
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
@@ -68,7 +74,7 @@ def run(a) -> int:
                                                             "different models")
 
     ck = None
-    if a.model and (want_curves or (result is None and curves is None and traj is None)):
+    if a.model and (want_curves or (result is None and curves is None and traj is None and not sections)):
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
             from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
@@ -82,7 +88,10 @@ def run(a) -> int:
         result = score(ck, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
     if want_curves:
         curves = _compute_curves(a, ck, result)
-    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top)
+    if tasks is not None and (result is not None or curves is not None):  # never one report from two models
+        check_scores({}, 0, result.identity if result is not None else curves.get("model"), tasks.model,
+                     what=f"--tasks {a.tasks} is for another model than the scores or curves")
+    html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top, sections=sections)
     _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
     if result is not None and not a.quiet:
         v = report._verdict(result, curves)
@@ -106,3 +115,4 @@ def _compute_curves(a, ck, result):
 
     return C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, get_evaluator(a.evaluator), corpus,
                           progress=prog, spacing=a.spacing, seeds=tuple(range(a.seeds)), identity=ck.identity)
+

@@ -63,13 +63,23 @@ class TasksResult:
 
     def provenance(self) -> Provenance:
         c = self.contract
-        extra = [f"lm-eval {c.get('lm_eval_version')}", f"limit {c.get('limit') or 'all'}",
-                 f"{c.get('num_fewshot') if c.get('num_fewshot') is not None else 'default'}-shot",
-                 f"budget {c.get('budget')}"]
+        versions = "; ".join(f"{t} v{(i.get('versions') or {}).get(t, '?')}" for t, i in (c.get("tasks") or {}).items())
+        metrics = list(dict.fromkeys(m for row in (self.base.get("metrics") or {}).values() for m in row))
+        extra = [f"lm-eval {c.get('lm_eval_version')}", f"tasks {versions}", f"metrics {', '.join(metrics)}",
+                 f"limit {c.get('limit') or 'all'}",
+                 _shots(c), f"budget {c.get('budget')}"]
         return Provenance(model=self.model, evaluator=EVALUATOR, extra=tuple(extra))
 
     def tasks(self) -> list[str]:
         return list(self.contract.get("tasks", {}))
+
+
+def _shots(c: dict) -> str:
+    """``3-shot``, or the task default with the count lm-eval ran (``n-shot``)."""
+    if c.get("num_fewshot") is not None:
+        return f"{c['num_fewshot']}-shot"
+    ran = ", ".join(f"{t} {k}" for t, k in (c.get("n-shot") or {}).items())
+    return f"few-shot: task default ({ran})" if ran else "few-shot: task default"
 
 
 def removal_sets(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], *, spacing: int = 1,

@@ -303,12 +303,12 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
     curves = as_curves(curves)
     traj = as_trajectory(trajectory)
     sections = tuple(sections)
-    if result is None and curves is None and traj is None:
-        raise SwapklError("nothing to report: give a score result, removal curves or a trajectory")
+    if result is None and curves is None and traj is None and not sections:
+        raise SwapklError("nothing to report: give a score result, removal curves, a trajectory or a section")
     fig = _Figures()
     caption = contract_caption(result) if result is not None else (
         contract_caption(curves_provenance(curves)) if curves is not None
-        else contract_caption(trajectory_provenance(traj[0] or {})))
+        else contract_caption(trajectory_provenance(traj[0] or {})) if traj is not None else "see each section")
     if title is None:
         name = (result.identity.get("display") if result is not None else None) or (
             ((curves or {}).get("model") or {}).get("display")) or "swap-KL"
@@ -319,7 +319,8 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
              f'{html_text(_version())}; swap-KL = KL(base ‖ variant) in nats: replacement runs block j\'s weights in slot '
              f'i (d_repl = {html_text(result.aggregation if result is not None else "max")} of the two directions), '
              f'interchange swaps blocks i and j.</p>']
-    parts.append(_model_html(result, curves))
+    if result is not None or curves is not None or traj is not None:  # a report of sections only: theirs
+        parts.append(_model_html(result, curves))
     parts.append(_verdict_html(_verdict(result, curves)))
     if result is not None:
         parts.append(_summary_html(result))
