@@ -131,6 +131,7 @@ class _Runner:
         self.done, self.total = 0, total
         self.on_partial, self.result = None, None
         self.memo: dict = {}
+        self.prefix = None  # a removal.prefix.PrefixStore when variants share the base's hidden states
         self.stats = {"evaluations": 0, "cache_hits": 0, "variants": 0, "eval_seconds": 0.0}
         self.lm_eval_version = lmeval.lm_eval_version()
 
@@ -177,7 +178,12 @@ class _Runner:
 
         if merge is not None:
             return merged_copy(self.model, merge["groups"], merge["mode"])
-        return pruned_copy(self.model, removed) if removed else self.model
+        if not removed:
+            return self.prefix.recording(self.model) if self.prefix is not None else self.model
+        pm = pruned_copy(self.model, removed)
+        if self.prefix is not None:
+            self.prefix.attach(pm, removed)
+        return pm
 
     def _read(self, path):
         if path is None:
@@ -201,6 +207,18 @@ class _Runner:
             self.progress(min(self.done, self.total), self.total, msg)
         if self.on_partial is not None:
             self.on_partial(self.result)
+
+
+def _first_removed(sets: dict) -> set[int]:
+    """The first removed layer of every plain removal set of ``sets`` (a merge changes its lowest slot: not shared)."""
+    out = set()
+    for o in sets.values():
+        if o.variant and o.variant.get("kind") == "merge":
+            continue
+        for s in list(o.sets or []) + [s for v in (o.runs or {}).values() for s in v]:
+            if len(s):
+                out.add(min(int(i) for i in s))
+    return out
 
 
 def _summary(rows: dict, tasks: list[dict]) -> str:
@@ -245,14 +263,17 @@ def _seeded(per_seed: dict) -> list[dict]:
 def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], tasks: Sequence[str],
                   *, include_path: str | None = None, limit: int | None = None, num_fewshot: int | None = None,
                   batch_size: int = 16, identity: dict | None = None, use_cache: bool = True, progress=None,
-                  should_stop=None, sets: dict | None = None, on_partial=None, **selection) -> TasksResult:
+                  should_stop=None, sets: dict | None = None, on_partial=None, share_prefix: bool = True,
+                  **selection) -> TasksResult:
     """Task accuracy of the base model and of each method's pruned model at n = 1..``budget`` (lm-eval's own
     evaluator on the in-memory copies; see the module docstring).  ``tasks``: lm-eval task or group names (hub
     tasks, or tasks from YAML files under ``include_path``).  ``selection``: the keyword arguments of
     :func:`removal_sets` (spacing, exclude_boundary, partners, seeds, corpus, method_params, memo); ``sets``: the
     :func:`removal_sets` output when already known.  ``progress(done, total, message)`` after every variant;
     ``should_stop()`` → True raises :class:`~swapkl.errors.ComputeInterrupted` with the partial result in
-    ``.partial``; ``on_partial(result)`` after every model (the dashboard's job publishes it).  Raises
+    ``.partial``; ``on_partial(result)`` after every model (the dashboard's job publishes it).  ``share_prefix``:
+    variants start from the base model's hidden states entering their first removed layer
+    (:mod:`swapkl.removal.prefix`; the same numbers, fewer blocks run).  Raises
     :class:`~swapkl.removal.lmeval.TaskError` for an unknown or unloadable task."""
     t_start = time.perf_counter()
     ip = lmeval.check_include_path(include_path) if include_path else None
@@ -264,6 +285,10 @@ def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: S
     total = 1 + sum((len(o.sets) if o.runs is None else sum(len(v) for v in o.runs.values())) for o in sets.values())
     run = _Runner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
                   batch_size=batch_size, use_cache=use_cache, progress=progress, should_stop=should_stop, total=total)
+    if share_prefix:
+        from swapkl.removal.prefix import PrefixStore
+
+        run.prefix = PrefixStore(_first_removed(sets))
     contract = {"evaluator": EVALUATOR, "lm_eval_version": run.lm_eval_version, "budget": budget,
                 "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "include_path": ip,
                 "tasks": {t["name"]: {"versions": t["versions"], "config_sha": t["config_sha"],
@@ -302,6 +327,7 @@ def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: S
         result.stats = dict(run.stats, seconds=time.perf_counter() - t_start)
         e.partial = result
         raise
-    result.stats = dict(run.stats, seconds=time.perf_counter() - t_start, swapkl_version=__version__)
+    result.stats = dict(run.stats, seconds=time.perf_counter() - t_start, swapkl_version=__version__,
+                        **({"prefix": dict(run.prefix.stats, layers=run.prefix.layers)} if run.prefix else {}))
     result.complete = True
     return result
