@@ -89,7 +89,7 @@ def test_task_accuracy_with_sharing_equals_the_plain_path(stories, tmp_path, mon
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     sets = {"a": MethodOutput(sets=[[2], [2, 3]]), "b": MethodOutput(sets=[[1], [1, 4]]),
             "c": MethodOutput(sets=[[0], [0, 3]])}
-    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=24, batch_size=8, use_cache=False,
+    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=16, batch_size=8, use_cache=False,
               sets=sets)
     shared = task_accuracy(stories.model, stories.tokenizer, None, 2, ["a"], [TASK], **kw)
     plain = task_accuracy(stories.model, stories.tokenizer, None, 2, ["a"], [TASK], share_prefix=False, **kw)
@@ -100,3 +100,33 @@ def test_task_accuracy_with_sharing_equals_the_plain_path(stories, tmp_path, mon
     # 4 variants start at layer 1 or 2 (every batch shared); 2 start at layer 0 (nothing to share)
     assert st["shared_batches"] == 4 * st["recorded_batches"] and st["full_batches"] == 0
     assert "prefix" not in plain.stats
+
+
+def test_cached_base_runs_again_when_two_new_variants_share_its_states(stories, tmp_path, monkeypatch):
+    """The base's rows come from the cache, but two variants to evaluate start past layer 0: the base runs (to record
+    its states) and every number equals a plain run without cache; with one new variant it is not worth it."""
+    from swapkl.removal.methods import MethodOutput
+    from swapkl.removal.tasks import task_accuracy
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=16, batch_size=8,
+              identity=dict(stories.identity))
+
+    def run(sets, **more):
+        return task_accuracy(stories.model, stories.tokenizer, None, 2, ["a"], [TASK], sets=sets, **kw, **more)
+
+    first = run({"a": MethodOutput(sets=[[2]])})
+    assert first.stats["evaluations"] == 2
+    one_new = run({"a": MethodOutput(sets=[[2], [2, 3]])})
+    assert one_new.stats["evaluations"] == 1 and one_new.stats["prefix"]["recorded_batches"] == 0
+    two_new = run({"a": MethodOutput(sets=[[2], [2, 4]]), "b": MethodOutput(sets=[[1]])})
+    st = two_new.stats
+    assert st["evaluations"] == 3 and st["cache_hits"] == 1  # the base again, [2, 4] and [1]; [2] from the cache
+    assert st["prefix"]["recorded_batches"] > 0 and st["prefix"]["full_batches"] == 0
+    assert st["prefix"]["shared_batches"] == 2 * st["prefix"]["recorded_batches"]
+    plain = run({"a": MethodOutput(sets=[[2], [2, 4]]), "b": MethodOutput(sets=[[1]])}, use_cache=False,
+                share_prefix=False)
+    assert json.dumps([two_new.base, two_new.methods], sort_keys=True) == \
+        json.dumps([plain.base, plain.methods], sort_keys=True)

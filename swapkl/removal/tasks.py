@@ -132,6 +132,7 @@ class _Runner:
         self.on_partial, self.result = None, None
         self.memo: dict = {}
         self.prefix = None  # a removal.prefix.PrefixStore when variants share the base's hidden states
+        self.record_base = False  # evaluate the base model even when its rows are cached (to record its states)
         self.stats = {"evaluations": 0, "cache_hits": 0, "variants": 0, "eval_seconds": 0.0}
         self.lm_eval_version = lmeval.lm_eval_version()
 
@@ -155,6 +156,8 @@ class _Runner:
         for task in self.tasks:
             path = self._path(removed, merge, task) if self.ident else None
             rows = self._read(path)
+            if rows is not None and not removed and merge is None and self.record_base:
+                rows = None  # run the base anyway: variants to evaluate start from the states it records
             if rows is None:
                 if pm is None:
                     pm = self._build(removed, merge)
@@ -171,6 +174,15 @@ class _Runner:
         self.stats["variants"] += 1
         self.memo[key] = out
         return out
+
+    def worth_recording(self, sets: list) -> bool:
+        """Whether the base model should run although its rows are cached: at least two of ``sets`` share a prefix
+        with it (first removed layer > 0) and are not cached for every task."""
+        if self.prefix is None or not self.prefix.layers or not self.ident:
+            return False
+        todo = {tuple(sorted(s)) for s in sets if min(s) > 0
+                and any(self._read(self._path(sorted(s), None, t)) is None for t in self.tasks)}
+        return len(todo) >= 2
 
     def _build(self, removed, merge):
         from swapkl.surgery.blocks import pruned_copy  # deferred: torch
@@ -209,15 +221,13 @@ class _Runner:
             self.on_partial(self.result)
 
 
-def _first_removed(sets: dict) -> set[int]:
-    """The first removed layer of every plain removal set of ``sets`` (a merge changes its lowest slot: not shared)."""
-    out = set()
+def _plain_sets(sets: dict) -> list[list[int]]:
+    """Every non-empty plain removal set of ``sets`` (a merge changes its lowest slot: it shares no prefix)."""
+    out = []
     for o in sets.values():
-        if o.variant and o.variant.get("kind") == "merge":
-            continue
-        for s in list(o.sets or []) + [s for v in (o.runs or {}).values() for s in v]:
-            if len(s):
-                out.add(min(int(i) for i in s))
+        if not (o.variant and o.variant.get("kind") == "merge"):
+            out += [[int(i) for i in s] for s in list(o.sets or []) + [s for v in (o.runs or {}).values() for s in v]
+                    if len(s)]
     return out
 
 
@@ -288,7 +298,8 @@ def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: S
     if share_prefix:
         from swapkl.removal.prefix import PrefixStore
 
-        run.prefix = PrefixStore(_first_removed(sets))
+        run.prefix = PrefixStore(min(s) for s in _plain_sets(sets))
+        run.record_base = run.worth_recording(_plain_sets(sets))
     contract = {"evaluator": EVALUATOR, "lm_eval_version": run.lm_eval_version, "budget": budget,
                 "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "include_path": ip,
                 "tasks": {t["name"]: {"versions": t["versions"], "config_sha": t["config_sha"],
