@@ -14,7 +14,9 @@ timed) on the same task, batch size and device, in one run:
 * CLI: each variant written with :func:`~swapkl.surgery.prune.save_pruned` (export time reported apart), then
   ``python -m lm_eval --model hf --model_args pretrained=DIR ...`` as a separate process (what a user does).
 
-Prints both times, the ratio (target <= 0.5x) and the largest metric difference between the two sides.
+Prints both times, the ratio (target <= 0.5x) and the largest metric difference between the two sides; and the
+in-memory path again with prefix sharing (:mod:`swapkl.removal.prefix`), its time against the plain in-memory
+path and whether every metric is identical (``--no-cli``: only the two in-memory paths).
 """
 from __future__ import annotations
 
@@ -52,20 +54,32 @@ def _variants(a) -> list[tuple[str, list[int]]]:
     return out
 
 
-def in_memory(a, variants) -> tuple[float, dict]:
+def in_memory(a, variants, share: bool = False) -> tuple[float, dict, float]:
+    """One model load, one task index, then every variant (the base first).  ``share``: the variants start from the
+    base model's hidden states entering their first removed layer (swapkl.removal.prefix)."""
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.removal import lmeval
+    from swapkl.removal.prefix import PrefixStore
     from swapkl.surgery.blocks import pruned_copy
 
     t0 = time.perf_counter()
     ck = load_checkpoint(a.model, device="cpu")
     tm = lmeval.task_manager(lmeval.check_include_path(a.include_path) if a.include_path else None)
     task = lmeval.load_task(tm, a.task)
+    store = PrefixStore([min(r) for _, r in variants if r]) if share else None
     out = {}
+    t_eval = 0.0
     for label, removed in variants:
-        model = pruned_copy(ck.model, removed) if removed else ck.model
+        t1 = time.perf_counter()
+        model = pruned_copy(ck.model, removed) if removed else (store.recording(ck.model) if share else ck.model)
+        if share and removed:
+            store.attach(model, removed)
         out[label] = lmeval.evaluate(model, ck.tokenizer, task, tm, limit=a.limit, batch_size=a.batch_size)["metrics"]
-    return time.perf_counter() - t0, out
+        t_eval += time.perf_counter() - t1
+    if share:
+        print(f"  prefix sharing: {store.stats}, {store.bytes / 1e6:.0f} MB of states", flush=True)
+    print(f"  the {len(variants)} evaluations alone: {t_eval:.1f}s", flush=True)
+    return time.perf_counter() - t0, out, t_eval
 
 
 def cli(a, variants, tmp: Path) -> tuple[float, float, dict]:
@@ -112,12 +126,19 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-cli", action="store_true", help="time the two in-memory paths only")
     a = ap.parse_args()
 
     variants = _variants(a)
     print(f"{len(variants)} models: " + "; ".join(f"{lab} {rem}" for lab, rem in variants), flush=True)
-    t_mem, mem = in_memory(a, variants)
+    t_mem, mem, e_mem = in_memory(a, variants)
     print(f"in memory: {t_mem:.1f}s", flush=True)
+    t_pre, pre, e_pre = in_memory(a, variants, share=True)  # its task index is the first run's (one per process)
+    same = pre == mem
+    print(f"in memory with prefix sharing: {t_pre:.1f}s; the evaluations alone {e_pre:.1f}s against {e_mem:.1f}s: "
+          f"{e_pre / e_mem:.3f}x the plain in-memory path (metrics {'identical' if same else 'DIFFER'})", flush=True)
+    if a.no_cli:
+        return 0 if same else 1
     with tempfile.TemporaryDirectory(prefix="swapkl-bench-tasks-") as tmp:
         t_export, t_cli, ref = cli(a, variants, Path(tmp))
     diff = max(abs(mem[lab][t][m] - ref[lab][t][m]) for lab in mem for t in mem[lab] for m in mem[lab][t])
@@ -130,6 +151,8 @@ def main() -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({"model": a.model, "variants": variants, "in_memory_s": t_mem,
                                             "cli_s": t_cli, "export_s": t_export, "ratio": t_mem / t_cli,
+                                            "eval_s": e_mem, "prefix_eval_s": e_pre, "prefix_ratio": e_pre / e_mem,
+                                            "prefix_identical": same,
                                             "max_diff": diff, "metrics": mem}, indent=2))
     return 0
 

@@ -324,15 +324,16 @@ def report_html(job: Job | None, traj_job: Job | None = None, *others: Job | Non
 
     return build_report(result=job.result if job else None, curves=job.curves if job else None,
                         trajectory=traj_job.trajectory if traj_job else None,
-                        sections=[sec for j in others for sec in job_sections(j)])
+                        sections=[sec for j in others for sec in job_sections(j, job)])
 
 
 def evidence_done(ev_job: Job | None) -> bool:
     return ev_job is not None and ev_job.status == "done" and ev_job.evidence is not None
 
 
-def job_sections(j: Job | None) -> list:
-    """The report sections a finished job adds (tiers above views build them): evidence, healed curves."""
+def job_sections(j: Job | None, analysis: Job | None = None) -> list:
+    """The report sections a finished job adds (tiers above views build them): evidence, healed curves, task
+    accuracy (only for the model of ``analysis``, when given)."""
     if evidence_done(j):
         from swapkl.evidence.section import section
 
@@ -341,18 +342,22 @@ def job_sections(j: Job | None) -> list:
         from swapkl.healing.figures import section
 
         return [section(j.heal)]
+    if j is not None and getattr(j, "tasks", None) is not None:
+        from pages.tasks_panel import report_sections
+
+        return report_sections(analysis, j)
     return []
 
 
 def report_button(key: str) -> None:
     """Offer the demo report of the current analysis (and trajectory, when there is one) as a download."""
     job, traj = current_job("analysis"), current_job("trajectory")
-    ev, heal = current_job("evidence"), current_job("heal")
+    ev, heal, tasks = current_job("evidence"), current_job("heal"), current_job("tasks")
     have = (job is not None and job.result is not None) or (traj is not None and traj.trajectory is not None) \
         or evidence_done(ev)
     if not have:
         return
-    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj, ev, heal),
+    st.download_button("⬇ Demo report (HTML)", data=lambda: report_html(job, traj, ev, heal, tasks),
                        file_name="swapkl-report.html",
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")

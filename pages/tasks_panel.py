@@ -89,3 +89,14 @@ def body(job) -> None:
         common.download_table(table, fig.layout.meta["contract"], "task-accuracy", key="dl_tasks_table")
     with d:
         common.download_json(r.to_json(), "task-accuracy", key="dl_tasks_json")
+
+
+def report_sections(analysis_job, tasks_job) -> list:
+    """The report section of ``tasks_job`` for the one-click report (:func:`pages.common.report_html`): none while it
+    runs, before the base model's accuracy exists, or when it is for another model than ``analysis_job``."""
+    t = tasks_job.tasks if tasks_job is not None and not tasks_job.running else None
+    if t is None or not t.base:
+        return []
+    res = analysis_job.result if analysis_job is not None else None
+    fp, fp_tasks = ((res.identity if res is not None else None) or {}).get("fingerprint"), (t.model or {}).get("fingerprint")
+    return [] if fp and fp_tasks and fp != fp_tasks else [tv.section(t)]

@@ -298,7 +298,7 @@ def test_report_evidence_section(ev, tmp_path, capsys, cache_dir):
 
     assert figure_count(common.report_html(None, None, Job)) == 3
     Job.status = "running"
-    assert common.evidence_sections(Job) == []
+    assert common.job_sections(Job) == []
 
 
 @pytest.mark.parametrize("content, pattern", [

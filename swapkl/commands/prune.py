@@ -1,6 +1,6 @@
 """``python -m swapkl prune MODEL --remove 3,7 --out DIR``: save a model with layers removed (reloads with
 ``from_pretrained``); ``--format mergekit`` (a passthrough YAML) or ``--format gguf`` (a pruned GGUF of a GGUF
-source) instead, and ``--from RESULT.json --method M --n N`` for the set a curves or recommend run chose."""
+source) instead, and ``--from RESULT.json --method M --n N`` for the set a curves, recommend or evidence run chose."""
 from __future__ import annotations
 
 from swapkl.commands.common import add_model_args, load_from_args, model_inputs
@@ -52,7 +52,8 @@ def register(sub) -> None:
     p.add_argument("--merge-mode", default="average", choices=["average", "laco"],
                    help="average: every parameter averaged (default); laco: θ_l + Σ_k (θ_{l+k} − θ_l)")
     p.add_argument("--from", dest="from_file", default=None, metavar="RESULT.json",
-                   help="take the removal set from a 'curves --json' or 'recommend --json' file (with --method, --n)")
+                   help="take the removal set from a 'curves --json', 'recommend --json' or 'evidence --json' file (with "
+                        "--method, --n; evidence: --method SIGNAL or ground_truth_ppl / ground_truth_kl)")
     p.add_argument("--method", default=None, help="with --from: the method whose set to export")
     p.add_argument("--n", type=int, default=None, help="with --from: the number of removed layers")
     p.add_argument("--format", default="hf", choices=FORMATS,

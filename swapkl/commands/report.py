@@ -1,7 +1,8 @@
 """``python -m swapkl report MODEL ... --out report.html``: one self-contained HTML report.
 
 From files (no model computation): ``--scores SCORES.json`` (``swapkl score --json``), ``--curves CURVES.json``
-(``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON).  Otherwise the scores are computed
+(``swapkl curves --json``), ``--trajectory TRAJ.json`` (a trajectory JSON), ``--tasks TASKS.json`` (``swapkl tasks
+--json``: the task accuracy section).  Otherwise the scores are computed
 through :func:`swapkl.scoring.score.score` (cached) under the contract arguments, and with ``--budget N`` the removal curves
 through :func:`swapkl.removal.curves.removal_curves`.  MODEL may be omitted when files provide everything.
 """
@@ -12,6 +13,7 @@ import sys
 from swapkl.scoring import corpora
 from swapkl.removal import methods as M
 from swapkl.views import report
+from swapkl.views import tasks as task_views
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
@@ -34,6 +36,8 @@ def register(sub) -> None:
                    help="healed curves (bench/heal.py --json, the dashboard's download) or a 'swapkl heal --json' "
                         "result: adds the healing section")
     p.add_argument("--evidence", default=None, metavar="EV.json", help="a 'swapkl evidence --json' file")
+    p.add_argument("--tasks", default=None, metavar="TASKS.json",
+                   help="a 'swapkl tasks --json' file: adds the task accuracy after removal")
     p.add_argument("--budget", type=int, default=None,
                    help="also compute removal curves for n = 1..N (needs MODEL; ignored with --curves)")
     p.add_argument("--methods", default=",".join(M.default_set("dashboard")),
@@ -61,14 +65,17 @@ def run(a) -> int:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves
     contract = contract_from_args(a) if not a.scores else None  # validates the contract before loading
-    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.heal or a.evidence)):
-        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory/--heal/--evidence files to "
-                          "report on")
-    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.heal, a.evidence])
+    if not a.model and (want_curves or not (a.scores or a.curves or a.trajectory or a.heal or a.evidence or a.tasks)):
+        raise SwapklError("give MODEL (to compute) or --scores/--curves/--trajectory/--heal/--evidence/--tasks files "
+                          "to report on")
+    check_outputs(a, {"--out": a.out}, inputs=[a.scores, a.curves, a.trajectory, a.eval_text, a.heal, a.evidence,
+                                               a.tasks])
+    tasks = task_views.load_tasks(a.tasks, "--tasks file") if a.tasks else None
     result = report.as_result(a.scores) if a.scores else None
     curves = report.as_curves(a.curves) if a.curves else None
     traj = report.as_trajectory(a.trajectory) if a.trajectory else None
-    sections = _evidence_section(a, result) + ([heal_section(a.heal, result)] if a.heal else [])
+    sections = (_evidence_section(a, result) + ([heal_section(a.heal, result)] if a.heal else [])
+                + ([task_views.section(tasks)] if tasks is not None else []))
     if result is not None and curves is not None:  # never one report from two models
         check_same_model(result, curves.get("model"), what=f"--scores {a.scores} and --curves {a.curves} are for "
                                                             "different models")
@@ -88,6 +95,9 @@ def run(a) -> int:
         result = score(ck, contract, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)
     if want_curves:
         curves = _compute_curves(a, ck, result)
+    if tasks is not None and (result is not None or curves is not None):  # never one report from two models
+        check_scores({}, 0, result.identity if result is not None else curves.get("model"), tasks.model,
+                     what=f"--tasks {a.tasks} is for another model than the scores or curves")
     html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top, sections=sections)
     _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
     if result is not None and not a.quiet:

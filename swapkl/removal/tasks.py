@@ -63,13 +63,23 @@ class TasksResult:
 
     def provenance(self) -> Provenance:
         c = self.contract
-        extra = [f"lm-eval {c.get('lm_eval_version')}", f"limit {c.get('limit') or 'all'}",
-                 f"{c.get('num_fewshot') if c.get('num_fewshot') is not None else 'default'}-shot",
-                 f"budget {c.get('budget')}"]
+        versions = "; ".join(f"{t} v{(i.get('versions') or {}).get(t, '?')}" for t, i in (c.get("tasks") or {}).items())
+        metrics = list(dict.fromkeys(m for row in (self.base.get("metrics") or {}).values() for m in row))
+        extra = [f"lm-eval {c.get('lm_eval_version')}", f"tasks {versions}", f"metrics {', '.join(metrics)}",
+                 f"limit {c.get('limit') or 'all'}",
+                 _shots(c), f"budget {c.get('budget')}"]
         return Provenance(model=self.model, evaluator=EVALUATOR, extra=tuple(extra))
 
     def tasks(self) -> list[str]:
         return list(self.contract.get("tasks", {}))
+
+
+def _shots(c: dict) -> str:
+    """``3-shot``, or the task default with the count lm-eval ran (``n-shot``)."""
+    if c.get("num_fewshot") is not None:
+        return f"{c['num_fewshot']}-shot"
+    ran = ", ".join(f"{t} {k}" for t, k in (c.get("n-shot") or {}).items())
+    return f"few-shot: task default ({ran})" if ran else "few-shot: task default"
 
 
 def removal_sets(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], *, spacing: int = 1,
@@ -121,6 +131,8 @@ class _Runner:
         self.done, self.total = 0, total
         self.on_partial, self.result = None, None
         self.memo: dict = {}
+        self.prefix = None  # a removal.prefix.PrefixStore when variants share the base's hidden states
+        self.record_base = False  # evaluate the base model even when its rows are cached (to record its states)
         self.stats = {"evaluations": 0, "cache_hits": 0, "variants": 0, "eval_seconds": 0.0}
         self.lm_eval_version = lmeval.lm_eval_version()
 
@@ -144,6 +156,8 @@ class _Runner:
         for task in self.tasks:
             path = self._path(removed, merge, task) if self.ident else None
             rows = self._read(path)
+            if rows is not None and not removed and merge is None and self.record_base:
+                rows = None  # run the base anyway: variants to evaluate start from the states it records
             if rows is None:
                 if pm is None:
                     pm = self._build(removed, merge)
@@ -161,13 +175,27 @@ class _Runner:
         self.memo[key] = out
         return out
 
+    def worth_recording(self, sets: list) -> bool:
+        """Whether the base model should run although its rows are cached: at least two of ``sets`` share a prefix
+        with it (first removed layer > 0) and are not cached for every task."""
+        if self.prefix is None or not self.prefix.layers or not self.ident:
+            return False
+        todo = {tuple(sorted(s)) for s in sets if min(s) > 0
+                and any(self._read(self._path(sorted(s), None, t)) is None for t in self.tasks)}
+        return len(todo) >= 2
+
     def _build(self, removed, merge):
         from swapkl.surgery.blocks import pruned_copy  # deferred: torch
         from swapkl.surgery.merge import merged_copy
 
         if merge is not None:
             return merged_copy(self.model, merge["groups"], merge["mode"])
-        return pruned_copy(self.model, removed) if removed else self.model
+        if not removed:
+            return self.prefix.recording(self.model) if self.prefix is not None else self.model
+        pm = pruned_copy(self.model, removed)
+        if self.prefix is not None:
+            self.prefix.attach(pm, removed)
+        return pm
 
     def _read(self, path):
         if path is None:
@@ -191,6 +219,16 @@ class _Runner:
             self.progress(min(self.done, self.total), self.total, msg)
         if self.on_partial is not None:
             self.on_partial(self.result)
+
+
+def _plain_sets(sets: dict) -> list[list[int]]:
+    """Every non-empty plain removal set of ``sets`` (a merge changes its lowest slot: it shares no prefix)."""
+    out = []
+    for o in sets.values():
+        if not (o.variant and o.variant.get("kind") == "merge"):
+            out += [[int(i) for i in s] for s in list(o.sets or []) + [s for v in (o.runs or {}).values() for s in v]
+                    if len(s)]
+    return out
 
 
 def _summary(rows: dict, tasks: list[dict]) -> str:
@@ -235,14 +273,17 @@ def _seeded(per_seed: dict) -> list[dict]:
 def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], tasks: Sequence[str],
                   *, include_path: str | None = None, limit: int | None = None, num_fewshot: int | None = None,
                   batch_size: int = 16, identity: dict | None = None, use_cache: bool = True, progress=None,
-                  should_stop=None, sets: dict | None = None, on_partial=None, **selection) -> TasksResult:
+                  should_stop=None, sets: dict | None = None, on_partial=None, share_prefix: bool = True,
+                  **selection) -> TasksResult:
     """Task accuracy of the base model and of each method's pruned model at n = 1..``budget`` (lm-eval's own
     evaluator on the in-memory copies; see the module docstring).  ``tasks``: lm-eval task or group names (hub
     tasks, or tasks from YAML files under ``include_path``).  ``selection``: the keyword arguments of
     :func:`removal_sets` (spacing, exclude_boundary, partners, seeds, corpus, method_params, memo); ``sets``: the
     :func:`removal_sets` output when already known.  ``progress(done, total, message)`` after every variant;
     ``should_stop()`` → True raises :class:`~swapkl.errors.ComputeInterrupted` with the partial result in
-    ``.partial``; ``on_partial(result)`` after every model (the dashboard's job publishes it).  Raises
+    ``.partial``; ``on_partial(result)`` after every model (the dashboard's job publishes it).  ``share_prefix``:
+    variants start from the base model's hidden states entering their first removed layer
+    (:mod:`swapkl.removal.prefix`; the same numbers, fewer blocks run).  Raises
     :class:`~swapkl.removal.lmeval.TaskError` for an unknown or unloadable task."""
     t_start = time.perf_counter()
     ip = lmeval.check_include_path(include_path) if include_path else None
@@ -254,6 +295,11 @@ def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: S
     total = 1 + sum((len(o.sets) if o.runs is None else sum(len(v) for v in o.runs.values())) for o in sets.values())
     run = _Runner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
                   batch_size=batch_size, use_cache=use_cache, progress=progress, should_stop=should_stop, total=total)
+    if share_prefix:
+        from swapkl.removal.prefix import PrefixStore
+
+        run.prefix = PrefixStore(min(s) for s in _plain_sets(sets))
+        run.record_base = run.worth_recording(_plain_sets(sets))
     contract = {"evaluator": EVALUATOR, "lm_eval_version": run.lm_eval_version, "budget": budget,
                 "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "include_path": ip,
                 "tasks": {t["name"]: {"versions": t["versions"], "config_sha": t["config_sha"],
@@ -292,6 +338,7 @@ def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: S
         result.stats = dict(run.stats, seconds=time.perf_counter() - t_start)
         e.partial = result
         raise
-    result.stats = dict(run.stats, seconds=time.perf_counter() - t_start, swapkl_version=__version__)
+    result.stats = dict(run.stats, seconds=time.perf_counter() - t_start, swapkl_version=__version__,
+                        **({"prefix": dict(run.prefix.stats, layers=run.prefix.layers)} if run.prefix else {}))
     result.complete = True
     return result
