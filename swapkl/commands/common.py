@@ -107,3 +107,18 @@ class ProgressPrinter:
         end = "\n" if done == total else "\r"
         print(f"  {done}/{total} variants  {el:6.1f}s elapsed  ETA {eta:5.1f}s  {what:<24}", end=end,
               file=sys.stderr, flush=True)
+
+
+def evaluator_and_corpus(a, drop_first_target: bool | None = None):
+    """The held-out evaluator (``--evaluator``, shortened to ``--max-words`` and labelled so) and the corpus
+    (``--eval-text``, else the default) a command evaluates on.  Raises :class:`SwapklError` for a bad
+    ``--max-words``."""
+    from swapkl.errors import SwapklError
+    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
+
+    ev = get_evaluator(a.evaluator, drop_first_target=drop_first_target)
+    if a.max_words is not None:
+        if a.max_words < 1:
+            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
+        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
+    return ev, (load_corpus(a.eval_text) if a.eval_text else load_corpus())

@@ -5,11 +5,10 @@ from __future__ import annotations
 import sys
 
 from swapkl import schema
-from swapkl.scoring import corpora
 from swapkl.removal import methods as M
 from swapkl.removal import curves as C
 from swapkl.removal.curves import check_evaluator_context, check_scores, EvalMemo
-from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
@@ -59,7 +58,6 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 
 
 def run(a) -> int:
-    from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -68,13 +66,7 @@ def run(a) -> int:
     for m in methods:
         if m not in M.GROUPS:
             M.get(m)  # unknown names fail before loading anything
-    ev = get_evaluator(a.evaluator, drop_first_target=a.drop_first_target or None)
-    if a.max_words is not None:
-        if a.max_words < 1:
-            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        from swapkl.removal.evaluate import Evaluator  # deferred: pulls torch; the CLI's --help must not
-        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
-    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    ev, corpus = evaluator_and_corpus(a, a.drop_first_target or None)
     partners = a.partners
     if partners is not None and partners not in ("adjacent", "all"):
         try:

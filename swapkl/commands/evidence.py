@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+from swapkl.commands.common import (evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
                                     load_from_args)
 from swapkl.errors import SwapklError
-from swapkl.scoring import corpora
 
 SIGNALS = ("bi", "cka", "taylor", "sleb")
 
@@ -45,7 +44,6 @@ def register(sub) -> None:
 
 
 def run(a) -> int:
-    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -54,12 +52,7 @@ def run(a) -> int:
     if a.calib_tokens is not None and a.calib_tokens < 16:
         raise SwapklError(f"--calib-tokens must be at least 16 (got {a.calib_tokens})")
     check_outputs(a, {"--json": a.json}, inputs=[a.eval_text, *a.compare_corpus])
-    ev = get_evaluator(a.evaluator)
-    if a.max_words is not None:
-        if a.max_words < 1:
-            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
-    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    ev, corpus = evaluator_and_corpus(a)
     contract = contract_from_args(a)
     from swapkl.evidence.run import compute_evidence, regions  # deferred: the CLI's --help stays light
 

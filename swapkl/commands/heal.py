@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from swapkl.commands.common import add_model_args, check_outputs, emit, load_from_args, model_inputs
+from swapkl.commands.common import evaluator_and_corpus, add_model_args, check_outputs, emit, load_from_args, model_inputs
 from swapkl.errors import SwapklError
 from swapkl.healing.recipe import Recipe
 from swapkl.scoring import corpora
@@ -78,7 +78,6 @@ def _check_args(a):
     """Every check that needs no model: the set, the recipe, the texts (and their disjointness), the outputs."""
     from swapkl.healing import text as T  # deferred: pulls torch
     from swapkl.removal import methods as M
-    from swapkl.removal.evaluate import Evaluator, get_evaluator
     from swapkl.surgery.outputs import check_output_dir
 
     if (a.removed is None) == (a.method is None):
@@ -107,12 +106,7 @@ def _check_args(a):
     check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text])
     if a.out:
         check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a), force_hint="--force")
-    ev = get_evaluator(a.evaluator)
-    if a.max_words is not None:
-        if a.max_words < 1:
-            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
-    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    ev, corpus = evaluator_and_corpus(a)
     if a.train_text:
         T.check_file_disjoint(corpora.from_file(a.train_text), [("evaluation text", corpus)])
     return removed, recipe, ev, corpus

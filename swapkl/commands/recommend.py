@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
-from swapkl.scoring import corpora
 from swapkl.removal import methods as M
 from swapkl.commands.curves import load_scores
 from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
@@ -74,7 +73,6 @@ def parse_max_evals(s: str):
 
 
 def run(a) -> int:
-    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -95,12 +93,7 @@ def run(a) -> int:
     if a.calib_regions < 1:
         raise SwapklError(f"--calib-regions must be at least 1 (got {a.calib_regions})")
     check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
-    ev = get_evaluator(a.evaluator)
-    if a.max_words is not None:
-        if a.max_words < 1:
-            raise SwapklError(f"--max-words must be positive (got {a.max_words})")
-        ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
-    corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
+    ev, corpus = evaluator_and_corpus(a)
     ev_words = ev.max_words
     if ev_words > corpus.split_point:
         raise SwapklError(f"the evaluation text is too short: corpus '{corpus.name}' has {corpus.split_point} words "
