@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from swapkl.commands import heal_tasks
 from swapkl.commands.common import evaluator_and_corpus, add_model_args, check_outputs, emit, load_from_args, model_inputs
 from swapkl.errors import SwapklError
 from swapkl.healing.recipe import Recipe
@@ -54,6 +55,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached evaluations and adapters")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
+    heal_tasks.register_args(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
@@ -103,6 +105,7 @@ def _check_args(a):
         if len(a.methods) * len(a.ns) > 1 and a.out:
             raise SwapklError("--out exports one healed set: give one method and one n (or --removed)")
     recipe = recipe_from_args(a)
+    heal_tasks.check_args(a)
     check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text])
     if a.out:
         check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a), force_hint="--force")
@@ -123,15 +126,22 @@ def run(a) -> int:
     selection = None
     if a.method is not None:
         removed, selection = _select(a, ck, corpus, ev)
-    states: dict = {}
+    states, shared = {}, {}
     result = heal(ck.model, ck.tokenizer, removed, recipe, corpus=corpus, evaluator=ev, train_path=a.train_text,
                   prompts=a.prompts, tokens=a.tokens, prompt_seed=a.prompt_seed, identity=ck.identity,
-                  use_cache=not a.no_cache, progress=_Progress(a.quiet), selection=selection, keep_states=states)
+                  use_cache=not a.no_cache, progress=_Progress(a.quiet), selection=selection, keep_states=states,
+                  shared=shared)
     if a.out:
         out = export_healed(ck.model, result.removed, recipe, states["healed"], a.out, ck.tokenizer, ck.identity,
                             force=a.force, record={"ppl": result.ppl, "recovered": result.recovered,
                                                    "contract": result.contract})
         result.notes.append(f"merged healed model written to {out}, adapter to {out}/adapter")
+    if a.task_names:
+        from swapkl.healing.curves import HealCurves
+
+        sel = result.selection or {}
+        one = HealCurves.from_heals([(sel.get("method") or "given", sel.get("n") or len(result.removed), result)])
+        result.tasks = heal_tasks.evaluate(a, ck, one, recipe, shared)
     return emit(a, result, render)
 
 
@@ -154,10 +164,13 @@ def _curves(a, ck, recipe, corpus, ev) -> int:
     """Several methods and/or several n: healed curves (:func:`swapkl.healing.multi.heal_curves`)."""
     from swapkl.healing.multi import heal_curves
 
+    shared: dict = {}
     hc = heal_curves(ck.model, ck.tokenizer, a.methods, a.ns, recipe, scores=_scores(a, ck), corpus=corpus,
                      evaluator=ev, spacing=a.spacing, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
                      prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
-                     progress=_Progress(a.quiet))
+                     progress=_Progress(a.quiet), shared=shared)
+    if a.task_names:
+        hc.tasks = heal_tasks.evaluate(a, ck, hc, recipe, shared)
     return emit(a, hc, render_curves)
 
 
@@ -212,6 +225,8 @@ def render(r) -> str:
     lines.append("training: " + "; ".join(parts))
     lines.append(f"contract: {contract_caption(r.provenance())}")
     lines.extend(f"note: {n}" for n in r.notes)
+    if r.tasks:
+        lines.append(heal_tasks.render(r.tasks))
     return "\n".join(lines)
 
 
@@ -235,4 +250,6 @@ def render_curves(hc) -> str:
         lines.append(f"headline: {hc.headline}")
     lines.append(f"contract: {caption(hc)}")
     lines.extend(f"note: {n}" for n in hc.notes)
+    if hc.tasks:
+        lines.append(heal_tasks.render(hc.tasks))
     return "\n".join(lines)

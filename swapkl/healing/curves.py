@@ -58,6 +58,8 @@ class HealCurves:
     headline: str = ""
     seconds: float = 0.0
     notes: list = field(default_factory=list)
+    #: task accuracy after healing (:func:`swapkl.healing.tasks.heal_task_accuracy`), when asked for
+    tasks: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -144,7 +146,9 @@ class HealCurves:
         if d.get("format") != FORMAT:
             sel = d.get("selection") or {}
             m, n = str(sel.get("method") or "given"), int(sel.get("n") or len(d["removed"]))
-            return cls.from_heals([(m, n, d)])
+            out = cls.from_heals([(m, n, d)])
+            out.tasks = d.get("tasks") or {}
+            return out
         kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**kw)
 
@@ -171,3 +175,7 @@ def validate(d, where: str = "healed curves") -> None:
         need(isinstance(d["removed"], list) and all(isinstance(i, int) for i in d["removed"]), "bad 'removed'")
         counts = (d.get("windows") or {}).get("counts")
     need(isinstance(counts, list) and 0 < len(counts) <= MAX_WINDOWS, "no evaluation windows")
+    if d.get("tasks"):
+        from swapkl.healing.task_figures import validate_tasks
+
+        validate_tasks(d["tasks"], f"{where}: tasks")

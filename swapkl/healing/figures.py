@@ -190,4 +190,10 @@ def section(hc):
         blocks += ["<h3>Paired comparison per n</h3>", html_table(comp, cap),
                    "".join(f"<p>{html_text(c['sentence'])}</p>" for c in hc.comparisons)]
     blocks += [f"<p>{html_text('note: ' + n)}</p>" for n in hc.notes]
-    return Section(title="Healing after removal", intro=intro, figures=(heal_figure(hc),), blocks=tuple(blocks))
+    figures = [heal_figure(hc)]
+    if hc.tasks:  # task accuracy after healing (swapkl heal --tasks)
+        from swapkl.healing.task_figures import blocks_and_figures
+
+        more, figs = blocks_and_figures(hc.tasks)
+        blocks, figures = blocks + more, figures + figs
+    return Section(title="Healing after removal", intro=intro, figures=tuple(figures), blocks=tuple(blocks))

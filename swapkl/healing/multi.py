@@ -52,13 +52,15 @@ def heal_curves(model, tokenizer, methods: Sequence[str], ns: Sequence[int], rec
                 scoring_corpus=None, prompts: int = 16, tokens: int = 64, prompt_seed: int = 0,
                 identity: dict | None = None, use_cache: bool = True, pair: Sequence[str] | None = None,
                 progress: Callable | None = None, should_stop: Callable | None = None,
-                on_partial: Callable | None = None) -> HealCurves:
+                on_partial: Callable | None = None, shared: dict | None = None) -> HealCurves:
     """Heal, for each of ``methods`` and each n in ``ns``, the set that method chooses
     (:func:`~swapkl.healing.heal.chosen_set`, with ``scores`` for the guided methods and ``spacing``), with
     ``recipe`` against one control, and compare ``pair`` (default: interchange vs replacement when both are
     asked) at each n.  The other arguments are :func:`~swapkl.healing.heal.heal`'s.  ``progress(done, total,
     message)`` counts training updates and evaluations over the whole run; ``on_partial(HealCurves)`` after each
-    heal; ``should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted` (the heals done so far are cached)."""
+    heal; ``should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted` (the heals done so far are cached).
+    ``shared``: a dict that receives the heals' shared session (``shared["adapters"]``: every trained adapter, for
+    :func:`swapkl.healing.tasks.heal_task_accuracy`)."""
     from swapkl.healing.heal import chosen_set, heal
     from swapkl.removal import evaluate as E
     from swapkl.removal.memo import EvalMemo, disk_memo
@@ -76,7 +78,8 @@ def heal_curves(model, tokenizer, methods: Sequence[str], ns: Sequence[int], rec
     corpus = corpus if corpus is not None else load_corpus()
     ev = E.get_evaluator(evaluator)
     memo = disk_memo(identity, kl=False) if use_cache else EvalMemo()
-    shared: dict = {"memo": memo}
+    shared = shared if shared is not None else {}
+    shared["memo"] = memo
     plan = [(m, n, *chosen_set(model, tokenizer, m, n, scores, corpus, ev, spacing=spacing, memo=memo,
                                should_stop=should_stop)) for m in methods for n in ns]
     unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in plan))

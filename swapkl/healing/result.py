@@ -89,6 +89,8 @@ class HealResult:
     selection: dict = field(default_factory=dict)
     windows: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    #: task accuracy after healing (:func:`swapkl.healing.tasks.heal_task_accuracy`), when asked for
+    tasks: dict = field(default_factory=dict)
 
     def provenance(self) -> Provenance:
         c = self.contract

@@ -1,0 +1,79 @@
+"""``swapkl heal ... --tasks T [--include-path DIR] [--limit K] [--num-fewshot F]``: lm-eval task accuracy of the
+fine-tuned base and of every healed model, next to the same tasks before healing, added to the heal's JSON under
+``tasks`` (:func:`swapkl.healing.tasks.heal_task_accuracy`; docs/healing.md)."""
+from __future__ import annotations
+
+from swapkl.errors import SwapklError
+from swapkl.removal import lmeval
+
+
+def register_args(p) -> None:
+    g = p.add_argument_group("task accuracy after healing (lm-evaluation-harness)")
+    g.add_argument("--tasks", default=None, metavar="T",
+                   help="comma-separated lm-eval tasks evaluated on the base, the fine-tuned base, each pruned and "
+                        "each healed model (added to the JSON under 'tasks')")
+    g.add_argument("--include-path", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
+    g.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
+    g.add_argument("--num-fewshot", type=int, default=None, metavar="F",
+                   help="few-shot examples (default: each task's own, else 0)")
+    g.add_argument("--task-batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
+
+
+def check_args(a) -> None:
+    """Every task check that needs no model (the names, the include path, the bounds, loading each task), so a bad
+    task fails before any training; sets ``a.task_names`` (None without ``--tasks``)."""
+    a.task_names = None
+    if a.tasks is None:
+        for flag, v in (("--include-path", a.include_path), ("--limit", a.limit), ("--num-fewshot", a.num_fewshot)):
+            if v is not None:
+                raise SwapklError(f"{flag} goes with --tasks (task accuracy after healing)")
+        return
+    if a.limit is not None and a.limit < 1:
+        raise SwapklError(f"--limit must be at least 1 (got {a.limit})")
+    if a.num_fewshot is not None and a.num_fewshot < 0:
+        raise SwapklError(f"--num-fewshot must be 0 or more (got {a.num_fewshot})")
+    if a.task_batch_size < 1:
+        raise SwapklError(f"--task-batch-size must be at least 1 (got {a.task_batch_size})")
+    names = lmeval.parse_task_names(a.tasks)
+    a.include_path = lmeval.check_include_path(a.include_path) if a.include_path else None
+    tm = lmeval.task_manager(a.include_path)
+    for n in names:
+        lmeval.load_task(tm, n)
+    a.task_names = names
+
+
+def evaluate(a, ck, hc, recipe, shared: dict) -> dict:
+    """The tasks block of healed curves ``hc`` (adapters from this run's ``shared`` session)."""
+    from swapkl.healing.tasks import heal_task_accuracy
+
+    return heal_task_accuracy(ck.model, ck.tokenizer, hc, recipe, a.task_names, adapters=shared.get("adapters"),
+                              include_path=a.include_path, limit=a.limit, num_fewshot=a.num_fewshot,
+                              batch_size=a.task_batch_size, identity=ck.identity, use_cache=not a.no_cache)
+
+
+def render(ht: dict) -> str:
+    """Text lines: per task, the base and fine-tuned base, then per method and n before → healed (± stderr)."""
+    from swapkl.views.tasks import default_metric
+
+    from swapkl.healing.task_figures import _results, caption
+
+    before, _ = _results(ht)
+    metric = default_metric(before)
+
+    def cell(rows, t):
+        v, s = (rows["metrics"].get(t) or {}).get(metric), (rows["stderr"].get(t) or {}).get(metric)
+        return "–" if v is None else f"{v:.4f}" + ("" if s is None else f" ± {s:.4f}")
+
+    lines = []
+    for t in ht["base"]["metrics"]:
+        lines.append(f"task {t} ({metric}): base {cell(ht['base'], t)}, "
+                     f"fine-tuned base {cell(ht['base_finetuned'], t)}")
+        for m, entries in ht["methods"].items():
+            for e in entries:
+                lines.append(f"  {m:<12} n={e['n']} {e['removed']}: before healing {cell(e['pruned'], t)} → healed "
+                             f"{cell(e['healed'], t)}")
+    st = ht.get("stats") or {}
+    lines.append(f"tasks: {st.get('evaluations', 0)} lm-eval runs, {st.get('cache_hits', 0)} from the cache; "
+                 f"contract: {caption(ht)}")
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""Task accuracy after healing (docs/healing.md, "Task accuracy after healing"): lm-evaluation-harness on the
+fine-tuned base (the control) and on each method's healed model at each n of healed curves, next to the same
+tasks before healing (the pruned model) and on the base.
+
+The evaluation is :mod:`swapkl.removal.tasks`'s own runner (``lm_eval.simple_evaluate`` on an ``HFLM`` around the
+in-memory model, :func:`swapkl.removal.lmeval.evaluate`) and its cache (:mod:`swapkl.store`, kind
+``lm-eval-task``): the base and the pruned models hit the entries ``swapkl tasks`` wrote (and write the ones it
+reads), and a healed model's entry adds the heal to the key (the weights fingerprint, the recipe key, the training
+text key).  The healed model is built by :func:`swapkl.healing.train.healed_model` from the adapter the heal
+trained (kept in memory by :func:`~swapkl.healing.multi.heal_curves`, else read from the heal cache): the very
+model whose perplexity the heal reports.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from swapkl import __version__
+from swapkl.errors import SwapklError
+from swapkl.healing.curves import HealCurves, set_key
+from swapkl.healing.recipe import Recipe
+from swapkl.healing.task_figures import FORMAT
+from swapkl.removal import lmeval
+from swapkl.removal.tasks import _Runner
+
+# Deferred: swapkl.healing.train (torch, peft) is imported where an adapter is read or a healed model built.
+
+EVALUATOR = "lm-eval simple_evaluate on HFLM(in-memory model: base, pruned copy, or pruned copy + merged LoRA)"
+
+
+class _HealRunner(_Runner):
+    """The removal-tasks runner whose variants tagged ``{"heal": ...}`` are healed models: the adapter of that
+    removed set merged into a private pruned copy (:func:`~swapkl.healing.train.healed_model`).  The tag is part of
+    the cache key, so a healed model never shares an entry with its pruned model."""
+
+    def __init__(self, *args, states: dict, recipe: Recipe, **kw):
+        super().__init__(*args, **kw)
+        self.states, self.recipe = states, recipe
+
+    def _build(self, removed, merge):
+        if merge is None or "heal" not in merge:
+            return super()._build(removed, merge)
+        from swapkl.healing.train import healed_model
+
+        return healed_model(self.model, removed, self.recipe, self.states[set_key(removed)])
+
+
+def heal_tag(hc: HealCurves) -> dict:
+    """What a healed model's cache key adds: the weights it was healed from, the recipe, the training text."""
+    c = hc.contract
+    return {"heal": {"fingerprint": c.get("model_fingerprint"), "recipe": c.get("recipe_key"),
+                     "text": (hc.train_text or {}).get("key")}}
+
+
+def heal_sets(hc: HealCurves) -> list[list[int]]:
+    """Every removed set healed in ``hc`` (each once, in the order of the curves), and ``[]`` for the control."""
+    sets = {set_key(e["removed"]): sorted(int(i) for i in e["removed"]) for v in hc.methods.values() for e in v}
+    return [[]] + [s for k, s in sets.items() if k]
+
+
+def adapter_states(model, hc: HealCurves, recipe: Recipe, adapters: dict | None = None) -> dict:
+    """``{set_key: adapter state}`` of every set of ``hc`` and of the control (key ``""``): from ``adapters`` (the
+    ``shared["adapters"]`` of :func:`~swapkl.healing.multi.heal_curves`), else from the heal cache.  Refused
+    (one line) when ``model`` is not the weights ``hc`` was healed from, or an adapter is in neither place."""
+    from swapkl.healing import train as TR
+
+    fp, rk, tk = hc.contract.get("model_fingerprint"), hc.contract.get("recipe_key"), (hc.train_text or {}).get("key")
+    if recipe.key() != rk:
+        raise SwapklError("the recipe is not the one these healed curves were trained with")
+    if TR.model_fingerprint(model) != fp:
+        raise SwapklError("this model is not the one these healed curves were healed from (weights fingerprint)")
+    out = {}
+    for rem in heal_sets(hc):
+        hit = (adapters or {}).get((fp, tuple(rem), rk, tk))
+        if hit is None:
+            cached = TR.read_cached(TR.heal_dir(fp, rem, recipe, tk), TR.ADAPTER_KIND, recipe)
+            if cached is None:
+                what = f"removed {rem}" if rem else "the fine-tuned base (the control)"
+                raise SwapklError(f"the adapter of {what} is not in the heal cache; rerun the heal with the cache on")
+            hit = (cached[1], cached[0])
+        out[set_key(rem)] = hit[0]
+    return out
+
+
+def _rows(v: dict) -> dict:
+    return {"metrics": v["metrics"], "stderr": v["stderr"]}
+
+
+def heal_task_accuracy(model, tokenizer, hc, recipe: Recipe | None = None, tasks: Sequence[str] = (), *,
+                       adapters: dict | None = None, include_path: str | None = None, limit: int | None = None,
+                       num_fewshot: int | None = None, batch_size: int = 16, identity: dict | None = None,
+                       use_cache: bool = True, progress: Callable | None = None,
+                       should_stop: Callable | None = None) -> dict:
+    """lm-eval ``tasks`` (names; local YAMLs under ``include_path``) on the base, the fine-tuned base and, per
+    method and n of the healed curves ``hc`` (a :class:`HealCurves` or its dict), the pruned and the healed model.
+
+    Returns the JSON-able ``{"format", "model", "contract", "base", "base_finetuned", "methods": {method: [{"n",
+    "removed", "pruned", "healed"}]}, "stats"}`` where each of ``base``, ``base_finetuned``, ``pruned``, ``healed``
+    is ``{"metrics": {task: {metric: value}}, "stderr": {...}}`` under lm-eval's names; the contract holds the
+    removal tasks contract (lm-eval version, task versions, limit, few-shot count) and the recipe.  ``adapters``:
+    see :func:`adapter_states`.  ``progress(done, total, message)`` after each model; ``should_stop()`` →
+    :class:`~swapkl.errors.ComputeInterrupted`."""
+    t0 = time.perf_counter()
+    hc = hc if isinstance(hc, HealCurves) else HealCurves.from_dict(hc)
+    recipe = recipe if recipe is not None else Recipe.from_dict(hc.recipe)
+    ip = lmeval.check_include_path(include_path) if include_path else None
+    tm = lmeval.task_manager(ip)
+    loaded = [lmeval.load_task(tm, name) for name in tasks]
+    if not loaded:
+        raise SwapklError("task accuracy after healing needs at least one task")
+    states = adapter_states(model, hc, recipe, adapters)
+    sets = heal_sets(hc)
+    run = _HealRunner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
+                      batch_size=batch_size, use_cache=use_cache, progress=progress, should_stop=should_stop,
+                      total=2 * len(sets), states=states, recipe=recipe)
+    tag = heal_tag(hc)
+    base = run.variant(())
+    run.tick("base")
+    out = {"format": FORMAT, "model": identity or {"name_or_path": getattr(model, "name_or_path", None)},
+           "contract": _contract(hc, run, loaded, base, ip), "base": _rows(base),
+           "base_finetuned": _rows(run.variant((), tag)), "methods": {}}
+    run.tick("fine-tuned base")
+    for m, entries in hc.methods.items():
+        out["methods"][m] = []
+        for e in entries:
+            rem = sorted(int(i) for i in e["removed"])
+            pruned, healed = run.variant(rem), run.variant(rem, tag)
+            out["methods"][m].append({"n": int(e["n"]), "removed": rem, "pruned": _rows(pruned),
+                                      "healed": _rows(healed)})
+            run.tick(f"{m} n={e['n']} pruned and healed")
+    out["stats"] = dict(run.stats, seconds=time.perf_counter() - t0, swapkl_version=__version__)
+    return out
+
+
+def _contract(hc: HealCurves, run: _Runner, loaded: list, base: dict, ip) -> dict:
+    return {"evaluator": EVALUATOR, "lm_eval_version": run.lm_eval_version, "limit": run.limit,
+            "num_fewshot": run.num_fewshot, "batch_size": run.batch_size, "include_path": ip,
+            "tasks": {t["name"]: {"versions": t["versions"], "config_sha": t["config_sha"],
+                                  "output_types": t["output_types"], "chance": lmeval.chance(t, run.limit)}
+                      for t in loaded},
+            "n-shot": base["n-shot"], "n-samples": base["n-samples"],
+            "recipe_line": hc.recipe_line(), "recipe_key": hc.contract.get("recipe_key"),
+            "model_fingerprint": hc.contract.get("model_fingerprint"),
+            "train_text": (hc.train_text or {}).get("label"), "healed_model": "the heal's adapter merged into a "
+            "private pruned copy (healing.train.healed_model): the model whose perplexity the heal reports"}
+
