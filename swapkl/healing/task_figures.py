@@ -52,8 +52,11 @@ def _results(ht):
 
 def caption(ht) -> str:
     """The task contract caption (lm-eval version, task versions, limit, few-shot) and the recipe."""
+    import dataclasses
+
     before, _ = _results(ht)
-    return f"{contract_caption(before)}{SEP}healed: {ht['contract'].get('recipe_line', '?')}"
+    prov = dataclasses.replace(before.provenance(), evaluator=ht["contract"].get("evaluator"))
+    return f"{contract_caption(prov)}{SEP}healed: {ht['contract'].get('recipe_line', '?')}"
 
 
 def heal_tasks_figure(ht, metric: str | None = None):
