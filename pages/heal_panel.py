@@ -4,15 +4,20 @@ system (progress, ETA, cancel; :class:`swapkl.jobs.HealRequest`), drawn by :mod:
 healed curves, also added to the page's removal-curves figure), with the paired comparison's headline and
 downloads.
 
+Optionally, lm-eval task accuracy after healing (:mod:`swapkl.healing.tasks`: the fine-tuned base and each healed
+model next to the pruned models; the task panel's widgets, dashed healed curves over the task panel's figure).
+
 Demo mode: the recipe widgets stop at the policy's bounds, and the policy refuses a request past them (a browser
-can send anything; :func:`swapkl.jobs.policy.check_heal`)."""
+can send anything; :func:`swapkl.jobs.policy.check_heal`); tasks: the operator's allow-listed names, a bounded limit,
+the operator's task folder, never an include path from the browser (as in the task panel)."""
 from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from pages import common, tasks_panel
 from swapkl.errors import SwapklError
 from swapkl.healing import figures as hf
+from swapkl.healing import task_figures as htf
 from swapkl.healing.multi import MERGING
 from swapkl.healing.recipe import Recipe
 from swapkl.jobs import HealRequest
@@ -67,11 +72,15 @@ def section(analysis_job) -> None:
     recipe = _recipe_widgets(pol)
     bound = f"; this server allows {pol.max_heal_tokens}" if pol.demo else ""
     st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control{bound})")
+    tasks, limit, shots, include = (), None, None, None
+    if st.checkbox("Also task accuracy after healing (lm-eval)", key="w_heal_tasks_on"):
+        tasks, limit, shots, include = tasks_panel._widgets(pol, "w_heal_tasks")
     if st.button("Heal", key="heal_start", disabled=not methods):
         try:
             hreq = HealRequest(model=req.model, revision=req.revision, contract=req.contract, methods=tuple(methods),
                                ns=tuple(range(lo, hi + 1)), recipe=recipe,
-                               evaluator=None if pol.demo else req.evaluator)
+                               evaluator=None if pol.demo else req.evaluator, tasks=tasks, limit=limit,
+                               num_fewshot=shots, include_path=include if tasks else None)
         except SwapklError as e:
             st.error(str(e), icon=":material/block:")
         else:
@@ -109,6 +118,14 @@ def body(job) -> None:
             st.caption(c["sentence"])
     cap = hf.caption(hc)
     st.caption(f"contract: {cap}")
+    if hc.tasks:
+        st.markdown("**Task accuracy after healing** (solid: before healing; dashed: healed; dotted: the fine-tuned "
+                    "base)")
+        st.plotly_chart(common.memo("heal_tasks_fig", rk, lambda: htf.heal_tasks_figure(hc.tasks)),
+                        key="heal_tasks_main")
+        st.dataframe(common.memo("heal_tasks_table", rk, lambda: htf.heal_tasks_table(hc.tasks)), hide_index=True,
+                     key="heal_tasks_table")
+        st.caption(f"contract: {htf.caption(hc.tasks)}")
     for note in hc.notes:
         st.caption(f"note: {note}")
     if job.running:

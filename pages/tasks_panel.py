@@ -17,23 +17,24 @@ LOCAL_DEFAULT_TASKS = "tinystories_mc"
 LOCAL_DEFAULT_INCLUDE = "tests/fixtures/tasks"
 
 
-def _widgets(pol) -> tuple[tuple, int | None, int | None, str | None]:
-    """(tasks, limit, few-shot, include path) from the widgets (demo: the policy's lists and bounds)."""
+def _widgets(pol, key: str = "w_tasks") -> tuple[tuple, int | None, int | None, str | None]:
+    """(tasks, limit, few-shot, include path) from the widgets (demo: the policy's lists and bounds); ``key``: the
+    widgets' key prefix (the Healing panel asks the same with its own keys)."""
     c1, c2, c3 = st.columns([3, 1, 1])
     if pol.demo:
         tasks = tuple(c1.multiselect("Tasks (this demo server's list)", list(pol.tasks), default=list(pol.tasks[:1]),
-                                     key="w_tasks_demo"))
+                                     key=f"{key}_demo"))
         limit = int(c2.number_input("Documents per task", 1, pol.max_task_limit, min(50, pol.max_task_limit),
-                                    key="w_tasks_limit_demo"))
-        shots = int(c3.number_input("Few-shot", 0, pol.max_fewshot, 0, key="w_tasks_shots_demo"))
+                                    key=f"{key}_limit_demo"))
+        shots = int(c3.number_input("Few-shot", 0, pol.max_fewshot, 0, key=f"{key}_shots_demo"))
         return tasks, limit, shots, pol.task_include_path
-    text = c1.text_input("lm-eval tasks (comma-separated)", LOCAL_DEFAULT_TASKS, key="w_tasks",
+    text = c1.text_input("lm-eval tasks (comma-separated)", LOCAL_DEFAULT_TASKS, key=key,
                          help="hub tasks (hellaswag, arc_easy, piqa, winogrande, lambada_openai: need the hub) or "
                               "tasks from the folder below")
-    limit = int(c2.number_input("Documents per task (0 = all)", 0, 10**6, 0, key="w_tasks_limit")) or None
-    shots = c3.text_input("Few-shot (empty = task default)", "", key="w_tasks_shots").strip()
+    limit = int(c2.number_input("Documents per task (0 = all)", 0, 10**6, 0, key=f"{key}_limit")) or None
+    shots = c3.text_input("Few-shot (empty = task default)", "", key=f"{key}_shots").strip()
     include = st.text_input("Folder of local task YAMLs (your own code: a task YAML can run Python)",
-                            LOCAL_DEFAULT_INCLUDE, key="w_tasks_include").strip() or None
+                            LOCAL_DEFAULT_INCLUDE, key=f"{key}_include").strip() or None
     return (tuple(t.strip() for t in text.split(",") if t.strip()), limit,
             int(shots) if shots.isdigit() else None, include)
 

@@ -219,3 +219,111 @@ def test_cli_heal_tasks(env, stories_path, small_corpus, tmp_path, capsys):
     assert e["removed"] == [2] and e["n"] == 1
     assert f"before healing {e['pruned']['metrics'][TASK]['acc_norm,none']:.4f}" in out
     assert "healed: LoRA r8" in out
+
+
+# --------------------------------------------------------------------------------------------- the dashboard
+def test_demo_policy_bounds_heal_task_requests():
+    from swapkl.jobs import HealRequest
+    from swapkl.jobs.policy import Policy, PolicyError
+
+    demo = Policy(demo=True, models=("default",), max_budget=4, tasks=("tinystories_mc",),
+                  task_include_path="tests/fixtures/tasks", max_task_limit=100, max_fewshot=5)
+    ok = dict(model="default", methods=("interchange",), ns=(1,), recipe=Recipe(steps=10, seq_len=64, batch=2),
+              tasks=(TASK,), limit=50, include_path="tests/fixtures/tasks")
+    demo.check_request(HealRequest(**ok))
+    demo.check_request(HealRequest(**dict(ok, include_path=None)))
+    bad = {"a task off the list": (dict(tasks=("hellaswag",)), "runs only these tasks"),
+           "a browser's include path": (dict(include_path="/tmp/evil"), "never takes a task folder"),
+           "an include path without tasks": (dict(tasks=(), include_path="/tmp/evil"), "no task chosen"),
+           "no limit": (dict(limit=None), "at most 100 documents"),
+           "a large limit": (dict(limit=10**6), "at most 100 documents"),
+           "many shots": (dict(num_fewshot=50), "0 to 5 few-shot")}
+    for why, (change, msg) in bad.items():
+        with pytest.raises(PolicyError, match=msg):
+            demo.check_request(HealRequest(**dict(ok, **change)))
+            pytest.fail(why)
+    plain = HealRequest(model="default", recipe=Recipe(steps=10))
+    assert "tasks" not in plain.to_dict()  # requests without tasks keep their job keys
+    assert HealRequest(**ok).to_dict()["tasks"] == [TASK]
+
+
+def test_heal_job_with_tasks_runs_and_is_snapshotted(env, stories, stories_path):
+    from swapkl.contract import Contract
+    from swapkl.jobs import DONE, HealRequest, JobManager
+
+    req = HealRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), methods=("bi",), ns=(1,),
+                      recipe=TINY, evaluator=EV, spacing=0, tasks=(TASK,), limit=LIMIT,
+                      include_path=str(FIXTURE_TASKS))
+    m = JobManager()
+    try:
+        job = m.submit(req)
+        assert job.wait(600), job.summary()
+        assert job.status == DONE, job.error
+        p = job.progress()
+        assert (p.step, p.steps) == (4, 4)
+        ht = job.heal.tasks
+        (e,) = ht["methods"]["bi"]
+        assert e["removed"] == job.heal.methods["bi"][0]["removed"] and "healed" in e and ht["contract"]["limit"] == 8
+    finally:
+        m.shutdown()
+    again = _tasks(stories, job.heal, TINY)  # the same numbers, from the caches
+    assert again["stats"]["evaluations"] == 0 and again["methods"] == ht["methods"]
+    m2 = JobManager(loader=lambda *a, **k: pytest.fail("a cached request must not load the model"))
+    try:
+        j2 = m2.submit(req)
+        assert j2.status == DONE and j2.from_snapshot and j2.heal.tasks["methods"] == ht["methods"]
+    finally:
+        m2.shutdown()
+
+
+def _panel_app():
+    import json
+    import os
+
+    from pages import heal_panel
+    from swapkl.healing.curves import HealCurves
+    from swapkl.jobs import HealRequest, Job
+
+    job = Job("heal-tasks-panel-test", HealRequest())
+    job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
+    heal_panel.body(job)
+
+
+def test_panel_draws_the_dashed_task_curves(run, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    hc, ht = run
+    hc.tasks = ht
+    f = tmp_path / "heal.json"
+    hc.to_json(f)
+    monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(charts) == 2  # the ΔPPL figure, then the task figure
+    healed = [t for t in charts[1]["data"] if (t.get("meta") or {}).get("kind") == "healed"]
+    metric = charts[1]["layout"]["meta"]["metric"]
+    assert healed and healed[0]["y"] == [e["healed"]["metrics"][TASK][metric] for e in ht["methods"]["interchange"]]
+    assert healed[0]["line"]["dash"] == "dash"
+
+
+def _demo_task_widgets_app():
+    import streamlit as st
+
+    from pages import tasks_panel
+    from swapkl.jobs.policy import Policy
+
+    pol = Policy(demo=True, tasks=("tinystories_mc",), task_include_path="tests/fixtures/tasks", max_task_limit=30)
+    tasks, limit, shots, include = tasks_panel._widgets(pol, "w_heal_tasks")
+    st.write(f"picked {tasks} {limit} {shots} {include}")
+
+
+def test_demo_task_widgets_of_the_healing_panel_are_the_operators():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_demo_task_widgets_app, default_timeout=30).run()
+    assert not at.exception, at.exception
+    assert at.multiselect(key="w_heal_tasks_demo").options == ["tinystories_mc"]
+    assert at.number_input(key="w_heal_tasks_limit_demo").max == 30
+    assert not at.text_input  # no free-text task name or folder in demo mode
+    assert "tests/fixtures/tasks" in at.markdown[0].value

@@ -180,20 +180,31 @@ def run_heal(job: Job, models: ModelCache) -> None:
 
     req: HealRequest = job.request
     c = req.contract
-    job.phase(1, 3, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
+    steps = 4 if req.tasks else 3  # + task accuracy after healing
+    job.phase(1, steps, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
     ck = models.get(req.model, req.revision, c.dtype, c.device)
     job.checkpoint = ck
     scores = None
     if any(M.get(m).needs for m in req.methods):
-        job.phase(2, 3, f"swap-KL on the pair set {c.pairs} (the guided methods' sets)")
+        job.phase(2, steps, f"swap-KL on the pair set {c.pairs} (the guided methods' sets)")
         res = score(ck, c, progress=job.tick, should_stop=job.should_stop,
                     engine_kw=engine_kw(ck, c, len(c.pair_list(ck.num_layers))))
         job.result = res
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
     recipe = req.recipe_obj()
-    job.phase(3, 3, f"healing {', '.join(req.methods)} at n = {', '.join(map(str, req.ns))}: {recipe.describe()}")
+    job.phase(3, steps, f"healing {', '.join(req.methods)} at n = {', '.join(map(str, req.ns))}: {recipe.describe()}")
+    shared: dict = {}
     job.heal = heal_curves(ck.model, ck.tokenizer, req.methods, req.ns, recipe, scores=scores,
                            corpus=load_corpus(c.corpus), evaluator=evaluator_of(req), spacing=req.spacing,
                            prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed, identity=ck.identity,
                            progress=job.tick, should_stop=job.should_stop,
-                           on_partial=lambda h: setattr(job, "heal", h))
+                           on_partial=lambda h: setattr(job, "heal", h), shared=shared)
+    if req.tasks:  # task accuracy after healing: the curves stay on show while lm-eval runs
+        from swapkl.healing.tasks import heal_task_accuracy
+
+        job.phase(4, 4, f"lm-eval task accuracy after healing: {', '.join(req.tasks)}")
+        hc = job.heal
+        hc.tasks = heal_task_accuracy(ck.model, ck.tokenizer, hc, recipe, list(req.tasks), adapters=shared["adapters"],
+                                      include_path=req.include_path, limit=req.limit, num_fewshot=req.num_fewshot,
+                                      identity=ck.identity, progress=job.tick, should_stop=job.should_stop)
+        job.heal = hc

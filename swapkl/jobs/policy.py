@@ -280,6 +280,8 @@ def check_heal(self: Policy, request) -> None:
         raise PolicyError("this demo server has no QLoRA (it needs CUDA and bitsandbytes)")
     if request.evaluator is not None:
         raise PolicyError("this demo server evaluates healing with its own evaluator (matched)")
+    if getattr(request, "tasks", ()) or getattr(request, "include_path", None) is not None:
+        self.check_tasks(request)  # task accuracy after healing: the task panel's bounds
 
 
 def _flag(v) -> bool:

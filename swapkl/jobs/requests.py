@@ -158,7 +158,9 @@ class HealRequest:
     """Healed curves (:func:`swapkl.healing.multi.heal_curves`): the set each of ``methods`` chooses at each n of
     ``ns`` (with the swap-KL scores of ``contract`` for the guided methods), healed with one LoRA ``recipe`` (a
     :class:`~swapkl.healing.recipe.Recipe` dict) against one control, on the removal evaluator ``evaluator``.
-    Demo mode bounds the steps, tokens, rank and n (:func:`swapkl.jobs.policy.check_heal`)."""
+    Demo mode bounds the steps, tokens, rank and n (:func:`swapkl.jobs.policy.check_heal`).  With ``tasks``: also
+    lm-eval task accuracy of the fine-tuned base and each healed model (:mod:`swapkl.healing.tasks`; ``limit``,
+    ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way)."""
 
     model: str = "default"
     revision: str | None = None
@@ -168,6 +170,10 @@ class HealRequest:
     recipe: Any = None
     evaluator: Any = None
     spacing: int = 1
+    tasks: tuple = ()
+    limit: int | None = None
+    num_fewshot: int | None = None
+    include_path: str | None = None
     kind: str = "heal"
 
     def __post_init__(self):
@@ -181,6 +187,7 @@ class HealRequest:
         object.__setattr__(self, "recipe", {k: v for k, v in r.__dict__.items()})
         object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
         object.__setattr__(self, "spacing", int(self.spacing))
+        object.__setattr__(self, "tasks", tuple(str(t).strip() for t in self.tasks if str(t).strip()))
 
     def recipe_obj(self):
         from swapkl.healing.recipe import Recipe
@@ -190,12 +197,15 @@ class HealRequest:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": self.model, "revision": self.revision,
                 "contract": self.contract.to_dict(), "methods": list(self.methods), "ns": list(self.ns),
-                "recipe": dict(self.recipe), "evaluator": self.evaluator, "spacing": self.spacing}
+                "recipe": dict(self.recipe), "evaluator": self.evaluator, "spacing": self.spacing,
+                **({"tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
+                    "include_path": self.include_path} if self.tasks or self.include_path else {})}
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
+        tasks = f" · tasks {', '.join(self.tasks)}" if self.tasks else ""
         return (f"healing: {m} · {', '.join(self.methods)} · n = {', '.join(map(str, self.ns))} · "
-                f"{self.recipe_obj().describe()}")
+                f"{self.recipe_obj().describe()}{tasks}")
 
 
 def quick_fingerprint(model: str, revision: str | None = None) -> str:
