@@ -81,6 +81,21 @@ def test_shape_contract_and_counts(run):
     assert ht["stats"]["evaluations"] == 6 and ht["stats"]["cache_hits"] == 0
 
 
+def test_pruned_and_base_rows_are_the_swapkl_tasks_cache_entries(run, stories):
+    """The base and pruned models are stored under exactly the keys ``swapkl tasks`` reads (removal.tasks' runner
+    with no merge), so either command reuses the other's evaluations."""
+    from swapkl.removal import lmeval
+    from swapkl.removal.tasks import _Runner
+
+    _, ht = run
+    task = lmeval.load_task(lmeval.task_manager(lmeval.check_include_path(FIXTURE_TASKS)), TASK)
+    r = _Runner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None, batch_size=16,
+                use_cache=True, progress=None, should_stop=None, total=1)
+    assert r._read(r._path([], None, task))["metrics"] == ht["base"]["metrics"]
+    for e in ht["methods"]["interchange"]:
+        assert r._read(r._path(e["removed"], None, task))["metrics"] == e["pruned"]["metrics"]
+
+
 def _logits(model, x):
     with torch.no_grad():
         return model(input_ids=x, use_cache=False).logits
