@@ -234,6 +234,11 @@ def test_cli_heal_tasks(env, stories_path, small_corpus, tmp_path, capsys):
     assert e["removed"] == [2] and e["n"] == 1
     assert f"before healing {e['pruned']['metrics'][TASK]['acc_norm,none']:.4f}" in out
     assert "healed: LoRA r8" in out
+    from swapkl.healing.curves import HealCurves
+    from swapkl.healing.figures import section
+
+    one = HealCurves.from_dict(d)  # a one-set heal file keeps its tasks: the report section draws them
+    assert one.tasks == d["tasks"] and len(section(one).figures) == 3
 
 
 # --------------------------------------------------------------------------------------------- the dashboard
