@@ -301,6 +301,16 @@ def download_table(df, caption, name: str, key: str) -> None:
                        mime="text/csv", key=key, on_click="ignore")
 
 
+def downloads(fig, table, caption, obj_json: dict | str, name: str, key: str) -> None:
+    """A panel's downloads side by side: its figure (HTML), table (CSV with the contract) and result (JSON)."""
+    st.markdown("**Downloads** (each carries its contract)")
+    a, b, c = st.columns(3)
+    for col, (draw, arg) in zip((a, b, c), ((download_figure, (fig, name)), (download_table, (table, caption, name)),
+                                            (download_json, (obj_json, name)))):
+        with col:
+            draw(*arg, key=f"dl_{key}_{draw.__name__.split('_')[1]}")
+
+
 def download_json(obj_json: dict | str, name: str, key: str) -> None:
     data = obj_json if isinstance(obj_json, str) else json.dumps(obj_json, indent=1, allow_nan=False, default=str)
     st.download_button(f"⬇ {name} (JSON)", data=data, file_name=f"{safe_name(name)}.json",

@@ -130,11 +130,4 @@ def body(job) -> None:
         st.caption(f"note: {note}")
     if job.running:
         return
-    st.markdown("**Downloads** (each carries its contract)")
-    a, b, c = st.columns(3)
-    with a:
-        common.download_figure(fig, "healed-curves", key="dl_heal_fig")
-    with b:
-        common.download_table(table, cap, "healed-curves", key="dl_heal_table")
-    with c:
-        common.download_json(hc.to_json(), "healed-curves", key="dl_heal_json")
+    common.downloads(fig, table, cap, hc.to_json(), "healed-curves", key="heal")

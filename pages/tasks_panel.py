@@ -82,14 +82,7 @@ def body(job) -> None:
         st.caption(f"note: {note}")
     if job.running:
         return
-    st.markdown("**Downloads** (each carries its contract)")
-    a, b, d = st.columns(3)
-    with a:
-        common.download_figure(fig, "task-accuracy", key="dl_tasks_fig")
-    with b:
-        common.download_table(table, fig.layout.meta["contract"], "task-accuracy", key="dl_tasks_table")
-    with d:
-        common.download_json(r.to_json(), "task-accuracy", key="dl_tasks_json")
+    common.downloads(fig, table, fig.layout.meta["contract"], r.to_json(), "task-accuracy", key="tasks")
 
 
 def report_sections(analysis_job, tasks_job) -> list:

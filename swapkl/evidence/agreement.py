@@ -125,10 +125,16 @@ def headline(cmp: dict, what: str = "single-layer removal cost (held-out ΔPPL)"
     lo, hi = cmp["best_ci"]
     ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else ""
     s = f"on this checkpoint {best} predicts {what} best (ρ = {cmp['rho'][best]:.2f}{ci})"
-    same = [k for k, v in cmp["others"].items() if v["verdict"] == "indistinguishable"]
-    worse = [k for k, v in cmp["others"].items() if v["verdict"] == "worse"]
+    return s + verdict_tail(cmp["others"]) + "."
+
+
+def verdict_tail(others: dict) -> str:
+    """"; a, b are indistinguishable from it; c is significantly worse" from ``{name: {"verdict": ...}}``."""
+    s = ""
+    same = [k for k, v in others.items() if v["verdict"] == "indistinguishable"]
+    worse = [k for k, v in others.items() if v["verdict"] == "worse"]
     if same:
         s += f"; {', '.join(same)} {'is' if len(same) == 1 else 'are'} indistinguishable from it"
     if worse:
         s += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} significantly worse"
-    return s + "."
+    return s

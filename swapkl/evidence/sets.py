@@ -153,12 +153,7 @@ def headline(cmp: dict, n_sets: int, pairs: int, budget: int) -> str:
     lo, hi = cmp["best_ci"]
     ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else ""
     s = f"across {what}, {cmp['best']} orders their held-out ΔPPL best (pooled ρ = {cmp['rho']:.2f}{ci})"
-    same = [k for k, v in cmp["others"].items() if v["verdict"] == "indistinguishable"]
-    worse = [k for k, v in cmp["others"].items() if v["verdict"] == "worse"]
-    if same:
-        s += f"; {', '.join(same)} {'is' if len(same) == 1 else 'are'} indistinguishable from it"
-    if worse:
-        s += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} significantly worse"
+    s += A.verdict_tail(cmp["others"])
     if cmp.get("not_compared"):
         s += f" ({', '.join(cmp['not_compared'])}: scores only some of the sets, not compared)"
     return s + "."
