@@ -236,11 +236,11 @@ def safe_name(s: str) -> str:
 
 
 def export_view(job: Job, removed, label: str, key: str = "export", merge: dict | None = None,
-                provenance: dict | None = None) -> None:
+                provenance: dict | None = None, identity: dict | None = None) -> None:
     """Export the job's model with layers ``removed`` deleted: a Hugging Face folder (reloads with
     ``from_pretrained``), a mergekit passthrough YAML, or a pruned GGUF when the model came from one
     (:mod:`swapkl.surgery.exports`; a merge exports only as a folder).  ``provenance``: what chose the set and
-    what it was measured on, for the YAML header.
+    what it was measured on, for the YAML header; ``identity``: the model's, when the job has no score result.
 
     Local server: an output path typed here (an existing one needs the "replace" box).  Demo mode: no path
     from the browser -- the server writes ``<cache>/exports/<name derived from model, fingerprint and layers>``
@@ -250,7 +250,7 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
     from swapkl.surgery.outputs import folder_zip
 
     pol = policy()
-    ident = (job.result.identity if job.result is not None else None) or {}
+    ident = identity or (job.result.identity if job.result is not None else None) or {}
     tail = job.request.model.rstrip("/").split("/")[-1] + (f"@{job.request.revision}" if job.request.revision else "")
     what = (f"merged-{merge['mode']}-" + "-".join("+".join(map(str, g)) for g in merge["groups"])) if merge else \
         f"minus-{'-'.join(map(str, removed))}"

@@ -102,6 +102,17 @@ def body(job) -> None:
         st.download_button("CSV", csv_text(d), file_name="evidence.csv", mime="text/csv", key="dl_ev_csv")
     with b:
         common.download_json(d, "evidence", key="dl_ev_json")
+    st.subheader("Export a pruned model")
+    sigs = [sig for sig, per in d["stability"].items() if per]
+    if not sigs:
+        return
+    e1, e2 = st.columns(2)
+    sig = e1.selectbox("signal (the set its rule chose on the full sample)", sigs, key="w_ev_exp_sig")
+    n = e2.selectbox("n", sorted(int(k) for k in d["stability"][sig]), key="w_ev_exp_n")
+    removed = sorted(int(i) for i in d["stability"][sig][str(n)]["set"])
+    common.export_view(job, removed, f"Export pruned model (remove {removed})", key="ev_export",
+                       provenance={"chosen_by": f"{sig}, n={n} (evidence: its rule's set on the full sample)",
+                                   "measured_on": cap}, identity=(d.get("contract") or {}).get("model"))
 
 
 if job is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +116,15 @@ def test_evidence_page_renders_three_figures(cache, evidence_job):
     assert any(d["set_agreement"]["headline"] in m.value for m in at.markdown)  # the set-level agreement
     labels = [b.label for b in at.get("download_button")]
     assert "CSV" in labels and "⬇ evidence (JSON)" in labels  # the downloads the issue asks for
+    # the export button: the set a signal's rule chose on the full sample, written as a folder without those layers
+    at.selectbox(key="w_ev_exp_sig").set_value("bi_prompts").run()
+    at.selectbox(key="w_ev_exp_n").set_value(2).run()
+    at.button(key="ev_export").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    out = Path(at.session_state["_export_ev_export"])
+    record = json.loads((out / "swapkl_prune.json").read_text())
+    assert record["removed"] == sorted(d["stability"]["bi_prompts"]["2"]["set"])
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 5 - 2
     # back on the start page, the verdict carries the headline
     at.switch_page("app.py").run()
     assert not at.exception, at.exception
