@@ -304,11 +304,11 @@ def download_table(df, caption, name: str, key: str) -> None:
 def downloads(fig, table, caption, obj_json: dict | str, name: str, key: str) -> None:
     """A panel's downloads side by side: its figure (HTML), table (CSV with the contract) and result (JSON)."""
     st.markdown("**Downloads** (each carries its contract)")
-    a, b, c = st.columns(3)
-    for col, (draw, arg) in zip((a, b, c), ((download_figure, (fig, name)), (download_table, (table, caption, name)),
-                                            (download_json, (obj_json, name)))):
+    for col, (part, draw, args) in zip(st.columns(3), (("figure", download_figure, (fig, name)),
+                                                     ("table", download_table, (table, caption, name)),
+                                                     ("json", download_json, (obj_json, name)))):
         with col:
-            draw(*arg, key=f"dl_{key}_{draw.__name__.split('_')[1]}")
+            draw(*args, key=f"dl_{key}_{part}")
 
 
 def download_json(obj_json: dict | str, name: str, key: str) -> None:
