@@ -13,7 +13,7 @@ import numpy as np
 
 from swapkl.errors import SwapklError
 from swapkl.removal.verdict import regime_verdict
-from swapkl.scoring.results import BOOT_SEED, N_BOOT
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices
 
 #: the rule's defaults (docs/recommend-rule.md)
 DEFAULT_RULE = "confirmed"
@@ -32,8 +32,7 @@ def paired_nll_diff(a_nll: np.ndarray, a_counts: np.ndarray, b_nll: np.ndarray, 
     a_counts, b_counts = np.asarray(a_counts), np.asarray(b_counts)
     if a_nll.shape != b_nll.shape or not np.array_equal(a_counts, b_counts):
         raise SwapklError("a paired NLL difference needs two evaluations on the same windows")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a_nll), size=(n_boot, len(a_nll)))
+    idx = bootstrap_indices(len(a_nll), n_boot, seed)
     d = (a_nll[idx].sum(1) - b_nll[idx].sum(1)) / a_counts[idx].sum(1)
     return {"diff": float((a_nll.sum() - b_nll.sum()) / a_counts.sum()),
             "ci": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))], "windows": int(len(a_nll))}

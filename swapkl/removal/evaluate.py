@@ -31,7 +31,7 @@ import torch
 
 from swapkl.errors import ComputeInterrupted, SwapklError
 
-from swapkl.scoring.results import BOOT_SEED, N_BOOT  # 1,000 resamples, seed 0: the project-wide bootstrap setting
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices  # 1,000 resamples, seed 0: the project-wide bootstrap setting
 from swapkl.model import architectures as arch
 from swapkl.surgery.blocks import pruned_copy
 from swapkl.removal.windows import EvalTextError, Window, make_windows
@@ -155,13 +155,6 @@ class PPLResult:
             if self.kl is not None:
                 d["window_kl"] = self.kl.tolist()
         return d
-
-
-def bootstrap_indices(n_windows: int, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
-    """(n_boot, n_windows) int indices, windows drawn with replacement; fixed seed, so every result resampled with
-    the same (n_windows, n_boot, seed) uses the same draws (paired bootstrap for ΔPPL)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, n_windows, size=(n_boot, n_windows))
 
 
 def delta_pct(result: PPLResult, baseline: PPLResult) -> float:

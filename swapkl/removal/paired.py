@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from swapkl.scoring.results import BOOT_SEED, N_BOOT
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices
 
 #: methods that measure perplexity of candidate sets to choose one; every other method is zero-evaluation
 EVALUATING = ("sleb", "recommend")
@@ -32,9 +32,7 @@ def paired_delta(focus_nll: np.ndarray, others_nll: Sequence[np.ndarray], base_n
     other = a method's set; several = the seeds of a seeded method (its mean curve).  Each resample draws W windows
     with replacement (``bootstrap_indices``' draws: seed 0) and recomputes every ΔPPL against the baseline on those
     draws.  Returns ``{"diff" (percentage points), "ci": [lo, hi], "word"}``."""
-    rng = np.random.default_rng(seed)
-    w = len(counts)
-    idx = rng.integers(0, w, size=(n_boot, w))
+    idx = bootstrap_indices(len(counts), n_boot, seed)
     c = counts[idx].sum(1)
     base = base_nll[idx].sum(1)
 

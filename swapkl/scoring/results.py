@@ -27,6 +27,13 @@ N_BOOT = 1000
 BOOT_SEED = 0
 
 
+def bootstrap_indices(n_windows: int, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
+    """(n_boot, n_windows) int indices, windows drawn with replacement; fixed seed, so every result resampled with
+    the same (n_windows, n_boot, seed) uses the same draws (paired bootstrap for ΔPPL)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, n_windows, size=(n_boot, n_windows))
+
+
 def matrix_json(m) -> list:
     """An L x L array as nested lists, None where a value is not finite (not computed): what JSON exports and
     figure specs hold."""
