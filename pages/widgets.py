@@ -25,12 +25,14 @@ OTHER = "other path…"
 
 
 def local_model_folders() -> list[str]:
-    """Model folders worth offering: ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*``
-    (never called in demo mode, which offers only its allow-list)."""
+    """Model folders worth offering: the sub-folders of each folder in ``$SWAPKL_MODEL_DIRS`` (``os.pathsep``
+    separated), ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*`` (never called in demo
+    mode, which offers only its allow-list)."""
     from swapkl.store import cache_root
 
     out = []
-    for base in (ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
+    extra = [Path(p) for p in os.environ.get("SWAPKL_MODEL_DIRS", "").split(os.pathsep) if p]
+    for base in (*extra, ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
         if base.is_dir():
             for d in sorted(base.iterdir()):
                 if (d / "config.json").is_file():

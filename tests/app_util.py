@@ -6,5 +6,5 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-STORIES_REL = "../shared/models/stories260K"
+STORIES_REL = "tests/fixtures/models/stories260K"
 TIMEOUT = 60

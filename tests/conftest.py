@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny random models of every supported family, and the ../shared fixtures."""
+"""Shared fixtures: tiny random models of every supported family, and the fixtures the repository ships under
+``tests/fixtures/`` (the stories260K model and the WikiText-2 test text; their licences and provenance are in
+``tests/fixtures/README.md``).  No test reads the reference folder beside the checkout, which a user's clone does not have."""
 from __future__ import annotations
 
 import os
@@ -15,9 +17,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(int(os.environ.get("SWAPKL_TEST_THREADS", "1")))
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = (ROOT / ".." / "shared").resolve()
-STORIES = SHARED / "models" / "stories260K"
-WIKITEXT = SHARED / "data" / "wikitext-2-raw" / "wiki.test.raw"
+FIXTURES = ROOT / "tests" / "fixtures"
+STORIES = FIXTURES / "models" / "stories260K"
+WIKITEXT = FIXTURES / "data" / "wikitext-2-raw" / "wiki.test.raw"
+# The automatic corpus of every test (and of the CLI subprocesses and servers the tests start, which inherit the
+# environment) is the shipped WikiText-2 copy, so that results do not depend on what lies beside the checkout.
+os.environ.setdefault("SWAPKL_CORPUS", str(WIKITEXT))
+# The dashboard's "Local folder" choices include the shipped models (swapkl.jobs.defaults.local_model_folders).
+os.environ.setdefault("SWAPKL_MODEL_DIRS", str(FIXTURES / "models"))
 
 FAMILY_NAMES = ("llama", "qwen3", "gpt_neox", "gpt2")
 
@@ -61,15 +68,13 @@ def family_model(request):
 
 @pytest.fixture(scope="session")
 def stories_path() -> Path:
-    if not STORIES.exists():
-        pytest.skip("../shared/models/stories260K missing")
+    assert (STORIES / "model.safetensors").is_file(), f"the shipped fixture {STORIES} is missing"
     return STORIES
 
 
 @pytest.fixture(scope="session")
 def wikitext_path() -> Path:
-    if not WIKITEXT.exists():
-        pytest.skip("../shared wikitext missing")
+    assert WIKITEXT.is_file(), f"the shipped fixture {WIKITEXT} is missing"
     return WIKITEXT
 
 

@@ -1,4 +1,4 @@
-"""AppTest tests of every dashboard page: set the widgets, compute on ../shared/models/stories260K, and assert
+"""AppTest tests of every dashboard page: set the widgets, compute on tests/fixtures/models/stories260K, and assert
 that what is drawn holds the library's numbers (figure specs, tables, metrics), plus the error path and the
 cached-render time."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real-browser end-to-end test: ``streamlit run app.py`` headless, driven by Debian's chromium through selenium.
 
-Picks ../shared/models/stories260K on the Start page, computes, waits for both heatmaps (Heatmaps page) and the
+Picks tests/fixtures/models/stories260K on the Start page, computes, waits for both heatmaps (Heatmaps page) and the
 removal-curves chart (Removal curves page), and saves screenshots under ``artifacts/browser/`` (git-ignored).
 Skipped with a reason when chromium / chromedriver / selenium are missing (CI's ``.ci/run`` installs them)."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_browser_end_to_end(server, browser):
     drv, wait = browser, WebDriverWait(browser, 60)
     drv.get(server + "/")
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(., 'protocol-aware layer redundancy')]")))
-    # pick the stories260K folder: "Local folder", whose first option is ../shared/models/stories260K
+    # pick the stories260K folder: "Local folder", whose first option is tests/fixtures/models/stories260K (SWAPKL_MODEL_DIRS)
     click_text(drv, wait, "Local folder", "p")
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'stories260K')]")))
     time.sleep(0.5)

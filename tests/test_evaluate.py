@@ -112,7 +112,7 @@ def test_bootstrap_ci():
 
 
 def test_stories_reference_numbers(stories_path, wikitext_path):
-    """/work/shared/README: PPL ≈ 113 on the first 512 tokens; removing one layer ≈ [1122, 494, 208, 240, 244]."""
+    """tests/fixtures/README.md: PPL ≈ 113 on the first 512 tokens; removing one layer ≈ [1122, 494, 208, 240, 244]."""
     import transformers as tf
 
     from swapkl.surgery.prune import pruned_copy

@@ -8,7 +8,7 @@ from swapkl.jobs import AnalysisRequest, TrajectoryRequest
 from swapkl.jobs.policy import Policy, PolicyError
 
 DEMO = Policy(demo=True, models=("default", "EleutherAI/pythia-160m", "Qwen/Qwen3-0.6B@main",
-                                 "../shared/models/stories260K"))
+                                 "tests/fixtures/models/stories260K"))
 
 
 def test_local_policy_allows_everything():
@@ -20,16 +20,16 @@ def test_local_policy_allows_everything():
 @pytest.mark.parametrize("spec, rev", [("default", None), ("builtin", None), ("EleutherAI/pythia-160m", None),
                                        ("EleutherAI/pythia-160m@step1000", None), ("EleutherAI/pythia-160m", "step0"),
                                        ("Qwen/Qwen3-0.6B@main", None), ("Qwen/Qwen3-0.6B", "main"),
-                                       ("../shared/models/stories260K", None)])
+                                       ("tests/fixtures/models/stories260K", None)])
 def test_demo_allow_list(spec, rev):
     DEMO.check_model(spec, rev)
 
 
-@pytest.mark.parametrize("spec, rev", [("/etc/passwd", None), ("../shared/models", None), ("./cache", None),
+@pytest.mark.parametrize("spec, rev", [("/etc/passwd", None), ("tests/fixtures/models", None), ("./cache", None),
                                        ("gpt2", None), ("EleutherAI/pythia-1.4b", None), ("Qwen/Qwen3-0.6B@v2", None),
                                        ("Qwen/Qwen3-0.6B", "other"), ("default", "step1"),
-                                       ("../shared/models/stories260K/../stories260K", None),
-                                       ("../shared/models/stories260K", "main"), ("", None)])
+                                       ("tests/fixtures/models/stories260K/../stories260K", None),
+                                       ("tests/fixtures/models/stories260K", "main"), ("", None)])
 def test_demo_refuses_everything_else_without_touching_disk(spec, rev, monkeypatch):
     import os
     import pathlib

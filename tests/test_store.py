@@ -70,7 +70,7 @@ def test_every_store_writes_entries(stories, cache_dir):
 
 #: a score cache written by swapkl before the layout change (commit 27731ad, the flat package): stories260K with
 #: ``identity["id"]`` set to "fixture:stories260K" (the key does not depend on where the model lies), contract
-#: pairs=gap:1, prompts=3, tokens=12 on CPU, the local WikiText-2 copy (../shared); ``expected.json`` holds the matrices that run returned
+#: pairs=gap:1, prompts=3, tokens=12 on CPU, the local WikiText-2 copy (then read from beside the checkout, now shipped in tests/fixtures); ``expected.json`` holds the matrices that run returned
 OLD_CACHE = Path(__file__).resolve().parent / "data" / "cache-before-layout"
 
 

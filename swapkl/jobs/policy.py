@@ -144,7 +144,7 @@ class Policy:
             m_id, _, m_rev = m.partition("@")
             if s == m and not revision:
                 return
-            if m_id == hub and ((not m_rev) or (m_rev == rev)) and "/" in hub and not hub.startswith((".", "/", "~")):
+            if m_id == hub and ((not m_rev) or (m_rev == rev)) and hub.count("/") == 1 and not hub.startswith((".", "/", "~")):
                 return
         raise PolicyError(f"this demo server offers only these checkpoints: {', '.join(self.models)}")
 
