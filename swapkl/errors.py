@@ -29,14 +29,34 @@ class UploadError(SwapklError):
     is not valid; the message names the file and the field (see :mod:`swapkl.schema`)."""
 
 
+#: lower-cased pieces of the messages that out-of-memory errors carry when they do not arrive as
+#: ``torch.OutOfMemoryError``: the CUDA runtime and driver ("CUDA error: out of memory", "CUDA driver error: out of
+#: memory", NCCL's "Cuda failure 'out of memory'", HIP/MPS/XPU "... out of memory"), the CUDA libraries' allocation
+#: failures (cuBLAS handle or workspace: "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`";
+#: cuDNN, cuSOLVER, cuSPARSE, cuFFT), the enum names some wrappers print, and torch's CPU allocator
+#: ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ... bytes", "... not enough memory ...").
+OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                "cusolver_status_alloc_failed", "cusparse_status_alloc_failed", "cufft_alloc_failed",
+                "cuda_error_out_of_memory", "cudaerrormemoryallocation", "can't allocate memory",
+                "not enough memory")
+
+
 def is_oom(err: BaseException) -> bool:
-    """True for an out-of-memory error of any device: ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA or
-    CPU allocator), or a ``RuntimeError`` whose message says "out of memory" (older torch / other backends).
-    torch is consulted only when already imported (this module stays import-light)."""
-    if isinstance(err, MemoryError):
-        return True
+    """True for an out-of-memory error of any device: ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA or CPU
+    allocator), or an error whose message carries one of :data:`OOM_MESSAGES` (a ``RuntimeError`` from the CUDA
+    runtime, a CUDA library or the CPU allocator, older torch, other backends), also when it is the cause of the
+    error raised (``raise ... from``: a compiler or a hook that wrapped it).  Not "illegal memory access", not
+    triton's "out of resource: shared memory" (a smaller batch would not help).  torch is consulted only when
+    already imported (this module stays import-light)."""
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    if oom_type is not None and isinstance(err, oom_type):
-        return True
-    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, MemoryError) or (oom_type is not None and isinstance(err, oom_type)):
+            return True
+        msg = str(err).lower()
+        if any(m in msg for m in OOM_MESSAGES):
+            return True
+        err = err.__cause__  # `raise Wrapper(...) from oom` (not the context of an unrelated error)
+        seen += 1
+    return False

@@ -123,8 +123,9 @@ def test_cancel_keeps_finished_pairs(manager, stories_path, monkeypatch, cache):
     assert job.status == "cancelled" and "kept" in job.error
     kept = len(job.result.pairs)                         # the partial result survives on the job
     assert kept == 2                                     # the engine polls should_stop between chunks of pairs
-    on_disk = list((cache / "scores").glob("*/pairs/*.json"))
-    assert sorted(f.stem for f in on_disk) == ["0-1", "1-2"]  # finished pairs stay in the score cache
+    on_disk = list((cache / "scores").glob("*/pairs/chunk-*.json"))
+    stored = sorted(tuple(p) for f in on_disk for p in json.loads(f.read_text())["data"]["pairs"])
+    assert stored == [(0, 1), (1, 2)]  # finished pairs stay in the score cache
     monkeypatch.setattr(api, "score", real)
     # a retry is a new job that reuses the two cached pairs
     again = manager.submit(_request(stories_path, budget=0, contract=CONTRACT.with_(pairs="all")))

@@ -75,12 +75,13 @@ def test_interrupted_run_resumes(stories, cache_dir):
 
 
 def test_corrupt_entry_is_reported_and_recomputed(stories, cache_dir):
-    first = score(stories, Contract(pairs="adjacent", **SMALL))
-    files = sorted(cache_dir.glob("scores/*/pairs/*.json"))
+    # max_live=3: one pair per chunk, so one chunk file per pair
+    first = score(stories, Contract(pairs="adjacent", **SMALL), engine_kw={"max_live": 3})
+    files = sorted(cache_dir.glob("scores/*/pairs/chunk-*.json"))
     assert len(files) == 4
-    files[0].write_text('{"i": 0, "j": 1, "repl_ij": [1, 2')                     # truncated
+    files[0].write_text('{"swapkl_store": "score-chunk", "data": {"pairs": [[0, 1]], "repl_ij": [1, 2')  # truncated
     d = json.loads(files[1].read_text())  # tampered
-    d["data"]["inter"][0] += 1.0
+    d["data"]["inter"][0][0] += 1.0
     files[1].write_text(json.dumps(d))
     with pytest.warns(UserWarning, match="corrupt cache entry"):
         again = score(stories, Contract(pairs="adjacent", **SMALL))

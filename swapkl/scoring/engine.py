@@ -12,7 +12,8 @@ The sweep is exact (no approximation) and uses the speed-ups of docs/method.md Â
   at slot j;
 * **batching** - every prompt is in one tensor, and at each slot all row sets that run the same block are
   concatenated into one call (so the unmodified suffixes of many variants run together);
-* **head only where scored**, float32 KL chunked over prompts so P*T*V log-probs never exist at once.
+* **head only where scored**, float32 KL chunked over prompts so P*T*V log-probs never exist at once, through
+  the KL implementation of :mod:`swapkl.scoring.kl` the engine was given (``kl_impl``; fused on a GPU).
 
 A block runs in a slot through the slot's own module (so slot-dependent behaviour - rotary embeddings,
 ``layer_idx``, per-slot attention type or scaling - is the slot's) with the other block's tensors
@@ -27,33 +28,11 @@ from typing import Callable, Iterable
 import torch
 
 from swapkl.errors import ComputeInterrupted
+from swapkl.scoring.headkl import HeadKL
+from swapkl.scoring.kl import KLFunction, base_distribution, kl_from_logits, kl_rows  # noqa: F401
 from swapkl.scoring.slots import free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn, ProgressFn
 
-
-def kl_rows(logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(base || variant) per position: ``logp_base`` log-probs [..., V] (float32, or float64 for
-    ``kl_dtype="float64"``), ``logits`` [..., V] -> [...] in nats, in ``logp_base``'s dtype.  The textbook
-    form; :func:`kl_from_logits` is the fast one."""
-    logp = torch.log_softmax(logits.to(logp_base.dtype), dim=-1)
-    return (logp_base.exp() * (logp_base - logp)).sum(-1)
-
-
-def base_distribution(logits: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """From baseline logits [..., V]: probabilities ``p`` and log-probabilities ``log p`` ([..., V], in
-    ``dtype``: float32, or float64 for the contract's ``kl_dtype="float64"``)."""
-    logp = torch.log_softmax(logits.to(dtype), dim=-1)
-    return logp.exp(), logp
-
-
-def kl_from_logits(p_base: torch.Tensor, logp_base: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(base || variant) per position, nats, float32, from the cached base ``p``/``log p`` [..., V] and the
-    variant's ``logits`` [..., V].  Equal to :func:`kl_rows` (same float32 summation, same accuracy) but
-    with the base's exp cached and every intermediate formed in place: about 3x faster for large V.
-    (A dot product ``p . (log p - log q)`` through BLAS is faster still but loses two digits: its blocked
-    float32 accumulation is worse than torch's cascade sum.)  Computed in ``logp_base``'s dtype (float64 when
-    the contract asks for ``kl_dtype="float64"``)."""
-    logq = torch.log_softmax(logits.to(logp_base.dtype), dim=-1)
-    return torch.sub(logp_base, logq, out=logq).mul_(p_base).sum(-1)
+ChunkFn = Callable[[dict], None]
 
 
 @dataclass
@@ -67,12 +46,23 @@ class _Rows:
     fork_at: int | None = None
 
 
+def _slot_of(label: tuple) -> tuple[tuple[int, int], str]:
+    """A finished variant's pair and its name in the pair's vectors: ``repl_ij``, ``repl_ji`` or ``inter``."""
+    kind, a, b = label
+    key = (min(a, b), max(a, b))
+    return key, "inter" if kind == "inter" else ("repl_ij" if a < b else "repl_ji")
+
+
 @dataclass
 class SweepStats:
-    block_calls: int = 0          # prompt-block evaluations (rows x blocks) actually run
+    block_calls: int = 0          # prompt-block evaluations (rows x blocks) actually run by the sweep
     naive_block_calls: int = 0    # what 1+3|S| full forwards per prompt would run
+    baseline_block_calls: int = 0  # rows x blocks of the baseline pass
+    head_positions: int = 0       # positions through the final norm + head (baseline and variants)
     variants: int = 0
     seconds: float = 0.0
+    kl_seconds: float = 0.0       # in the KL function itself (only with ``timing``: synchronised)
+    head_kl_seconds: float = 0.0  # in the head + KL of the variants (only with ``timing``)
     oom_retries: list = field(default_factory=list)
 
 
@@ -94,13 +84,13 @@ class SwapEngine:
     def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
                  max_rows: int = 64, max_live: int = 48, kl_chunk_rows: int | None = None,
                  logp_budget: int = 512 * 2**20, fault: Callable | None = None,
-                 on_oom: Callable[[dict], None] | None = None, kl_dtype: torch.dtype = torch.float32):
+                 on_oom: Callable[[dict], None] | None = None, kl_dtype: torch.dtype = torch.float32,
+                 kl_impl: str = "auto", timing: bool = False):
         if positions not in ("all", "last"):
             raise ValueError(positions)
         if kl_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"kl_dtype must be float32 or float64, got {kl_dtype}")
         self.kl_dtype = kl_dtype
-        item = torch.finfo(kl_dtype).bits // 8  # bytes per log-prob
         self.runner = BlockRunner(model)
         self.ids = ids
         self.positions = positions
@@ -108,78 +98,57 @@ class SwapEngine:
         retries = self.stats.oom_retries
         self.batch = BatchController(max_rows, fault=fault, where="block", on_retry=on_oom, retries=retries)
         self.max_live = max(3, max_live)
-        V = self._vocab()
+        kl_batch = BatchController(1, fault=fault, where="kl", on_retry=on_oom, retries=retries)
+        self.head = HeadKL(self.runner, positions, kl_dtype, KLFunction(kl_impl, self.runner.head_device()),
+                           kl_batch, self.stats, timing)
         P, T = ids.shape
-        Ts = T if positions == "all" else 1
-        # rows per KL chunk: keep two [rows, Ts, V] log-prob tensors under ~256 MB
-        kl_rows_ = kl_chunk_rows or max(1, int(256 * 2**20 // (2 * item * Ts * V)))
-        self.kl_batch = BatchController(kl_rows_, fault=fault, where="kl", on_retry=on_oom, retries=retries)
+        kl_batch.max_rows = kl_chunk_rows or self.head.default_chunk_rows(T)
         t0 = time.perf_counter()
         self.base = self.runner.baseline(ids, self.batch)
+        self.stats.baseline_block_calls += P * self.num_layers
         self.stats.seconds += time.perf_counter() - t0
-        self._base_cache = None  # (p, log p), each [P, Ts, V], when both fit logp_budget
-        if 2 * P * Ts * V * item <= logp_budget:
-            parts = self.kl_batch.map(lambda a, b: self._base_dist(a, b), P, "kl")
-            self._base_cache = (torch.cat([x[0] for x in parts], 0), torch.cat([x[1] for x in parts], 0))
+        self.head.start(self.base, P, T, logp_budget)
+
+    @property
+    def kl(self) -> KLFunction:
+        """The KL implementation in use (``kl.record`` says which and why)."""
+        return self.head.kl
+
+    @property
+    def kl_batch(self) -> BatchController:
+        return self.head.batch
 
     @property
     def kl_chunk_rows(self) -> int:
-        return self.kl_batch.max_rows
+        return self.head.batch.max_rows
+
+    @property
+    def _base_cache(self):
+        return self.head.cache
 
     @property
     def num_layers(self) -> int:
         return self.runner.num_layers
 
-    def _vocab(self) -> int:
-        head = self.runner.loc.head
-        w = getattr(head, "weight", None)
-        return int(w.shape[0]) if w is not None else int(self.runner.model.config.vocab_size)
-
     def _scored(self, h: torch.Tensor) -> torch.Tensor:
-        return h if self.positions == "all" else h[:, -1:, :]
+        return self.head.scored(h)
 
-    @torch.inference_mode()
     def _base_logp(self, a: int, b: int) -> torch.Tensor:
-        h = self._scored(self.base.states[-1][a:b])
-        return torch.log_softmax(self.runner.logits(h).to(self.kl_dtype), dim=-1)
+        return self.head.base_logp(a, b)
 
-    @torch.inference_mode()
-    def _base_dist(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Baseline (p, log p) for prompts a..b-1 at the scored positions (cached or recomputed)."""
-        if self._base_cache is not None:
-            return self._base_cache[0][a:b], self._base_cache[1][a:b]
-        h = self._scored(self.base.states[-1][a:b])
-        return base_distribution(self.runner.logits(h), self.kl_dtype)
-
-    @torch.inference_mode()
     def kl_many(self, h_lasts: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Per-prompt KL [P] (nats, float32, on CPU) of each variant's last-block output [P, T, D].
-
-        Works in chunks of ``kl_chunk_rows`` prompts: the baseline log-probs of a chunk are computed (or
-        read from the cache) once and shared by every variant, so at most a few ``[rows, Ts, V]`` float32
-        tensors exist at a time."""
-        if not h_lasts:
-            return []
-        P = h_lasts[0].shape[0]
-
-        def chunk(a: int, b: int) -> torch.Tensor:
-            p, logp = self._base_dist(a, b)
-            out = []
-            for h in h_lasts:
-                logits = self.runner.logits(self._scored(h[a:b]))
-                p, logp = p.to(logits.device), logp.to(logits.device)
-                out.append(kl_from_logits(p, logp, logits).mean(-1).cpu())
-            return torch.stack(out, 0)  # [variants, b - a]
-
-        return list(torch.cat(self.kl_batch.map(chunk, P, "kl"), 1).unbind(0))
+        """Per-prompt KL [P] of each variant's last-block output [P, T, D] (:meth:`HeadKL.kl_many`)."""
+        return self.head.kl_many(h_lasts)
 
     def sweep(self, pairs: Iterable[tuple[int, int]], progress: ProgressFn | None = None,
-              on_pair: PairFn | None = None, should_stop: Callable[[], bool] | None = None) -> dict:
+              on_pair: PairFn | None = None, should_stop: Callable[[], bool] | None = None,
+              on_chunk: ChunkFn | None = None) -> dict:
         """Compute every pair.  Returns ``{(i, j): {"repl_ij": [P], "repl_ji": [P], "inter": [P]}}`` where
         ``repl_ij`` is KL of ``M[i<-j]`` (slot i runs block j), ``repl_ji`` of ``M[j<-i]``, ``inter`` of
         ``M[i<->j]``; float32 CPU tensors, nats.  ``on_pair(i, j, vectors)`` is called as each pair
-        completes (in order of gap, adjacent first); ``should_stop()`` is polled between chunks and raises
-        :class:`ComputeInterrupted` (finished pairs were already handed to ``on_pair``)."""
+        completes (in order of gap, adjacent first); ``on_chunk({(i, j): vectors})`` once per chunk of pairs
+        (every pair of a chunk finishes at once: one durable cache write per chunk); ``should_stop()`` is polled
+        between chunks and raises :class:`ComputeInterrupted` (finished pairs were already handed on)."""
         pairs = list(pairs)
         L = self.num_layers
         for i, j in pairs:
@@ -214,15 +183,20 @@ class SwapEngine:
                 continue
             c += len(part)
             for label, vec in finished:
-                kind = label[0]
-                key = (min(label[1], label[2]), max(label[1], label[2]))
-                slot_name = "inter" if kind == "inter" else ("repl_ij" if label[1] < label[2] else "repl_ji")
+                key, slot_name = _slot_of(label)
                 results.setdefault(key, {})[slot_name] = vec
+            if on_chunk is not None:  # on disk before anyone is told
+                on_chunk({p: results[p] for p in part})
+            told: dict = {}
+            for label, _vec in finished:
+                key, _ = _slot_of(label)
+                told[key] = told.get(key, 0) + 1
                 done += 1
                 self.stats.variants += 1
                 if progress is not None:
+                    kind = label[0]
                     progress(done, total, f"{kind} {label[1]}{'<->' if kind == 'inter' else '<-'}{label[2]}")
-                if len(results[key]) == 3 and on_pair is not None:
+                if told[key] == 3 and on_pair is not None:
                     on_pair(key[0], key[1], results[key])
             self.stats.seconds += time.perf_counter() - t0
         self.stats.naive_block_calls += P * L * 3 * len(pairs)

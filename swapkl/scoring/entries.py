@@ -2,10 +2,13 @@
 
 Layout: ``<root>/scores/<key>/`` where ``key`` hashes the model identity, the contract settings that
 determine per-pair values (:meth:`Contract.key`) and the swapkl version.  Inside: ``meta.json`` (identity,
-contract key, prompt token ids) and one ``pairs/<i>-<j>.json`` per finished pair holding its three
-per-prompt KL vectors and a checksum.  Pairs are written atomically as they finish, so an interrupted run
-loses nothing and resumes where it stopped, a wider pair set reuses the narrower one's pairs, and several
-processes (ranks) can fill one entry at once.  A corrupt pair file is reported, deleted and recomputed.
+contract key, prompt token ids, noise floor) and ``pairs/chunk-<hash>.json`` files, one per chunk of pairs the
+engine finished together, each holding those pairs' three per-prompt KL vectors, the digest of the prompt token
+ids they were computed on, and a checksum.  A chunk is written in one durable write (atomic and fsynced) as it
+finishes, so an interrupted run loses at most the chunk in flight and resumes where it stopped, a wider pair set
+reuses the narrower one's pairs, and several processes (ranks) can fill one entry at once.  A chunk made on other
+prompts (another tokenizer under the same key) is ignored, never deleted; a corrupt chunk is reported, deleted
+and recomputed.
 
 The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project.  A root that cannot be written (read-only,
 no space, a regular file in its path) is not an error: everything is computed without caching, and
@@ -14,7 +17,6 @@ no space, a regular file in its path) is not an error: everything is computed wi
 """
 from __future__ import annotations
 
-import shutil
 import warnings
 from pathlib import Path
 
@@ -70,37 +72,51 @@ class ScoreEntry:
         except OSError:
             pass
 
-    def pair_path(self, i: int, j: int) -> Path:
-        return self.pairs_dir / f"{i}-{j}.json"
+    def chunk_path(self, pairs, prompts: str) -> Path:
+        """Where the chunk of ``pairs`` computed on the prompts of digest ``prompts`` is stored."""
+        return self.pairs_dir / f"chunk-{stable_hash([sorted(list(p) for p in pairs), prompts])[:20]}.json"
 
-    def write_pair(self, i: int, j: int, vectors: dict) -> None:
-        vec = {k: [float(x) for x in vectors[k]] for k in ("repl_ij", "repl_ji", "inter")}
-        self._write(self.pair_path(i, j), "score-pair", {"i": i, "j": j, **vec})
+    def write_pairs(self, vectors: dict, prompts: str) -> None:
+        """One durable write (atomic, fsynced) of every pair in ``vectors`` ``{(i, j): {"repl_ij", "repl_ji",
+        "inter"}}`` (per-prompt KLs, nats) computed on the prompts of digest ``prompts``."""
+        if not vectors:
+            return
+        pairs = sorted(vectors)
+        data = {"prompts": prompts, "pairs": [list(p) for p in pairs]}
+        for k in ("repl_ij", "repl_ji", "inter"):
+            data[k] = [[float(x) for x in vectors[p][k]] for p in pairs]
+        self._write(self.chunk_path(pairs, prompts), "score-chunk", data)
 
-    def read_pairs(self, num_prompts: int, wanted=None) -> dict:
-        """Finished pairs ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (lists of floats, nats); corrupt
-        files (bad JSON, wrong length, checksum mismatch) are reported in ``problems`` and removed."""
+    def read_pairs(self, num_prompts: int, wanted=None, prompts: str | None = None) -> dict:
+        """Finished pairs ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (lists of floats, nats) computed on the
+        prompts of digest ``prompts`` (any, when None); chunks of other prompts are skipped and kept, corrupt
+        ones (bad JSON, wrong length, checksum mismatch) are reported in ``problems`` and removed."""
         out = {}
         if not self.pairs_dir.is_dir():
             return out
         wanted = None if wanted is None else {tuple(p) for p in wanted}
-        for f in self.pairs_dir.glob("*-*.json"):
+        for f in sorted(self.pairs_dir.glob("chunk-*.json")):
             try:
-                i, j = (int(x) for x in f.stem.split("-"))
-            except ValueError:
-                continue
-            if wanted is not None and (i, j) not in wanted:
-                continue
-            try:
-                d = read_entry(f, "score-pair")  # CorruptEntry (a ValueError): torn, edited, old format
-                vec = {k: d[k] for k in ("repl_ij", "repl_ji", "inter")}
-                if (d["i"], d["j"]) != (i, j) or any(len(v) != num_prompts for v in vec.values()):
+                d = read_entry(f, "score-chunk")  # CorruptEntry (a ValueError): torn, edited, old format
+                if d is None:
+                    continue  # removed meanwhile
+                pairs = [(int(p[0]), int(p[1])) for p in d["pairs"]]
+                vecs = {k: d[k] for k in ("repl_ij", "repl_ji", "inter")}
+                if any(len(v) != len(pairs) or any(len(x) != num_prompts for x in v) for v in vecs.values()):
                     raise ValueError("wrong shape")
-            except (OSError, KeyError, TypeError, ValueError) as e:
+                if not isinstance(d["prompts"], str):
+                    raise ValueError("no prompt digest")
+            except (OSError, KeyError, TypeError, ValueError, IndexError) as e:
                 self._problem(f, str(e))
                 continue
-            out[(i, j)] = vec
+            if prompts is not None and d["prompts"] != prompts:
+                continue
+            for n, p in enumerate(pairs):
+                if wanted is None or p in wanted:
+                    out[p] = {k: v[n] for k, v in vecs.items()}
         return out
 
-    def clear(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+
+def prompts_digest(prompt_token_ids) -> str:
+    """The digest of a prompt set (its token ids, [P][T] nested lists) that cached pairs are filed under."""
+    return stable_hash([[int(t) for t in row] for row in prompt_token_ids])[:32]

@@ -206,7 +206,10 @@ class BlockRunner:
         finally:
             for h in handles:
                 h.remove()
-        states = [torch.cat(x, 0) for x in inputs]
+        states = []
+        for k, x in enumerate(inputs):  # one slot at a time, its parts freed as it is joined: never twice over
+            states.append(x[0] if len(x) == 1 else torch.cat(x, 0))
+            inputs[k] = []
         slot_args, slot_kwargs = [], []
         for s in range(L):
             args, kwargs = call[s]
@@ -214,6 +217,10 @@ class BlockRunner:
             slot_args.append(_to_device(tuple(args[1:]), sdev))
             slot_kwargs.append(_to_device({k: v for k, v in kwargs.items() if k != "hidden_states"}, sdev))
         return Baseline(states, slot_args, slot_kwargs)
+
+    def head_device(self) -> torch.device:
+        """Where the output head's weights are (logits and the KL are computed there)."""
+        return next(self.loc.head.parameters()).device
 
     def input_device(self) -> torch.device:
         emb = self.model.get_input_embeddings()
