@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=N -m swapkl.commands.distributed MODEL [score args] --json OUT
     torchrun --nproc_per_node=N -m swapkl score-distributed MODEL [score args] --json OUT
 
-Each rank computes its share of the pairs into the shared cache (``$SWAPKL_CACHE``); rank 0 merges them and
-writes ``--json``.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The rank logic
+Each rank computes its share of the pairs (through its own ``$SWAPKL_CACHE``, so a rerun resumes) and sends the
+vectors to rank 0 over the process group; rank 0 merges them and writes ``--json``.  No shared filesystem is needed.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The rank logic
 lives in :mod:`swapkl.scoring.distributed`; this module holds the parser, the command and the ``-m`` entry point.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args
 from swapkl.commands.score import render_summary
-from swapkl.errors import ContractError, SwapklError
+from swapkl.errors import SwapklError
 from swapkl.scoring.distributed import rank_info, restrict_gpus, score_distributed
 
 
@@ -49,12 +49,10 @@ def run(a) -> int:
     info = rank_info()
     if a.gpus_per_rank:
         restrict_gpus(info, a.gpus_per_rank)  # before CUDA is first touched
-    if a.no_cache:
-        raise ContractError("score-distributed merges through the cache; --no-cache cannot be used")
     res = score_distributed(a.model, contract, revision=a.revision, device=a.device, device_map=a.device_map,
                             trust_remote_code=a.trust_remote_code, backend=a.backend,
                             timeout_s=a.timeout_hours * 3600, json_out=a.json,
-                            progress=ProgressPrinter(a.quiet), info=info)
+                            progress=ProgressPrinter(a.quiet), info=info, use_cache=not a.no_cache)
     d = res.meta["distributed"]
     if info.rank == 0 and not a.quiet:
         print(render_summary(res))

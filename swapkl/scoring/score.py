@@ -53,6 +53,34 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
     return sweep.result()
 
 
+def contract_prompts(checkpoint: Checkpoint, contract: Contract):
+    """``(corpus, prompts, cache entry)`` of ``contract`` on ``checkpoint`` (its tokenizer cuts the prompts)."""
+    corpus = load_corpus(contract.corpus)
+    prompts = make_prompts(checkpoint.tokenizer, corpus, contract.prompts, contract.tokens, contract.seed, contract.bos)
+    return corpus, prompts, ScoreEntry(checkpoint.identity, contract.key(corpus.sha256))
+
+
+def prompts_fingerprint(checkpoint: Checkpoint, contract: Contract) -> dict:
+    """What every rank of a distributed sweep must share: the digest of the prompt token ids (tokenizer, corpus,
+    seed), the contract's key, the number of layers and the weights (content fingerprint, or hub id + commit)."""
+    corpus, prompts, _ = contract_prompts(checkpoint, contract)
+    ident = checkpoint.identity
+    weights = ident.get("fingerprint") or [ident.get("id"), ident.get("revision"), ident.get("commit")]
+    return {"prompts": prompts_digest(prompts.ids.tolist()), "contract": contract.key(corpus.sha256),
+            "num_layers": checkpoint.num_layers, "weights": weights}
+
+
+def cache_pairs(checkpoint: Checkpoint, contract: Contract, vectors: dict) -> list[str]:
+    """Store pair vectors ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` computed elsewhere (by another rank) in
+    ``checkpoint``'s cache entry for ``contract``, in one durable write, skipping pairs already there; returns the
+    entry's problems (an unwritable cache is one, not an error)."""
+    _, prompts, entry = contract_prompts(checkpoint, contract)
+    digest = prompts_digest(prompts.ids.tolist())
+    have = entry.read_pairs(contract.prompts, list(vectors), digest)
+    entry.write_pairs({p: v for p, v in vectors.items() if p not in have}, digest)
+    return entry.problems
+
+
 def kl_impl_setting(engine_kw: dict | None) -> str:
     """The KL implementation asked for: ``engine_kw["kl_impl"]``, else ``$SWAPKL_KL``, else ``auto``."""
     impl = (engine_kw or {}).get("kl_impl") or os.environ.get("SWAPKL_KL") or "auto"
@@ -76,10 +104,7 @@ class _Sweep:
         self.wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(self.L))]
         check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
                       "use at most {limit}", name=checkpoint.identity.get("display"))
-        self.corpus = load_corpus(contract.corpus)
-        self.prompts = make_prompts(checkpoint.tokenizer, self.corpus, contract.prompts, contract.tokens, contract.seed,
-                                    contract.bos)
-        self.entry = ScoreEntry(checkpoint.identity, contract.key(self.corpus.sha256))
+        self.corpus, self.prompts, self.entry = contract_prompts(checkpoint, contract)
         self.digest = prompts_digest(self.prompts.ids.tolist())
         self.done, meta = self._cached()
         self.todo = self._todo(shard)
