@@ -4,8 +4,9 @@
     torchrun --nproc_per_node=N -m swapkl score-distributed MODEL [score args] --json OUT
 
 Each rank computes its share of the pairs (through its own ``$SWAPKL_CACHE``, so a rerun resumes) and sends the
-vectors to rank 0 over the process group; rank 0 merges them and writes ``--json``.  No shared filesystem is needed.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The rank logic
-lives in :mod:`swapkl.scoring.distributed`; this module holds the parser, the command and the ``-m`` entry point.
+vectors to rank 0 over the process group; rank 0 merges them and writes ``--json``.  No shared filesystem is
+needed.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The rank logic lives in
+:mod:`swapkl.scoring.distributed`; this module holds the parser, the command and the ``-m`` entry point.
 """
 from __future__ import annotations
 
