@@ -232,6 +232,35 @@ def test_explicit_device_map_with_hooks_gives_the_same_numbers(stories_path, cac
     assert np.isfinite(a.interchange()[0, 1]) and a.interchange()[0, 1] > 1e-3
 
 
+def test_a_gpu_and_cpu_map_keeps_its_cpu_modules_resident(stories_path, monkeypatch):
+    """A dict map over a GPU and the CPU: loaded on the CPU and dispatched with the CPU as main device (its CPU
+    modules run there; accelerate would offload them to 'meta' otherwise).  The GPU run of bench/gpu_check.py
+    checks the numbers; here, without a GPU, the decision and the calls."""
+    import accelerate
+    import transformers
+
+    from swapkl.model.checkpoints import cpu_and_gpu_map
+
+    dm = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": "cpu", "lm_head": "cpu"}
+    dm |= {f"model.layers.{k}": (0 if k < 3 else "cpu") for k in range(5)}
+    assert cpu_and_gpu_map(dm) and not cpu_and_gpu_map({"a": "cpu"}) and not cpu_and_gpu_map("auto")
+    assert not cpu_and_gpu_map({"a": 0, "b": 1})
+    seen = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def from_pretrained(*a, **kw):
+        seen["load_map"] = kw.get("device_map", "absent")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(accelerate, "dispatch_model", lambda model, **kw: seen.update(dispatch=kw))
+    ck = load_checkpoint(str(stories_path), device="cpu", device_map=dm)
+    assert seen["load_map"] is None  # nothing offloaded at load time
+    assert seen["dispatch"]["main_device"] == "cpu" and seen["dispatch"]["device_map"] == dm
+    assert seen["dispatch"]["force_hooks"] is True
+    assert all(p.device.type == "cpu" for p in ck.model.parameters())  # (the fake dispatch moved nothing)
+
+
 def test_offloaded_layers_are_refused_clearly():
     model = tiny_model("llama", num_layers=3)
     model.model.layers[1].to("meta")  # what cpu/disk offload leaves in the module

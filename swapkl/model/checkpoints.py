@@ -239,11 +239,21 @@ def load_config(spec: Spec, trust_remote_code: bool = False):
         raise ModelLoadError(f"cannot read the config in {folder}: {str(e).splitlines()[0]}") from e
 
 
+def cpu_and_gpu_map(device_map) -> bool:
+    """An explicit dict map that puts some modules on ``"cpu"`` and others on a GPU: those modules *run* on the CPU
+    (accelerate would otherwise offload them: weights on 'meta', copied in per call)."""
+    if not isinstance(device_map, dict):
+        return False
+    devices = {str(v) for v in device_map.values()}
+    return "cpu" in devices and bool(devices - {"cpu", "disk", "meta"})
+
+
 def _dispatch(model: torch.nn.Module, device_map, sp: Spec) -> torch.device:
     """After ``from_pretrained(device_map=...)``: refuse offloaded layers (weights on 'meta'), make an explicit
     dict map always run through accelerate's device-aligning hooks (transformers skips them when every module
-    maps to one device, so a single-device map takes the same code path as a multi-GPU one), and return the
-    device of the input embeddings (where token ids go)."""
+    maps to one device, so a single-device map takes the same code path as a multi-GPU one; a map over a GPU and
+    the CPU is loaded on the CPU and dispatched here with the CPU as the main device, so that its CPU modules stay
+    resident and run there), and return the device of the input embeddings (where token ids go)."""
     if any(p.device.type == "meta" for p in model.parameters()):
         raise ModelLoadError(
             f"device_map={device_map!r} offloads part of {sp.display} to cpu/disk (it does not fit the GPUs); "
@@ -255,7 +265,8 @@ def _dispatch(model: torch.nn.Module, device_map, sp: Spec) -> torch.device:
         devices = {str(v) for v in device_map.values()}
         if devices & {"disk", "meta"}:
             raise ModelLoadError("device_map with 'disk' offload is not supported; every layer must be resident")
-        main = next(iter(device_map.values()))  # a single device (several would have been hooked already)
+        # a single device (several GPUs would have been hooked already), or the CPU for a GPU + CPU map
+        main = "cpu" if cpu_and_gpu_map(device_map) else next(iter(device_map.values()))
         dispatch_model(model, device_map=device_map, main_device=main, force_hooks=True)
     return next(model.get_input_embeddings().parameters()).device
 
@@ -289,7 +300,7 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         # weights_only=True: a pytorch_model.bin is unpickled as plain tensors or refused (see the module docstring)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
-            device_map=device_map, weights_only=True, **kw)
+            device_map=None if cpu_and_gpu_map(device_map) else device_map, weights_only=True, **kw)
     except Exception as e:  # sorted below: file problems become one line, anything else re-raised
         bad = _weights_error(source, e)
         if bad is not None:
