@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# The prepared GPU check: one command, no network, prints one JSON object on stdout (progress on stderr).
-#   bench/gpu_check.sh            # CUDA: Pythia-410M and Qwen3-8B shapes in bf16 (sized for < 8 min on one H200;
-#                                 # the Qwen3-8B run takes as many prompts as fit --budget-s, default 440 s)
-#   bench/gpu_check.sh --small    # tiny shapes on the CPU (< 60 s)
-# Extra arguments go to bench/gpu_check.py (see --help).
+# The GPU acceptance script (issue 29): one call, no network, at most ~7 minutes on one GPU.  Progress on stderr;
+# the JSON goes to --out (default $OUT/gpu_check.json), rewritten after every stage, and to stdout at the end.
+#   bench/gpu_check.sh --out results.json   # CUDA: every stage (default budget 390 s)
+#   bench/gpu_check.sh --smoke              # the same stages on tiny shapes on the CPU (what the tests run)
+# Interpreter: $PYTHON if set; else the active virtual/conda environment's python3; else ./.venv/bin/python (the
+# environment ./run.sh makes) when it exists; else python3.  Other arguments go to bench/gpu_check.py (--help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
-exec "${PYTHON:-python3}" bench/gpu_check.py "$@"
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
+elif [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then PY=python3
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3
+fi
+args=()
+for a in "$@"; do
+  if [ "$a" = "--small" ]; then args+=("--smoke"); else args+=("$a"); fi   # the old name of --smoke
+done
+exec "$PY" bench/gpu_check.py "${args[@]}"

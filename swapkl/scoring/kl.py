@@ -56,12 +56,12 @@ def kl_chunked(p_base: torch.Tensor, logp_base: torch.Tensor, logits: torch.Tens
     """:func:`kl_from_logits` over slices of positions (each ``slice_bytes`` of float32 log-probs at most): the
     same operations on the same rows, so the same bits, with temporaries of one slice instead of the chunk."""
     V = logits.shape[-1]
+    n = logits.numel() // max(1, V)
+    step = max(1, slice_bytes // (V * logp_base.element_size()))
+    if step >= n:  # one slice: the plain KL as is
+        return kl_from_logits(p_base, logp_base, logits)
     shape = logits.shape[:-1]
     z, p, lp = logits.reshape(-1, V), p_base.reshape(-1, V), logp_base.reshape(-1, V)
-    n = z.shape[0]
-    step = max(1, slice_bytes // (V * logp_base.element_size()))
-    if step >= n:
-        return kl_from_logits(p_base, logp_base, logits)
     out = torch.empty(n, dtype=logp_base.dtype, device=logits.device)
     for a in range(0, n, step):
         out[a:a + step] = kl_from_logits(p[a:a + step], lp[a:a + step], z[a:a + step])
