@@ -53,7 +53,6 @@ def build(cfg: dict, dtype: torch.dtype, device: str | torch.device = "cpu", see
 
     kw = dict(cfg)
     config = AutoConfig.for_model(kw.pop("model_type"), **kw)
-    config._attn_implementation = "sdpa"
     if seed is None:
         torch.manual_seed(0)
         with torch.device(device):
