@@ -24,7 +24,7 @@ DASHBOARD = ("pages", "app")
 
 #: the modules that import torch at module level; every other module must import without it (the CLI's --help,
 #: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
-TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.checkpoints", "swapkl.scoring.engine",
+TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.units", "swapkl.model.checkpoints", "swapkl.scoring.engine",
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
                  "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.removal.evaluate",
                  "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal"}
