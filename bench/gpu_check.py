@@ -305,8 +305,10 @@ def _sweep_run(run: Run, model, ids, pairs, impl: str, timing: bool = True, limi
 
 
 def _max_rel(a: dict, b: dict) -> float:
-    return max(float(((x[k].double() - y[k].double()).abs() / y[k].double().abs().clamp_min(1e-12)).max())
-               for p in b for x, y in [(a[p], b[p])] for k in y)
+    """The largest relative difference of two sweeps' per-prompt KLs, with float32 rounding of the KL's sum over
+    the vocabulary (2e-6 nats) forgiven: max over values of ``max(0, |a - b| - 2e-6) / |b|``."""
+    return max(float(((x[k].double() - y[k].double()).abs() - 2e-6).clamp_min(0).div(
+        y[k].double().abs().clamp_min(1e-12)).max()) for p in b for x, y in [(a[p], b[p])] for k in y)
 
 
 def stage_pythia(run: Run) -> dict:
@@ -334,8 +336,8 @@ def stage_pythia(run: Run) -> dict:
             "targets": {"seconds<=10": fused["seconds"] <= 10.0,
                         "share_of_peak>=0.5": (fused["share_of_peak"] or 0) >= 0.5,
                         "kl_speedup>=2": (ratio_kl or 0) >= 2.0},
-            "note": "pass = fused and plain KL agree to 1e-4 and the memory estimate bounds both peaks; the "
-                    "targets are reported, not required"}
+            "note": "pass = fused and plain KL agree to 1e-4 relative (beyond 2e-6 nats of float32 rounding) and "
+                    "the memory estimate bounds both peaks; the targets are reported, not required"}
 
 
 # ---------------------------------------------------------------------------------------------------- scaling

@@ -56,10 +56,27 @@ def build(cfg: dict, dtype: torch.dtype, device: str | torch.device = "cpu", see
     if seed is None:
         torch.manual_seed(0)
         with torch.device(device):
-            return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        rescale(model)
+        return model
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float64)
     model.weights_checksum = fill_deterministic(model, seed)
     return model.to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def rescale(model: torch.nn.Module) -> None:
+    """Give transformers' random matrices (std 0.02) the scales of :func:`fill_deterministic` (fast, on the
+    model's device), so that the random models' swap-KLs are of the real size (~1 nat), far above rounding."""
+    head = model.get_output_embeddings().weight
+    emb = model.get_input_embeddings().weight
+    for p in model.parameters():
+        if p.dim() < 2:
+            continue
+        target = 1.0 if p is emb else (HEAD_GAIN if p is head else 1.0) / math.sqrt(p.shape[1])
+        std = float(p.float().std())
+        if std > 0:
+            p.mul_(target / std)
 
 
 def det_uniform(n: int, seed: int) -> np.ndarray:
