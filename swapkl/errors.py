@@ -43,19 +43,21 @@ OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_all
 
 def is_oom(err: BaseException) -> bool:
     """True for an out-of-memory error of any device: ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA or CPU
-    allocator), or an error whose message carries one of :data:`OOM_MESSAGES` (a ``RuntimeError`` from the CUDA
-    runtime, a CUDA library or the CPU allocator, older torch, other backends), also when it is the cause of the
-    error raised (``raise ... from``: a compiler or a hook that wrapped it).  Not "illegal memory access", not
-    triton's "out of resource: shared memory" (a smaller batch would not help).  torch is consulted only when
-    already imported (this module stays import-light)."""
+    allocator), or a ``RuntimeError`` whose message carries one of :data:`OOM_MESSAGES` (the CUDA runtime, a CUDA
+    library or the CPU allocator, older torch, other backends), also when it is the cause of the error raised
+    (``raise ... from``: a compiler or a hook that wrapped it).  Not a :class:`SwapklError` (already explained,
+    e.g. out of memory at one row), not "illegal memory access", not triton's "out of resource: shared memory"
+    (a smaller batch would not help).  torch is consulted only when already imported (this module stays
+    import-light)."""
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     seen = 0
     while err is not None and seen < 8:
+        if isinstance(err, SwapklError):
+            return False  # already explained to the user (DeviceOutOfMemory at one row): never retried
         if isinstance(err, MemoryError) or (oom_type is not None and isinstance(err, oom_type)):
             return True
-        msg = str(err).lower()
-        if any(m in msg for m in OOM_MESSAGES):
+        if isinstance(err, RuntimeError) and any(m in str(err).lower() for m in OOM_MESSAGES):
             return True
         err = err.__cause__  # `raise Wrapper(...) from oom` (not the context of an unrelated error)
         seen += 1

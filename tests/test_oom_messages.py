@@ -67,6 +67,17 @@ def test_the_cpu_allocator_failure_as_raised_here():
     assert is_oom(e.value)
 
 
+def test_an_explained_oom_is_not_retried_even_with_the_oom_as_its_cause():
+    try:
+        try:
+            raise OOM[0]
+        except RuntimeError as e:
+            raise DeviceOutOfMemory("out of memory even at batch 1 (block)") from e
+    except DeviceOutOfMemory as explained:
+        assert not is_oom(explained)
+    assert not is_oom(ValueError("out of memory"))  # only runtime errors speak for a device
+
+
 def test_a_wrapped_oom_is_oom_but_an_error_raised_while_handling_one_is_not():
     try:
         try:
