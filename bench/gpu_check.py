@@ -54,6 +54,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 STORIES = ROOT / "tests" / "fixtures" / "models" / "stories260K"
 os.environ.setdefault("SWAPKL_CORPUS", str(ROOT / "tests" / "fixtures" / "data" / "wikitext-2-raw" / "wiki.test.raw"))
+os.environ.setdefault("SWAPKL_CACHE", tempfile.mkdtemp(prefix="swapkl-gpu-check-"))  # nothing left in the checkout
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
