@@ -133,3 +133,32 @@ def test_a_chunk_of_the_wrong_shape_is_reported_and_removed(cache_dir):
     with pytest.warns(UserWarning, match="corrupt cache entry"):
         assert entry.read_pairs(3, prompts="digest-a") == {}  # three prompts wanted, two stored
     assert not list(entry.pairs_dir.glob("chunk-*.json")) and entry.problems
+
+
+def test_pair_files_of_earlier_versions_stay_tied_to_their_prompts(stories, tmp_path, monkeypatch):
+    """A cache written before chunks (one file per pair, no prompt digest: tests/data/cache-before-layout) is read
+    for its own prompts only, also after a run on other prompts rewrote the entry's meta."""
+    import dataclasses
+    import shutil
+
+    from test_store import OLD_CACHE
+
+    root = tmp_path / "cache"
+    shutil.copytree(OLD_CACHE / "scores", root / "scores")
+    monkeypatch.setenv("SWAPKL_CACHE", str(root))
+    ck = dataclasses.replace(stories, identity=dict(stories.identity, id="fixture:stories260K"))
+    c = Contract(pairs="gap:1", prompts=3, tokens=12, device="cpu")
+    old_files = sorted(root.glob("scores/*/pairs/*-*.json"))
+    assert len(old_files) == 4 and not any(f.name.startswith("chunk-") for f in old_files)
+    real = api.make_prompts
+    monkeypatch.setattr(api, "make_prompts", lambda *a, **kw: (lambda pr: type(pr)(
+        ids=torch.flip(pr.ids, [1]), description=pr.description))(real(*a, **kw)))
+    other = score(ck, c)
+    assert other.meta["cached_pairs"] == 0 and other.meta["computed_pairs"] == 4  # not its prompts' pairs
+    assert all(f.is_file() for f in old_files)
+    monkeypatch.setattr(api, "make_prompts", real)
+    back = score(ck, c)
+    assert back.meta["cached_pairs"] == 4 and back.meta["computed_pairs"] == 0 and not back.meta["cache_problems"]
+    expected = json.loads((OLD_CACHE / "expected.json").read_text())
+    want = np.array([[np.nan if v is None else v for v in row] for row in expected["interchange"]])
+    np.testing.assert_array_equal(back.interchange(), want)

@@ -64,8 +64,8 @@ def test_every_store_writes_entries(stories, cache_dir):
     for f in cache_dir.rglob("*.json"):
         d = json.loads(f.read_text())
         kinds.setdefault(d.get("swapkl_store"), []).append(f.relative_to(cache_dir).parts[0])
-    assert set(kinds) >= {"score-meta", "score-pair", "ppl-eval"} and None not in kinds, kinds
-    assert set(kinds["score-pair"]) == {"scores"} and set(kinds["ppl-eval"]) == {"ppl"}
+    assert set(kinds) >= {"score-meta", "score-chunk", "ppl-eval"} and None not in kinds, kinds
+    assert set(kinds["score-chunk"]) == {"scores"} and set(kinds["ppl-eval"]) == {"ppl"}
 
 
 #: a score cache written by swapkl before the layout change (commit 27731ad, the flat package): stories260K with

@@ -87,14 +87,18 @@ class ScoreEntry:
             data[k] = [[float(x) for x in vectors[p][k]] for p in pairs]
         self._write(self.chunk_path(pairs, prompts), "score-chunk", data)
 
-    def read_pairs(self, num_prompts: int, wanted=None, prompts: str | None = None) -> dict:
+    def read_pairs(self, num_prompts: int, wanted=None, prompts: str | None = None, legacy: bool = False) -> dict:
         """Finished pairs ``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` (lists of floats, nats) computed on the
         prompts of digest ``prompts`` (any, when None); chunks of other prompts are skipped and kept, corrupt
-        ones (bad JSON, wrong length, checksum mismatch) are reported in ``problems`` and removed."""
+        ones (bad JSON, wrong length, checksum mismatch) are reported in ``problems`` and removed.  With
+        ``legacy``, also the one-file-per-pair ``<i>-<j>.json`` files swapkl wrote before chunks (they carry no
+        digest: the caller knows from the entry's meta that they were made on these prompts)."""
         out = {}
         if not self.pairs_dir.is_dir():
             return out
         wanted = None if wanted is None else {tuple(p) for p in wanted}
+        if legacy:
+            out.update(self._read_legacy(num_prompts, wanted))
         for f in sorted(self.pairs_dir.glob("chunk-*.json")):
             try:
                 d = read_entry(f, "score-chunk")  # CorruptEntry (a ValueError): torn, edited, old format
@@ -116,6 +120,28 @@ class ScoreEntry:
                     out[p] = {k: v[n] for k, v in vecs.items()}
         return out
 
+    def _read_legacy(self, num_prompts: int, wanted) -> dict:
+        """The ``<i>-<j>.json`` pair files of swapkl before chunks (kind ``score-pair``)."""
+        out = {}
+        for f in self.pairs_dir.glob("*-*.json"):
+            try:
+                i, j = (int(x) for x in f.stem.split("-"))
+            except ValueError:
+                continue
+            if wanted is not None and (i, j) not in wanted:
+                continue
+            try:
+                d = read_entry(f, "score-pair")
+                if d is None:
+                    continue
+                vec = {k: d[k] for k in ("repl_ij", "repl_ji", "inter")}
+                if (d["i"], d["j"]) != (i, j) or any(len(v) != num_prompts for v in vec.values()):
+                    raise ValueError("wrong shape")
+            except (OSError, KeyError, TypeError, ValueError) as e:
+                self._problem(f, str(e))
+                continue
+            out[(i, j)] = vec
+        return out
 
 def prompts_digest(prompt_token_ids) -> str:
     """The digest of a prompt set (its token ids, [P][T] nested lists) that cached pairs are filed under."""

@@ -125,13 +125,21 @@ class _Sweep:
     def _cached(self) -> tuple[dict, dict | None]:
         """The finished pairs in the cache made on these prompts, and the entry's meta when it describes these
         prompts (nothing without the cache).  The same key with other prompts (another tokenizer) deletes nothing:
-        its pairs are filed under their prompts' digest, and the meta is rewritten with these prompts' noise floor."""
+        its pairs are filed under their prompts' digest, and the meta is rewritten with these prompts' noise floor.
+        The one-file-per-pair files of earlier versions carry no digest: they belong to the prompts of the meta they
+        were written with, which a rewritten meta remembers (``pair_files_prompts``)."""
+        self.pair_files_prompts = None
         if not self.use_cache:
             return {}, None
         meta = self.entry.read_meta()
-        if meta is not None and meta.get("prompt_token_ids") != self.prompts.ids.tolist():
-            meta = None
-        return self.entry.read_pairs(self.contract.prompts, self.wanted, self.digest), meta
+        if meta is not None:
+            ids = meta.get("prompt_token_ids")
+            self.pair_files_prompts = meta["pair_files_prompts"] if "pair_files_prompts" in meta else (
+                prompts_digest(ids) if isinstance(ids, list) else None)
+            if ids != self.prompts.ids.tolist():
+                meta = None
+        legacy = self.pair_files_prompts == self.digest
+        return self.entry.read_pairs(self.contract.prompts, self.wanted, self.digest, legacy=legacy), meta
 
     def _todo(self, shard) -> list[tuple]:
         if shard is None:
@@ -176,7 +184,7 @@ class _Sweep:
             self.entry.write_meta({"prompt_token_ids": self.prompts.ids.tolist(), "prompts": self.prompts.description,
                                    "noise_floor": self.info["noise_floor"],
                                    "noise_floor_parts": self.info.get("noise_floor_parts"),
-                                   "contract": contract.to_dict()})
+                                   "pair_files_prompts": self.pair_files_prompts, "contract": contract.to_dict()})
         return engine
 
     def run(self, engine: SwapEngine, should_stop) -> None:
