@@ -1,4 +1,4 @@
-"""A Hugging Face Llama folder (the shipped stories260K) written as a float32 GGUF the way llama.cpp's
+"""A Hugging Face Llama folder (the shipped stories260K) written as a GGUF the way llama.cpp's
 ``convert_hf_to_gguf.py`` writes one, so that llama.cpp can run a real trained model with its real SentencePiece
 tokenizer offline (no converter ships in a pip package; the ``gguf`` package supplies the writer, the tensor
 name map and the tokenizer reader).
@@ -22,10 +22,13 @@ def hf_to_gguf_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_folder_gguf(folder: Path, path: Path) -> Path:
+def write_llama_folder_gguf(folder: Path, path: Path, qtype: str = "F32") -> Path:
     """Write the Llama checkpoint in ``folder`` (``config.json``, ``model.safetensors``, ``tokenizer.model``) to
-    ``path`` as a GGUF with every tensor in float32; returns ``path``."""
+    ``path`` as a GGUF; returns ``path``.  ``qtype`` (a ``gguf.GGMLQuantizationType`` name): the type of the 2-D
+    weights whose rows split into whole blocks of that type; the others (stories260K's ``ffn_down``, rows of 172)
+    and the norms stay F32, as llama.cpp's converter falls back."""
     import gguf
+    from gguf.quants import quantize
     from gguf.vocab import SentencePieceVocab, SpecialVocab
     from safetensors.numpy import load_file
 
@@ -46,7 +49,8 @@ def write_llama_folder_gguf(folder: Path, path: Path) -> Path:
     wr.add_rope_freq_base(float(cfg["rope_parameters"]["rope_theta"]))
     wr.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     wr.add_vocab_size(cfg["vocab_size"])
-    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
+    qt = gguf.GGMLQuantizationType[qtype]
+    wr.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}"))
 
     vocab = SentencePieceVocab(folder)
     pieces, scores, types = zip(*vocab.all_tokens())
@@ -65,7 +69,11 @@ def write_llama_folder_gguf(folder: Path, path: Path) -> Path:
             arr = hf_to_gguf_rows(arr, n_head)
         elif name.endswith("k_proj.weight"):
             arr = hf_to_gguf_rows(arr, n_kv)
-        wr.add_tensor(new, np.ascontiguousarray(arr, dtype=np.float32))
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if arr.ndim == 2 and arr.shape[1] % gguf.GGML_QUANT_SIZES[qt][0] == 0:
+            wr.add_tensor(new, quantize(arr, qt), raw_dtype=qt)
+        else:
+            wr.add_tensor(new, arr)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
