@@ -172,3 +172,12 @@ def test_llamacpp_tokenizes_the_stories_gguf_like_transformers(llama_cpp, source
     prompt = llm.tokenize(b"Once upon a time", add_bos=True)
     text = llm.detokenize(llamacpp_greedy(full, prompt, 16)[0]).decode()
     assert text.startswith(", there was a little girl named Lily."), text
+
+
+def test_ci_and_the_readme_install_llama_cpp():
+    """CI and the README's test command build llama-cpp-python, so these tests run (and fail if it is missing)."""
+    root = Path(__file__).resolve().parents[1]
+    assert ".ci/install_llamacpp.sh" in (root / ".ci" / "run").read_text()
+    assert ".ci/install_llamacpp.sh && HF_HUB_OFFLINE=1 python3 -m pytest -q" in (root / "README.md").read_text()
+    script = (root / ".ci" / "install_llamacpp.sh").read_text()
+    assert "CMAKE_ARGS=" in script and "-DCMAKE_PROJECT_llama.cpp_INCLUDE=" in script
