@@ -12,7 +12,8 @@ folder).  :func:`read_entry`
 returns ``data`` only when the kind, the version and the checksum match; anything else -- a torn write, a
 hand edit, bit rot, another format -- raises :class:`CorruptEntry` with the reason, and the caller recomputes.
 
-The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project (:func:`cache_root`).
+The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project checkout, else ``~/.cache/swapkl`` for an
+installed package (:func:`cache_root`).
 """
 from __future__ import annotations
 
@@ -36,9 +37,15 @@ STORE_VERSION = 1
 
 
 def cache_root() -> Path:
-    """``$SWAPKL_CACHE`` if set, else ``cache/`` at the root of the swapkl checkout (the one definition)."""
+    """The one definition: ``$SWAPKL_CACHE`` if set; else ``cache/`` at the root of a swapkl checkout (the folder
+    above the package holds ``pyproject.toml``); else, for an installed package (``pip install swapkl``: the folder
+    above it is site-packages), ``$XDG_CACHE_HOME/swapkl`` (default ``~/.cache/swapkl``)."""
     env = os.environ.get(ENV_CACHE)
-    return Path(env).expanduser() if env else PROJECT_ROOT / "cache"
+    if env:
+        return Path(env).expanduser()
+    if (PROJECT_ROOT / "pyproject.toml").is_file():
+        return PROJECT_ROOT / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "swapkl"
 
 
 class CorruptEntry(ValueError):
