@@ -309,15 +309,15 @@ def test_report_evidence_section(ev, tmp_path, capsys, cache_dir):
                          "--quiet"], capsys)
     assert code == 2 and err.startswith("error: ") and "are for different models" in err, err
     # the dashboard's one-click report includes it when the session has a finished evidence job
-    from pages import common
     from swapkl.evidence.run import EvidenceResult
+    from swapkl.jobs import reports as jobs_reports
 
     class Job:
         status, evidence = "done", EvidenceResult(d)
 
-    assert figure_count(common.report_html(None, None, Job)) == 3
+    assert figure_count(jobs_reports.report_html(None, None, Job)) == 3
     Job.status = "running"
-    assert common.job_sections(Job) == []
+    assert jobs_reports.job_sections(Job) == []
 
 
 @pytest.mark.parametrize("content, pattern", [

@@ -72,7 +72,7 @@ def test_train_region_is_disjoint_from_eval_prompts_and_calibration(stories, sma
         T.check_disjoint(train_text, train_text.spans[0][1], [])
 
 
-def test_train_file_overlapping_the_evaluation_text_is_refused(stories, small_corpus, tmp_path):
+def test_train_file_overlapping_the_evaluation_text_is_refused(stories, small_corpus, tmp_path, wikitext_path):
     words = small_corpus.words
     same = tmp_path / "same.txt"
     same.write_text(" ".join(words))
@@ -83,7 +83,7 @@ def test_train_file_overlapping_the_evaluation_text_is_refused(stories, small_co
     with pytest.raises(T.TrainTextError, match="overlaps the evaluation text .*evaluation region"):
         T.file_train_text(part, stories.tokenizer, 32, [("evaluation text", small_corpus)])
     ok = tmp_path / "ok.txt"
-    ok.write_text(" ".join(from_file(T.corpora.local_wikitext_candidates()[0]).words[200_000:203_000]))
+    ok.write_text(" ".join(from_file(wikitext_path).words[200_000:203_000]))
     tt = T.file_train_text(ok, stories.tokenizer, 32, [("evaluation text", small_corpus)])
     assert tt.chunks.shape[1] == 32 and tt.description["source"] == "file"
 
