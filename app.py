@@ -1,9 +1,13 @@
 """swapkl dashboard: ``streamlit run app.py``.
 
-Start page (this file): checkpoint, evaluation contract, layer budget, one Compute button, live progress and
-the summary (regime verdict with its evidence, best pairs per protocol, gap statistics).  Other pages:
-``pages/heatmaps.py``, ``pages/curves.py``, ``pages/trajectory.py``.  All computation runs in the library
-through :class:`swapkl.jobs.JobManager` (one per server, held by ``st.cache_resource``); pages only draw.
+Start page (this file): checkpoint, evaluation contract, layer budget, one Compute button, opening saved results,
+live progress and the summary (the lead figure, the regime verdict with its evidence, the evidence headline, the
+recommended removal with its export, best pairs per protocol, gap statistics).  Other pages, registered below with
+``st.navigation`` and their URLs: ``pages/heatmaps.py`` (/heatmaps), ``pages/curves.py`` (/curves: removal curves
+with the task-accuracy, healing and recommendation panels), ``pages/trajectory.py`` (/trajectory),
+``pages/evidence.py`` (/evidence).  What they share is in ``pages/common.py`` and its helper modules
+(docs/architecture.md).  All computation runs in the library through :class:`swapkl.jobs.JobManager` (one per
+server, held by ``st.cache_resource``); pages only draw.
 """
 from __future__ import annotations
 
@@ -100,8 +104,7 @@ def recommendation_view(job) -> None:
                    "over removal sets seeded by every method and scored on calibration text (a few minutes on a CPU).")
         return
     try:
-        rec = common.memo("recommendation", common.result_key(job) + ("curves", id(curves)),
-                          lambda: Recommendation.from_curves(curves))
+        rec = common.memo("recommendation", common.result_key(job), lambda: Recommendation.from_curves(curves))
     except SwapklError as e:
         st.warning(f"no recommendation: {e}")
         return
@@ -124,13 +127,9 @@ def recommendation_view(job) -> None:
 def evidence_line(job) -> None:
     """The evidence headline (docs/evidence.md) for this model and contract when an evidence job has finished,
     else a pointer to the Evidence page."""
-    ev = None
-    for j in common.manager().jobs(viewer=common.session_id()):
-        r = j.request
-        if (r.kind == "evidence" and j.evidence is not None and r.model == job.request.model
-                and r.revision == job.request.revision and r.contract == job.request.contract):
-            ev = j.evidence
-            break
+    from swapkl.jobs.reports import matching_evidence
+
+    ev = matching_evidence(common.manager().jobs(viewer=common.session_id()), job.request)
     if ev is not None:
         st.markdown(f"**How far to trust it:** {ev['headline']}")
     st.page_link("pages/evidence.py", label="Evidence: ground truth, agreement and stability of every layer signal",
@@ -140,7 +139,7 @@ def evidence_line(job) -> None:
 def summary_view(job) -> None:
     """The first view (below the progress line that :func:`pages.common.live` draws): the lead figure (depth profile for adjacent pairs, else the heatmaps), the
     regime verdict with its evidence, best pairs and the gap statistics.  Everything derived from the result is
-    memoised on the result's identity (:func:`pages.common.memo`), so a poll that finds nothing new only
+    memoised on the result's content (:func:`pages.common.memo`), so a poll that finds nothing new only
     redraws the progress bar's text."""
     from swapkl import views as plots
 

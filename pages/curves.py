@@ -6,6 +6,7 @@ import streamlit as st
 
 from pages import common, heal_panel, recommend_panel, tasks_panel
 from swapkl import views
+from swapkl.jobs.exports import curve_export, curve_export_methods
 
 st.title("Removal curves")
 job = common.need_result()
@@ -29,9 +30,9 @@ def body(job) -> None:
                      help="off: the y axis fits the deterministic curves; seeded baselines above it are marked at "
                           "the top edge with their values")
     rk = common.result_key(job)
-    fig = common.memo("curves", rk + (tuple(shown), bands, full),
-                      lambda: views.removal_curves(curves, methods=shown, bands=bands, full_range=full))
-    fig = heal_panel.overlay(fig, job)  # the session's healed curves, dashed
+    fig_key = rk + (tuple(shown), bands, full)
+    fig = common.memo("curves", fig_key, lambda: views.removal_curves(curves, methods=shown, bands=bands, full_range=full))
+    fig = heal_panel.overlay(fig, job, fig_key)  # the session's healed curves, dashed
     st.plotly_chart(fig, key="cv_main")
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")
@@ -70,7 +71,7 @@ def body(job) -> None:
         common.download_json(curves.to_json(), "removal-curves", key="dl_cv_json")
 
     st.subheader("Export a pruned model")
-    det = [m for m in methods if curves.methods[m] and all(e.get("removed") is not None for e in curves.methods[m])]
+    det = curve_export_methods(curves)
     if not det:
         st.caption("No method with a deterministic removal set.")
         return
@@ -78,12 +79,9 @@ def body(job) -> None:
     m = e1.selectbox("method", det, key="w_exp_method")
     ns = [e["n"] for e in curves.methods[m]]
     n = e2.selectbox("n", ns, key="w_exp_n") if ns else None
-    entry = next(e for e in curves.methods[m] if e["n"] == n)
-    groups = ((curves.method_info.get(m) or {}).get("groups") or [None] * n)[n - 1] if entry.get("merge") else None
-    if groups:  # a merged model (LaCo): the merged blocks are written, not just the others kept
-        mode = str(entry["merge"]).split(":")[0]
-        common.export_view(job, entry["removed"], f"Export merged model ({entry['merge']})", key="export",
-                           merge={"groups": groups, "mode": mode})
+    entry, merge = curve_export(curves, m, n)
+    if merge:  # a merged model (LaCo): the merged blocks are written, not just the others kept
+        common.export_view(job, entry["removed"], f"Export merged model ({entry['merge']})", key="export", merge=merge)
     else:
         common.export_view(job, entry["removed"], f"Export pruned model (remove {entry['removed']})", key="export",
                            provenance={"chosen_by": f"{m}, n={n} (removal curves)", "measured_on": cap})

@@ -7,9 +7,10 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import common
-from swapkl.contract import Contract
 from swapkl.errors import SwapklError
-from swapkl.jobs import EvidenceRequest
+from swapkl.jobs.contents import content_key
+from swapkl.jobs.exports import evidence_export
+from swapkl.jobs.forms import evidence_request
 
 st.title("Evidence")
 st.caption("Which layer signal to believe on this checkpoint, and how firmly: the cost of removing each layer "
@@ -35,13 +36,7 @@ budget = c2.number_input("budget n (stability for 1..n)", 1, pol.max_budget if p
 boot = c3.number_input("bootstrap B", 10, pol.max_evidence_boot if pol.demo else 2000, key="w_ev_boot", step=10)
 request, err = None, None
 try:
-    if not model.strip():
-        raise SwapklError("choose a checkpoint")
-    same = base_req is not None and base_req.model == model.strip()
-    contract = base_req.contract if same else Contract()
-    request = EvidenceRequest(model=model.strip(), revision=base_req.revision if same else None, contract=contract,
-                              budget=int(budget), evaluator=(base_req.evaluator if same else None) or "matched",
-                              n_boot=int(boot))
+    request = evidence_request(model, budget, boot, base_req)
     pol.check_request(request)
 except SwapklError as e:
     request, err = None, str(e)
@@ -67,11 +62,12 @@ def body(job) -> None:
         if job.running:
             st.info("The figures appear when the evidence is complete (ground truth, signals, bootstrap).")
         return
-    d = common.memo("evidence_dict", (job.key, job.updates["evidence"]), job.evidence.to_dict)
+    ek = (content_key(job.evidence),)
+    d = common.memo("evidence_dict", ek, job.evidence.to_dict)
     cap = caption(d)
     st.markdown(f"**{d['headline']}**")
     st.caption(f"contract: {cap}")
-    figs = common.memo("evidence_figs", (job.key, job.updates["evidence"]), lambda: evidence_figures(d))
+    figs = common.memo("evidence_figs", ek, lambda: evidence_figures(d))
     st.plotly_chart(figs["agreement"], key="ev_agreement")
     st.plotly_chart(figs["ground_truth"], key="ev_ground_truth")
     st.plotly_chart(figs["stability"], key="ev_stability")
@@ -109,7 +105,7 @@ def body(job) -> None:
     e1, e2 = st.columns(2)
     sig = e1.selectbox("signal (the set its rule chose on the full sample)", sigs, key="w_ev_exp_sig")
     n = e2.selectbox("n", sorted(int(k) for k in d["stability"][sig]), key="w_ev_exp_n")
-    removed = sorted(int(i) for i in d["stability"][sig][str(n)]["set"])
+    removed = evidence_export(d, sig, n)
     common.export_view(job, removed, f"Export pruned model (remove {removed})", key="ev_export",
                        provenance={"chosen_by": f"{sig}, n={n} (evidence: its rule's set on the full sample)",
                                    "measured_on": cap}, identity=(d.get("contract") or {}).get("model"))

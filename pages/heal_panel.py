@@ -18,23 +18,12 @@ from pages import common, tasks_panel
 from swapkl.errors import SwapklError
 from swapkl.healing import figures as hf
 from swapkl.healing import task_figures as htf
-from swapkl.healing.multi import MERGING
 from swapkl.healing.recipe import Recipe
-from swapkl.jobs import HealRequest
-from swapkl.removal import methods as M
+from swapkl.jobs.contents import content_key
+from swapkl.jobs.forms import curves_analysis, heal_request, healable
 
 #: the panel's recipe when nobody changes it: small enough for a CPU (about a minute per set on stories260K)
 DEFAULT = Recipe(steps=30, rank=8, alpha=16.0, lr=2e-3, warmup=3, seq_len=128, batch=4)
-
-
-def healable(methods) -> list[str]:
-    """The deterministic, non-merging methods among ``methods`` (guided ones first): the ones with one set per n."""
-    out = []
-    for m in M.run_order(methods):
-        spec = M.find(m)
-        if spec is not None and not spec.seeded and m not in M.GROUPS and m not in MERGING:
-            out.append(m)
-    return out
 
 
 def _recipe_widgets(pol) -> Recipe:
@@ -57,8 +46,8 @@ def section(analysis_job) -> None:
     st.caption("Each method's set at each n, healed with a short LoRA fine-tune, against the control: the unpruned "
                "base fine-tuned with the same recipe on the same text (so domain adaptation is not counted as "
                "healing), all on the same evaluation windows.")
-    req = analysis_job.request if analysis_job is not None else None
-    if req is None or req.kind != "analysis" or not req.wants_curves:
+    req = curves_analysis(analysis_job)
+    if req is None:
         st.info("Start an analysis with a layer budget first: healing uses its model, contract, budget and methods.")
         return
     pol = common.policy()
@@ -77,10 +66,7 @@ def section(analysis_job) -> None:
         tasks, limit, shots, include = tasks_panel._widgets(pol, "w_heal_tasks")
     if st.button("Heal", key="heal_start", disabled=not methods):
         try:
-            hreq = HealRequest(model=req.model, revision=req.revision, contract=req.contract, methods=tuple(methods),
-                               ns=tuple(range(lo, hi + 1)), recipe=recipe,
-                               evaluator=None if pol.demo else req.evaluator, tasks=tasks, limit=limit,
-                               num_fewshot=shots, include_path=include if tasks else None)
+            hreq = heal_request(req, methods, range(lo, hi + 1), recipe, pol.demo, tasks, limit, shots, include)
         except SwapklError as e:
             st.error(str(e), icon=":material/block:")
         else:
@@ -90,12 +76,13 @@ def section(analysis_job) -> None:
         common.live(job, body, "heal", watch=("heal",))
 
 
-def overlay(fig, analysis_job):
-    """The removal-curves figure with this session's healed curves dashed on it (same model), else ``fig``."""
+def overlay(fig, analysis_job, fig_key: tuple):
+    """The removal-curves figure ``fig`` (memoised under ``fig_key``) with this session's healed curves dashed on
+    it (same model), else ``fig``."""
     job = common.current_job("heal")
     if job is None or job.heal is None or analysis_job is None or job.request.model != analysis_job.request.model:
         return fig
-    return common.memo("heal_overlay", (job.key, id(fig), job.updates["heal"]), lambda: hf.with_healed(fig, job.heal))
+    return common.memo("heal_overlay", fig_key + (content_key(job.heal),), lambda: hf.with_healed(fig, job.heal))
 
 
 def body(job) -> None:
@@ -105,7 +92,7 @@ def body(job) -> None:
         return
     if hc.headline:
         st.markdown(f"**{hc.headline[0].upper() + hc.headline[1:]}**")
-    rk = (job.key, job.updates["heal"])
+    rk = (content_key(hc),)
     fig = common.memo("heal_fig", rk, lambda: hf.heal_figure(hc))
     st.plotly_chart(fig, key="heal_main")
     table = common.memo("heal_table", rk, lambda: hf.heal_table(hc))

@@ -1,5 +1,5 @@
 """What every dashboard page shares at the server level: the project root, the poll interval, this server's policy,
-the browser session's id and the one job manager (``st.cache_resource``)."""
+the browser session's id, its widget state across pages and the one job manager (``st.cache_resource``)."""
 from __future__ import annotations
 
 import os
@@ -33,6 +33,13 @@ def session_id() -> str:
 
         st.session_state["_session"] = uuid.uuid4().hex
     return st.session_state["_session"]
+
+
+def keep_widget_state() -> None:
+    """Widget values survive page switches (Streamlit drops the state of widgets that are not drawn)."""
+    for k in list(st.session_state.keys()):
+        if isinstance(k, str) and k.startswith("w_"):
+            st.session_state[k] = st.session_state[k]
 
 
 def streamlit_session() -> str | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import common
-from swapkl.jobs import TasksRequest
+from swapkl.jobs.contents import content_key
+from swapkl.jobs.forms import curves_analysis, few_shot, task_list, tasks_request
 from swapkl.views import tasks as tv
 
 LOCAL_DEFAULT_TASKS = "tinystories_mc"
@@ -32,11 +33,10 @@ def _widgets(pol, key: str = "w_tasks") -> tuple[tuple, int | None, int | None, 
                          help="hub tasks (hellaswag, arc_easy, piqa, winogrande, lambada_openai: need the hub) or "
                               "tasks from the folder below")
     limit = int(c2.number_input("Documents per task (0 = all)", 0, 10**6, 0, key=f"{key}_limit")) or None
-    shots = c3.text_input("Few-shot (empty = task default)", "", key=f"{key}_shots").strip()
+    shots = c3.text_input("Few-shot (empty = task default)", "", key=f"{key}_shots")
     include = st.text_input("Folder of local task YAMLs (your own code: a task YAML can run Python)",
                             LOCAL_DEFAULT_INCLUDE, key=f"{key}_include").strip() or None
-    return (tuple(t.strip() for t in text.split(",") if t.strip()), limit,
-            int(shots) if shots.isdigit() else None, include)
+    return task_list(text), limit, few_shot(shots), include
 
 
 def section(analysis_job) -> None:
@@ -44,17 +44,15 @@ def section(analysis_job) -> None:
     st.subheader("Task accuracy after removal")
     st.caption("lm-evaluation-harness itself (simple_evaluate on the in-memory pruned models), for the base model "
                "and each method at n = 1..budget.")
-    req = analysis_job.request if analysis_job is not None else None
-    if req is None or req.kind != "analysis" or not req.wants_curves:
+    req = curves_analysis(analysis_job)
+    if req is None:
         st.info("Start an analysis with a layer budget first: the task accuracy uses its model, contract, budget "
                 "and methods.")
         return
     pol = common.policy()
     tasks, limit, shots, include = _widgets(pol)
     if st.button("Evaluate tasks", key="tasks_start", disabled=not tasks):
-        common.start(TasksRequest(model=req.model, revision=req.revision, contract=req.contract, budget=req.budget,
-                                  methods=req.methods, tasks=tasks, limit=limit, num_fewshot=shots,
-                                  include_path=include))
+        common.start(tasks_request(req, tasks, limit, shots, include))
     job = common.current_job("tasks")
     if job is not None:
         common.live(job, body, "tasks", watch=("tasks",))
@@ -69,7 +67,7 @@ def body(job) -> None:
     default = tv.default_metric(r)
     metric = st.selectbox("Metric (lm-eval's name)", metrics, index=metrics.index(default) if default in metrics
                           else 0, key="w_tasks_metric")
-    rk = (job.key, id(r), len(r.methods), sum(len(v) for v in r.methods.values()), metric)
+    rk = (content_key(r), metric)
     fig = common.memo("tasks_fig", rk, lambda: tv.tasks_figure(r, metric))
     st.plotly_chart(fig, key="tasks_main")
     table = common.memo("tasks_table", rk, lambda: tv.tasks_table(r, metric))
@@ -84,13 +82,3 @@ def body(job) -> None:
         return
     common.downloads(fig, table, fig.layout.meta["contract"], r.to_json(), "task-accuracy", key="tasks")
 
-
-def report_sections(analysis_job, tasks_job) -> list:
-    """The report section of ``tasks_job`` for the one-click report (:func:`pages.common.report_html`): none while it
-    runs, before the base model's accuracy exists, or when it is for another model than ``analysis_job``."""
-    t = tasks_job.tasks if tasks_job is not None and not tasks_job.running else None
-    if t is None or not t.base:
-        return []
-    res = analysis_job.result if analysis_job is not None else None
-    fp, fp_tasks = ((res.identity if res is not None else None) or {}).get("fingerprint"), (t.model or {}).get("fingerprint")
-    return [] if fp and fp_tasks and fp != fp_tasks else [tv.section(t)]

@@ -11,21 +11,15 @@ from swapkl import views
 from swapkl.contract import Contract
 from swapkl.errors import SwapklError
 from swapkl.jobs import TrajectoryRequest
+from swapkl.jobs.defaults import default_trajectory_list
+from swapkl.jobs.forms import trajectory_request
 
 st.title("Training trajectory")
 st.caption("How the replacement / interchange gap evolves over training. One checkpoint list per model: hub "
            "revisions (`EleutherAI/pythia-160m@step0, @step1000, @step143000`) or a folder of checkpoints "
            "(a trainer's `checkpoint-*`, or the demo trajectory from `python -m swapkl demo-trajectory`).")
 
-
-def _default_list() -> str:
-    from swapkl.store import cache_root
-
-    demo = cache_root() / "demo-trajectory"
-    return str(demo) if demo.is_dir() else "EleutherAI/pythia-160m@step0, @step1000, @step16000, @step143000"
-
-
-st.session_state.setdefault("w_tr_list", _default_list())
+st.session_state.setdefault("w_tr_list", default_trajectory_list())
 st.session_state.setdefault("w_tr_k", 1)
 st.session_state.setdefault("w_tr_prompts", 8)
 st.session_state.setdefault("w_tr_tokens", 32)
@@ -37,17 +31,15 @@ tokens = c3.number_input("Tokens T", 2, 8192, key="w_tr_tokens", step=8)
 device = c4.selectbox("device", ("auto", "cpu", "cuda"), key="w_tr_device")
 request, err = None, None
 try:
-    contract = Contract(pairs="adjacent" if k == 1 else f"gap:{int(k)}", prompts=int(prompts), tokens=int(tokens),
-                        device=device)
-    if not text.strip():
-        raise SwapklError("give at least one checkpoint")
-    request = TrajectoryRequest(text.strip(), contract)
+    request = trajectory_request(text, k, prompts, tokens, device)
 except SwapklError as e:
     err = str(e)
 if err:
     st.error(err)
 else:
     st.code(common.request_caption(request), language=None, wrap_lines=True)
+
+
 def _train_demo() -> None:
     from swapkl.store import cache_root
 

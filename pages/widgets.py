@@ -1,17 +1,17 @@
 """The start page's input widgets: the checkpoint (by source; an allow-list in demo mode), the evaluation contract
-and the layer budget with its removal methods; their defaults come from the query string of a shared link, else
-from the device defaults."""
+and the layer budget with its removal methods, and the request they make (:func:`request_from_widgets`); their
+defaults come from the query string of a shared link (:func:`set_query` writes it), else from the device
+defaults."""
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import streamlit as st
 
 from pages.session import ROOT, policy
 from swapkl.contract import Contract
 from swapkl.errors import SwapklError
+from swapkl.jobs import AnalysisRequest, defaults
 from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
+from swapkl.jobs.forms import analysis_request, query_params, query_settings, spec_source
 from swapkl.jobs.policy import Policy, PolicyError
 from swapkl.removal import methods as methods_registry
 
@@ -25,19 +25,8 @@ OTHER = "other path…"
 
 
 def local_model_folders() -> list[str]:
-    """Model folders worth offering: the sub-folders of each folder in ``$SWAPKL_MODEL_DIRS`` (``os.pathsep``
-    separated), ``../shared/models/*``, ``<cache>/demo-trajectory/*``, ``<cache>/exports/*`` (never called in demo
-    mode, which offers only its allow-list)."""
-    from swapkl.store import cache_root
-
-    out = []
-    extra = [Path(p) for p in os.environ.get("SWAPKL_MODEL_DIRS", "").split(os.pathsep) if p]
-    for base in (*extra, ROOT.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
-        if base.is_dir():
-            for d in sorted(base.iterdir()):
-                if (d / "config.json").is_file():
-                    out.append(os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT.parent)) else str(d))
-    return out
+    """The model folders this server offers (:func:`swapkl.jobs.defaults.local_model_folders` beside the project)."""
+    return defaults.local_model_folders(ROOT)
 
 
 def init_defaults() -> None:
@@ -56,39 +45,31 @@ def init_defaults() -> None:
     pol = policy()
     if pol.demo:
         d["w_demo_model"] = pol.models[0]
-    try:
-        if "model" in q and pol.demo:  # a shared link: only allow-listed checkpoints, matched as strings
-            try:
-                pol.check_model(q["model"], q.get("revision"))
-                d["w_demo_model"] = q["model"]
-            except PolicyError:
-                pass
-        elif "model" in q:
-            m = q["model"]
-            if m in ("default", "builtin"):
-                d["w_source"] = SOURCES[0]
-            elif m.lower().endswith(".gguf"):
-                d["w_source"], d["w_gguf"] = SOURCES[3], m
-            elif Path(m).expanduser().exists() or m.startswith((".", "/", "~")):
-                d["w_source"] = SOURCES[2]
-                if m in local_model_folders():
-                    d["w_local"] = m
-                else:
-                    d["w_local"], d["w_local_other"] = OTHER, m
-            else:
-                d["w_source"], d["w_hub"] = SOURCES[1], m
-            d["w_rev"] = q.get("revision", "")
-        for k, conv in (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
-                        ("device", str), ("aggregation", str), ("seed", int), ("budget", int),
-                        ("evaluator", str)):
-            if k in q:
-                d[f"w_{k}"] = conv(q[k])
-        if "methods" in q:
-            d["w_methods"] = [m for m in q["methods"].split(",") if m in methods_registry.offered()]
-    except (ValueError, TypeError):
-        pass
+    if "model" in q and pol.demo:  # a shared link: only allow-listed checkpoints, matched as strings
+        try:
+            pol.check_model(q["model"], q.get("revision"))
+            d["w_demo_model"] = q["model"]
+        except PolicyError:
+            pass
+    elif "model" in q:
+        d.update(_model_defaults(q["model"]))
+        d["w_rev"] = q.get("revision", "")
+    d.update({f"w_{k}": v for k, v in query_settings(q, methods_registry.offered()).items()})
     for k, v in d.items():
         st.session_state.setdefault(k, v)
+
+
+def _model_defaults(m: str) -> dict:
+    """The checkpoint widgets' values for the model spec ``m`` of a shared link."""
+    src = spec_source(m)
+    if src == "builtin":
+        return {"w_source": SOURCES[0]}
+    if src == "gguf":
+        return {"w_source": SOURCES[3], "w_gguf": m}
+    if src == "local":
+        return {"w_source": SOURCES[2], "w_local": m} if m in local_model_folders() else \
+            {"w_source": SOURCES[2], "w_local": OTHER, "w_local_other": m}
+    return {"w_source": SOURCES[1], "w_hub": m}
 
 
 def demo_model_widgets(pol: Policy) -> tuple[str, str | None]:
@@ -170,3 +151,28 @@ def removal_widgets(device: str) -> tuple[int, tuple, dict]:
     budget = c2.number_input("Layer budget (0 = no curves)", 0, 64, key="w_budget", step=1)
     methods = c3.multiselect("Removal methods", list(methods_registry.offered()), key="w_methods")
     return int(budget), tuple(methods), evs[ev_name].to_dict()
+
+
+def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
+    """The start page's three sections of widgets -> (request, None) or (None, the error to show)."""
+    init_defaults()
+    st.subheader("1 · Checkpoint")
+    spec, rev = model_widgets()
+    st.subheader("2 · Evaluation contract")
+    contract, err = contract_widgets()
+    st.subheader("3 · Layer budget")
+    budget, methods, ev = removal_widgets(contract.device if contract else "auto")
+    if err:
+        return None, err
+    try:
+        return analysis_request(spec, rev, contract, budget, methods, ev), None
+    except SwapklError as e:
+        return None, str(e)
+
+
+def set_query(req: AnalysisRequest) -> None:
+    """The page's URL becomes a shared link to ``req`` (:func:`swapkl.jobs.forms.query_params`)."""
+    try:
+        st.query_params.from_dict(query_params(req))
+    except Exception:  # deep links are a convenience
+        pass

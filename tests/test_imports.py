@@ -1,7 +1,8 @@
-"""Module structure: every module imports, the import graph (top-level and deferred imports alike) has no cycle and
-goes downward only (docs/architecture.md), the torch-free modules stay torch-free, no module, class or function
-grows past its size limit, the method registry lists methods without importing them, and a new removal method is
-one file."""
+"""Module structure: every module imports, the import graph of the library and the dashboard (``swapkl/``,
+``pages/``, ``app.py``; top-level and deferred imports alike) has no cycle and goes downward only
+(docs/architecture.md: the dashboard may import the library, never the reverse), the torch-free modules stay
+torch-free, no module, class or function grows past its size limit, the method registry lists methods without
+importing them, and a new removal method is one file."""
 from __future__ import annotations
 
 import ast
@@ -18,10 +19,12 @@ import swapkl
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "swapkl"
+#: the top-level names of the graph: the library, the dashboard's helper modules and pages, the dashboard's entry
+DASHBOARD = ("pages", "app")
 
 #: the modules that import torch at module level; every other module must import without it (the CLI's --help,
 #: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
-TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.checkpoints", "swapkl.scoring.engine",
+TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.units", "swapkl.model.checkpoints", "swapkl.scoring.engine",
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
                  "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.removal.evaluate",
                  "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal"}
@@ -34,10 +37,16 @@ FUNCTION_LINES = 80
 MODULE_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path | None = None, dashboard: bool = True) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of ``swapkl/`` and, with ``dashboard``, of ``pages/`` and ``app.py``
+    (under ``root``, default: this checkout)."""
+    root = root or ROOT
+    files = sorted((root / "swapkl").rglob("*.py"))
+    if dashboard:
+        files += sorted((root / "pages").glob("*.py")) + [root / "app.py"]
     out = {}
-    for p in sorted(PKG.rglob("*.py")):
-        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+    for p in files:
+        parts = list(p.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = p
@@ -45,7 +54,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _imported(mod: str, path: Path, node: ast.Import | ast.ImportFrom, known) -> list[str]:
-    """The swapkl modules one import statement loads (relative imports resolved; ``from swapkl import x`` is the
+    """The modules of the graph (``swapkl``, ``pages``, ``app``) one import statement loads (relative imports resolved; ``from swapkl import x`` is the
     submodule ``swapkl.x`` when there is one, else the package)."""
     if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
@@ -58,7 +67,7 @@ def _imported(mod: str, path: Path, node: ast.Import | ast.ImportFrom, known) ->
         names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
     out = []
     for n in names:
-        if n.split(".")[0] != "swapkl":
+        if n.split(".")[0] not in ("swapkl", *DASHBOARD):
             continue
         while n not in known and "." in n:
             n = n.rsplit(".", 1)[0]
@@ -67,9 +76,10 @@ def _imported(mod: str, path: Path, node: ast.Import | ast.ImportFrom, known) ->
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Every import of a swapkl module, at module level or inside a function: ``{module: {imported modules}}``."""
-    mods = _modules()
+def import_graph(root: Path | None = None) -> dict[str, set[str]]:
+    """Every import of a module of the library or the dashboard, at module level or inside a function:
+    ``{module: {imported modules}}``."""
+    mods = _modules(root)
     graph = {m: set() for m in mods}
     for mod, path in mods.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -101,6 +111,39 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def cyclic_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components of more than one module (or a module that
+    imports itself), each sorted; Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
 def test_every_module_imports():
     names = [m.name for m in pkgutil.walk_packages(swapkl.__path__, "swapkl.") if m.name not in NOT_IMPORTABLE]
     assert "swapkl.removal.methods.random" in names and "swapkl.commands.score" in names
@@ -111,25 +154,34 @@ def test_every_module_imports():
 def test_find_cycle_reports_the_path():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"c"}, "e": {"e"}, "f": {"a"}}
+    assert cyclic_components(graph) == [["a", "b"], ["c", "d"], ["e"]]
+    assert cyclic_components({"a": {"b"}, "b": set()}) == []
 
 
 def test_import_graph_has_no_cycle():
     graph = import_graph()
     assert "swapkl.store" in graph["swapkl.model.gguf"]  # deferred and top-level imports both count
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    assert "pages.common" in graph["app"] and "swapkl.jobs" in graph["pages.session"]  # the dashboard is graphed
+    assert "pages.common" in graph["pages.heatmaps"]
+    assert cyclic_components(graph) == [], "import cycles: " + "; ".join(
+        " -> ".join(c) for c in [find_cycle({v: graph[v] & set(comp) for v in comp}) for comp in cyclic_components(graph)])
 
 
 #: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
-#: its own (pages/ and app.py sit beside commands/, above jobs/).  Packages of one tier do not import each other.
-LAYERS = (("commands",), ("jobs",), ("evidence", "healing"), ("views",), ("removal", "trajectory"), ("scoring", "surgery"), ("model",), ("",))
+#: its own (the dashboard -- pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
+#: one tier do not import each other.
+LAYERS = (("commands", "pages"), ("jobs",), ("evidence", "healing"), ("views",), ("removal", "trajectory"), ("scoring", "surgery"), ("model",), ("",))
 #: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
 ENTRY_POINT = "swapkl.__main__"
 
 
 def package_of(mod: str) -> str:
-    """The package of the layout a module belongs to (``""`` for the root modules: errors, contract, store, schema)."""
+    """The package of the layout a module belongs to (``""`` for the root modules: errors, contract, store, schema;
+    ``"pages"`` for the dashboard: pages/ and app.py)."""
     parts = mod.split(".")
+    if parts[0] in DASHBOARD:
+        return "pages"
     tops = {p for tier in LAYERS for p in tier}
     return parts[1] if len(parts) > 1 and parts[1] in tops else ""
 
@@ -148,7 +200,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
             same = package_of(dep) == package_of(mod)
             if not same and (tier_of(dep) < tier_of(mod) or (tier_of(dep) == tier_of(mod) and package_of(dep))):
                 bad.append(f"{mod} -> {dep}")
-            elif package_of(dep) == "jobs" and package_of(mod) != "jobs":
+            elif package_of(dep) == "jobs" and package_of(mod) not in ("jobs", "pages"):
                 bad.append(f"{mod} -> {dep} (only jobs/ and pages/ use the dashboard backend)")
     return bad
 
@@ -159,13 +211,24 @@ def test_imports_go_downward_only():
     assert upward_imports({"swapkl.removal.curves": {"swapkl.trajectory.compute"}})  # one tier, two packages
     assert upward_imports({"swapkl.commands.score": {"swapkl.jobs"}})
     assert not upward_imports({"swapkl.views.scores": {"swapkl.scoring.results", "swapkl.contract"}})
+    # the dashboard imports the library (jobs/ included), the library never imports the dashboard
+    assert not upward_imports({"pages.common": {"swapkl.jobs", "swapkl.views"}, "app": {"pages.common", "swapkl.errors"}})
+    assert upward_imports({"swapkl.jobs.manager": {"pages.session"}}) == ["swapkl.jobs.manager -> pages.session"]
+    assert upward_imports({"swapkl.views.report": {"app"}}) and upward_imports({"pages.common": {"swapkl.commands.cli"}})
     bad = upward_imports(import_graph())
     assert not bad, "imports against the layer order (docs/architecture.md):\n" + "\n".join(bad)
 
 
+def test_the_library_never_imports_the_dashboard():
+    graph = import_graph()
+    found = [f"{m} -> {d}" for m, deps in graph.items() if m.startswith("swapkl") for d in deps
+             if d.split(".")[0] in DASHBOARD]
+    assert not found, found
+
+
 def test_no_library_module_imports_streamlit():
     found = []
-    for mod, path in _modules().items():
+    for mod, path in _modules(dashboard=False).items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -216,7 +279,8 @@ def test_only_the_torch_modules_import_torch():
 
 
 def _sizes() -> dict[str, tuple[str, int]]:
-    """``{qualified name: ("class" | "function", lines)}`` for every class and function of ``swapkl/``."""
+    """``{qualified name: ("class" | "function", lines)}`` for every class and function of ``swapkl/``, ``pages/``
+    and ``app.py``."""
     out = {}
     for mod, path in _modules().items():
 
@@ -236,8 +300,7 @@ def _oversized() -> dict[str, int]:
 
 def _module_lines() -> dict[str, int]:
     """Lines of every module of ``swapkl/``, ``pages/`` and ``app.py`` (relative paths)."""
-    files = [*PKG.rglob("*.py"), *(ROOT / "pages").glob("*.py"), ROOT / "app.py"]
-    return {str(f.relative_to(ROOT)): len(f.read_text(encoding="utf-8").splitlines()) for f in files}
+    return {str(f.relative_to(ROOT)): len(f.read_text(encoding="utf-8").splitlines()) for f in _modules().values()}
 
 
 def test_no_oversized_class_or_function():
@@ -307,7 +370,14 @@ def test_new_method_is_one_file(plugin_method, stories, wikitext_path, cache_dir
 
 
 if __name__ == "__main__":
-    # `PYTHONPATH=. python3 tests/test_imports.py`: the largest modules, classes and functions against their limits
+    # `PYTHONPATH=. python3 tests/test_imports.py [ROOT]`: the import graph's cycles and the largest modules, classes
+    # and functions against their limits (ROOT: another checkout's graph, e.g. a commit's `git archive`)
+    if len(sys.argv) > 1:
+        ROOT = Path(sys.argv[1]).resolve()
+    g = import_graph(ROOT)
+    comps = cyclic_components(g)
+    print(f"import graph: {len(g)} modules ({sum(m.split('.')[0] in DASHBOARD for m in g)} of the dashboard), "
+          f"{sum(map(len, g.values()))} imports, {len(comps)} cycles" + "".join(f"\n  cycle: {c}" for c in comps))
     print(f"modules (limit {MODULE_LINES} lines):")
     for f, n in sorted(_module_lines().items(), key=lambda x: -x[1])[:5]:
         print(f"  {n:4d}  {f}")

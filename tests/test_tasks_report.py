@@ -165,18 +165,18 @@ def test_hostile_tasks_file_is_one_error_line(tasks_dict, tmp_path):
 
 
 def test_one_click_report_holds_a_finished_tasks_job(tasks_dict):
-    """pages/common.report_html: the section of the session's finished tasks job; none while it runs or when it is
-    for another model than the analysis."""
-    from pages import common
+    """The dashboard's one-click report (swapkl.jobs.reports.report_html): the section of the session's finished tasks
+    job; none while it runs or when it is for another model than the analysis."""
     from swapkl.jobs import AnalysisRequest, Job, TasksRequest
+    from swapkl.jobs import reports as jobs_reports
 
     analysis = Job("a", AnalysisRequest())
     analysis.done_from("test", result=synthetic())
     tasks = Job("t", TasksRequest(tasks=(TASK,)))
     tasks.done_from("test", tasks=tv.load_tasks(dict(tasks_dict, model=dict(IDENTITY, num_layers=5))))
-    doc = common.report_html(analysis, None, tasks)
+    doc = jobs_reports.report_html(analysis, None, tasks)
     assert report.figure_count(doc) == 4 and "Task accuracy after removal" in doc
-    assert report.figure_count(common.report_html(analysis, None, None)) == 2
+    assert report.figure_count(jobs_reports.report_html(analysis, None, None)) == 2
     other = Job("o", TasksRequest(tasks=(TASK,)))
     other.done_from("test", tasks=tv.load_tasks(tasks_dict))  # the default model's fingerprint
-    assert "Task accuracy after removal" not in common.report_html(analysis, None, other)
+    assert "Task accuracy after removal" not in jobs_reports.report_html(analysis, None, other)

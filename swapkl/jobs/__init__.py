@@ -2,7 +2,10 @@
 
 Modules: ``requests`` (what a page asks for, the job key), ``job`` (a job's state and transitions), ``pipelines``
 (the analysis, curves and trajectory computations), ``models`` (the loaded-checkpoint LRU), ``snapshots`` (finished
-jobs on disk), ``failures`` (one readable line per error), ``manager`` (the queue and the public API).
+jobs on disk), ``failures`` (one readable line per error), ``manager`` (the queue and the public API); what the
+pages show, decided here: ``forms`` (requests from forms and shared links), ``contents`` (a job's verdict, content
+keys for memoised figures), ``reports`` (the result JSON, the one-click report), ``exports`` (formats and names of
+an export); docs/architecture.md names the rest.
 
 A page never computes anything itself.  It builds a request -- :class:`AnalysisRequest` (model spec + revision,
 :class:`~swapkl.contract.Contract`, removal budget, removal methods, perplexity evaluator) or

@@ -12,6 +12,9 @@ Units: ``tokens`` and evaluator ``window``/``stride`` are tokens; ``max_words`` 
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from swapkl.contract import Contract
 
 # Deferred imports: torch and swapkl.removal.evaluate are imported inside the functions: the dashboard and the CLI import
@@ -77,4 +80,35 @@ def evaluator_choices(device: str | None = "auto") -> dict:
     d = default_evaluator(device)
     out[d.name] = d
     out.update({k: v for k, v in EVALUATORS.items() if k not in out})
+    return out
+
+
+#: the trajectory page's example when no demo trajectory has been trained: hub revisions of one model
+HUB_TRAJECTORY = "EleutherAI/pythia-160m@step0, @step1000, @step16000, @step143000"
+
+
+def default_trajectory_list() -> str:
+    """The trajectory page's first checkpoint list: the demo trajectory's folder (``<cache>/demo-trajectory``) once
+    trained, else :data:`HUB_TRAJECTORY`."""
+    from swapkl.store import cache_root
+
+    demo = cache_root() / "demo-trajectory"
+    return str(demo) if demo.is_dir() else HUB_TRAJECTORY
+
+
+def local_model_folders(root: str | os.PathLike) -> list[str]:
+    """Model folders worth offering on a local server (a demo server offers only its allow-list): the sub-folders
+    holding a ``config.json`` of each folder in ``$SWAPKL_MODEL_DIRS`` (``os.pathsep`` separated), of
+    ``<root>/../shared/models``, ``<cache>/demo-trajectory`` and ``<cache>/exports``, sorted per folder; those
+    beside ``root`` (the project's folder) relative to it, the others absolute."""
+    from swapkl.store import cache_root
+
+    root = Path(root)
+    out = []
+    extra = [Path(p) for p in os.environ.get("SWAPKL_MODEL_DIRS", "").split(os.pathsep) if p]
+    for base in (*extra, root.parent / "shared" / "models", cache_root() / "demo-trajectory", cache_root() / "exports"):
+        if base.is_dir():
+            for d in sorted(base.iterdir()):
+                if (d / "config.json").is_file():
+                    out.append(os.path.relpath(d, root) if str(d).startswith(str(root.parent)) else str(d))
     return out

@@ -40,6 +40,9 @@ class Family:
     context_keys: tuple[str, ...] = ("max_position_embeddings",)
     notes: str = ""
     generic: bool = False  # found by the validated fallback, not listed in FAMILIES
+    # the sublayer layout (a key of swapkl.model.units.LAYOUTS): where attention and MLP units live in a block;
+    # None for a listed family = no sublayer units; a generic family tries every layout (validated on the model)
+    units: str | None = None
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -50,6 +53,7 @@ FAMILIES: tuple[Family, ...] = (
         final_norm="model.norm",
         embed="model.embed_tokens",
         layer_idx_attrs=("self_attn.layer_idx", "layer_idx"),
+        units="pre-norm",
         notes="Llama / Mistral / Qwen2 / Qwen3 / SmolLM (SmolLM1-2 are Llama): pre-norm, rotary, RMSNorm.",
     ),
     Family(
@@ -59,6 +63,7 @@ FAMILIES: tuple[Family, ...] = (
         final_norm="gpt_neox.final_layer_norm",
         embed="gpt_neox.embed_in",
         layer_idx_attrs=("attention.layer_idx", "layer_idx"),
+        units="gpt-neox",
         notes="GPT-NeoX / Pythia: parallel residual, partial rotary.",
     ),
     Family(
@@ -70,6 +75,7 @@ FAMILIES: tuple[Family, ...] = (
         layer_idx_attrs=("attn.layer_idx", "layer_idx"),
         num_layers_keys=("n_layer", "num_hidden_layers"),
         context_keys=("n_positions", "n_ctx", "max_position_embeddings"),
+        units="gpt2",
         notes="GPT-2: learned positions, LayerNorm; scale_attn_by_inverse_layer_idx follows the slot.",
     ),
 )
@@ -257,6 +263,35 @@ def _validate(model: torch.nn.Module, fam: Family) -> str | None:
         if (h.float() - outs[0].float()).abs().max() > tol * outs[0].float().abs().max().clamp_min(1.0):
             return "replaying the blocks slot by slot does not reproduce the forward"
     return None
+
+
+@torch.inference_mode()
+def block_call_args(model: torch.nn.Module, tokens: int) -> tuple[tuple, dict]:
+    """The arguments after the hidden states (rotary ``position_embeddings``, masks, ``position_ids``, ...) that
+    ``model``'s forward passes its first block for a batch of one window of ``tokens`` tokens, with
+    ``use_cache=False``: what a block needs to be run alone."""
+    loc = locate(model)
+    V = int(getattr(model.config, "vocab_size", 0) or loc.head.weight.shape[0])
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, V, (1, tokens), generator=torch.Generator().manual_seed(0)).to(dev)
+    got: list = []
+
+    def pre(mod, args, kwargs):
+        got.append((tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+        raise _Captured
+
+    handle = loc.blocks[0].register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        model(input_ids=ids, use_cache=False)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    return got[0]
+
+
+class _Captured(Exception):
+    """Stops a forward once the first block's arguments are captured."""
 
 
 def num_layers_in_config(config, fam: Family) -> int | None:

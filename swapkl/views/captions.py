@@ -1,5 +1,5 @@
 """The contract caption every figure, table and export carries, the one number formatter, and the exports
-(:func:`figure_html`, :func:`table_csv`) shared by the dashboard and the HTML report (no Streamlit).
+(:func:`figure_html`, :func:`table_csv`, their file names :func:`safe_name`) shared by the dashboard and the HTML report (no Streamlit).
 
 Every figure carries the evaluation contract (:func:`contract_caption`) as its subtitle and in
 ``fig.layout.meta["contract"]``; every export carries it too.
@@ -147,6 +147,13 @@ def fmt_ci(lo, hi) -> str:
 
 
 # ============================================================================================ exports
+def safe_name(s: str) -> str:
+    """A download's file name made of ``s``: every character but letters, digits and ``-_.`` becomes ``-``, no leading
+    or trailing ``-``, at most 60 characters; ``swapkl`` when nothing is left."""
+    keep = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in s)
+    return keep.strip("-")[:60] or "swapkl"
+
+
 def figure_html(fig, caption: str | None = None, include_plotlyjs: bool = True) -> str:
     """A self-contained HTML page of one figure: plotly.js inlined once (no network needed), the contract
     caption (``caption``, else the figure's ``layout.meta['contract']``) as a visible line and in <title>."""

@@ -1,0 +1,72 @@
+"""The dashboard's exports of a pruned or merged model, decided here and drawn by the pages: the formats a model
+exports to (:func:`export_formats`), the name a server derives for an export (:func:`export_name`), the model a
+demo server's mergekit YAML names (:func:`demo_model_ref`), what to do with a saved export (:data:`SAVED_HOW`), and
+which removal set of a curves result or an evidence result is exported (:func:`curve_export`,
+:func:`evidence_export`).  The writing itself is :meth:`swapkl.jobs.JobManager.export_pruned`
+(:mod:`swapkl.surgery.exports`)."""
+from __future__ import annotations
+
+from swapkl.surgery.exports import FILE_SUFFIX, gguf_source, mergekit_model_ref
+from swapkl.views.captions import safe_name
+
+#: per format, what to do with a saved export (shown with its path)
+SAVED_HOW = {"hf": "reload with AutoModelForCausalLM.from_pretrained", "mergekit": "run: mergekit-yaml FILE OUT_DIR",
+             "gguf": "runs in llama.cpp; transformers reads it with gguf_file="}
+
+
+def export_identity(job, identity: dict | None = None) -> dict:
+    """The model identity an export of ``job`` records: ``identity`` when given (an evidence job has no score
+    result), else the job's result's, else empty."""
+    return identity or (job.result.identity if job.result is not None else None) or {}
+
+
+def export_formats(identity: dict | None, merge: dict | None = None) -> list[str]:
+    """The formats this export can take: a merge only a Hugging Face folder (its blocks have new weights), a removal
+    also a mergekit YAML, and a pruned GGUF when the model came from a GGUF file (:func:`gguf_source`)."""
+    if merge:
+        return ["hf"]
+    return ["hf", "mergekit"] + (["gguf"] if gguf_source(identity) is not None else [])
+
+
+def model_tail(request) -> str:
+    """The last part of a request's model spec, with its revision: ``pythia-160m@step1000``."""
+    return request.model.rstrip("/").split("/")[-1] + (f"@{request.revision}" if request.revision else "")
+
+
+def export_name(request, identity: dict | None, removed, fmt: str, merge: dict | None = None) -> str:
+    """The file (or folder) name of an export: ``<model tail>-<fingerprint[:8]>-minus-<layers>`` (a merge:
+    ``merged-<mode>-<group>-<group>``, a group's layers joined by ``+``), made safe (:func:`safe_name`) and with the
+    format's suffix.  A demo server writes it under ``<cache>/exports/`` and reuses an export of the same name."""
+    what = (f"merged-{merge['mode']}-" + "-".join("+".join(map(str, g)) for g in merge["groups"])) if merge else \
+        f"minus-{'-'.join(map(str, removed))}"
+    fp = str((identity or {}).get("fingerprint") or "")[:8]
+    return safe_name(f"{model_tail(request)}-{fp}-{what}") + FILE_SUFFIX.get(fmt, "")
+
+
+def demo_model_ref(request, identity: dict | None) -> str:
+    """What a demo server's mergekit YAML names as its model: the hub id (with its commit) for a hub model, else a
+    folder the user fills in (``./<model tail>``) -- never a path of the server's."""
+    ident = identity or {}
+    return mergekit_model_ref(ident) if ident.get("kind") == "hub" else f"./{safe_name(model_tail(request))}"
+
+
+def curve_export_methods(curves) -> list[str]:
+    """The methods of a curves result with a deterministic removal set at every n (the ones that can be exported)."""
+    return [m for m, entries in curves.methods.items() if entries and all(e.get("removed") is not None for e in entries)]
+
+
+def curve_export(curves, method: str, n: int) -> tuple[dict, dict | None]:
+    """``(entry, merge)`` of ``method`` at ``n`` in a curves result: its curve entry (``removed``: the layers) and,
+    for a merging method (LaCo: its merged blocks are written, not just the others kept), ``{"groups", "mode"}``
+    for :meth:`~swapkl.jobs.JobManager.export_pruned`, else None."""
+    entry = next(e for e in curves.methods[method] if e["n"] == n)
+    groups = ((curves.method_info.get(method) or {}).get("groups") or [None] * n)[n - 1] if entry.get("merge") else None
+    if groups:
+        return entry, {"groups": groups, "mode": str(entry["merge"]).split(":")[0]}
+    return entry, None
+
+
+def evidence_export(evidence: dict, signal: str, n: int) -> list[int]:
+    """The set a signal's rule chose for ``n`` on the full sample of an evidence result's dict (its stability
+    table; the same set as ``swapkl prune --from evidence.json``), sorted."""
+    return sorted(int(i) for i in evidence["stability"][signal][str(n)]["set"])

@@ -1,0 +1,152 @@
+"""From the dashboard's forms to requests, and back: each page's request built from its widgets' values (one
+function per request type; bad values raise :class:`~swapkl.errors.SwapklError` with the line the page shows), the
+query string of a shared link (:func:`query_params` and its inverse :func:`query_settings`), and the contract line
+of a request shown before any result exists (:func:`request_caption`).  The pages draw the widgets; the server's
+:class:`~swapkl.jobs.policy.Policy` checks what comes out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from swapkl import views
+from swapkl.contract import Contract
+from swapkl.errors import SwapklError
+from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, TasksRequest, TrajectoryRequest
+
+#: the contract fields and analysis settings a shared link carries, with their types
+QUERY_FIELDS = (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
+                ("device", str), ("aggregation", str), ("seed", int), ("budget", int), ("evaluator", str))
+
+
+# ============================================================================================ requests
+def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
+                     ) -> AnalysisRequest:
+    """The start page's request; an empty checkpoint spec is refused."""
+    if not spec:
+        raise SwapklError("choose a checkpoint")
+    return AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
+                           evaluator=evaluator)
+
+
+def trajectory_request(text: str, k: int, prompts: int, tokens: int, device: str) -> TrajectoryRequest:
+    """The trajectory page's request: the checkpoint list ``text`` scored on the pairs ``|i - j| <= k``
+    (``adjacent`` for 1) with ``prompts`` x ``tokens`` per checkpoint."""
+    contract = Contract(pairs="adjacent" if k == 1 else f"gap:{int(k)}", prompts=int(prompts), tokens=int(tokens),
+                        device=device)
+    if not text.strip():
+        raise SwapklError("give at least one checkpoint")
+    return TrajectoryRequest(text.strip(), contract)
+
+
+def evidence_request(model: str, budget: int, n_boot: int, base: AnalysisRequest | None = None) -> EvidenceRequest:
+    """The evidence page's request for ``model``: on the model of the session's analysis ``base`` it keeps that
+    analysis's revision, contract and evaluator (so the evidence speaks for it), else the default contract and the
+    ``matched`` evaluator."""
+    model = model.strip()
+    if not model:
+        raise SwapklError("choose a checkpoint")
+    same = base is not None and base.model == model
+    return EvidenceRequest(model=model, revision=base.revision if same else None,
+                           contract=base.contract if same else Contract(), budget=int(budget),
+                           evaluator=(base.evaluator if same else None) or "matched", n_boot=int(n_boot))
+
+
+def curves_analysis(job) -> AnalysisRequest | None:
+    """The request of ``job`` when it is an analysis with a layer budget (what the task and healing panels follow:
+    its model, contract, budget and methods), else None."""
+    req = job.request if job is not None else None
+    return req if req is not None and req.kind == "analysis" and req.wants_curves else None
+
+
+def task_list(text: str) -> tuple[str, ...]:
+    """lm-eval task names typed comma-separated."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def few_shot(text: str) -> int | None:
+    """A typed few-shot count; None (the task's default) unless it is a non-negative integer."""
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def tasks_request(base: AnalysisRequest, tasks, limit: int | None, shots: int | None, include: str | None
+                  ) -> TasksRequest:
+    """Task accuracy after removal for the analysis ``base`` (its model, contract, budget and methods)."""
+    return TasksRequest(model=base.model, revision=base.revision, contract=base.contract, budget=base.budget,
+                        methods=base.methods, tasks=tuple(tasks), limit=limit, num_fewshot=shots, include_path=include)
+
+
+def heal_request(base: AnalysisRequest, methods, ns, recipe, demo: bool, tasks=(), limit: int | None = None,
+                 shots: int | None = None, include: str | None = None) -> HealRequest:
+    """Healing of ``methods``' sets at each n of ``ns`` for the analysis ``base`` with ``recipe``; a demo server
+    heals on its own evaluator (the analysis's evaluator is a local choice); the task folder only with tasks."""
+    return HealRequest(model=base.model, revision=base.revision, contract=base.contract, methods=tuple(methods),
+                       ns=tuple(ns), recipe=recipe, evaluator=None if demo else base.evaluator, tasks=tuple(tasks),
+                       limit=limit, num_fewshot=shots, include_path=include if tasks else None)
+
+
+def healable(methods) -> list[str]:
+    """The deterministic, non-merging methods among ``methods`` (guided ones first): the ones with one set per n,
+    which healing can fine-tune."""
+    from swapkl.healing.multi import MERGING
+    from swapkl.removal import methods as M
+
+    out = []
+    for m in M.run_order(methods):
+        spec = M.find(m)
+        if spec is not None and not spec.seeded and m not in M.GROUPS and m not in MERGING:
+            out.append(m)
+    return out
+
+
+# ============================================================================================ shared links
+def query_params(req: AnalysisRequest) -> dict[str, str]:
+    """The query string of a shared link to ``req``: its model (and revision), contract fields and settings."""
+    c = req.contract
+    q = {"model": req.model, "pairs": c.pairs, "prompts": c.prompts, "tokens": c.tokens,
+         "positions": c.positions, "dtype": c.dtype, "device": c.device, "aggregation": c.aggregation,
+         "seed": c.seed, "budget": req.budget, "methods": ",".join(req.methods),
+         "evaluator": (req.evaluator or {}).get("name", "")}
+    if req.revision:
+        q["revision"] = req.revision
+    return {k: str(v) for k, v in q.items()}
+
+
+def query_settings(query, offered_methods) -> dict:
+    """The settings a shared link's query string carries, typed (:data:`QUERY_FIELDS`); a value that does not
+    convert is left out.  ``methods``: those among ``offered_methods``.  The model is read by :func:`spec_source`."""
+    out = {}
+    for k, conv in QUERY_FIELDS:
+        if k in query:
+            try:
+                out[k] = conv(query[k])
+            except (ValueError, TypeError):
+                pass
+    if "methods" in query:
+        out["methods"] = [m for m in str(query["methods"]).split(",") if m in offered_methods]
+    return out
+
+
+def spec_source(spec: str) -> str:
+    """Where a model spec points: ``builtin`` (the default), ``gguf`` (a ``.gguf`` file), ``local`` (an existing
+    path, or one that starts like a path) or ``hub`` (an ``org/name`` id)."""
+    if spec in ("default", "builtin"):
+        return "builtin"
+    if spec.lower().endswith(".gguf"):
+        return "gguf"
+    if Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")):
+        return "local"
+    return "hub"
+
+
+def request_caption(req) -> str:
+    """The contract line of a request (what is shown before any result exists); empty for None."""
+    if req is None:
+        return ""
+    if req.kind == "trajectory":
+        return views.contract_caption(req.contract.provenance(model=f"trajectory: {req.checkpoints[:80]}"))
+    model = req.model + (f"@{req.revision}" if req.revision else "")
+    cap = views.contract_caption(req.contract.provenance(model=model),
+                                 evaluator=req.evaluator if req.wants_curves else None)
+    if req.wants_curves:
+        cap += f"{views.SEP}budget {req.budget}{views.SEP}methods {', '.join(req.methods)}"
+    return cap

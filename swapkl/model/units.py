@@ -1,0 +1,211 @@
+"""Units of analysis: a whole block, or its attention or MLP sublayer, as data.
+
+A sublayer unit is the sublayer's module **together with the norms that belong to it** (docs/method.md §1,
+"Sublayer units"), so that the two units of a block partition its parameters: exchanging both units of blocks i
+and j is exactly exchanging the blocks, and copying both is exactly the block replacement.  Each family names a
+:class:`UnitLayout` (a row of :data:`LAYOUTS`) in its ``units`` field; a family found by the generic fallback gets
+the first layout that :func:`validate_layout` accepts on the loaded model, or none (sublayers are then refused
+with a one-line message naming the family).
+
+What a layout says, for each sublayer unit:
+
+* ``modules``: the block's child modules that make up the unit (norms included; dotted paths relative to the
+  block), whose parameters and buffers are the unit's weights;
+* ``out``: the output projection(s) whose weight and bias set to zero silence the sublayer's residual branch.
+  For these residual sublayers (``h + f(norm(h))``, a post-norm of ``f`` included: a norm of zeros is zero) that
+  is exactly skipping the unit;
+* ``core``: the module whose output *is* the residual branch (before any post-norm), the one a skipping runtime
+  replaces (:mod:`swapkl.surgery` does that).
+
+Nothing here dispatches on ``model_type``: the family table says which layout a family has.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from swapkl.errors import ContractError, SwapklError
+
+#: the units of analysis, in the order the CLI and the dashboard offer them
+UNITS = ("block", "attention", "mlp")
+SUBLAYERS = ("attention", "mlp")
+
+
+class UnsupportedUnit(SwapklError):
+    """A sublayer unit asked of a family whose sublayers are not defined or could not be validated."""
+
+
+@dataclass(frozen=True)
+class SublayerSpec:
+    """One sublayer unit of a block: ``modules`` (its weights, norms included), ``out`` (the output
+    projection(s) zeroed to skip it), ``core`` (the module whose output is the residual branch)."""
+
+    modules: tuple[str, ...]
+    out: tuple[str, ...]
+    core: str
+
+
+@dataclass(frozen=True)
+class UnitLayout:
+    """Where a block keeps its attention and MLP sublayer units (paths relative to one block)."""
+
+    name: str
+    attention: SublayerSpec
+    mlp: SublayerSpec
+    notes: str = ""
+
+    def spec(self, unit: str) -> SublayerSpec:
+        check_unit(unit)
+        if unit == "block":
+            raise ValueError("a block is not a sublayer unit")
+        return self.attention if unit == "attention" else self.mlp
+
+
+#: every layout swapkl knows, as data (a family names one in ``Family.units``; the generic fallback tries them in
+#: this order and keeps the first that validates)
+LAYOUTS: dict[str, UnitLayout] = {
+    "sandwich": UnitLayout(
+        name="sandwich",
+        attention=SublayerSpec(("input_layernorm", "self_attn", "post_attention_layernorm"), ("self_attn.o_proj",),
+                               "self_attn"),
+        mlp=SublayerSpec(("pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"), ("mlp.down_proj",), "mlp"),
+        notes="Gemma 2/3: a norm before and after each sublayer (post_attention_layernorm belongs to attention here)."),
+    "pre-norm": UnitLayout(
+        name="pre-norm",
+        attention=SublayerSpec(("input_layernorm", "self_attn"), ("self_attn.o_proj",), "self_attn"),
+        mlp=SublayerSpec(("post_attention_layernorm", "mlp"), ("mlp.down_proj",), "mlp"),
+        notes="Llama / Mistral / Qwen2/3 / SmolLM (and Gemma 1, OLMo): h + attn(norm1(h)), then + mlp(norm2(.))."),
+    "gpt-neox": UnitLayout(
+        name="gpt-neox",
+        attention=SublayerSpec(("input_layernorm", "attention"), ("attention.dense",), "attention"),
+        mlp=SublayerSpec(("post_attention_layernorm", "mlp"), ("mlp.dense_4h_to_h",), "mlp"),
+        notes="GPT-NeoX / Pythia: parallel residual (use_parallel_residual): both sublayers read the block input."),
+    "gpt2": UnitLayout(
+        name="gpt2",
+        attention=SublayerSpec(("ln_1", "attn"), ("attn.c_proj",), "attn"),
+        mlp=SublayerSpec(("ln_2", "mlp"), ("mlp.c_proj",), "mlp"),
+        notes="GPT-2: pre-norm, Conv1D projections (weight [in, out])."),
+    "opt": UnitLayout(
+        name="opt",
+        attention=SublayerSpec(("self_attn_layer_norm", "self_attn"), ("self_attn.out_proj",), "self_attn"),
+        mlp=SublayerSpec(("final_layer_norm", "fc1", "fc2"), ("fc2",), "fc2"),
+        notes="OPT with do_layer_norm_before (a post-norm OPT fails validation: skipping is not zeroing there)."),
+}
+
+
+def check_unit(unit: str) -> str:
+    """``unit`` if it is one of :data:`UNITS`, else a one-line :class:`~swapkl.errors.ContractError`."""
+    if unit not in UNITS:
+        raise ContractError(f"unknown unit '{unit}'; choose one of: {', '.join(UNITS)}")
+    return unit
+
+
+def _get(root: torch.nn.Module, path: str):
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def unit_keys(block: torch.nn.Module, layout: UnitLayout, unit: str) -> frozenset[str]:
+    """The names of ``block``'s state-dict entries (parameters and persistent buffers, as
+    ``block.state_dict()`` names them) that belong to ``unit``; every entry for ``"block"``."""
+    keys = block.state_dict(keep_vars=True).keys()
+    if check_unit(unit) == "block":
+        return frozenset(keys)
+    prefixes = tuple(m + "." for m in layout.spec(unit).modules)
+    return frozenset(k for k in keys if k.startswith(prefixes))
+
+
+def mixed_weights(own: dict, other: dict, keys: frozenset[str]) -> dict:
+    """A block's weights with the entries in ``keys`` taken from ``other`` (another block's state dict) and the
+    rest from ``own``: the weights slot i runs in ``M[i<-j]`` for a sublayer unit."""
+    return {k: (other[k] if k in keys else v) for k, v in own.items()}
+
+
+def partition_error(block: torch.nn.Module, layout: UnitLayout) -> str | None:
+    """None when the layout's two units name existing modules whose weights partition ``block``'s state dict
+    (every entry in exactly one unit), else why not."""
+    for unit in SUBLAYERS:
+        spec = layout.spec(unit)
+        for path in (*spec.modules, *spec.out, spec.core):
+            if not isinstance(_get(block, path), torch.nn.Module):
+                return f"its blocks have no '{path}'"
+    att, mlp = unit_keys(block, layout, "attention"), unit_keys(block, layout, "mlp")
+    everything = set(block.state_dict(keep_vars=True).keys())
+    if att & mlp:
+        return f"the attention and MLP units share weights ({sorted(att & mlp)[0]})"
+    if att | mlp != everything:
+        return f"weights outside both units ({sorted(everything - (att | mlp))[0]})"
+    return None
+
+
+def zero_out(block: torch.nn.Module, layout: UnitLayout, unit: str) -> None:
+    """Set the output projection(s) of ``unit`` in ``block`` to zero (weight and bias), in place: exactly
+    skipping that residual sublayer.  ``block`` must be a private copy (never a shared model's block)."""
+    with torch.no_grad():
+        for path in layout.spec(unit).out:
+            mod = _get(block, path)
+            for name in ("weight", "bias"):
+                t = getattr(mod, name, None)
+                if isinstance(t, torch.Tensor):
+                    t.zero_()
+
+
+_VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def validate_layout(model: torch.nn.Module, blocks: torch.nn.ModuleList, layout: UnitLayout) -> str | None:
+    """None if ``layout`` describes ``model``'s sublayers, else why not.  Checked on the loaded model: the two
+    units partition every block's weights (so swapping both units is swapping the block), and with both output
+    projections of the first block zeroed the block is the identity on a random input (so each unit is a
+    residual branch and zeroing its projection skips it; a post-norm block fails here)."""
+    import copy
+
+    for b in blocks:
+        why = partition_error(b, layout)
+        if why is not None:
+            return why
+    probe = copy.deepcopy(blocks[0]).eval()
+    for unit in SUBLAYERS:
+        zero_out(probe, layout, unit)
+    p = next(probe.parameters())
+    hidden = int(getattr(model.config, "hidden_size", 0) or getattr(model.config, "n_embd", 0) or p.shape[-1])
+    h = torch.randn(1, 5, hidden, generator=torch.Generator().manual_seed(0)).to(p.device, p.dtype)
+    try:
+        from swapkl.model.architectures import block_call_args
+
+        args, kwargs = block_call_args(model, 5)
+        with torch.inference_mode():
+            out = probe(h, *args, **kwargs)
+    except Exception as e:  # any failure means "cannot validate"
+        return f"a block could not be run alone ({type(e).__name__})"
+    out = out[0] if isinstance(out, tuple) else out
+    tol = 1e-5 if p.dtype == torch.float32 else 1e-2
+    if (out.float() - h.float()).abs().max() > tol * h.float().abs().max():
+        return "a block with both output projections zeroed is not the identity (post-norm or a non-residual branch)"
+    return None
+
+
+def layout_for(model: torch.nn.Module, loc) -> UnitLayout:
+    """The sublayer layout of a located model (``loc``: :class:`~swapkl.model.architectures.Located`): the
+    family's named layout, else (generic fallback) the first of :data:`LAYOUTS` that validates on the model.
+    Raises :class:`UnsupportedUnit` with a one-line message naming the family.  Memoised per model object."""
+    if model in _VALIDATED:
+        return _VALIDATED[model]
+    fam = loc.family
+    reasons = []
+    candidates = [LAYOUTS[fam.units]] if fam.units else ([] if not fam.generic else list(LAYOUTS.values()))
+    for layout in candidates:
+        why = validate_layout(model, loc.blocks, layout)
+        if why is None:
+            _VALIDATED[model] = layout
+            return layout
+        reasons.append(f"{layout.name}: {why}")
+    detail = "; ".join(reasons) if reasons else "no sublayer layout is defined for it"
+    raise UnsupportedUnit(f"attention/MLP units are not available for the '{fam.name}' family ({detail[:240]}); "
+                          "use --unit block")
