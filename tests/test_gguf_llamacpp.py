@@ -33,10 +33,14 @@ Greedy tokens: with F32 weights no step comes near a tie and the tokens are HF's
 many steps of these small models have HF's top two within 2 tolerances, where either pick is right, so there the
 check is that llama.cpp's decode logits are within the tolerance and each pick is HF's argmax or tied with it.
 
+The built-in default (SmolLM2-135M-Instruct Q4_1, 30 layers, 98 MB) minus blocks 3 and 17 runs with
+SWAPKL_SLOW_TESTS=1 (CI sets it); bench/llamacpp_default.py prints the same comparison in full.
+
 llama-cpp-python missing is a failure with the install line, not a skip (CI builds it: .ci/install_llamacpp.sh).
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -172,6 +176,34 @@ def test_llamacpp_tokenizes_the_stories_gguf_like_transformers(llama_cpp, source
     prompt = llm.tokenize(b"Once upon a time", add_bos=True)
     text = llm.detokenize(llamacpp_greedy(full, prompt, 16)[0]).decode()
     assert text.startswith(", there was a little girl named Lily."), text
+
+
+@pytest.mark.skipif(os.environ.get("SWAPKL_SLOW_TESTS") != "1", reason="reads the 98 MB default GGUF: SWAPKL_SLOW_TESTS=1")
+def test_llamacpp_runs_the_pruned_default_gguf(llama_cpp, tmp_path):
+    """The built-in SmolLM2-135M-Instruct Q4_1 GGUF minus blocks 3 and 17 in llama.cpp, on 64 tokens of WikiText-2.
+    Thirty layers of 8-bit activations make llama.cpp and transformers differ by ~3 % of the largest logit already on
+    the unpruned file (measured 1.07 of 34.7), so the tolerance is three times that control gap, measured in the same
+    run: the pruned file may add no error of its own (measured 1.86; the unpruned model is 20.9 away)."""
+    from swapkl.model.builtin import default_gguf_path
+    from swapkl.surgery.blocks import pruned_copy
+
+    src, removed = default_gguf_path(), [3, 17]
+    out = Path(prune_gguf(src, removed, tmp_path / "smollm2-minus-3-17.gguf")["path"])
+    llm_src, llm = load_llamacpp(src), load_llamacpp(out)
+    text = (Path(__file__).parent / "fixtures/data/wikitext-2-raw/wiki.test.raw").read_text()[:2000]
+    ids = llm.tokenize(text.encode(), add_bos=False)[:64]
+    source = _hf(src)
+    tol = 3 * _max_diff(llamacpp_logits(llm_src, ids), hf_logits(source, ids))
+    cpp = llamacpp_logits(llm, ids)
+    refs = {"transformers on the pruned GGUF": _hf(out), "swapkl's pruned copy of the source": pruned_copy(source, removed)}
+    for name, model in refs.items():
+        diff = _max_diff(cpp, hf_logits(model, ids))
+        print(f"default minus {removed}: llama.cpp vs {name}: max |Δlogit| = {diff:.3g} (tolerance {tol:.3g})")
+        assert diff <= tol
+    far = _max_diff(cpp, hf_logits(source, ids))
+    assert far > 2 * tol, f"llama.cpp's pruned logits are {far:.3g} from the unpruned model's: too close to tell"
+    _check_greedy(llm, refs["transformers on the pruned GGUF"], llm.tokenize(b"The capital of France is", add_bos=False),
+                  tol, f"default minus {removed}")
 
 
 def test_ci_and_the_readme_install_llama_cpp():

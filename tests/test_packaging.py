@@ -20,6 +20,8 @@ from swapkl.errors import EXTRAS, MissingDependency, require_extra
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 NOT_SHIPPED = ("dev", "all")  # extras that only gather others (and the test tools)
+#: extras only the test suite needs, each built by its own CI script (no library feature: not in swapkl.errors.EXTRAS)
+TEST_ONLY = {"llamacpp": ".ci/install_llamacpp.sh"}
 
 
 def norm(name: str) -> str:
@@ -38,7 +40,7 @@ def declared(reqs) -> dict[str, Requirement]:
 
 CORE = declared(PYPROJECT["dependencies"])
 OPTIONAL = {extra: declared(reqs) for extra, reqs in PYPROJECT["optional-dependencies"].items()}
-EXTRA_DISTS = {d for extra, reqs in OPTIONAL.items() if extra not in NOT_SHIPPED for d in reqs}
+EXTRA_DISTS = {d for extra, reqs in OPTIONAL.items() if extra not in NOT_SHIPPED and extra not in TEST_ONLY for d in reqs}
 
 
 def _walk(node, rel: str, func: str | None, out: list) -> None:
@@ -100,8 +102,10 @@ def test_the_extras_table_is_pyprojects():
         assert {norm(d) for d in modules.values()} == set(OPTIONAL[extra]), extra
         for module, dist in modules.items():
             assert norm(dist) in dists_of(module) or module not in _DISTS, (module, dist)
-    shipped = {e for e in OPTIONAL if e not in NOT_SHIPPED}
+    shipped = {e for e in OPTIONAL if e not in NOT_SHIPPED and e not in TEST_ONLY}
     assert shipped == set(EXTRAS), "an extra of pyproject has no entry in swapkl.errors.EXTRAS (or the reverse)"
+    for extra, script in TEST_ONLY.items():   # the script CI runs installs what the extra declares
+        assert extra in OPTIONAL and all(d in (ROOT / script).read_text() for d in OPTIONAL[extra]), (extra, script)
     # "all" and "dev" gather the features (dev also the test tools)
     for extra in NOT_SHIPPED:
         assert any(norm(Requirement(r).name) == "swapkl" and {"tasks", "heal"} <= Requirement(r).extras
