@@ -11,7 +11,8 @@
 # jobs; docs/security.md).  The server listens on 127.0.0.1 (.streamlit/config.toml); to share it on the network
 # add --server.address 0.0.0.0 (only together with --demo).
 # Environment: SWAPKL_SKIP_INSTALL=1 skips the package step; SWAPKL_VENV_ARGS are extra `python3 -m venv` options
-# (e.g. --system-site-packages to reuse packages the system Python already has).
+# (e.g. --system-site-packages to reuse packages the system Python already has); PYTHON is the interpreter that
+# makes ./.venv (default python3 from PATH).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -22,6 +23,7 @@ done
 
 say() { echo "run.sh: $*" >&2; }
 
+PYTHON="${PYTHON:-python3}"
 if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
   PY=python3
   say "using the active environment $("$PY" -c 'import sys; print(sys.prefix)')"
@@ -31,9 +33,9 @@ else
     rm -rf .venv
   fi
   if [ ! -x .venv/bin/python ]; then
-    say "no virtual environment is active: creating ./.venv (python3 -m venv ${SWAPKL_VENV_ARGS:+$SWAPKL_VENV_ARGS }.venv)"
+    say "no virtual environment is active: creating ./.venv ($PYTHON -m venv ${SWAPKL_VENV_ARGS:+$SWAPKL_VENV_ARGS }.venv)"
     # shellcheck disable=SC2086  # SWAPKL_VENV_ARGS is a list of options
-    if ! python3 -m venv ${SWAPKL_VENV_ARGS:-} .venv; then
+    if ! "$PYTHON" -m venv ${SWAPKL_VENV_ARGS:-} .venv; then
       rm -rf .venv
       say "could not create ./.venv; on Debian/Ubuntu install the venv module first (sudo apt install python3-venv),"
       say "or activate an environment of your own and run ./run.sh again"

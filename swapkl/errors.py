@@ -24,6 +24,42 @@ class OutputPathError(SwapklError):
     """An output path that cannot be written, or whose writing would destroy an input or unrelated files."""
 
 
+class MissingDependency(SwapklError):
+    """An optional package that this operation needs is not installed (:func:`require_extra`)."""
+
+
+#: the optional features of ``pyproject.toml``'s ``[project.optional-dependencies]``: extra -> {module imported:
+#: distribution to install}.  tests/test_packaging.py checks this table against pyproject and every import.
+EXTRAS = {
+    "tasks": {"lm_eval": "lm-eval"},
+    "heal": {"peft": "peft"},
+    "qlora": {"bitsandbytes": "bitsandbytes"},  # with "heal" for `heal --qlora`; alone for `evidence --compare-dtype 4bit`
+}
+
+
+def missing_modules(extra: str) -> list[str]:
+    """The distributions of ``extra`` (:data:`EXTRAS`) whose module cannot be found (nothing is imported)."""
+    import importlib.util
+
+    out = []
+    for module, dist in EXTRAS[extra].items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or half-imported package: as good as absent
+            found = False
+        if not found:
+            out.append(dist)
+    return out
+
+
+def require_extra(extra: str, what: str) -> None:
+    """Raise :class:`MissingDependency` (one line: ``"<what> needs lm-eval: install swapkl[tasks]"``) unless every
+    package of the optional feature ``extra`` is installed; call it before the work that imports them."""
+    missing = missing_modules(extra)
+    if missing:
+        raise MissingDependency(f"{what} needs {' and '.join(missing)}: install swapkl[{extra}]")
+
+
 class UploadError(SwapklError):
     """A result, curves or scores file from outside (browser upload, ``--scores``/``--curves``, a saved file) that
     is not valid; the message names the file and the field (see :mod:`swapkl.schema`)."""

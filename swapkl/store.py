@@ -6,11 +6,14 @@ GGUF conversion records (:mod:`swapkl.model.gguf`).  An *entry* is one JSON file
 
     {"swapkl_store": <kind>, "version": STORE_VERSION, "checksum": sha256(canonical JSON of data), "data": {...}}
 
-written with :func:`atomic_write_text` (readers see the old file or the whole new one).  :func:`read_entry`
+written with :func:`atomic_write_text` (readers see the old file or the whole new one).  Every atomic write of
+the project goes through :func:`atomic_path` (one file) or :func:`temp_folder` + :func:`atomic_replace_dir` (a
+folder).  :func:`read_entry`
 returns ``data`` only when the kind, the version and the checksum match; anything else -- a torn write, a
 hand edit, bit rot, another format -- raises :class:`CorruptEntry` with the reason, and the caller recomputes.
 
-The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project (:func:`cache_root`).
+The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project checkout, else ``~/.cache/swapkl`` for an
+installed package (:func:`cache_root`).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from swapkl.contract import stable_hash
@@ -33,9 +37,15 @@ STORE_VERSION = 1
 
 
 def cache_root() -> Path:
-    """``$SWAPKL_CACHE`` if set, else ``cache/`` at the root of the swapkl checkout (the one definition)."""
+    """The one definition: ``$SWAPKL_CACHE`` if set; else ``cache/`` at the root of a swapkl checkout (the folder
+    above the package holds ``pyproject.toml``); else, for an installed package (``pip install swapkl``: the folder
+    above it is site-packages), ``$XDG_CACHE_HOME/swapkl`` (default ``~/.cache/swapkl``)."""
     env = os.environ.get(ENV_CACHE)
-    return Path(env).expanduser() if env else PROJECT_ROOT / "cache"
+    if env:
+        return Path(env).expanduser()
+    if (PROJECT_ROOT / "pyproject.toml").is_file():
+        return PROJECT_ROOT / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "swapkl"
 
 
 class CorruptEntry(ValueError):
@@ -50,21 +60,46 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part (a JSON
     entry through :func:`atomic_write_text`, a tensor file, a checkpoint)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """The one atomic write: yields a new temporary file beside ``path`` (``.<name>.XXXX.tmp``, same file system)
+    for the caller to write -- directly, or by a writer that wants a path (``gguf.GGUFWriter``); when the block
+    ends the file is flushed to disk (``fsync``), made readable by every user (0644: the cache is shared) and
+    renamed onto ``path`` in one step, so readers see the old file or the whole new one.  If the block raises,
+    the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable by every user
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
+        raise
+
+
+@contextlib.contextmanager
+def temp_folder(parent: str | os.PathLike, prefix: str) -> Iterator[Path]:
+    """A new folder ``<parent>/<prefix>XXXX.tmp`` (0755: the cache is shared) for writing a folder beside where it
+    will go; removed with everything in it if the block raises.  The caller moves it into place
+    (:func:`atomic_replace_dir`, or file by file) or keeps it."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

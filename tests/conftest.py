@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from skip_gate import pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  (CI's rule)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

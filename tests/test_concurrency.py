@@ -124,10 +124,13 @@ def test_one_model_copy_for_concurrent_loads():
 
 
 # ----------------------------------------------------------------------------------------------- queue
-def _slow_loader(gate: threading.Event):
+def _slow_loader(gate: threading.Event, started: threading.Event | None = None):
+    """A loader that says when it is called (``started``: the first job is running) and then waits for ``gate``."""
     from swapkl.model.checkpoints import load_checkpoint
 
     def load(*a, **k):
+        if started is not None:
+            started.set()
         gate.wait(60)
         return load_checkpoint(*a, **k)
 
@@ -138,13 +141,11 @@ def test_queued_jobs_know_their_place_and_the_queue_is_bounded(cache, stories_pa
     from swapkl.jobs import DONE, JobManager
     from swapkl.jobs.policy import PolicyError
 
-    gate = threading.Event()
-    mgr = JobManager(loader=_slow_loader(gate), use_snapshots=False)
+    gate, started = threading.Event(), threading.Event()
+    mgr = JobManager(loader=_slow_loader(gate, started), use_snapshots=False)
     try:
         a = mgr.submit(_request(stories_path, prompts=4), owner="s1", max_active=2, max_total=3)
-        deadline = time.time() + 30
-        while a.status != "running" and time.time() < deadline:
-            time.sleep(0.05)
+        assert started.wait(120) and a.status == "running"  # the worker is inside a's model load
         b = mgr.submit(_request(stories_path, prompts=5), owner="s2", max_active=2, max_total=3)
         c = mgr.submit(_request(stories_path, prompts=6), owner="s3", max_active=2, max_total=3)
         assert (b.queue_place, c.queue_place) == (1, 2)
@@ -154,14 +155,14 @@ def test_queued_jobs_know_their_place_and_the_queue_is_bounded(cache, stories_pa
         with pytest.raises(PolicyError, match="server is busy: 3 computations are queued or running"):
             mgr.submit(_request(stories_path, prompts=7), owner="s4", max_active=2, max_total=3)
         assert mgr.submit(_request(stories_path, prompts=6), owner="s4", max_active=2, max_total=3) is c
-        # the running one ends: everybody moves up
+        # the running one ends: everybody moves up, and the queued job publishes its new place (what its page
+        # shows) while it still waits -- recorded at each publication, no polling
+        seen = []
+        c.publish = lambda force=False, min_interval_s=0.5: seen.append((c.status, c.queue_place))
         gate.set()
         assert a.wait(120) and a.status == DONE
-        deadline = time.time() + 30
-        while c.queue_place != 1 and c.status == "queued" and time.time() < deadline:
-            time.sleep(0.02)
-        assert c.status != "queued" or c.queue_place == 1
         assert b.wait(120) and c.wait(120) and b.status == c.status == DONE
+        assert seen[0] == ("queued", 1), seen
     finally:
         gate.set()
         mgr.shutdown()
@@ -201,9 +202,7 @@ def test_a_job_nobody_waits_for_is_cancelled_and_one_others_wait_for_goes_on(cac
         mgr.watch(shared.key, "stays")
         mgr.watch(alone.key, "alone")
         alive["left"] = alive["alone"] = False       # two tabs closed
-        deadline = time.time() + 15                   # the monitor looks every 2 s, the grace is 0.3 s
-        while alone.status != CANCELLED and time.time() < deadline:
-            time.sleep(0.1)
+        assert alone.wait(120)                        # the monitor looks every 2 s, the grace is 0.3 s
         assert alone.status == CANCELLED and "left" in alone.error
         assert shared.running
         gate.set()

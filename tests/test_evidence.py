@@ -220,8 +220,13 @@ def test_cli_refuses_to_overwrite_the_model(stories_path, tmp_path, capsys, cach
 
     m = tmp_path / "m"
     shutil.copytree(stories_path, m)
+    before = {p.name: p.read_bytes() for p in m.iterdir()}
     code, _, err = _cli(["evidence", m, "--json", m / "config.json", *QUICK], capsys)
-    assert code == 2 and err.startswith("error: ")
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: --json {m / 'config.json'} would overwrite config.json of the input folder {m.resolve()}; "
+        "choose another file"], err
+    assert {p.name: p.read_bytes() for p in m.iterdir()} == before  # the model folder is untouched
+    assert not cache_dir.exists()  # refused before any model load or scoring
 
 
 def _check_views(d):
@@ -282,12 +287,31 @@ def test_contract_agreement(stories_path, cache_dir):
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.scoring.score import score
 
+    from scipy import stats
+
     ck = load_checkpoint(str(stories_path))
     c = Contract(prompts=4, tokens=32)
     res = score(ck, c)
+    other = score(ck, c.with_(seed=1))
     rows = contract_agreement(ck, res, [c, c.with_(seed=1)], 50, True, None)
+    # the same contract: the same prompts, so the bootstrap is paired and every replicate agrees perfectly
+    assert rows[0]["paired"] is True
     assert rows[0]["spearman"] == {"replacement": pytest.approx(1.0), "interchange": pytest.approx(1.0)}
-    assert rows[1]["contract"]["seed"] == 1
-    for name in ("replacement", "interchange"):
+    assert rows[0]["spearman_ci"] == {"replacement": pytest.approx([1.0, 1.0]), "interchange": pytest.approx([1.0, 1.0])}
+    # another prompt seed: other prompts (independent bootstraps) and the coefficients scipy gives on the two
+    # results' per-layer scores (each layer's smallest swap-KL over its scored pairs, computed here by hand)
+    assert rows[1]["contract"]["seed"] == 1 and rows[1]["paired"] is False
+    assert not np.array_equal(np.asarray(res.prompt_token_ids), np.asarray(other.prompt_token_ids))
+
+    def layer_min(m):
+        m = np.asarray(m, float)
+        return np.array([np.nanmin(np.r_[m[i, :], m[:, i]]) for i in range(len(m))])
+
+    for name, a, b in (("replacement", res.replacement(), other.replacement()),
+                       ("interchange", res.interchange(), other.interchange())):
+        x, y = layer_min(a), layer_min(b)
+        assert not np.allclose(x, y)  # the two contracts measured different values: the comparison is not trivial
+        assert rows[1]["spearman"][name] == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+        assert rows[1]["kendall"][name] == pytest.approx(stats.kendalltau(x, y).statistic, abs=1e-12)
         lo, hi = rows[1]["spearman_ci"][name]
-        assert -1 <= lo <= hi <= 1 and -1 <= rows[1]["spearman"][name] <= 1
+        assert -1 <= lo <= hi <= 1 and hi - lo > 0  # independent draws of 4 prompts: a real interval

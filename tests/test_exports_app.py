@@ -4,13 +4,9 @@ transformers with one block fewer).  AppTest, on stories260K and the tiny Llama 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-import pytest
 import yaml
-
-pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -77,9 +73,8 @@ def test_local_exports_a_pruned_gguf_of_a_gguf_model(cache, tmp_path):
     assert not at.exception and not at.error, [e.value for e in at.error]
     from transformers import AutoModelForCausalLM
 
-    t0 = time.perf_counter()
-    m = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name)
-    assert m.config.num_hidden_layers == 4 and time.perf_counter() - t0 < 60
+    m = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name)  # load time: bench/timings.py
+    assert m.config.num_hidden_layers == 4
     # pressing it again is refused (the file exists) until "replace" is ticked; the file is unchanged
     before = out.read_bytes()
     at.button(key="export").click().run()

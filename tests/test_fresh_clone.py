@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -46,10 +48,15 @@ def test_fresh_clone_run_sh_serves_the_default_dashboard(clone, tmp_path):
     packages already installed here (SWAPKL_VENV_ARGS="--system-site-packages --without-pip": the system's pip
     and setuptools serve it, and pip --no-index proves nothing is downloaded) so the test does not copy torch."""
     port = _free_port()
+    # the venv is made by the interpreter running these tests (PYTHON), not python3 from PATH; when that
+    # interpreter is itself a virtual environment's, its packages are not the base's "system site packages", so
+    # they are put on the path as well
     env = dict(os.environ, HF_HUB_OFFLINE="1", PIP_NO_INDEX="1", SWAPKL_CACHE=str(tmp_path / "cache"),
-               SWAPKL_VENV_ARGS="--system-site-packages --without-pip")
+               SWAPKL_VENV_ARGS="--system-site-packages --without-pip", PYTHON=sys.executable)
     for k in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME"):
         env.pop(k, None)
+    if sys.prefix != sys.base_prefix:
+        env["PYTHONPATH"] = os.pathsep.join([*site.getsitepackages(), *filter(None, [env.get("PYTHONPATH")])])
     log = open(tmp_path / "run.log", "w")
     # only the port on the command line: the rest (loopback address, no file watcher, headless, no usage
     # statistics) comes from the shipped .streamlit/config.toml
@@ -68,7 +75,7 @@ def test_fresh_clone_run_sh_serves_the_default_dashboard(clone, tmp_path):
                 time.sleep(1)
         out = (tmp_path / "run.log").read_text()
         assert ok, "run.sh did not serve the dashboard:\n" + out[-3000:]
-        assert "no virtual environment is active: creating ./.venv" in out
+        assert f"no virtual environment is active: creating ./.venv ({sys.executable} -m venv" in out
         venv_python = clone / ".venv" / "bin" / "python"
         assert venv_python.exists()
         # the server process (run.sh exec's it) is the clone's .venv python

@@ -23,7 +23,7 @@ STAGES = ["env", "correctness", "pythia", "oom", "device_map", "torchrun", "scal
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "smoke.json"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHON=sys.executable)  # this interpreter
     env.pop("OUT", None)
     p = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--smoke", "--out", str(out),
                         "--budget-s", "100000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)

@@ -246,10 +246,12 @@ def test_parse_ns_and_bounds(stories, small_corpus):
 
 
 # --------------------------------------------------------------------------------------------- QLoRA (CPU: guard, config)
-def test_qlora_guard_and_config():
+def test_qlora_guard_and_config(monkeypatch):
+    import sys
+
     import torch
 
-    from swapkl.errors import ContractError
+    from swapkl.errors import ContractError, MissingDependency
     from swapkl.healing import qlora as Q
 
     assert Q.bnb_config_kwargs() == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
@@ -259,10 +261,9 @@ def test_qlora_guard_and_config():
     assert cfg.bnb_4bit_compute_dtype == torch.bfloat16 and cfg.bnb_4bit_use_double_quant
     with pytest.raises(ContractError, match="needs CUDA"):
         Q.check_available(cuda=False)
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        with pytest.raises(ContractError, match="bitsandbytes"):
+    with monkeypatch.context() as m:  # bitsandbytes absent (as on this machine, and anywhere without the extra)
+        m.setitem(sys.modules, "bitsandbytes", None)
+        with pytest.raises(MissingDependency, match=r"needs bitsandbytes: install swapkl\[qlora\]"):
             Q.check_available(cuda=True)
     if not torch.cuda.is_available():
         from swapkl.healing.heal import check_qlora

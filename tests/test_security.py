@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
 from swapkl.contract import Contract

@@ -44,7 +44,14 @@ def test_one_cache_root(monkeypatch, tmp_path):
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path))
     assert store.cache_root() == cache.cache_root() == gguf.default_cache_root() == tmp_path
     monkeypatch.delenv("SWAPKL_CACHE")
-    assert store.cache_root() == store.PROJECT_ROOT / "cache"
+    assert store.cache_root() == store.PROJECT_ROOT / "cache"  # a checkout
+    # an installed package (no pyproject.toml above it: site-packages) caches in the user's cache folder
+    monkeypatch.setattr(store, "PROJECT_ROOT", tmp_path / "site-packages")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert store.cache_root() == tmp_path / "xdg" / "swapkl"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert store.cache_root() == tmp_path / "home" / ".cache" / "swapkl"
 
 
 def test_every_store_writes_entries(stories, cache_dir):

@@ -7,7 +7,7 @@ import time
 
 from swapkl.commands import heal_tasks
 from swapkl.commands.common import evaluator_and_corpus, add_model_args, check_outputs, emit, load_from_args, model_inputs
-from swapkl.errors import SwapklError
+from swapkl.errors import SwapklError, require_extra
 from swapkl.healing.recipe import Recipe
 from swapkl.scoring import corpora
 
@@ -118,6 +118,7 @@ def _check_args(a):
 def run(a) -> int:
     from swapkl.healing.heal import check_qlora, export_healed, heal  # deferred: pulls torch
 
+    require_extra("heal", "swapkl heal")  # before the model is loaded
     removed, recipe, ev, corpus = _check_args(a)
     check_qlora(recipe)
     ck = load_from_args(a)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from swapkl.scoring.results import bootstrap_indices, percentile_ci
+
 GT_NAMES = ("ground_truth_ppl", "ground_truth_kl")
 
 
@@ -59,15 +61,15 @@ def _ci(v: np.ndarray) -> list:
     v = v[np.isfinite(v)]
     if not len(v):
         return [None, None]
-    return [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+    return percentile_ci(v)
 
 
 def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0) -> dict:
     """``{name: (n_boot, L)}``: every signal and both ground truths under the joint bootstrap (module docstring).
     Signals without per-prompt values stay at their full-sample value."""
-    rng = np.random.default_rng(seed)
-    pidx = rng.integers(0, max(1, num_prompts), size=(n_boot, max(1, num_prompts)))
-    widx = rng.integers(0, len(gt.counts), size=(n_boot, len(gt.counts)))
+    rng = np.random.default_rng(seed)  # one stream: the prompt draws, then the window draws
+    pidx = bootstrap_indices(max(1, num_prompts), n_boot, rng)
+    widx = bootstrap_indices(len(gt.counts), n_boot, rng)
     out = {}
     for s in signals:
         out[s.name] = s.resample(pidx) if s.resample is not None else np.repeat(s.values[None], n_boot, 0)

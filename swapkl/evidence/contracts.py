@@ -16,8 +16,9 @@ from typing import Callable
 import numpy as np
 
 from swapkl.contract import DTYPES, Contract
-from swapkl.errors import SwapklError
+from swapkl.errors import SwapklError, require_extra
 from swapkl.evidence import agreement as A
+from swapkl.scoring.results import bootstrap_indices
 
 FOUR_BIT = "4bit"
 DTYPE_CHOICES = DTYPES + (FOUR_BIT,)
@@ -63,10 +64,7 @@ def check_4bit() -> None:
 
     if not torch.cuda.is_available():
         raise SwapklError("--compare-dtype 4bit needs CUDA and bitsandbytes; this machine has no CUDA device")
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise SwapklError("--compare-dtype 4bit needs the bitsandbytes package (pip install bitsandbytes)") from None
+    require_extra("qlora", "--compare-dtype 4bit")
 
 
 def load_4bit(ck):
@@ -110,8 +108,8 @@ def agreement(ck, res, comparisons, n_boot: int, use_cache: bool = True, should_
         if ck2 is not ck:
             row["model"] = ck2.identity
             del ck2
-        i1 = rng.integers(0, res.num_prompts, (n_boot, res.num_prompts))
-        i2 = i1 if paired else rng.integers(0, res2.num_prompts, (n_boot, res2.num_prompts))
+        i1 = bootstrap_indices(res.num_prompts, n_boot, rng)
+        i2 = i1 if paired else bootstrap_indices(res2.num_prompts, n_boot, rng)
         for s2 in swap_signals(res2):
             s1 = mine[s2.name]
             row["spearman"][s2.name] = A.spearman(s1.values, s2.values)

@@ -15,7 +15,7 @@ import numpy as np
 from swapkl.errors import SwapklError
 from swapkl.evidence import agreement as A
 from swapkl.evidence import stability as S
-from swapkl.scoring.results import finite_json
+from swapkl.scoring.results import bootstrap_indices, finite_json
 from swapkl.store import CorruptEntry, dump_json, read_entry, warn_unwritable, write_entry
 
 DEFAULT_BUDGET = 4
@@ -162,8 +162,8 @@ def _region_effect(gt, gt2, n_boot):
     if gt2 is None:
         return None
     rng = np.random.default_rng(2)
-    d1, k1 = gt.resampled(rng.integers(0, len(gt.counts), (n_boot, len(gt.counts))))
-    d2, k2 = gt2.resampled(rng.integers(0, len(gt2.counts), (n_boot, len(gt2.counts))))
+    d1, k1 = gt.resampled(bootstrap_indices(len(gt.counts), n_boot, rng))
+    d2, k2 = gt2.resampled(bootstrap_indices(len(gt2.counts), n_boot, rng))
     out = {"region_1": gt.region, "region_2": gt2.region, "delta_ppl_pct_2": gt2.delta_ppl_pct, "kl_2": gt2.kl}
     for name, a, b, ra, rb in (("ppl", gt.delta_ppl_pct, gt2.delta_ppl_pct, d1, d2), ("kl", gt.kl, gt2.kl, k1, k2)):
         out[f"spearman_{name}"] = A.spearman(a, b)

@@ -27,6 +27,7 @@ import numpy as np
 from scipy import stats
 
 from swapkl.evidence import agreement as A
+from swapkl.scoring.results import bootstrap_indices
 
 SET_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "sleb", "angular")
 OWN_SCORE = {"replacement": "replacement", "interchange": "interchange", "bi": "bi", "cka": "cka",
@@ -95,7 +96,7 @@ def within_draws(groups, K: int, n_boot: int, rng) -> np.ndarray:
     sel = np.tile(np.arange(K), (n_boot, 1))
     for g in groups:
         if len(g):
-            sel[:, g] = rng.choice(g, size=(n_boot, len(g)))
+            sel[:, g] = np.asarray(g)[bootstrap_indices(len(g), n_boot, rng)]  # = rng.choice(g, (n_boot, len(g)))
     return sel
 
 
@@ -255,8 +256,8 @@ def compute(ck, res, corpus, ev, memo, sigs, stats_, budget: int, n_boot: int, c
     key = text_key(corpus, ev)
     cost = from_results(range(len(sets)), memo.peek(key, []), {k: memo.peek(key, s) for k, s in enumerate(sets)})
     rng = np.random.default_rng(seed)
-    pidx = rng.integers(0, max(1, res.num_prompts), (n_boot, max(1, res.num_prompts)))
-    widx = rng.integers(0, len(cost.counts), (n_boot, len(cost.counts)))
+    pidx = bootstrap_indices(max(1, res.num_prompts), n_boot, rng)
+    widx = bootstrap_indices(len(cost.counts), n_boot, rng)
     scores, reps = {}, {}
     for s in sigs:
         scores[s.name] = additive(np.asarray(s.values, float), sets)

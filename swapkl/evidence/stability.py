@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.removal.selection import scan
+from swapkl.scoring.results import bootstrap_indices
 
 UNSTABLE_BELOW = 0.8
 
@@ -63,4 +64,4 @@ def angular_stability(ang: np.ndarray, idx: np.ndarray, budget: int) -> dict:
 
 def prompt_bootstrap(num_prompts: int, n_boot: int = 200, seed: int = 1) -> np.ndarray:
     """(n_boot, P) prompt indices drawn with replacement (fixed seed)."""
-    return np.random.default_rng(seed).integers(0, num_prompts, size=(n_boot, num_prompts))
+    return bootstrap_indices(num_prompts, n_boot, seed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.healing.result import _boot
-from swapkl.scoring.results import BOOT_SEED, N_BOOT
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, percentile_ci
 
 WHAT = {"before": "before healing", "healed": "after healing (vs the base)",
         "healed_vs_finetuned": "after healing (vs the fine-tuned base)"}
@@ -55,7 +55,7 @@ def paired_difference(counts, base, base_finetuned, a: dict, b: dict, n_boot: in
                              "healed_vs_finetuned": ("a_healed", "b_healed", "base_finetuned")}.items():
         value = float(diff(ppl, x, y, ref))
         vals = diff(boot, x, y, ref)
-        ci = [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
+        ci = percentile_ci(vals)
         out[key] = {"value": value, "ci": ci, "tie": bool(ci[0] <= 0.0 <= ci[1]), "word": word(ci)}
     return out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tempfile
 
-from swapkl.errors import ContractError
+from swapkl.errors import ContractError, require_extra
 
 # Deferred imports: torch, transformers, peft and bitsandbytes are imported by the functions that need them.
 
@@ -43,30 +43,28 @@ def bnb_config():
 
 
 def check_available(cuda: bool | None = None) -> None:
-    """Raise :class:`ContractError` (one line) unless CUDA and bitsandbytes are present (``cuda``: override the
-    CUDA check, for tests)."""
+    """Raise :class:`ContractError` (one line) unless CUDA is present, :class:`MissingDependency` unless peft and
+    bitsandbytes are (``cuda``: override the CUDA check, for tests)."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
     if not cuda:
         raise ContractError("QLoRA (4-bit base weights through bitsandbytes) needs CUDA; this machine has none")
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise ContractError("QLoRA needs the bitsandbytes package (pip install bitsandbytes)") from None
+    require_extra("heal", "QLoRA")
+    require_extra("qlora", "QLoRA (4-bit base weights)")
 
 
 def quantized_copy(model, removed):
     """The model without blocks ``removed``, reloaded 4-bit (:func:`bnb_config`) on CUDA device 0 and prepared for
     k-bit training.  Its own tensors: the caller's model is not changed."""
+    check_available()
     import torch
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
     from swapkl.surgery.blocks import pruned_copy
 
-    check_available()
     with tempfile.TemporaryDirectory(prefix="swapkl-qlora-") as tmp:
         pruned_copy(model, list(removed)).save_pretrained(tmp, safe_serialization=True)
         q = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb_config(), device_map=DEVICE_MAP,

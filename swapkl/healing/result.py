@@ -14,15 +14,14 @@ import numpy as np
 
 from swapkl.contract import Provenance
 from swapkl.store import dump_json
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, finite_json
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, finite_json, percentile_ci
 
 ROLES = ("base", "pruned", "healed", "base_finetuned")
 
 
 def _boot(nll: dict, counts: np.ndarray, n_boot: int, seed: int) -> dict:
     """PPL of each role per resample, (n_boot,) arrays; windows drawn with replacement, the same for all roles."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+    idx = bootstrap_indices(len(counts), n_boot, seed)
     c = counts[idx].sum(1)
     return {r: np.exp(np.asarray(v)[idx].sum(1) / c) for r, v in nll.items()}
 
@@ -44,11 +43,11 @@ def compare(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> d
     nll = {r: np.asarray(nll[r], dtype=np.float64) for r in ROLES}
     ppl = {r: float(np.exp(nll[r].sum() / counts.sum())) for r in ROLES}
     boot = _boot(nll, counts, n_boot, seed)
-    ci = {r: [float(np.percentile(boot[r], 2.5)), float(np.percentile(boot[r], 97.5))] for r in ROLES}
+    ci = {r: percentile_ci(boot[r]) for r in ROLES}
 
     def delta(a, b):
         vals = 100.0 * (boot[a] / boot[b] - 1.0)
-        lo, hi = float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
+        lo, hi = percentile_ci(vals)
         return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": bool(lo <= 0.0 <= hi)}
 
     deltas = {"pruned_vs_base": delta("pruned", "base"), "healed_vs_base": delta("healed", "base"),
@@ -62,7 +61,7 @@ def compare(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> d
             vals = 1.0 - (boot["healed"] - boot["base_finetuned"]) / damage
         vals = vals[np.isfinite(vals) & (np.abs(damage) > 1e-12)]
         if vals.size:
-            rec_ci = [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
+            rec_ci = percentile_ci(vals)
     return {"ppl": ppl, "ppl_ci": ci, "delta_pct": deltas, "recovered": rec, "recovered_ci": rec_ci}
 
 

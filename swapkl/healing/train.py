@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from swapkl.contract import stable_hash
-from swapkl.errors import ComputeInterrupted, ContractError
+from swapkl.errors import ComputeInterrupted, ContractError, require_extra
 from swapkl.healing.recipe import Recipe
 from swapkl.model import architectures as arch
 from swapkl.store import CorruptEntry, atomic_write_bytes, cache_root, read_entry, write_entry
@@ -73,6 +73,7 @@ def lora_targets(model: torch.nn.Module) -> tuple[list[str], bool]:
 def lora_model(model: torch.nn.Module, recipe: Recipe):
     """``get_peft_model`` on ``model`` (changed in place: pass a private copy) with the recipe's LoRA; the
     initialisation is seeded by ``recipe.seed`` (B = 0, so the LoRA model starts equal to ``model``)."""
+    require_extra("heal", "healing (LoRA fine-tuning)")
     from peft import LoraConfig, get_peft_model
 
     names, conv = lora_targets(model)

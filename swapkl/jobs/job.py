@@ -6,11 +6,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from swapkl.store import atomic_write_text
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
 FINISHED = (DONE, ERROR, CANCELLED)
@@ -136,16 +137,14 @@ class Job:
     def publish(self, force: bool = False, min_interval_s: float = 0.5) -> None:
         """Write :meth:`progress_dict` to ``progress_path`` (at most every ``min_interval_s`` unless ``force``):
         the dashboard's progress line polls this small file from the browser, so following a job costs the
-        server nothing.  Readers see the old or the new file (write + rename); errors are ignored."""
+        server nothing.  Readers see the old or the new file (:func:`swapkl.store.atomic_write_text`); errors are ignored."""
         path = self.progress_path
         now = time.monotonic()
         if path is None or (not force and now - self._published < min_interval_s):
             return
         self._published = now
         try:
-            tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(self.progress_dict()), encoding="utf-8")
-            os.replace(tmp, path)
+            atomic_write_text(path, json.dumps(self.progress_dict()))
         except OSError:
             pass
 

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from swapkl import store
-from swapkl.store import (atomic_replace_dir, cache_root, file_sha256, read_entry_or_empty, warn_unwritable,
-                          writable_error, write_entry)
-from swapkl.errors import ModelLoadError, SwapklError
+from swapkl.store import (atomic_replace_dir, cache_root, file_sha256, read_entry_or_empty, temp_folder,
+                          warn_unwritable, writable_error, write_entry)
+from swapkl.errors import MissingDependency, ModelLoadError, SwapklError
 
 # Deferred imports: torch and transformers are imported by the functions that convert or load: the cache lookups and
 # the dashboard's model list must not load them.
@@ -48,10 +48,6 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 class GGUFError(ModelLoadError):
     """A GGUF file that is missing, not a GGUF file, truncated or not convertible."""
-
-
-class MissingDependency(SwapklError):
-    """An optional package that this operation needs is not installed."""
 
 
 default_cache_root = cache_root  # one cache root for every store (swapkl.store)
@@ -132,22 +128,13 @@ def is_complete(folder: str | os.PathLike, sha256: str | None = None) -> bool:
     return bool(src) and (sha256 is None or src.get("sha256") == sha256)
 
 
-@contextlib.contextmanager
 def _file_lock(lock_path: Path):
-    """An exclusive advisory lock (POSIX ``flock``) so two processes do not convert the same file at once;
-    a no-op where ``fcntl`` is unavailable."""
-    try:
-        import fcntl  # deferred: POSIX only (no lock on Windows)
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
+    """An exclusive lock across processes (the ``filelock`` package) so two processes do not convert the same
+    file at once."""
+    from filelock import FileLock
+
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return FileLock(lock_path)
 
 
 def load_gguf(gguf_path: str | os.PathLike, with_tokenizer: bool = True):
@@ -221,10 +208,7 @@ def _convert_into(src: Path, digest: str, parent: Path, prefix: str, say) -> Pat
     say(f"converting {src.name} to a float32 Hugging Face folder (once; ~20 s per 100M parameters)")
     t0 = time.perf_counter()
     model, tokenizer = load_gguf(src)
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by the CLI and the dashboard
+    with temp_folder(parent, prefix) as tmp:  # the cache is shared by the CLI and the dashboard: 0755
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         record = {
@@ -243,9 +227,6 @@ def _convert_into(src: Path, digest: str, parent: Path, prefix: str, say) -> Pat
 
             record["transformers_version"] = transformers.__version__
         write_entry(tmp / SOURCE_FILE, SOURCE_KIND, record, indent=1)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"converted in {time.perf_counter() - t0:.1f} s")
     return tmp
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from swapkl.errors import SwapklError
 from swapkl.removal.verdict import regime_verdict
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 #: the rule's defaults (docs/recommend-rule.md)
 DEFAULT_RULE = "confirmed"
@@ -35,7 +35,7 @@ def paired_nll_diff(a_nll: np.ndarray, a_counts: np.ndarray, b_nll: np.ndarray, 
     idx = bootstrap_indices(len(a_nll), n_boot, seed)
     d = (a_nll[idx].sum(1) - b_nll[idx].sum(1)) / a_counts[idx].sum(1)
     return {"diff": float((a_nll.sum() - b_nll.sum()) / a_counts.sum()),
-            "ci": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))], "windows": int(len(a_nll))}
+            "ci": percentile_ci(d), "windows": int(len(a_nll))}
 
 
 def anchor_protocol(scores: dict) -> tuple[str | None, str]:

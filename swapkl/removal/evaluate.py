@@ -31,7 +31,7 @@ import torch
 
 from swapkl.errors import ComputeInterrupted, SwapklError
 
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices  # 1,000 resamples, seed 0: the project-wide bootstrap setting
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci  # 1,000 resamples, seed 0: the project-wide bootstrap setting
 from swapkl.model import architectures as arch
 from swapkl.surgery.blocks import pruned_copy
 from swapkl.removal.windows import EvalTextError, Window, make_windows
@@ -141,7 +141,7 @@ class PPLResult:
         """Percentile 2.5/97.5 bootstrap CI of the PPL, resampling windows."""
         idx = bootstrap_indices(len(self.counts), n_boot, seed)
         vals = np.exp(self.nll[idx].sum(1) / self.counts[idx].sum(1))
-        return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
+        return tuple(percentile_ci(vals))
 
     def to_dict(self, with_windows: bool = False) -> dict:
         lo, hi = self.ci()
@@ -170,7 +170,7 @@ def delta_pct_ci(result: PPLResult, baseline: PPLResult, n_boot: int = N_BOOT,
     idx = bootstrap_indices(len(result.counts), n_boot, seed)
     c = result.counts[idx].sum(1)
     vals = 100.0 * (np.exp((result.nll[idx].sum(1) - baseline.nll[idx].sum(1)) / c) - 1.0)
-    return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
+    return tuple(percentile_ci(vals))
 
 
 # --------------------------------------------------------------------------------------------------- reference

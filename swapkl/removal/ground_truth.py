@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from swapkl.errors import ComputeInterrupted
-from swapkl.scoring.results import BOOT_SEED, N_BOOT
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.
 
@@ -210,8 +210,6 @@ class GroundTruth:
 def from_results(layers, baseline, removed: dict, region: dict | None = None, seconds: float = 0.0,
                  computed: int = 0, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> GroundTruth:
     """A :class:`GroundTruth` from a baseline and per-layer :class:`~swapkl.removal.evaluate.PPLResult` values."""
-    from swapkl.removal.evaluate import bootstrap_indices
-
     layers = list(layers)
     gt = GroundTruth(layers=layers, delta_ppl_pct=[], delta_ppl_pct_ci=[], kl=[], kl_ci=[],
                      baseline_ppl=baseline.ppl, window_nll=np.stack([removed[i].nll for i in layers]),
@@ -222,8 +220,8 @@ def from_results(layers, baseline, removed: dict, region: dict | None = None, se
     gt.delta_ppl_pct = (100.0 * (np.exp((gt.window_nll.sum(1) - gt.base_nll.sum()) / c) - 1.0)).tolist()
     gt.kl = (gt.window_kl.sum(1) / c).tolist()
     d, k = gt.resampled(bootstrap_indices(len(gt.counts), n_boot, seed))
-    gt.delta_ppl_pct_ci = np.percentile(d, [2.5, 97.5], axis=0).T.tolist()
-    gt.kl_ci = np.percentile(k, [2.5, 97.5], axis=0).T.tolist()
+    gt.delta_ppl_pct_ci = percentile_ci(d, axis=0).T.tolist()
+    gt.kl_ci = percentile_ci(k, axis=0).T.tolist()
     return gt
 
 

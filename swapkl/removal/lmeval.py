@@ -17,7 +17,10 @@ import threading
 from pathlib import Path
 
 from swapkl.contract import stable_hash
-from swapkl.errors import SwapklError
+from swapkl.errors import SwapklError, require_extra
+
+#: what :func:`swapkl.errors.require_extra` says needs the ``tasks`` extra
+WHAT = "task accuracy (lm-evaluation-harness)"
 
 #: keys of an lm-eval result row that are not metrics
 NOT_METRICS = ("alias", "name", "sample_len", "samples", " ")
@@ -31,6 +34,7 @@ class TaskError(SwapklError):
 
 
 def lm_eval_version() -> str:
+    require_extra("tasks", WHAT)
     try:
         from importlib.metadata import version
 
@@ -68,6 +72,7 @@ def parse_task_names(text: str) -> list[str]:
 def task_manager(include_path: str | None = None):
     """One ``lm_eval.tasks.TaskManager`` per include path for the process (building the index of lm-eval's ~15,000
     task YAMLs takes seconds; a CLI run of ``lm_eval`` pays it every time)."""
+    require_extra("tasks", WHAT)
     key = include_path or ""
     with _MANAGERS_LOCK:
         if key not in _MANAGERS:
@@ -129,6 +134,7 @@ def evaluate(model, tokenizer, task: dict, tm, *, limit: int | None = None, num_
     """lm-eval's own evaluation of the in-memory ``model`` on ``task`` (from :func:`load_task`):
     ``{"metrics": {task: {metric: value}}, "stderr": {task: {metric: stderr}}, "versions", "n-shot",
     "n-samples"}`` for every task and group row lm-eval reports."""
+    require_extra("tasks", WHAT)
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 

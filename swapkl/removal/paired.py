@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices
+from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 #: methods that measure perplexity of candidate sets to choose one; every other method is zero-evaluation
 EVALUATING = ("sleb", "recommend")
@@ -43,7 +43,7 @@ def paired_delta(focus_nll: np.ndarray, others_nll: Sequence[np.ndarray], base_n
 
     point = delta(focus_nll) - np.mean([delta(o) for o in others_nll])
     draws = delta(focus_nll, True) - np.mean([delta(o, True) for o in others_nll], axis=0)
-    ci = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+    ci = percentile_ci(draws)
     return {"diff": float(point), "ci": ci, "word": word(ci)}
 
 

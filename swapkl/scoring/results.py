@@ -27,11 +27,20 @@ N_BOOT = 1000
 BOOT_SEED = 0
 
 
-def bootstrap_indices(n_windows: int, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
-    """(n_boot, n_windows) int indices, windows drawn with replacement; fixed seed, so every result resampled with
-    the same (n_windows, n_boot, seed) uses the same draws (paired bootstrap for ΔPPL)."""
+def bootstrap_indices(n_windows: int, n_boot: int = N_BOOT, seed: int | np.random.Generator = BOOT_SEED) -> np.ndarray:
+    """(n_boot, n_windows) int indices, windows (or prompts) drawn with replacement; fixed seed, so every result
+    resampled with the same (n_windows, n_boot, seed) uses the same draws (paired bootstrap for ΔPPL).  ``seed``
+    may be a ``numpy.random.Generator``: the draw then continues its stream (several draws from one seed)."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, n_windows, size=(n_boot, n_windows))
+
+
+def percentile_ci(draws, axis: int | None = None):
+    """The 95 % percentile bootstrap interval of ``draws`` (numpy's linear interpolation, percentiles 2.5 and
+    97.5, in the draws' own units): ``[lo, hi]`` as floats, or with ``axis`` an array (2, ...) whose row 0 holds
+    the lower and row 1 the upper bounds along the other axes."""
+    lo, hi = np.percentile(draws, 2.5, axis=axis), np.percentile(draws, 97.5, axis=axis)
+    return [float(lo), float(hi)] if axis is None else np.stack([lo, hi])
 
 
 def matrix_json(m) -> list:
@@ -146,8 +155,7 @@ class SwapResult:
         return np.stack(reps, -1), np.stack(inters, -1)
 
     def _boot_idx(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
-        rng = np.random.default_rng(seed)
-        return rng.integers(0, self.num_prompts, size=(n_boot, self.num_prompts))
+        return bootstrap_indices(self.num_prompts, n_boot, seed)
 
     def pair_table(self, ci: bool = True):
         """pandas DataFrame, one row per pair: i, j, gap_layers, R_ij, R_ji, d_repl, d_inter, gap, kl_ratio
@@ -166,8 +174,7 @@ class SwapResult:
         if ci and self.pairs and self.num_prompts > 1:
             Rb, Ib = self._pair_stat_boot(self._boot_idx(), self.aggregation)
             for name, arr in (("d_repl", Rb), ("d_inter", Ib), ("gap", Rb - Ib)):
-                df[f"{name}_lo"] = np.percentile(arr, 2.5, axis=0)
-                df[f"{name}_hi"] = np.percentile(arr, 97.5, axis=0)
+                df[f"{name}_lo"], df[f"{name}_hi"] = percentile_ci(arr, axis=0)
         return df
 
     def summary(self, ci: bool = True) -> dict:
@@ -200,9 +207,8 @@ class SwapResult:
         if ci and self.num_prompts > 1:
             Rb, Ib = self._pair_stat_boot(self._boot_idx(), self.aggregation)
             gb = Rb - Ib
-            out["gap"]["mean_ci"] = [float(np.percentile(gb.mean(-1), 2.5)), float(np.percentile(gb.mean(-1), 97.5))]
-            out["gap"]["median_ci"] = [float(np.percentile(np.median(gb, -1), 2.5)),
-                                       float(np.percentile(np.median(gb, -1), 97.5))]
+            out["gap"]["mean_ci"] = percentile_ci(gb.mean(-1))
+            out["gap"]["median_ci"] = percentile_ci(np.median(gb, -1))
         return out
 
     def to_frame(self):

@@ -23,12 +23,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from swapkl import __version__
 from swapkl.model.gguf import GGUFError, check_gguf_file, require_gguf_packages
+from swapkl.store import atomic_path
 from swapkl.surgery.outputs import check_file_out
 from swapkl.surgery.removal_set import kept_layers, validate_remove
 
@@ -137,10 +137,7 @@ def _write(reader, dest: Path, arch: str, changed: dict, extra: dict, tensors: l
     """GGUFWriter into a temporary file beside ``dest``, then one rename (nothing half-written at ``dest``)."""
     import gguf
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    try:
+    with atomic_path(dest) as tmp:
         w = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
         align = _scalar(reader, "general.alignment")
         if align is not None:
@@ -161,11 +158,6 @@ def _write(reader, dest: Path, arch: str, changed: dict, extra: dict, tensors: l
         for _, t in tensors:
             w.write_tensor_data(t.data, tensor_endianess=reader.endianess)
         w.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def llama_quantize_command(src: str | os.PathLike, remove: Iterable[int], out: str | os.PathLike) -> str:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from swapkl.errors import OutputPathError
+from swapkl.store import temp_folder
 
 # what transformers loads as weights from a folder: replaced as a whole, never left beside new ones
 STALE_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -121,10 +121,7 @@ def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) ->
     deleted first and the new files moved in (other files there stay).  If ``write`` fails, ``out`` is
     untouched.  Returns ``out``."""
     out = Path(out).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private
+    with temp_folder(out.parent, f".{out.name}.") as tmp:
         write(tmp)
         if not out.exists():
             os.replace(tmp, out)
@@ -139,9 +136,6 @@ def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) ->
                 shutil.rmtree(dest)
             os.replace(f, dest)
         tmp.rmdir()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -22,14 +22,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from swapkl.store import atomic_replace_dir, cache_root
+from swapkl.store import atomic_replace_dir, cache_root, temp_folder
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.scoring.corpora import builtin
 
@@ -233,20 +231,15 @@ def train_demo_trajectory(out: str | os.PathLike | None = None, settings: DemoSe
         say(existing["final_step"], existing["final_step"], f"reusing {out}")
         return out
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     threads_before = torch.get_num_threads()
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private
-        if s.threads:
-            torch.set_num_threads(s.threads)
-        manifest = _train_into(tmp, s, corpus, t_start, say, should_stop)
-        manifest["seconds_total"] = round(time.perf_counter() - t_start, 2)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        atomic_replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with temp_folder(out.parent, f".{out.name}.") as tmp:
+            if s.threads:
+                torch.set_num_threads(s.threads)
+            manifest = _train_into(tmp, s, corpus, t_start, say, should_stop)
+            manifest["seconds_total"] = round(time.perf_counter() - t_start, 2)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            atomic_replace_dir(tmp, out)
     finally:
         torch.set_num_threads(threads_before)
     return out

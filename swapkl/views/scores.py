@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from swapkl.errors import SwapklError
-from swapkl.scoring.results import CONDITIONAL, matrix_json, STRONG
+from swapkl.scoring.results import CONDITIONAL, matrix_json, percentile_ci, STRONG
 from swapkl.views.captions import _stamp, contract_caption, fmt_ci, fmt_number, rgba
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the
@@ -36,7 +36,7 @@ def _directed_ci(result) -> dict:
     out = {}
     for key, v in result.per_prompt["repl"].items():
         b = np.asarray(v)[idx].mean(-1)
-        out[tuple(key)] = (float(np.percentile(b, 2.5)), float(np.percentile(b, 97.5)))
+        out[tuple(key)] = tuple(percentile_ci(b))
     return out
 
 
