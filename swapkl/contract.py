@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 from swapkl.errors import ContractError
 
+#: the units of analysis, in the order the CLI and the dashboard offer them (:mod:`swapkl.model.units`)
+UNITS = ("block", "attention", "mlp")
+
 POSITIONS = ("all", "last")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -81,6 +84,8 @@ class Contract:
       scripts) or float64 (more accurate, twice the memory per KL chunk; for checking tiny KLs against the noise floor).
     * ``aggregation``: how ``d_repl`` combines the two directed means (``max`` = Definition 1).
     * ``bos``: ``auto`` (start each window with BOS when the tokenizer adds one by default), ``yes``, ``no``.
+    * ``unit``: the unit of analysis, ``block`` (default), ``attention`` or ``mlp`` (:mod:`swapkl.model.units`):
+      which part of layer i and j each protocol exchanges.
     """
 
     pairs: str = "adjacent"
@@ -94,6 +99,7 @@ class Contract:
     aggregation: str = "max"
     kl_dtype: str = "float32"
     bos: str = "auto"
+    unit: str = "block"
 
     def __post_init__(self):
         parse_pairs(self.pairs)
@@ -113,6 +119,8 @@ class Contract:
             raise ContractError("kl_dtype must be float32 or float64")
         if self.bos not in ("auto", "yes", "no"):
             raise ContractError("bos must be auto, yes or no")
+        if self.unit not in UNITS:
+            raise ContractError(f"unknown unit '{self.unit}'; choose one of: {', '.join(UNITS)}")
 
     def with_(self, **kw) -> Contract:
         return replace(self, **kw)
@@ -139,10 +147,14 @@ class Contract:
         return cls(**known)
 
     def key(self, corpus_sha: str) -> dict:
-        """The settings that determine each per-pair value (pairs, device, aggregation excluded)."""
-        return {"prompts": self.prompts, "tokens": self.tokens, "positions": self.positions,
-                "corpus_sha256": corpus_sha, "seed": self.seed, "dtype": self.dtype,
-                "kl_dtype": self.kl_dtype, "bos": self.bos}
+        """The settings that determine each per-pair value (pairs, device, aggregation excluded).  The unit
+        enters only when it is not ``block``, so block entries cached before units existed keep their keys."""
+        key = {"prompts": self.prompts, "tokens": self.tokens, "positions": self.positions,
+               "corpus_sha256": corpus_sha, "seed": self.seed, "dtype": self.dtype,
+               "kl_dtype": self.kl_dtype, "bos": self.bos}
+        if self.unit != "block":
+            key["unit"] = self.unit
+        return key
 
 
 def stable_hash(obj) -> str:

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from swapkl.contract import UNITS  # the units of analysis, in the order they are offered
 from swapkl.errors import ContractError, SwapklError
 
-#: the units of analysis, in the order the CLI and the dashboard offer them
-UNITS = ("block", "attention", "mlp")
 SUBLAYERS = ("attention", "mlp")
 
 
