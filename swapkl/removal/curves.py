@@ -18,6 +18,7 @@ from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json as _jsonable
 from swapkl.removal.selection import as_matrix, check_budget, default_candidates
+from swapkl.removal.units import check_unit_run, unit_key_suffix
 from swapkl.removal.verdict import regime_verdict
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
@@ -51,7 +52,9 @@ class CurvesResult:
     delta_pct: ΔPPL % vs ``baseline_ppl``; kl_to_base: mean KL(base || pruned) per scored token, nats).  For
     a seeded method (``random``): entries hold the mean over seeds in ``ppl``/``delta_pct``/``kl_to_base``, ``removed`` is None and
     ``delta_pct_min``/``delta_pct_max``/``delta_pct_std``/``per_seed`` give the spread; the per-seed curves are
-    in ``random_seeds``.  ``delta_ratio``: per n, ΔPPL%(interchange) / ΔPPL%(replacement).
+    in ``random_seeds``.  ``delta_ratio``: per n, ΔPPL%(interchange) / ΔPPL%(replacement).  ``unit``: what each
+    removed index removes (``block``, or the ``attention`` / ``mlp`` sublayer, skipped); ``sizes``: the model's
+    parameter counts (:func:`swapkl.surgery.sizes.unit_sizes`), the common x axis of block and sublayer curves.
     """
 
     model: dict
@@ -70,6 +73,8 @@ class CurvesResult:
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     complete: bool = True
+    unit: str = "block"
+    sizes: dict = field(default_factory=dict)
 
     def provenance(self) -> Provenance:
         """Model, corpus, evaluator, budget and spacing of these curves (:func:`curves_provenance`)."""
@@ -152,7 +157,7 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
         should_stop=None, *, spacing: int = 1, exclude_boundary: bool = True, candidates=None, partners=None,
         seeds: Sequence[int] | None = None, kl: bool = True, memo: EvalMemo | None = None,
         identity: dict | None = None, eval_ids=None, batch_size: int | None = None,
-        method_params: dict | None = None) -> CurvesResult:
+        method_params: dict | None = None, unit: str = "block") -> CurvesResult:
     """Removal curves for n = 1..``budget`` for each method of ``methods`` (see :mod:`swapkl.removal.methods`).
 
     ``scores``: ``{"replacement": L×L, "interchange": L×L}`` (nats, NaN = not scored); needed by the guided and
@@ -163,12 +168,14 @@ def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: 
     baseline; a curve that stops early leaves ``done < total`` until the end); ``should_stop()`` → True raises
     :class:`ComputeInterrupted` with the partial result in ``.partial``.  ``memo``: an :class:`EvalMemo` to
     reuse across calls.  ``methods``: default the registry's dashboard set (:func:`swapkl.removal.methods.default_set`);
-    ``seeds``: default ``range(runs)`` of the most-seeded chosen method.  Returns a :class:`CurvesResult`.
+    ``seeds``: default ``range(runs)`` of the most-seeded chosen method.  ``unit``: ``block`` (default), or
+    ``attention`` / ``mlp``: each index then skips that sublayer (:mod:`swapkl.removal.units`; ``scores`` are then
+    the unit's matrices).  Returns a :class:`CurvesResult`.
     """
     return CurvesRun(model, tokenizer, scores, budget, methods, evaluator, corpus, progress, should_stop,
                      spacing=spacing, exclude_boundary=exclude_boundary, candidates=candidates, partners=partners,
                      seeds=seeds, kl=kl, memo=memo, identity=identity, eval_ids=eval_ids, batch_size=batch_size,
-                     method_params=method_params).run()
+                     method_params=method_params, unit=unit).run()
 
 
 class CurvesRun:
@@ -177,7 +184,7 @@ class CurvesRun:
 
     def __init__(self, model, tokenizer, scores, budget, methods, evaluator, corpus, progress, should_stop, *,
                  spacing, exclude_boundary, candidates, partners, seeds, kl, memo, identity, eval_ids, batch_size,
-                 method_params):
+                 method_params, unit="block"):
         # deferred: torch and the modules that need it; the dashboard imports this module for CurvesResult and must
         # paint before torch is loaded
         import torch
@@ -195,6 +202,7 @@ class CurvesRun:
         check_scores(self.scores, L)
         methods = M.default_set("dashboard") if methods is None else methods
         self.specs = M.resolve([m.strip() for m in methods if m and m.strip()], self.scores)  # fail before any work
+        self.unit = check_unit_run(model, unit, self.specs)
         self.seeds = list(seeds) if seeds is not None else M.default_seeds(self.specs)
         self.cands = sorted(set(candidates)) if candidates is not None else default_candidates(L, exclude_boundary)
         if any(s.rule_candidates for s in self.specs):  # fail before any evaluation
@@ -205,7 +213,7 @@ class CurvesRun:
         ids = eval_ids if eval_ids is not None else E.eval_ids(self.corpus, tokenizer, ev)
         self.ids = torch.as_tensor(ids).reshape(-1).long()
         self.text_key = (f"test:{getattr(self.corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:"
-                         f"{ev.drop_first_target}")
+                         f"{ev.drop_first_target}" + unit_key_suffix(unit))
         self.memo = memo if memo is not None else disk_memo(identity, kl)
         fingerprint = (id(model), L, int(self.ids.numel()))
         if self.memo.fingerprint is None:
@@ -242,14 +250,14 @@ class CurvesRun:
 
     def evaluate_set(self, removed: Sequence[int], merge: dict | None = None):
         from swapkl.surgery.merge import merged_copy
-        from swapkl.surgery.blocks import pruned_copy
+        from swapkl.surgery.skip import removed_copy
 
         self.stop_check()
 
         def compute():
             self.counter["evals"] += 1
             if merge is None:
-                pm = pruned_copy(self.model, removed)
+                pm = removed_copy(self.model, removed, self.unit)
             else:  # a merged model (swapkl.surgery.merge): new tensors for the merged blocks only
                 pm = merged_copy(self.model, merge["groups"], merge["mode"])
             return self._ppl(pm, reference=self.reference)
@@ -271,6 +279,8 @@ class CurvesRun:
         return e
 
     def new_result(self) -> CurvesResult:
+        from swapkl.surgery.sizes import unit_sizes
+
         model, partners = self.model, self.partners
         return CurvesResult(
             model=self.identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
@@ -281,14 +291,14 @@ class CurvesRun:
                        "partners": partners if partners is None or isinstance(partners, (str, int)) else
                        [list(p) for p in partners], "seeds": list(self.seeds)},
             baseline_ppl=self.baseline.ppl, baseline_ppl_ci=list(self.baseline.ci()), baseline=self.baseline.to_dict(),
-            complete=False)
+            complete=False, unit=self.unit, sizes=unit_sizes(model))
 
     def context(self) -> M.MethodContext:
         return M.MethodContext(model=self.model, tokenizer=self.tokenizer, scores=self.scores, num_layers=self.L,
                                candidates=self.cands, spacing=self.spacing, partners=self.partners, corpus=self.corpus,
                                evaluator=self.ev, seeds=list(self.seeds), memo=self.memo, batch_size=self.batch_size,
                                should_stop=self.should_stop, progress=lambda d, t, msg: self.report(msg),
-                               params=self.method_params or {})
+                               params=self.method_params or {}, unit=self.unit)
 
     def run_method(self, spec, ctx, result: CurvesResult) -> None:
         """Run one method and evaluate the sets it returns into ``result``."""

@@ -42,6 +42,8 @@ def curves_fields(d: Any, what: str = "curves file") -> dict:
             "stats": lambda v, w: _json(_object(v, w), w),
             "notes": lambda v, w: [_text(x, f"{w}[{k}]") for k, x in enumerate(_array(v, w, 1000))],
             "complete": _bool,
+            "unit": _unit,
+            "sizes": lambda v, w: _json(_object(v, w), w),
         }
         f = _fields(d, "", spec, extra=_json)
     out = {"model": model, "corpus": {}, "selection": {}, "baseline_ppl_ci": [], "baseline": {}}
@@ -50,6 +52,13 @@ def curves_fields(d: Any, what: str = "curves file") -> dict:
 
 
 # ============================================================================================ curves parts
+def _unit(x, where: str) -> str:
+    """A unit of analysis: block, attention or mlp."""
+    if x not in ("block", "attention", "mlp"):
+        _fail(where, x, "is not a unit (block, attention or mlp)")
+    return x
+
+
 def _ppl(x, where: str, null: bool = False) -> float | None:
     """A perplexity: a finite number > 0."""
     v = _number(x, where, 0, math.inf, null=null)

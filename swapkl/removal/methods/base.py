@@ -131,6 +131,7 @@ class MethodContext:
     should_stop: Callable | None = None
     progress: Callable | None = None
     params: dict = field(default_factory=dict)
+    unit: str = "block"  # what a removed index removes: the block, or its attention / mlp sublayer (skipped)
     _calib_ids: object = None
 
     def param(self, method: str, key: str, default):
@@ -177,17 +178,17 @@ class MethodContext:
         (tokens, default the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's
         convention; the evaluator's stride scores every token with the held-out evaluator's context)."""
         from swapkl.removal import evaluate as E  # deferred (torch), as above
-        from swapkl.surgery.blocks import pruned_copy
+        from swapkl.surgery.skip import removed_copy
 
         ids = self.calib_ids(max_tokens) if region == 0 else self.calib_region_ids(region, max_tokens)
         win = min(window or self.evaluator.window, ids.numel())
         step = min(stride or win, win)
         key = (f"calib:{getattr(self.corpus, 'sha256', '?')}:{ids.numel()}:{win}" + (f":s{step}" if step != win else "")
-               + (f":r{region}" if region else ""))
+               + (f":r{region}" if region else "") + (f":{self.unit}" if self.unit != "block" else ""))
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("stopped")
         return self.memo.get(key, removed, lambda: E.evaluate_ppl(
-            pruned_copy(self.model, removed) if removed else self.model, ids, win, step,
+            removed_copy(self.model, removed, self.unit) if removed else self.model, ids, win, step,
             batch_size=self.batch_size))
 
     def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,

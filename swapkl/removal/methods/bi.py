@@ -147,7 +147,65 @@ def _calibrated(ctx, budget, name, score_fn, descending):
     return out
 
 
+def sublayer_influence(model, ids, unit: str, window: int = 512, batch_size: int = 4) -> np.ndarray:
+    """(L,) float64: BI of every block's ``unit`` sublayer, ``1 - mean over tokens of cos(r, r + f(r))`` where
+    ``r`` is the residual stream the sublayer adds to (the block input for attention; the block input plus the
+    attention branch for the MLP, in sequential and parallel-residual blocks alike) and ``f(r)`` its branch (the
+    output of the unit's last module: the core, or its post-norm)."""
+    import torch  # deferred: the method registry must import without it
+
+    from swapkl.model import architectures as arch
+    from swapkl.model.units import layout_for
+    from swapkl.surgery.blocks import pruned_copy
+
+    priv = pruned_copy(model, [])
+    loc = arch.locate(priv)
+    layout = layout_for(model, arch.locate(model))
+    sums, seen, handles = np.zeros(loc.num_layers), {}, []
+
+    def pre(k):
+        def hook(mod, args, kwargs):
+            seen[k] = {"in": _hidden(args[0] if args else kwargs["hidden_states"]).float()}
+        return hook
+
+    def branch(k, u):
+        def hook(mod, args, out):
+            seen[k][u] = _hidden(out).float()
+        return hook
+
+    def post(k):
+        def hook(mod, args, out):
+            s = seen.pop(k)
+            r = s["in"] + (s["attention"] if unit == "mlp" else 0)
+            cos = torch.nn.functional.cosine_similarity(r, r + s[unit], dim=-1)
+            sums[k] += float(cos.double().sum())
+        return hook
+
+    for k, b in enumerate(loc.blocks):
+        handles.append(b.register_forward_pre_hook(pre(k), with_kwargs=True))
+        for u in ("attention", "mlp"):
+            handles.append(arch.get_path(b, layout.spec(u).modules[-1]).register_forward_hook(branch(k, u)))
+        handles.append(b.register_forward_hook(post(k)))
+    try:
+        with torch.no_grad():
+            dev = next(priv.parameters()).device
+            win = max(2, min(window, ids.numel()))
+            chunks = [ids[s:s + win] for s in range(0, ids.numel() - win + 1, win)] or [ids]
+            count = 0
+            for s in range(0, len(chunks), batch_size):
+                x = torch.stack(chunks[s:s + batch_size]).to(dev)
+                priv(input_ids=x, use_cache=False, logits_to_keep=1)
+                count += x.numel()
+    finally:
+        for h in handles:
+            h.remove()
+    return 1.0 - sums / count
+
+
 def bi(ctx, budget):
+    if ctx.unit != "block":
+        return _calibrated(ctx, budget, "bi", lambda m, ids, window: sublayer_influence(m, ids, ctx.unit, window),
+                           descending=False)
     return _calibrated(ctx, budget, "bi", block_influence, descending=False)
 
 
