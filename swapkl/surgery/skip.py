@@ -5,7 +5,8 @@ it unchanged.  Two forms compute exactly that:
 
 * :func:`skipping_copy` (for speed): the unit's core module is replaced, in a private module tree
   (:func:`swapkl.surgery.blocks.pruned_copy`, shared tensors), by :class:`SkippedSublayer`, which returns zeros
-  of the core's output shape without computing anything.  A skipped attention keeps no KV cache: the kept
+  of the core's output shape without computing anything, and the unit's norms by ``nn.Identity`` (they only feed
+  or follow the core; a norm of zeros is zero), so the unit's parameters are gone from the model.  A skipped attention keeps no KV cache: the kept
   attentions are renumbered ``0..A-1`` for the cache (so a cache holds one layer per *kept* attention), with
   GPT-2's slot-dependent scaling kept as it was;
 * :func:`zeroed_copy` (for exports): the unit's output projection weight and bias are zero (new zero tensors in
@@ -78,15 +79,21 @@ def skipping_copy(model: torch.nn.Module, removal, unit: str = "block") -> torch
     replaced by :class:`SkippedSublayer`; see the module docstring).  ``model`` is never changed."""
     new, rs, subs, layout = _sublayers(model, removal, unit)
     for block, spec, u in subs:
-        parent_path, _, attr = spec.core.rpartition(".")
-        parent = arch.get_path(block, parent_path) if parent_path else block
-        core = parent._modules[attr]
         width = out_features(arch.get_path(block, spec.out[-1]))
-        parent._modules[attr] = SkippedSublayer(width, returns_tuple=(u == "attention"), unit=u)
-        del core
+        _put(block, spec.core, SkippedSublayer(width, returns_tuple=(u == "attention"), unit=u))
+        for path in spec.modules:  # the unit's norms only feed (or follow) its core: nothing left to compute
+            if path != spec.core and not path.startswith(spec.core + "."):
+                _put(block, path, torch.nn.Identity())
     if any(u == "attention" for _, _, u in subs):
         _renumber_attention(new, layout.attention.core)
     return new
+
+
+def _put(block: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
+    """Replace the child at ``path`` of a (private) block by ``module``."""
+    parent_path, _, attr = path.rpartition(".")
+    parent = arch.get_path(block, parent_path) if parent_path else block
+    parent._modules[attr] = module
 
 
 def _renumber_attention(model, core: str) -> None:
