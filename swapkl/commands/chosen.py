@@ -10,7 +10,8 @@ from swapkl.errors import SwapklError
 
 
 def chosen_set(path: str, method: str | None, n: int | None) -> dict:
-    """``{"removed", "chosen_by", "measured_on", "model"}`` from a curves, recommendation or evidence JSON file."""
+    """``{"removed", "chosen_by", "measured_on", "model", "unit"}`` from a curves, recommendation or evidence JSON
+    file (``unit``: what each removed index removes; ``block`` unless a curves file says otherwise)."""
     from swapkl.views.captions import contract_caption  # deferred: the CLI's --help must not load views
 
     if n is None:
@@ -54,7 +55,7 @@ def chosen_set(path: str, method: str | None, n: int | None) -> dict:
     except (TypeError, ValueError):
         raise SwapklError(f"--from {p}: {name} at n={n} has a malformed removal set") from None
     return {"removed": removed, "chosen_by": f"{name}, n={n} (from {p.name})",
-            "measured_on": contract_caption(res), "model": res.model or {}}
+            "measured_on": contract_caption(res), "model": res.model or {}, "unit": getattr(res, "unit", "block")}
 
 
 #: the ground-truth rankings an evidence file offers to --method (the n layers each cheapest to remove alone)

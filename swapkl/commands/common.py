@@ -34,6 +34,14 @@ def add_contract_args(p, pairs_default: str = "adjacent") -> None:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the score cache")
 
 
+def add_unit_arg(p) -> None:
+    """``--unit block|attention|mlp`` (what a removed index removes), unless the parser already has it."""
+    if "--unit" in getattr(p, "_option_string_actions", {}):
+        return
+    p.add_argument("--unit", default=None, choices=["block", "attention", "mlp"],
+                   help="unit of analysis: a whole block (default), or its attention or MLP sublayer (skipped)")
+
+
 def contract_from_args(a) -> Contract:
     """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly.  A
     ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""

@@ -3,7 +3,7 @@
 source) instead, and ``--from RESULT.json --method M --n N`` for the set a curves, recommend or evidence run chose."""
 from __future__ import annotations
 
-from swapkl.commands.common import add_model_args, load_from_args, model_inputs
+from swapkl.commands.common import add_model_args, add_unit_arg, load_from_args, model_inputs
 from swapkl.errors import SwapklError
 from swapkl.surgery.exports import FILE_SUFFIX, FORMATS, check_format
 from swapkl.surgery.outputs import check_file_out, check_output_dir
@@ -69,6 +69,7 @@ def register(sub) -> None:
                         "the new) or over an existing --out file")
     p.add_argument("--verify", action="store_true",
                    help="reload what was written and check it: the logits (hf, gguf) or the kept layers (mergekit)")
+    add_unit_arg(p)
     p.set_defaults(func=run)
 
 
@@ -80,6 +81,12 @@ def _removal(a, num_layers: int | None = None, identity: dict | None = None) -> 
     from swapkl.commands.chosen import chosen_set, check_same_model
 
     ch = chosen_set(a.from_file, a.method, a.n)
+    if getattr(a, "unit", None) not in (None, ch.get("unit", "block")):
+        raise SwapklError(f"--unit {a.unit} does not match --from's unit ({ch.get('unit', 'block')})")
+    a.unit = ch.get("unit", "block")
+    if a.unit != "block" and a.format != "hf":
+        raise SwapklError(f"--from {a.from_file} removes {a.unit} sublayers: they export as a Hugging Face folder "
+                          "(--format hf)")
     if num_layers is not None:
         check_same_model(ch, identity or {}, num_layers)
     return ch["removed"], {"chosen_by": a.chosen_by or ch["chosen_by"], "measured_on": a.measured_on or ch["measured_on"]}
@@ -94,6 +101,8 @@ def _check_args(a) -> None:
     if a.remove is None and a.merge is None and a.from_file is None:
         raise SwapklError("give --remove LAYERS, --merge GROUPS or --from RESULT.json")
     check_format(a.format, merge=a.merge)
+    if (a.unit or "block") != "block" and (a.merge is not None or a.format != "hf"):
+        raise SwapklError(f"--unit {a.unit} exports as a Hugging Face folder (--format hf) without --merge")
     if a.format == "hf":
         check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a))
     else:
@@ -112,6 +121,10 @@ def run(a) -> int:
         from swapkl.commands.prune_formats import run_mergekit
 
         return run_mergekit(a, _removal)
+    if a.from_file is None and (a.unit or "block") != "block":
+        from swapkl.commands.prune_units import run_units
+
+        return run_units(a, _removal)
     return _run_hf(a)
 
 
@@ -126,6 +139,10 @@ def _run_hf(a) -> int:
     ck = load_from_args(a)
     if a.from_file is not None:
         remove, _ = _removal(a, ck.num_layers, ck.identity)
+        if a.unit != "block":
+            from swapkl.commands.prune_units import save_and_verify
+
+            return save_and_verify(a, ck, remove)
     merge = None
     if groups is not None:
         from swapkl.surgery.merge import merge_plan  # deferred: pulls torch (see the module comment)

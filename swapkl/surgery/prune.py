@@ -60,7 +60,19 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     slots (``[[3, 4]]``: blocks 3 and 4 merged into slot 3, block 4 removed) or ``{"groups": [...], "mode":
     "average" | "laco"}``.  ``remove`` may then be None (it is derived: every group member but the lowest) or must
     equal the derived set.  The merge (groups, mode, formula) is recorded in ``swapkl_prune.json``.
+
+    ``remove`` may be a :class:`~swapkl.surgery.removal_set.RemovalSet` with attention / MLP sublayers: they are saved
+    as zeroed output projections (:func:`swapkl.surgery.sublayer_export.save_sublayer_pruned`), blocks as here.
     """
+    from swapkl.surgery.removal_set import RemovalSet
+
+    if isinstance(remove, RemovalSet) and merge is None:  # a set of (layer, unit): sublayers are zeroed, blocks deleted
+        if remove.unit != "block":
+            from swapkl.surgery.sublayer_export import save_sublayer_pruned
+
+            return save_sublayer_pruned(model, remove, out_dir, tokenizer, identity, force,
+                                        protected=source_folders(model, identity))
+        remove = remove.blocks
     out = check_output_dir(out_dir, "output folder", force=force, protected=source_folders(model, identity),
                            force_hint="force=True (prune --force)")
     src = identity or _identity_of(model)

@@ -1,0 +1,42 @@
+"""``swapkl prune --unit attention|mlp --remove 3,7 --out DIR``: a Hugging Face folder with those sublayers'
+output projections zeroed (stock transformers loads it; exactly skipping them), verified against swapkl's skipping
+runtime with ``--verify``; the CLI says that stock runtimes still compute a zeroed sublayer."""
+from __future__ import annotations
+
+from swapkl.commands.common import load_from_args
+from swapkl.errors import SwapklError
+
+
+def run_units(a, removal) -> int:
+    """The ``--remove`` sublayers of ``a.unit``, saved (and verified)."""
+    remove, _ = removal(a)  # a bad --remove fails before the model loads
+    return save_and_verify(a, load_from_args(a), remove)
+
+
+def save_and_verify(a, ck, remove) -> int:
+    import torch  # deferred: the CLI's --help must not
+
+    from swapkl.surgery.prune import save_pruned
+    from swapkl.surgery.removal_set import RemovalSet
+    from swapkl.surgery.skip import skipping_copy
+    from swapkl.surgery.sublayer_export import RUNTIME_NOTE
+
+    rs = RemovalSet.of(remove, a.unit).validate(ck.num_layers)
+    out = save_pruned(ck.model, rs, a.out, tokenizer=ck.tokenizer, identity=ck.identity, force=a.force)
+    print(f"saved {out}: {a.unit} sublayers of layers {rs.layers(a.unit)} removed as zeroed output projections "
+          f"(weight and bias), all {ck.num_layers} layers kept")
+    print(f"note: {RUNTIME_NOTE}")
+    if a.verify:
+        from transformers import AutoModelForCausalLM
+
+        re = AutoModelForCausalLM.from_pretrained(out, dtype=next(ck.model.parameters()).dtype).to(ck.device).eval()
+        x = ck.tokenizer("The quick brown fox jumps over the lazy dog.", return_tensors="pt")["input_ids"]
+        x = x.to(ck.device)
+        with torch.no_grad():
+            a1 = skipping_copy(ck.model, rs)(input_ids=x, use_cache=False).logits
+            a2 = re(input_ids=x, use_cache=False).logits
+        err = float((a1 - a2).abs().max())
+        if err > 1e-5:
+            raise SwapklError(f"the reloaded folder differs from swapkl's skipping model (max |Δlogit| {err:.3g})")
+        print(f"verified: the reloaded folder's logits equal swapkl's skipping model (max |Δlogit| {err:.1e})")
+    return 0

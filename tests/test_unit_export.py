@@ -1,0 +1,75 @@
+"""Sublayer exports reload anywhere: ``prune --unit attention|mlp`` writes a Hugging Face folder whose removed
+sublayers' output projections (weight and bias) are zero; stock transformers loads it, and its logits equal swapkl's
+skipping model.  The CLI says that stock runtimes still compute a zeroed sublayer, and refuses what cannot carry a
+sublayer removal in one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+
+from conftest import FAMILY_NAMES, tiny_model
+from swapkl.surgery.prune import read_prune_record, save_pruned
+from swapkl.surgery.removal_set import RemovalSet
+from swapkl.surgery.skip import skipping_copy
+
+
+def _max_diff(a, b, vocab):
+    x = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        return float((a(input_ids=x, use_cache=False).logits - b(input_ids=x, use_cache=False).logits).abs().max())
+
+
+@pytest.mark.parametrize("kind", FAMILY_NAMES)
+def test_export_reloads_equal_to_skipping(kind, tmp_path):
+    model = tiny_model(kind)
+    rs = RemovalSet([(0, "attention"), (2, "mlp"), (3, "block")])
+    out = save_pruned(model, rs, tmp_path / "out")
+    re = tf.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert _max_diff(re, skipping_copy(model, rs), 96) < 1e-5
+    assert _max_diff(re, model, 96) > 1e-3
+    rec = read_prune_record(out)
+    assert rec["removed_units"] == rs.to_list() and rec["num_layers_after"] == 3
+    assert "still compute" in rec["runtime_note"]
+    sd = re.state_dict()
+    for name in rec["zeroed_projections_before_block_removal"]:  # layers 0 and 2 keep their slots (3 is deleted)
+        for suffix in ("weight", "bias"):
+            if f"{name}.{suffix}" in sd:
+                assert not sd[f"{name}.{suffix}"].any()
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    from swapkl.commands.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+
+    def run(*argv):
+        rc = main([str(x) for x in argv])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    return run
+
+
+def test_cli_prune_unit_verify(cli, stories_path, tmp_path):
+    rc, out, err = cli("prune", stories_path, "--unit", "attention", "--remove", "1,3", "--out", tmp_path / "p",
+                       "--verify")
+    assert rc == 0, err
+    assert "still compute" in out and "verified" in out
+    rec = json.loads((tmp_path / "p" / "swapkl_prune.json").read_text())
+    assert rec["removed_units"] == [[1, "attention"], [3, "attention"]] and rec["num_layers_after"] == 5
+    base = tf.AutoModelForCausalLM.from_pretrained(stories_path).eval()
+    re = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "p").eval()
+    assert _max_diff(re, skipping_copy(base, [1, 3], "attention"), base.config.vocab_size) < 1e-5
+
+
+def test_cli_prune_unit_refusals(cli, stories_path, tmp_path):
+    rc, out, err = cli("prune", stories_path, "--unit", "mlp", "--remove", "1", "--format", "mergekit",
+                       "--out", tmp_path / "m.yaml")
+    assert rc == 2 and "exports as a Hugging Face folder" in err and len(err.strip().splitlines()) == 1
+    rc, out, err = cli("prune", stories_path, "--unit", "mlp", "--remove", "9", "--out", tmp_path / "q")
+    assert rc == 2 and "out of range" in err
+    with pytest.raises(SystemExit):
+        cli("prune", stories_path, "--unit", "ffn", "--remove", "1", "--out", tmp_path / "r")
