@@ -9,7 +9,7 @@ from swapkl.removal import methods as M
 from swapkl.removal import curves as C
 from swapkl.removal.curves import check_evaluator_context, check_scores, EvalMemo
 from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
-                                    contract_from_args, emit, load_from_args)
+                                    add_unit_arg, contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 
@@ -40,7 +40,12 @@ def register(sub) -> None:
     p.add_argument("--no-kl", action="store_true", help="skip the KL of each pruned model to the base model")
     p.add_argument("--json", default=None, metavar="OUT", help="write the curves JSON here")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--gains", action="store_true",
+                   help="also measure what each removal set gains (parameters, prefill/decode tokens/s, memory with "
+                        "the KV cache), base vs pruned in one run with swapkl's skipping runtime")
+    p.add_argument("--gains-context", type=int, default=512, help="context length (tokens) for --gains")
     add_contract_args(p)
+    add_unit_arg(p)
     p.set_defaults(func=run)
 
 
@@ -53,7 +58,8 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
     what = f"scores file {path}"
     if isinstance(d, dict) and "per_prompt" in d:
         res = SwapResult.from_json(d, what)
-        return {"replacement": res.replacement(), "interchange": res.interchange()}, res.identity, res.contract
+        return ({"replacement": res.replacement(), "interchange": res.interchange()}, res.identity,
+                getattr(res, "contract", None))
     return schema.score_matrices(d, what)
 
 
@@ -76,6 +82,7 @@ def run(a) -> int:
     if partners == "all":
         partners = None
     loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded
+    unit = _unit(a, loaded)
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
@@ -87,6 +94,10 @@ def run(a) -> int:
         from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
         contract = contract_from_args(a)
+        if getattr(contract, "unit", "block") != unit:
+            import dataclasses
+
+            contract = dataclasses.replace(contract, unit=unit)
         res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
         src = f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})"
@@ -102,16 +113,32 @@ def run(a) -> int:
                             spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,
                             seeds=tuple(range(a.seeds)), kl=not a.no_kl, identity=ck.identity,
                             memo=EvalMemo() if a.no_cache else None,
-                            method_params=params)
+                            method_params=params, unit=unit)
     result.notes.insert(0, src)
+    if a.gains:
+        from swapkl.removal.gains import curve_gains
+
+        result.gains = curve_gains(ck.model, result, context=a.gains_context)
     return emit(a, result, render)
+
+
+def _unit(a, loaded) -> str:
+    """``--unit``, else the scores file's contract unit, else ``block``; a mismatch is refused in one line."""
+    contract = loaded[2] if loaded is not None else None
+    got = (contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)) or "block"
+    if a.unit is not None and loaded is not None and a.unit != got:
+        raise SwapklError(f"--unit {a.unit} but the scores file {a.scores} scores the {got} unit")
+    return a.unit or got
 
 
 def render(r) -> str:
     ev = r.evaluator
     lo, hi = r.baseline_ppl_ci
+    from swapkl.removal.gains import gains_line, point_gains
+
     lines = [f"model: {r.model.get('display') or r.model.get('id') or r.model.get('name_or_path')}  "
-             f"layers: {r.model.get('num_layers')}",
+             f"layers: {r.model.get('num_layers')}" + (f"  unit: {r.unit} (removed sublayers skipped)"
+                                                      if r.unit != "block" else ""),
              f"evaluator: {ev['name']} ({ev['max_words']} words, window {ev['window']}, stride {ev['stride']}) "
              f"on {r.corpus.get('label')}",
              f"baseline PPL {r.baseline_ppl:.4g} [{lo:.4g}, {hi:.4g}]"]
@@ -123,12 +150,19 @@ def render(r) -> str:
             spread = (f" [min {e['delta_pct_min']:+.1f}, max {e['delta_pct_max']:+.1f}]" if "delta_pct_min" in e
                       else (f" [{e['delta_pct_ci'][0]:+.1f}, {e['delta_pct_ci'][1]:+.1f}]" if e.get("delta_pct_ci")
                             else ""))
-            lines.append(f"  n={e['n']:<3} {str(rem):<18} PPL {e['ppl']:9.4g}  ΔPPL {e['delta_pct']:+7.1f} %{spread}{kl}")
+            g = point_gains(r, name, e["n"])
+            gain = f"  | {gains_line(g)}" if g else ""
+            lines.append(f"  n={e['n']:<3} {str(rem):<18} PPL {e['ppl']:9.4g}  ΔPPL {e['delta_pct']:+7.1f} %{spread}{kl}"
+                         f"{gain}")
     if r.delta_ratio:
         lines.append("ΔPPL ratio interchange/replacement: " + ", ".join(
             f"n={x['n']}: {x['ratio']:.3f}" if x["ratio"] is not None else f"n={x['n']}: -" for x in r.delta_ratio))
     if r.verdict:
         lines.append(r.verdict["sentence"])
+    if r.gains:
+        st = r.gains.get("settings", {})
+        lines.append(f"gains measured on {st.get('device')} ({st.get('dtype')}), context {st.get('context')} tokens + "
+                     f"{st.get('decode_tokens')} decoded, {st.get('runtime')}")
     for n in r.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

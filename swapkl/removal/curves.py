@@ -54,7 +54,8 @@ class CurvesResult:
     ``delta_pct_min``/``delta_pct_max``/``delta_pct_std``/``per_seed`` give the spread; the per-seed curves are
     in ``random_seeds``.  ``delta_ratio``: per n, ΔPPL%(interchange) / ΔPPL%(replacement).  ``unit``: what each
     removed index removes (``block``, or the ``attention`` / ``mlp`` sublayer, skipped); ``sizes``: the model's
-    parameter counts (:func:`swapkl.surgery.sizes.unit_sizes`), the common x axis of block and sublayer curves.
+    parameter counts (:func:`swapkl.surgery.sizes.unit_sizes`), the common x axis of block and sublayer curves;
+    ``gains``: what each set gains, measured (:func:`swapkl.removal.gains.curve_gains`), when asked for.
     """
 
     model: dict
@@ -75,6 +76,7 @@ class CurvesResult:
     complete: bool = True
     unit: str = "block"
     sizes: dict = field(default_factory=dict)
+    gains: dict = field(default_factory=dict)
 
     def provenance(self) -> Provenance:
         """Model, corpus, evaluator, budget and spacing of these curves (:func:`curves_provenance`)."""

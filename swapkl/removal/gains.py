@@ -143,3 +143,28 @@ def gains_line(row: dict) -> str:
         if row.get(key) is not None:
             parts.append(f"{name} ×{row[key]:.2f}")
     return ", ".join(parts)
+
+
+def curve_gains(model, result, context: int = 512, decode_tokens: int = 32, repeats: int = 3) -> dict:
+    """:func:`measure_gains` for every single removal set of a :class:`~swapkl.removal.curves.CurvesResult`
+    (deterministic methods; each distinct set measured once), in the result's unit.  Adds ``points``:
+    ``{method: {n: key of "sets"}}`` so a table can put each point's gain beside its ΔPPL."""
+    keys, points = {}, {}
+    for name, entries in result.methods.items():
+        for e in entries:
+            if e.get("removed") is None or e.get("merge"):
+                continue
+            key = ",".join(str(i) for i in sorted(e["removed"]))
+            keys[key] = e["removed"]
+            points.setdefault(name, {})[str(e["n"])] = key
+    out = measure_gains(model, keys, unit=getattr(result, "unit", "block"), context=context,
+                        decode_tokens=decode_tokens, repeats=repeats)
+    out["points"] = points
+    return out
+
+
+def point_gains(result, method: str, n: int) -> dict | None:
+    """The measured gains row of ``method`` at ``n`` in a curves result with gains, or None."""
+    g = getattr(result, "gains", None) or {}
+    key = (g.get("points") or {}).get(method, {}).get(str(n))
+    return None if key is None else (g.get("sets") or {}).get(key)
