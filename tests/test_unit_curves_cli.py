@@ -36,3 +36,19 @@ def test_curves_unit_mismatch_refused(stories_path, tmp_path, capsys):
                "--unit", "attention", "--methods", "replacement", "--max-words", "300", "--device", "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "scores the mlp unit" in err[0]
+
+
+def test_curves_with_other_units_common_axis(stories_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    att = tmp_path / "att.json"
+    common = ["--budget", "1", "--methods", "replacement", "--max-words", "300", "--device", "cpu"]
+    assert main(["curves", str(stories_path), "--scores", str(_plain_scores(tmp_path, "attention")), *common,
+                 "--json", str(att), "--quiet"]) == 0
+    fig = tmp_path / "fig.html"
+    assert main(["curves", str(stories_path), "--scores", str(_plain_scores(tmp_path, "block")), *common,
+                 "--with", str(att), "--figure", str(fig)]) == 0
+    text = capsys.readouterr().out
+    assert "common axis" in text and "attention" in text and fig.is_file()
+    d = json.loads(att.read_text())
+    share = 100.0 * d["sizes"]["attention"][d["methods"]["replacement"][0]["removed"][0]] / d["sizes"]["non_embedding"]
+    assert f"{share:.1f}%" in text

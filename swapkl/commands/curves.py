@@ -44,6 +44,11 @@ def register(sub) -> None:
                    help="also measure what each removal set gains (parameters, prefill/decode tokens/s, memory with "
                         "the KV cache), base vs pruned in one run with swapkl's skipping runtime")
     p.add_argument("--gains-context", type=int, default=512, help="context length (tokens) for --gains")
+    p.add_argument("--with", dest="with_curves", action="append", default=[], metavar="CURVES.json",
+                   help="curves of other units of the same model (repeatable): adds the common-axis table (ΔPPL "
+                        "against non-embedding parameters removed, and speed-up when measured)")
+    p.add_argument("--figure", default=None, metavar="OUT.html",
+                   help="write the common-axis figure (this run and every --with) as a self-contained HTML page")
     add_contract_args(p)
     add_unit_arg(p)
     p.set_defaults(func=run)
@@ -67,7 +72,8 @@ def run(a) -> int:
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
-    check_outputs(a, {"--json": a.json}, inputs=[a.scores, a.eval_text])
+    check_outputs(a, {"--json": a.json, "--figure": a.figure}, inputs=[a.scores, a.eval_text, *a.with_curves])
+    others = [C.CurvesResult.from_json(f, "--with file") for f in a.with_curves]  # bad files fail first
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     for m in methods:
         if m not in M.GROUPS:
@@ -119,6 +125,16 @@ def run(a) -> int:
         from swapkl.removal.gains import curve_gains
 
         result.gains = curve_gains(ck.model, result, context=a.gains_context)
+    if others or a.figure:
+        from swapkl.commands.units_table import common_axis_output
+
+        for o in others:
+            check_scores({}, ck.num_layers, o.model, ck.identity, "a --with curves file is for a different model")
+        table = common_axis_output([result, *others], a.figure)
+        rc = emit(a, result, render)
+        if not a.quiet:
+            print(table)
+        return rc
     return emit(a, result, render)
 
 
