@@ -27,7 +27,7 @@ DASHBOARD = ("pages", "app")
 TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.units", "swapkl.model.checkpoints", "swapkl.scoring.engine",
                  "swapkl.scoring.kl", "swapkl.scoring.headkl", "swapkl.scoring.memory",
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
-                 "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.surgery.skip", "swapkl.removal.evaluate",
+                 "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.surgery.skip", "swapkl.surgery.sublayer_export", "swapkl.removal.evaluate",
                  "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal"}
 #: runs the CLI when imported
 NOT_IMPORTABLE = {"swapkl.__main__"}

@@ -26,6 +26,9 @@ from swapkl.store import temp_folder
 # what transformers loads as weights from a folder: replaced as a whole, never left beside new ones
 STALE_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
+#: the record every pruned folder carries (:mod:`swapkl.surgery.prune`, :mod:`swapkl.surgery.sublayer_export`)
+PRUNE_FILE = "swapkl_prune.json"
+
 
 def _nearest_existing(p: Path) -> Path:
     while not p.exists() and p != p.parent:

@@ -20,10 +20,9 @@ from swapkl import __version__
 from swapkl.model import architectures as arch
 from swapkl.surgery.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.surgery.merge import merge_plan, merged_copy
-from swapkl.surgery.outputs import check_output_dir, write_model_folder
+from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, write_model_folder
 from swapkl.store import atomic_write_text
 
-PRUNE_FILE = "swapkl_prune.json"
 __all__ = ["PRUNE_FILE", "PruneError", "pruned_copy", "validate_remove", "source_folders", "save_pruned", "read_prune_record"]
 
 

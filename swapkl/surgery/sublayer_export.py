@@ -14,7 +14,7 @@ from pathlib import Path
 
 from swapkl import __version__
 from swapkl.model import architectures as arch
-from swapkl.surgery.outputs import check_output_dir, write_model_folder
+from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, write_model_folder
 from swapkl.surgery.removal_set import RemovalSet
 from swapkl.store import atomic_write_text
 
@@ -31,7 +31,6 @@ def save_sublayer_pruned(model, removal: RemovalSet, out_dir: str | os.PathLike,
     zeroed tensors and :data:`RUNTIME_NOTE`.  The input model is not changed.  Output path rules as
     :func:`swapkl.surgery.prune.save_pruned` (``protected``: the source folders)."""
     from swapkl.model.units import layout_for
-    from swapkl.surgery.prune import PRUNE_FILE
     from swapkl.surgery.skip import zeroed_copy
 
     out = check_output_dir(out_dir, "output folder", force=force, protected=list(protected),
