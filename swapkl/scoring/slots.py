@@ -150,6 +150,7 @@ class BlockRunner:
                     "offload); swapkl needs every layer resident on a device: use more GPUs, --dtype bfloat16, "
                     "or a device_map without cpu/disk offload")
         self._moved: OrderedDict = OrderedDict()  # (block, device) -> weights copied there (multi-device maps)
+        self._mixed: dict = {}  # (slot, block, device) -> a slot's weights with another block's unit (references)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -252,7 +253,14 @@ class BlockRunner:
         unless a device_map spreads the model)."""
         if self.unit_keys is None:
             return self.weights_on(block, dev)
-        return mixed_weights(self.weights_on(slot, dev), self.weights_on(block, dev), self.unit_keys[slot])
+        key = (slot, block, str(dev))
+        if key in self._mixed:
+            return self._mixed[key]
+        own, other = self.weights_on(slot, dev), self.weights_on(block, dev)
+        mixed = mixed_weights(own, other, self.unit_keys[slot])
+        if own is self.weights[slot] and other is self.weights[block]:  # references only: kept for the next call
+            self._mixed[key] = mixed
+        return mixed
 
     def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor) -> torch.Tensor:
         """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit (:meth:`slot_weights`): the slot's
