@@ -140,6 +140,8 @@ def run(a) -> int:
 
 def _unit(a, loaded) -> str:
     """``--unit``, else the scores file's contract unit, else ``block``; a mismatch is refused in one line."""
+    if a.unit is not None and a.unit not in ("block", "attention", "mlp"):
+        raise SwapklError(f"unknown unit '{a.unit}'; choose one of: block, attention, mlp")
     contract = loaded[2] if loaded is not None else None
     got = (contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)) or "block"
     if a.unit is not None and loaded is not None and a.unit != got:
