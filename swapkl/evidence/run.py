@@ -193,6 +193,11 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     if n_boot < 10 or n_stability < 10:
         raise SwapklError("bootstrap resamples must be at least 10")
     spans = regions(corpus, ev, n_regions)
+    if getattr(contract, "unit", "block") != "block":  # a sublayer unit: its own ground truth and signals
+        from swapkl.evidence.units import compute_unit_evidence
+
+        return EvidenceResult(compute_unit_evidence(ck, contract, ev, corpus, budget, n_boot, n_stability, calib_tokens, use_cache,
+                                                    progress, should_stop, batch_size, signals, spans))
     steps = []
 
     def report(msg):

@@ -94,6 +94,8 @@ def prefill_sleb(ctx, max_tokens: int) -> None:
     then reads them instead of running L evaluations.  Entries already in the memo are kept."""
     from swapkl.removal.ground_truth import single_removal_sweep
 
+    if getattr(ctx, "unit", "block") != "block":  # the sweep removes blocks; a sublayer's trials run one by one
+        return
     ids = ctx.calib_ids(max_tokens)
     win = min(ctx.evaluator.window, ids.numel())
     key = f"calib:{getattr(ctx.corpus, 'sha256', '?')}:{ids.numel()}:{win}"

@@ -255,3 +255,37 @@ def ground_truth(model, ids, ev, memo, key: str, layers: Sequence[int] | None = 
             have[ell] = memo.get(key, [ell], lambda r=r: r)
         base = memo.get(key, [], lambda: sw.baseline) if base is None else base
     return from_results(layers, base, have, region, time.perf_counter() - t0, computed=len(missing))
+
+
+def unit_ground_truth(model, ids, ev, memo, key: str, unit: str, layers: Sequence[int] | None = None,
+                      region: dict | None = None, batch_size: int | None = None, should_stop=None) -> GroundTruth:
+    """Ground truth for a sublayer ``unit`` (``attention`` / ``mlp``): ΔPPL % and KL(base ‖ pruned) of skipping
+    that sublayer of each layer alone (:func:`swapkl.surgery.skip.skipping_copy`), through ``memo`` under ``key``
+    plus the unit's suffix (``curves --unit``'s own keys, so either serves the other).  One plain evaluation per
+    layer (no prefix reuse); ``unit="block"`` is :func:`ground_truth`."""
+    from swapkl.model import architectures as arch
+    from swapkl.removal import evaluate as E
+    from swapkl.removal.units import unit_key_suffix
+    from swapkl.surgery.skip import removed_copy
+
+    if unit == "block":
+        return ground_truth(model, ids, ev, memo, key, layers, region, batch_size, should_stop)
+    t0 = time.perf_counter()
+    ukey = key + unit_key_suffix(unit)
+    layers = list(range(arch.locate(model).num_layers)) if layers is None else list(layers)
+    have = {}
+    for ell in layers:
+        r = memo.peek(ukey, [ell])
+        if r is not None and r.kl is not None and len(r.counts):
+            have[ell] = r
+    base = memo.peek(ukey, [])
+    missing = [ell for ell in layers if ell not in have]
+    run = lambda m, **kw: E.evaluate_ppl(m, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
+                                         should_stop=should_stop, **kw)
+    if missing or base is None:
+        fresh = run(model, capture_reference=True)
+        base = memo.get(ukey, [], lambda: fresh) if base is None else base
+        for ell in missing:
+            have[ell] = memo.get(ukey, [ell], lambda ell=ell: run(removed_copy(model, [ell], unit),
+                                                                  reference=fresh.reference))
+    return from_results(layers, base, have, region, time.perf_counter() - t0, computed=len(missing))
