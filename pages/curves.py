@@ -55,10 +55,15 @@ def body(job) -> None:
     st.caption(f"Baseline perplexity {curves.baseline_ppl:.4g}; ΔPPL in % of it; KL in nats per scored token.")
     for note in curves.notes:
         st.caption(f"note: {note}")
+    afig = common.memo("units_axis", rk + (tuple(shown),),
+                       lambda: views.common_axis_figure([curves], methods=shown))
+    st.plotly_chart(afig, key="cv_axis")
+    st.caption(views.units_axis_caption(curves))
 
     if job.running:
         return
-    recommend_panel.section(curves)
+    if curves.unit == "block":
+        recommend_panel.section(curves)
     st.markdown("**Downloads** (each carries its contract)")
     a, b, c, d = st.columns(4)
     with a:
@@ -71,6 +76,9 @@ def body(job) -> None:
         common.download_json(curves.to_json(), "removal-curves", key="dl_cv_json")
 
     st.subheader("Export a pruned model")
+    if curves.unit != "block":
+        st.caption(views.units_export_hint(curves))
+        return
     det = curve_export_methods(curves)
     if not det:
         st.caption("No method with a deterministic removal set.")

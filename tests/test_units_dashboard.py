@@ -1,5 +1,6 @@
-"""The dashboard's unit selector: the request a sublayer unit makes (swap-KL only, its unit in the contract and in
-a shared link), and an attention analysis on stories260K whose drawn numbers and captions are the library's."""
+"""The dashboard's unit selector: the request a sublayer unit makes (the methods that apply per unit, its unit in the
+contract and in a shared link), and an attention analysis on stories260K whose drawn numbers and captions are the
+library's, with removal curves that skip attention sublayers."""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,11 @@ from swapkl.jobs import forms
 from swapkl.jobs.requests import AnalysisRequest
 
 
-def test_a_sublayer_request_computes_swap_kl_only_and_links_its_unit():
+def test_a_sublayer_request_keeps_unit_methods_and_links_its_unit():
     att = Contract(pairs="adjacent", prompts=4, tokens=16, unit="attention")
-    req = forms.analysis_request("m", None, att, 3, ("replacement",), None)
-    assert req.contract.unit == "attention" and req.budget == 0 and not req.wants_curves
+    req = forms.analysis_request("m", None, att, 3, ("replacement", "cka", "random"), None)
+    assert req.contract.unit == "attention" and req.budget == 3 and req.methods == ("replacement", "random")
+    assert forms.curves_analysis(type("J", (), {"request": req})()) is None  # the task/heal panels remove blocks
     assert forms.unit_note(att) == forms.SUBLAYER_NOTE and forms.unit_note(att.with_(unit="block")) == ""
     assert forms.analysis_request("m", None, att.with_(unit="block"), 3, ("replacement",), None).budget == 3
     q = forms.query_params(req)
@@ -41,6 +43,7 @@ def test_attention_analysis_on_stories(cache):
     at.number_input(key="w_prompts").set_value(4)
     at.number_input(key="w_tokens").set_value(16)
     at.radio(key="w_unit").set_value("attention")
+    at.number_input(key="w_budget").set_value(2)
     at.run()
     assert not at.exception, at.exception
     assert any(forms.SUBLAYER_NOTE == x.value for x in at.info)
@@ -54,7 +57,8 @@ def test_attention_analysis_on_stories(cache):
     assert not at.exception, at.exception
     assert job.status == "done", job.error
     res = job.result
-    assert res.contract["unit"] == "attention" and job.curves is None
+    assert res.contract["unit"] == "attention"
+    assert job.curves is not None and job.curves.unit == "attention" and job.curves.sizes["attention"]
     ck = load_checkpoint(str(ROOT / STORIES_REL), device="cpu")
     direct = score(ck, Contract(prompts=4, tokens=16, device="cpu", unit="attention"))
     np.testing.assert_allclose(res.replacement(), direct.replacement(), equal_nan=True)
@@ -63,3 +67,14 @@ def test_attention_analysis_on_stories(cache):
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert figs and all("unit attention" in f["layout"]["meta"]["contract"] for f in figs if "meta" in f["layout"])
     assert views.contract_caption(res) in [f["layout"]["meta"]["contract"] for f in figs if "meta" in f["layout"]]
+    # the curves page draws the sublayer curves and their common-axis figure (the library's), and points the export
+    # to the command line (the dashboard's export writes blocks)
+    at.switch_page("pages/curves.py").run()
+    assert not at.exception, at.exception
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    axis = [f for f in figs if f["layout"].get("xaxis", {}).get("title", {}).get("text") ==
+            views.units.AXES["params"]]
+    assert len(axis) == 1
+    want = views.common_axis_figure([job.curves], methods=list(job.curves.methods))
+    assert [t["x"] for t in axis[0]["data"]] == [list(t.x) for t in want.data]
+    assert any("--unit attention" in c.value for c in at.caption)

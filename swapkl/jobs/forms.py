@@ -18,19 +18,22 @@ QUERY_FIELDS = (("pairs", str), ("prompts", int), ("tokens", int), ("positions",
                 ("unit", str))
 
 #: what the start page says when a sublayer unit is chosen (the analysis then computes swap-KL only)
-SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublayer (with its norms) between layers. "
-                 "Removal curves are for whole blocks for now, so this analysis computes swap-KL only.")
+SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublayer (with its norms) between layers, "
+                 "and removal curves skip the chosen sublayers (the residual stream passes through). Methods defined "
+                 "on whole blocks only (CKA, angular, Taylor, LaCo, the recommendation) are left out.")
 
 
 # ============================================================================================ requests
 def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
                      ) -> AnalysisRequest:
-    """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) computes
-    swap-KL only: its budget is 0 (removal curves remove whole blocks; :data:`SUBLAYER_NOTE`)."""
+    """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) keeps only
+    the methods that apply per unit (:data:`swapkl.removal.units.UNIT_METHODS`; :data:`SUBLAYER_NOTE`)."""
     if not spec:
         raise SwapklError("choose a checkpoint")
     if contract.unit != "block":
-        budget = 0
+        from swapkl.removal.units import UNIT_METHODS
+
+        methods = tuple(m for m in methods if m in UNIT_METHODS)
     return AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
                            evaluator=evaluator)
 
@@ -67,7 +70,8 @@ def curves_analysis(job) -> AnalysisRequest | None:
     """The request of ``job`` when it is an analysis with a layer budget (what the task and healing panels follow:
     its model, contract, budget and methods), else None."""
     req = job.request if job is not None else None
-    return req if req is not None and req.kind == "analysis" and req.wants_curves else None
+    blocks = req is not None and getattr(req.contract, "unit", "block") == "block"  # the panels remove blocks
+    return req if req is not None and req.kind == "analysis" and req.wants_curves and blocks else None
 
 
 def task_list(text: str) -> tuple[str, ...]:

@@ -97,11 +97,16 @@ def run_curves(job: Job, ck, res) -> None:
     job.tick(0, total[0], "baseline perplexity")
     # guided methods first; one call per added method so each finished curve shows at once (the memo makes
     # the repeated methods free)
+    unit = getattr(req.contract, "unit", "block")
     order = M.run_order(req.methods)
+    if unit != "block":  # a sublayer curve: the methods that apply per unit (swapkl.removal.units)
+        from swapkl.removal.units import UNIT_METHODS
+
+        order = [m for m in order if m in UNIT_METHODS]
     for k in range(len(order)):
         job.curves = removal_curves(ck.model, ck.tokenizer, scores, req.budget, methods=order[: k + 1],
                                     evaluator=ev, corpus=corpus, progress=prog, should_stop=job.should_stop,
-                                    memo=memo, identity=ck.identity)
+                                    memo=memo, identity=ck.identity, unit=unit)
     job.tick(memo.misses + memo.disk_hits, memo.misses + memo.disk_hits, "removal curves finished")
 
 

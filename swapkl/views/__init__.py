@@ -8,7 +8,9 @@ from swapkl.views.curves import kl_to_base_figure, removal_curves, removed_layer
 from swapkl.views.scores import (LOG_FLOOR, depth_profile, gap_heatmap, heatmaps, is_adjacent_only, pair_distribution,
                                  profile_frame, top_pairs_table)
 from swapkl.views.trajectory import trajectory_figures
+from swapkl.views.units import common_axis_figure, units_axis_caption, units_export_hint
 
 __all__ = ["LOG_FLOOR", "SEP", "contract_caption", "depth_profile", "figure_html", "gap_heatmap", "heatmaps",
            "is_adjacent_only", "kl_to_base_figure", "pair_distribution", "profile_frame", "removal_curves",
-           "removed_layers_table", "table_csv", "top_pairs_table", "trajectory_figures"]
+           "removed_layers_table", "table_csv", "top_pairs_table", "trajectory_figures", "common_axis_figure",
+           "units_axis_caption", "units_export_hint"]

@@ -93,3 +93,19 @@ def common_axis_figure(curves_list, methods=None, axis: str = "params"):
              "Blocks vs sublayers: ΔPPL against measured speed-up")
     units = ", ".join(sorted({_curves_dict(c).get("unit", "block") for c in curves_list}))
     return _stamp(fig, title, (contract_caption(curves_provenance(first)) if first else "") + f" · units: {units}")
+
+
+def units_axis_caption(curves) -> str:
+    """What the dashboard says under the common-axis figure of one curves result."""
+    d = _curves_dict(curves)
+    unit = d.get("unit", "block")
+    return (f"The same curves against the share of non-embedding parameters removed ({unit} sets). Put blocks, "
+            "attention and MLP on this axis together with 'swapkl curves --unit U --with OTHER.json --figure F.html'.")
+
+
+def units_export_hint(curves) -> str:
+    """How to export a sublayer set (the dashboard's export writes blocks)."""
+    unit = _curves_dict(curves).get("unit", "block")
+    return (f"Export a {unit} set from the command line: 'swapkl prune MODEL --unit {unit} --remove LAYERS --out DIR "
+            "--verify' writes a Hugging Face folder with the removed sublayers' output projections zeroed. Stock "
+            "runtimes still compute a zeroed sublayer, so the speed and KV-cache gain needs a skipping runtime.")
