@@ -12,6 +12,13 @@ st.title("Removal curves")
 job = common.need_result()
 
 
+def _units_axis(curves, rk, shown) -> None:
+    """The curves against the share of non-embedding parameters removed (blocks and sublayers compare there)."""
+    afig = common.memo("units_axis", rk + (tuple(shown),), lambda: views.common_axis_figure([curves], methods=shown))
+    st.plotly_chart(afig, key="cv_axis")
+    st.caption(views.units_axis_caption(curves))
+
+
 def body(job) -> None:
     curves = job.curves
     if curves is None or not curves.methods:
@@ -55,10 +62,7 @@ def body(job) -> None:
     st.caption(f"Baseline perplexity {curves.baseline_ppl:.4g}; ΔPPL in % of it; KL in nats per scored token.")
     for note in curves.notes:
         st.caption(f"note: {note}")
-    afig = common.memo("units_axis", rk + (tuple(shown),),
-                       lambda: views.common_axis_figure([curves], methods=shown))
-    st.plotly_chart(afig, key="cv_axis")
-    st.caption(views.units_axis_caption(curves))
+    _units_axis(curves, rk, shown)
 
     if job.running:
         return
