@@ -35,3 +35,17 @@ def test_rows_and_figure():
     sp = common_axis_figure([blocks, att], axis="speedup")
     assert [t.name for t in sp.data] == ["block: replacement-guided"] and list(sp.data[0].x) == [1.0, 1.2]
     assert "units: attention, block" in fig.layout.meta["contract"]
+
+
+def test_report_shows_cost_vs_gain():
+    from swapkl.removal.curves import CurvesResult
+    from swapkl.views.report import build_report
+
+    g = {"sets": {"3": {"prefill_speedup": 1.25, "decode_speedup": 1.125, "memory_ratio": 0.875}},
+         "points": {"replacement": {"1": "3"}}, "settings": {"device": "cpu", "dtype": "float32", "context": 64,
+                                                           "decode_tokens": 8, "runtime": "skipping"}}
+    d = _curves("attention", 40, [[3], [3, 5]], [1.0, 3.0], g)
+    d.update({"baseline_ppl_ci": [9.0, 11.0], "baseline": {}, "corpus": {}, "selection": {}})
+    html = build_report(curves=CurvesResult.from_dict(d))
+    assert "Cost vs gain (measured)" in html and "1.250" in html and "0.875" in html
+    assert "Cost vs gain" not in build_report(curves=CurvesResult.from_dict(dict(d, gains={})))

@@ -268,6 +268,9 @@ def _curves_html(curves: dict, fig, caption: str) -> str:
     if any(e.get("kl_to_base") is not None for es in (curves.get("methods") or {}).values() for e in es):
         out.append("<h3>KL of the pruned model to the base model</h3>")
         out.append(fig(kl_to_base_figure(curves, caption=caption)))
+    from swapkl.views.units import cost_gain_html  # the measured gains beside ΔPPL, when the curves have them
+
+    out.append(cost_gain_html(curves, caption))
     for n in curves.get("notes") or []:
         out.append(f'<p class="note">note: {html_text(n)}</p>')
     return "\n".join(out)

@@ -109,3 +109,31 @@ def units_export_hint(curves) -> str:
     return (f"Export a {unit} set from the command line: 'swapkl prune MODEL --unit {unit} --remove LAYERS --out DIR "
             "--verify' writes a Hugging Face folder with the removed sublayers' output projections zeroed. Stock "
             "runtimes still compute a zeroed sublayer, so the speed and KV-cache gain needs a skipping runtime.")
+
+
+def cost_gain_frame(curves):
+    """One row per measured point of a curves result with gains: method, n, removed, ΔPPL % (the cost) beside the
+    share of non-embedding parameters removed, the prefill and decode speed-ups and the memory ratio (the gain);
+    an empty frame when nothing was measured."""
+    import pandas as pd
+
+    rows = [r for r in common_axis_rows([curves]) if r["prefill_speedup"] is not None]
+    cols = ["method", "n", "removed", "ΔPPL %", "non-emb params removed %", "prefill ×", "decode ×", "memory ×"]
+    return pd.DataFrame([[r["method"], r["n"], str(r["removed"]), r["delta_pct"], r["params_removed_pct"],
+                          r["prefill_speedup"], r["decode_speedup"], r["memory_ratio"]] for r in rows], columns=cols)
+
+
+def cost_gain_html(curves, caption: str) -> str:
+    """The report's cost-vs-gain section (nothing when the curves carry no measured gains)."""
+    from swapkl.views.captions import html_table, html_text
+
+    d = _curves_dict(curves)
+    df = cost_gain_frame(d)
+    if not len(df):
+        return ""
+    st = (d.get("gains") or {}).get("settings") or {}
+    return ("<h3>Cost vs gain (measured)</h3>"
+            f"<p>Gains measured base vs pruned in one run on {html_text(st.get('device'))} "
+            f"({html_text(st.get('dtype'))}), context {html_text(st.get('context'))} tokens + "
+            f"{html_text(st.get('decode_tokens'))} decoded; {html_text(st.get('runtime'))}. Memory: parameters plus "
+            "the KV cache at that context.</p>" + html_table(df, caption, nd=3))
