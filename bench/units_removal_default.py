@@ -5,12 +5,13 @@ protocols guiding (issue 28, "the common-axis table"; docs/units-removal.md).
         [--max-words 2000 --prompts 8 --tokens 64 --context 512] [--json bench/results/units-removal-default.json]
 
 SmolLM2-135M-Instruct (30 layers).  For each unit: swap-KL scores (adjacent pairs, one contract per unit differing
-only in ``unit``; the score cache is used), then removal curves guided by replacement and by interchange and the BI
-baseline (``swapkl.removal.curves.removal_curves``: blocks deleted, sublayers skipped) up to the number of units
-whose parameters match removing 4 blocks.  For n = 1..4 blocks: the attention and MLP counts removing the closest
-number of non-embedding parameters, each set's held-out ΔPPL % with its paired bootstrap CI (windows resampled), the
+only in ``unit``; the score cache is used) and the sets the guided rule picks from each protocol's matrix
+(``swapkl.removal.selection.select``, as the curves do).  For n = 1..4 blocks: the attention and MLP counts removing
+the closest number of non-embedding parameters; each set evaluated once (blocks deleted, sublayers skipped,
+``swapkl.surgery.skip.removed_copy``) with its held-out ΔPPL % and paired bootstrap CI (windows resampled), the
 paired CI of the difference between the two protocols' sets, and what each set gains, measured base vs pruned in
-one run (:func:`swapkl.removal.gains.measure_gains`, the skipping runtime, CPU).  Guided selection: the guided
+one run (:func:`swapkl.removal.gains.measure_gains`, the skipping runtime, CPU).  Only the points of the table are
+evaluated (not whole curves), to fit a CPU run.  Guided selection: the guided
 rule's candidates (layers 1..L-2) with spacing 1 for blocks and spacing 0 for sublayers (16 attention sublayers
 cannot keep a gap of one among 28 candidates).
 """
@@ -26,7 +27,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 UNITS = ("block", "attention", "mlp")
-METHODS = ("replacement", "interchange", "bi")
 
 
 def diff_ci(a, b, base, n_boot=1000, seed=0):
@@ -53,17 +53,17 @@ def main() -> int:
 
     from swapkl.contract import Contract
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal.curves import removal_curves
+    from swapkl.removal import evaluate as E
     from swapkl.removal.evaluate import Evaluator
     from swapkl.removal.gains import measure_gains
-    from swapkl.removal.memo import EvalMemo
-    from swapkl.removal.units import unit_key_suffix
+    from swapkl.removal.selection import default_candidates, layer_scores, select
     from swapkl.removal.verdict import regime_verdict
     from swapkl.scoring.corpora import load_corpus
     from swapkl.scoring.score import score
     from swapkl.store import dump_json
     from swapkl.surgery.removal_set import RemovalSet
     from swapkl.surgery.sizes import unit_sizes
+    from swapkl.surgery.skip import removed_copy
 
     t_all = time.perf_counter()
     ck = load_checkpoint("default", device="cpu")
@@ -77,44 +77,48 @@ def main() -> int:
     budget = {u: max(c[u] for c in counts.values()) for u in UNITS}
     out = {"model": ck.identity.get("display") or "default", "num_layers": L, "cpu_threads": torch.get_num_threads(),
            "evaluator": ev.to_dict(), "corpus": corpus.describe(), "sizes": sizes, "counts": counts, "units": {}}
-    memo = EvalMemo()
-    curves = {}
+    ids = E.eval_ids(corpus, ck.tokenizer, ev)
+    run = lambda m: E.evaluate_ppl(m, ids, ev.window, ev.stride)
+    t0 = time.perf_counter()
+    base = run(ck.model)
+    out["baseline_ppl"], out["baseline_seconds"] = base.ppl, round(time.perf_counter() - t0, 1)
+    print(f"baseline PPL {base.ppl:.4f} ({time.perf_counter() - t0:.0f}s per evaluation)", flush=True)
+    rows, evaluated = [], {}
     for u in UNITS:
         t0 = time.perf_counter()
         res = score(ck, Contract(pairs="adjacent", prompts=a.prompts, tokens=a.tokens, device="cpu", unit=u))
-        t_score = time.perf_counter() - t0
-        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-        t0 = time.perf_counter()
-        c = removal_curves(ck.model, ck.tokenizer, scores, budget[u], list(METHODS), ev, corpus, memo=memo, unit=u,
-                           spacing=1 if u == "block" else 0, identity=ck.identity)
-        curves[u] = c
-        v = regime_verdict(scores["replacement"], scores["interchange"])
-        out["units"][u] = {"score_seconds": round(t_score, 1), "curves_seconds": round(time.perf_counter() - t0, 1),
+        v = regime_verdict(res.replacement(), res.interchange())
+        out["units"][u] = {"score_seconds": round(time.perf_counter() - t0, 1),
                            "verdict": {k: v[k] for k in ("regime", "prefer", "sentence") if k in v},
-                           "curves": c.to_dict()}
-        print(f"{u}: scored in {t_score:.0f}s, curves to n={budget[u]} in {time.perf_counter() - t0:.0f}s; "
-              f"{v.get('sentence', '')}", flush=True)
-    base = memo.peek(_key(curves, ev, corpus), [])
-    rows = []
-    for n, cnt in counts.items():
-        sets = {}
-        for u in UNITS:
-            key = _key(curves, ev, corpus) + unit_key_suffix(u)
-            for m in METHODS:
-                e = curves[u].methods[m][cnt[u] - 1] if len(curves[u].methods[m]) >= cnt[u] else None
-                if e is None:
+                           "layer_scores": {m: [None if x != x else float(x) for x in layer_scores(mat)]
+                                            for m, mat in (("replacement", res.replacement()),
+                                                           ("interchange", res.interchange()))}}
+        print(f"{u}: scored in {time.perf_counter() - t0:.0f}s; {v.get('sentence', '')}", flush=True)
+        spacing = 1 if u == "block" else 0
+        for m, mat in (("replacement", res.replacement()), ("interchange", res.interchange())):
+            sets = select(mat, budget[u], spacing=spacing, candidates=default_candidates(L), strict=False)
+            for n, cnt in counts.items():
+                if len(sets) < cnt[u]:
                     continue
-                rs = RemovalSet.of(e["removed"], u)
-                sets[f"{u}:{m}"] = rs
-                rows.append({"n_blocks": n, "unit": u, "method": m, "count": cnt[u], "removed": e["removed"],
-                             "params_removed": sum(sizes[u][i] for i in e["removed"]),
-                             "params_removed_pct": 100.0 * sum(sizes[u][i] for i in e["removed"]) / ne,
-                             "delta_pct": e["delta_pct"], "delta_pct_ci": e["delta_pct_ci"],
-                             "kl_to_base": e["kl_to_base"], "_res": memo.peek(key, e["removed"])})
+                removed = sets[cnt[u] - 1]
+                key = (u, tuple(removed))
+                if key not in evaluated:
+                    t1 = time.perf_counter()
+                    evaluated[key] = run(removed_copy(ck.model, removed, u))
+                    print(f"  {u} {m} k={cnt[u]} {removed}: ΔPPL {E.delta_pct(evaluated[key], base):+.2f}% "
+                          f"({time.perf_counter() - t1:.0f}s)", flush=True)
+                r = evaluated[key]
+                p = sum(sizes[u][i] for i in removed)
+                rows.append({"n_blocks": n, "unit": u, "method": m, "count": cnt[u], "removed": removed,
+                             "params_removed": p, "params_removed_pct": 100.0 * p / ne,
+                             "delta_pct": E.delta_pct(r, base), "delta_pct_ci": list(E.delta_pct_ci(r, base)),
+                             "_res": r})
+    for n in counts:
+        sets = {f"{r['unit']}:{r['method']}": RemovalSet.of(r["removed"], r["unit"]) for r in rows if r["n_blocks"] == n}
         t0 = time.perf_counter()
         g = measure_gains(ck.model, sets, context=a.context, decode_tokens=32, repeats=3)
         for r in rows:
-            if r["n_blocks"] == n and f"{r['unit']}:{r['method']}" in g["sets"]:
+            if r["n_blocks"] == n:
                 gr = g["sets"][f"{r['unit']}:{r['method']}"]
                 r.update({k: gr[k] for k in ("prefill_speedup", "decode_speedup", "memory_ratio", "kv_cache_bytes",
                                              "memory_bytes")})
@@ -125,9 +129,8 @@ def main() -> int:
         for u in UNITS:
             rr = {r["method"]: r for r in rows if r["n_blocks"] == n and r["unit"] == u}
             if "replacement" in rr and "interchange" in rr:
-                a_, b_ = rr["replacement"]["_res"], rr["interchange"]["_res"]
-                rr["interchange"]["minus_replacement_ci"] = (
-                    None if a_ is None or b_ is None or base is None else diff_ci(b_, a_, base))
+                rr["interchange"]["minus_replacement_ci"] = diff_ci(rr["interchange"]["_res"],
+                                                                    rr["replacement"]["_res"], base)
     for r in rows:
         r.pop("_res", None)
     out["table"] = rows
@@ -136,10 +139,6 @@ def main() -> int:
     if a.json:
         dump_json(out, a.json, indent=1)
     return 0
-
-
-def _key(curves, ev, corpus) -> str:
-    return (f"test:{getattr(corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:{ev.drop_first_target}")
 
 
 def _print(rows) -> None:

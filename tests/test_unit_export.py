@@ -73,3 +73,22 @@ def test_cli_prune_unit_refusals(cli, stories_path, tmp_path):
     assert rc == 2 and "out of range" in err
     with pytest.raises(SystemExit):
         cli("prune", stories_path, "--unit", "ffn", "--remove", "1", "--out", tmp_path / "r")
+
+
+def test_cli_prune_from_unit_files(cli, stories_path, tmp_path):
+    """A curves or evidence file of an attention unit exports attention sublayers (its unit carried)."""
+    from swapkl.removal.curves import CurvesResult
+
+    e = {"n": 1, "removed": [2], "ppl": 11.0, "ppl_ci": [10.0, 12.0], "delta_pct": 5.0, "delta_pct_ci": [1.0, 9.0],
+         "kl_to_base": 0.1}
+    cur = CurvesResult(model={"num_layers": 5}, evaluator={"name": "t", "max_words": 1, "window": 8, "stride": 4},
+                       corpus={}, budget=1, selection={}, baseline_ppl=10.0, baseline_ppl_ci=[9.0, 11.0], baseline={},
+                       methods={"replacement": [e]}, unit="attention")
+    f = tmp_path / "cur.json"
+    cur.to_json(f)
+    rc, out, err = cli("prune", stories_path, "--from", f, "--method", "replacement", "--n", 1, "--out", tmp_path / "o")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "o" / "swapkl_prune.json").read_text())["removed_units"] == [[2, "attention"]]
+    rc, out, err = cli("prune", stories_path, "--from", f, "--method", "replacement", "--n", 1, "--unit", "mlp",
+                       "--out", tmp_path / "o2")
+    assert rc == 2 and "does not match" in err

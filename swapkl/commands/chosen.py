@@ -93,7 +93,8 @@ def _from_evidence(d: dict, p: Path, method: str | None, n: int) -> dict:
         raise SwapklError(f"--from {p}: {method} at n={n} is malformed in this evidence file")
     if removed is None:
         raise SwapklError(f"--from {p}: {method} has no point n={n}")
-    return {"removed": removed, "chosen_by": what, "measured_on": measured, "model": model}
+    unit = d.get("unit", "block") if d.get("unit") in ("block", "attention", "mlp") else "block"
+    return {"removed": removed, "chosen_by": what, "measured_on": measured, "model": model, "unit": unit}
 
 
 def check_same_model(chosen: dict, identity: dict, num_layers: int) -> None:
