@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
@@ -68,7 +69,7 @@ def test_cli_prune_unit_verify(cli, stories_path, tmp_path):
 def test_cli_prune_unit_refusals(cli, stories_path, tmp_path):
     rc, out, err = cli("prune", stories_path, "--unit", "mlp", "--remove", "1", "--format", "mergekit",
                        "--out", tmp_path / "m.yaml")
-    assert rc == 2 and "exports as a Hugging Face folder" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "a mergekit YAML cannot zero a sublayer" in err and len(err.strip().splitlines()) == 1
     rc, out, err = cli("prune", stories_path, "--unit", "mlp", "--remove", "9", "--out", tmp_path / "q")
     assert rc == 2 and "out of range" in err
     with pytest.raises(SystemExit):
@@ -92,3 +93,30 @@ def test_cli_prune_from_unit_files(cli, stories_path, tmp_path):
     rc, out, err = cli("prune", stories_path, "--from", f, "--method", "replacement", "--n", 1, "--unit", "mlp",
                        "--out", tmp_path / "o2")
     assert rc == 2 and "does not match" in err
+
+
+@pytest.mark.parametrize("unit,qtype", [("attention", "Q8_0"), ("mlp", "Q4_1")])
+def test_gguf_sublayer_export(cli, tmp_path, unit, qtype):
+    """A GGUF source: the sublayers' output projections written as zero bytes in their own (quantised) type;
+    transformers reads the file with swapkl's skipping model's logits, the other tensors byte for byte."""
+    import gguf
+
+    from gguf_tiny import write_tiny_llama_gguf
+    from swapkl.model.gguf import load_gguf
+
+    src = write_tiny_llama_gguf(tmp_path / "tiny.gguf", n_layers=5, qtype=qtype)
+    out = tmp_path / "z.gguf"
+    rc, so, se = cli("prune", src, "--unit", unit, "--remove", "1,3", "--format", "gguf", "--out", out, "--verify")
+    assert rc == 0, se
+    assert "still compute" in so and "verified" in so
+    name = {"attention": "attn_output", "mlp": "ffn_down"}[unit]
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    tb = {t.name: t for t in b.tensors}
+    for t in a.tensors:
+        zeroed = t.name in (f"blk.1.{name}.weight", f"blk.3.{name}.weight")
+        assert tb[t.name].tensor_type == t.tensor_type
+        assert (not tb[t.name].data.any()) if zeroed else np.array_equal(tb[t.name].data, t.data)
+    base, _ = load_gguf(str(src), with_tokenizer=False)
+    pruned, _ = load_gguf(str(out), with_tokenizer=False)
+    assert _max_diff(pruned, skipping_copy(base, [1, 3], unit), 96) < 1e-5
+    assert _max_diff(pruned, base, 96) > 1e-3

@@ -84,9 +84,9 @@ def _removal(a, num_layers: int | None = None, identity: dict | None = None) -> 
     if getattr(a, "unit", None) not in (None, ch.get("unit", "block")):
         raise SwapklError(f"--unit {a.unit} does not match --from's unit ({ch.get('unit', 'block')})")
     a.unit = ch.get("unit", "block")
-    if a.unit != "block" and a.format != "hf":
-        raise SwapklError(f"--from {a.from_file} removes {a.unit} sublayers: they export as a Hugging Face folder "
-                          "(--format hf)")
+    if a.unit != "block" and a.format == "mergekit":
+        raise SwapklError(f"--from {a.from_file} removes {a.unit} sublayers: they export as a Hugging Face folder or "
+                          "a GGUF (--format hf|gguf)")
     if num_layers is not None:
         check_same_model(ch, identity or {}, num_layers)
     return ch["removed"], {"chosen_by": a.chosen_by or ch["chosen_by"], "measured_on": a.measured_on or ch["measured_on"]}
@@ -101,8 +101,9 @@ def _check_args(a) -> None:
     if a.remove is None and a.merge is None and a.from_file is None:
         raise SwapklError("give --remove LAYERS, --merge GROUPS or --from RESULT.json")
     check_format(a.format, merge=a.merge)
-    if (a.unit or "block") != "block" and (a.merge is not None or a.format != "hf"):
-        raise SwapklError(f"--unit {a.unit} exports as a Hugging Face folder (--format hf) without --merge")
+    if (a.unit or "block") != "block" and (a.merge is not None or a.format == "mergekit"):
+        raise SwapklError(f"--unit {a.unit} exports as a Hugging Face folder or a GGUF (--format hf|gguf) without "
+                          "--merge (a mergekit YAML cannot zero a sublayer)")
     if a.format == "hf":
         check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a))
     else:

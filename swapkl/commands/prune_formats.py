@@ -41,6 +41,19 @@ def run_gguf(a, removal) -> int:
         remove, _ = removal(a)
     if remove is None:
         raise SwapklError("give --remove LAYERS (or --from) with --format gguf")
+    unit = getattr(a, "unit", None) or "block"
+    if unit != "block":  # sublayers: every block kept, the sublayers' output projections written as zeros
+        from swapkl.surgery.sublayer_export import RUNTIME_NOTE
+
+        rep = export_gguf(src, [], a.out, force=a.force, inputs=model_inputs(a),
+                          zero_units=[(int(i), unit) for i in remove])
+        print(f"saved {rep['path']}: {unit} sublayers of blocks {[x[0] for x in rep['zeroed_units']]} written as "
+              f"zeroed output projections, all {rep['num_layers_after']} blocks kept")
+        print(f"note: {RUNTIME_NOTE}")
+        if a.verify:
+            print(f"verified: transformers reads the GGUF with swapkl's skipping model's logits (max |Δlogit| "
+                  f"{verify_gguf(a, rep, unit):.1e})")
+        return 0
     rep = export_gguf(src, remove, a.out, force=a.force, inputs=model_inputs(a))
     print(f"saved {rep['path']}: removed blocks {rep['removed']}, {rep['num_layers_after']} of "
           f"{rep['num_layers_before']} kept; quantised tensors copied as they are; block_count"
@@ -53,19 +66,22 @@ def run_gguf(a, removal) -> int:
     return 0
 
 
-def verify_gguf(a, rep: dict) -> float:
+def verify_gguf(a, rep: dict, unit: str = "block") -> float:
     """Max |Δlogit| between the written GGUF read by transformers and the source model with the same blocks
     removed in memory (:func:`swapkl.surgery.blocks.pruned_copy`); raises past 1e-4."""
     import torch
 
     from swapkl.model.gguf import load_gguf
     from swapkl.surgery.blocks import pruned_copy
+    from swapkl.surgery.skip import skipping_copy
 
     ck = load_from_args(a)
     reread, _ = load_gguf(rep["path"], with_tokenizer=False)
     x = ck.tokenizer(VERIFY_TEXT, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        a1 = pruned_copy(ck.model, rep["removed"])(input_ids=x.to(ck.device), use_cache=False).logits.cpu()
+        mem = (pruned_copy(ck.model, rep["removed"]) if unit == "block" else
+               skipping_copy(ck.model, [layer for layer, _ in rep["zeroed_units"]], unit))
+        a1 = mem(input_ids=x.to(ck.device), use_cache=False).logits.cpu()
         a2 = reread(input_ids=x, use_cache=False).logits
     err = float((a1.float() - a2.float()).abs().max())
     if err > 1e-4:

@@ -112,12 +112,12 @@ def export_mergekit(remove: Iterable[int], num_layers: int, model_ref: str, out:
 
 
 def export_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.PathLike, force: bool = False,
-                inputs: Iterable = (), force_hint: str = "--force") -> dict:
+                inputs: Iterable = (), force_hint: str = "--force", zero_units: Iterable = ()) -> dict:
     """Write the pruned GGUF (:func:`swapkl.surgery.gguf_prune.prune_gguf`); the result also carries
     ``llama_quantize``, the same removal as a ``llama-quantize --prune-layers`` command line."""
     from swapkl.surgery.gguf_prune import llama_quantize_command, prune_gguf
 
-    rep = prune_gguf(src, remove, out, force=force, inputs=inputs, force_hint=force_hint)
+    rep = prune_gguf(src, remove, out, force=force, inputs=inputs, force_hint=force_hint, zero_units=zero_units)
     rep.update(format="gguf", llama_quantize=llama_quantize_command(src, rep["removed"], rep["path"]))
     return rep
 

@@ -36,6 +36,18 @@ GGUF_SUFFIXES = (".gguf",)
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 #: layer-index scalars whose meaning a blind renumbering would break: refused
 _REFUSED_KEYS = ("nextn_predict_layers", "full_attention_interval")
+#: the output projection of each sublayer unit as llama.cpp names it (weight and bias, when present, are zeroed)
+GGUF_UNIT_OUT = {"attention": "attn_output", "mlp": "ffn_down"}
+
+
+class _Zeroed:
+    """A tensor of the source written as zero bytes of the same type and shape: zero for every GGML type (float
+    types; quantised blocks whose scales are zero dequantise to zero)."""
+
+    def __init__(self, t):
+        import numpy as np
+
+        self.data, self.tensor_type = np.zeros_like(t.data), t.tensor_type
 
 
 def _reader(path):
@@ -90,11 +102,13 @@ def _new_metadata(reader, arch: str, n_old: int, kept: list[int]) -> dict:
 
 
 def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.PathLike, force: bool = False,
-               inputs: Iterable = (), force_hint: str = "--force") -> dict:
+               inputs: Iterable = (), force_hint: str = "--force", zero_units: Iterable = ()) -> dict:
     """Write ``src`` with blocks ``remove`` (0-based) deleted to the file ``out`` (see the module docstring).
 
     ``out`` must end in ``.gguf``, may not be ``src`` or another of ``inputs``, and an existing file is replaced
-    only when ``force``.  Returns ``{"path", "arch", "removed", "kept", "num_layers_before",
+    only when ``force``.  ``zero_units``: ``(layer, "attention" | "mlp")`` items (old layer indices) whose output
+    projection (:data:`GGUF_UNIT_OUT`) is written as zeros, which skips that residual sublayer; llama.cpp still
+    computes it.  Returns ``{"path", "arch", "removed", "kept", "num_layers_before",
     "num_layers_after", "tensors", "trimmed_keys"}``.  Raises :class:`GGUFError` (bad source),
     :class:`~swapkl.surgery.removal_set.PruneError` (impossible set), :class:`~swapkl.errors.OutputPathError`."""
     p = check_gguf_file(src)
@@ -107,6 +121,13 @@ def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.Path
     rem = validate_remove(remove, n_old)
     kept = kept_layers(rem, n_old)
     new_index = {old: new for new, old in enumerate(kept)}
+    zero = {(int(layer), u) for layer, u in zero_units if int(layer) in new_index}
+    names = {t.name for t in reader.tensors}
+    for layer, u in sorted(zero):
+        if u not in GGUF_UNIT_OUT or f"blk.{layer}.{GGUF_UNIT_OUT[u]}.weight" not in names:
+            raise GGUFError(f"the GGUF file has no {u} output projection for block {layer} "
+                            f"(blk.{layer}.{GGUF_UNIT_OUT.get(u, '?')}.weight); cannot zero that sublayer")
+    zeroed = {f"blk.{layer}.{GGUF_UNIT_OUT[u]}.{x}" for layer, u in zero for x in ("weight", "bias")}
     changed = _new_metadata(reader, arch, n_old, kept)
     tensors = []
     for t in reader.tensors:
@@ -121,16 +142,22 @@ def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.Path
         if old >= n_old:
             raise GGUFError(f"tensor {t.name} names block {old}, but block_count is {n_old}")
         if old in new_index:
-            tensors.append((f"blk.{new_index[old]}.{m.group(2)}", t))
+            tensors.append((f"blk.{new_index[old]}.{m.group(2)}", _Zeroed(t) if t.name in zeroed else t))
     from swapkl.store import file_sha256
 
     extra = {"swapkl.removed_layers": (rem, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32),
              "swapkl.source_sha256": (file_sha256(p), gguf.GGUFValueType.STRING, None),
              "swapkl.version": (__version__, gguf.GGUFValueType.STRING, None)}
+    if not rem:  # sublayers only: GGUF refuses an empty array
+        del extra["swapkl.removed_layers"]
+    if zero:
+        extra["swapkl.zeroed_units"] = ([f"{layer}:{u}" for layer, u in sorted(zero)], gguf.GGUFValueType.ARRAY,
+                                        gguf.GGUFValueType.STRING)
     _write(reader, dest, arch, changed, extra, tensors)
     return {"path": str(dest), "arch": arch, "removed": rem, "kept": kept, "num_layers_before": n_old,
             "num_layers_after": len(kept), "tensors": len(tensors),
-            "trimmed_keys": sorted(k for k, v in changed.items() if isinstance(v, list))}
+            "trimmed_keys": sorted(k for k, v in changed.items() if isinstance(v, list)),
+            "zeroed_units": [[layer, u] for layer, u in sorted(zero)]}
 
 
 def _write(reader, dest: Path, arch: str, changed: dict, extra: dict, tensors: list) -> None:
