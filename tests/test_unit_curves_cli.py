@@ -52,3 +52,22 @@ def test_curves_with_other_units_common_axis(stories_path, tmp_path, capsys, mon
     d = json.loads(att.read_text())
     share = 100.0 * d["sizes"]["attention"][d["methods"]["replacement"][0]["removed"][0]] / d["sizes"]["non_embedding"]
     assert f"{share:.1f}%" in text
+
+
+def test_curves_unit_scores_with_the_engine(stories_path, tmp_path, capsys, monkeypatch):
+    """Without --scores, the unit's swap-KL is computed (the contract's unit) and guides the sublayer curve."""
+    from swapkl.contract import Contract
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.removal.selection import select
+    from swapkl.scoring.score import score
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+    out = tmp_path / "c.json"
+    assert main(["curves", str(stories_path), "--unit", "attention", "--budget", "2", "--methods", "interchange",
+                 "--prompts", "2", "--tokens", "16", "--max-words", "300", "--device", "cpu", "--json", str(out),
+                 "--quiet"]) == 0
+    d = json.loads(out.read_text())
+    ck = load_checkpoint(str(stories_path), device="cpu")
+    res = score(ck, Contract(prompts=2, tokens=16, device="cpu", unit="attention"))
+    want = select(res.interchange(), 2, spacing=1, candidates=[1, 2, 3], strict=False)
+    assert d["unit"] == "attention" and [e["removed"] for e in d["methods"]["interchange"]] == want
