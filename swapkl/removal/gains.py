@@ -164,7 +164,7 @@ def curve_gains(model, result, context: int = 512, decode_tokens: int = 32, repe
 
 
 def point_gains(result, method: str, n: int) -> dict | None:
-    """The measured gains row of ``method`` at ``n`` in a curves result with gains, or None."""
-    g = getattr(result, "gains", None) or {}
+    """The measured gains row of ``method`` at ``n`` in a curves result (or its dict) with gains, or None."""
+    g = (result.get("gains") if isinstance(result, dict) else getattr(result, "gains", None)) or {}
     key = (g.get("points") or {}).get(method, {}).get(str(n))
     return None if key is None else (g.get("sets") or {}).get(key)

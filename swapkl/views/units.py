@@ -42,12 +42,11 @@ def common_axis_rows(curves_list, methods=None) -> list[dict]:
     for c in curves_list:
         d = _curves_dict(c)
         unit = d.get("unit", "block")
-        holder = type("G", (), {"gains": d.get("gains") or {}})()
         for name, entries in (d.get("methods") or {}).items():
             if methods is not None and name not in methods:
                 continue
             for e in entries:
-                g = point_gains(holder, name, e["n"]) or {}
+                g = point_gains(d, name, e["n"]) or {}
                 rows.append({"unit": unit, "method": name, "n": e["n"], "removed": e.get("removed"),
                              "params_removed_pct": _removed_share(d, e), "delta_pct": e.get("delta_pct"),
                              "delta_pct_ci": e.get("delta_pct_ci"), "kl_to_base": e.get("kl_to_base"),
