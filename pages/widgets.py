@@ -7,11 +7,11 @@ from __future__ import annotations
 import streamlit as st
 
 from pages.session import ROOT, policy
-from swapkl.contract import Contract
+from swapkl.contract import UNITS, Contract
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, defaults
 from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
-from swapkl.jobs.forms import analysis_request, query_params, query_settings, spec_source
+from swapkl.jobs.forms import analysis_request, query_params, query_settings, spec_source, unit_note
 from swapkl.jobs.policy import Policy, PolicyError
 from swapkl.removal import methods as methods_registry
 
@@ -39,7 +39,7 @@ def init_defaults() -> None:
     d = {"w_source": SOURCES[0], "w_hub": "", "w_rev": "", "w_local": (local_model_folders() or [OTHER])[0],
          "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
          "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
-         "w_seed": c.seed, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
+         "w_seed": c.seed, "w_unit": c.unit, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
          "w_methods": list(methods_registry.default_set("dashboard"))}
     q = st.query_params
     pol = policy()
@@ -114,6 +114,11 @@ def model_widgets() -> tuple[str, str | None]:
 
 def contract_widgets() -> tuple[Contract | None, str | None]:
     """Contract widgets -> (Contract, None) or (None, error message)."""
+    if st.session_state.get("w_unit") not in UNITS:
+        st.session_state["w_unit"] = UNITS[0]
+    unit = st.radio("Unit", UNITS, key="w_unit", horizontal=True,
+                    help="what each protocol moves between layers i and j: the whole block, or only its attention "
+                         "or MLP sublayer with that sublayer's norms (docs/method.md, 'Sublayer units')")
     c1, c2, c3, c4 = st.columns(4)
     pol = policy()
     offered = tuple(p for p in PAIR_SETS if p in pol.pair_sets) if pol.demo else PAIR_SETS
@@ -133,7 +138,7 @@ def contract_widgets() -> tuple[Contract | None, str | None]:
     seed = c8.number_input("Prompt seed", 0, 10**6, key="w_seed", step=1)
     try:
         c = Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
-                     device=device, aggregation=aggregation, seed=int(seed))
+                     device=device, aggregation=aggregation, seed=int(seed), unit=unit)
         pol.check_contract(c)
         return c, None
     except SwapklError as e:
@@ -160,6 +165,8 @@ def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
     spec, rev = model_widgets()
     st.subheader("2 · Evaluation contract")
     contract, err = contract_widgets()
+    if unit_note(contract):
+        st.info(unit_note(contract))
     st.subheader("3 · Layer budget")
     budget, methods, ev = removal_widgets(contract.device if contract else "auto")
     if err:

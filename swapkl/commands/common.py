@@ -5,7 +5,8 @@ import sys
 import time
 from collections.abc import Iterable
 
-from swapkl.contract import Contract, PRESETS
+from swapkl.contract import Contract, PRESETS, UNITS
+from swapkl.errors import SwapklError
 from swapkl.scoring.corpora import load_corpus
 from swapkl.surgery.outputs import check_output_file
 
@@ -31,6 +32,9 @@ def add_contract_args(p, pairs_default: str = "adjacent") -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--aggregation", default="max", choices=["max", "mean", "forward"],
                    help="how d_repl combines the two directions (max = Definition 1)")
+    p.add_argument("--unit", default="block", metavar="|".join(UNITS),
+                   help="what each protocol moves between layers: whole blocks (default), or only the attention or "
+                        "MLP sublayer with its norms (docs/method.md, 'Sublayer units')")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the score cache")
 
 
@@ -38,13 +42,24 @@ def contract_from_args(a) -> Contract:
     """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly.  A
     ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""
     given = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "corpus": a.corpus, "seed": a.seed,
-             "dtype": a.dtype, "device": a.device, "aggregation": a.aggregation}
+             "dtype": a.dtype, "device": a.device, "aggregation": a.aggregation,
+             "unit": getattr(a, "unit", "block")}
     if a.positions is not None:
         given["positions"] = a.positions
     contract = Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)
     if contract.corpus:
         load_corpus(contract.corpus)  # memoised: score() gets the same object
     return contract
+
+
+def block_unit_only(a, command: str) -> None:
+    """Refuse, in one line and before any loading, a sublayer ``--unit`` for a command that removes or evaluates
+    whole blocks only (its swap-KL would be of sublayers while it removes blocks)."""
+    unit = getattr(a, "unit", "block")
+    if unit != "block":
+        Contract(unit=unit)  # an unknown unit: the contract's own one-line error
+        raise SwapklError(f"'{command}' works on whole blocks only for now; --unit {unit} is available on 'score', "
+                          "'trajectory' and 'distributed' (use --unit block here)")
 
 
 def model_inputs(a) -> list[str]:

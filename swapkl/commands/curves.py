@@ -8,7 +8,7 @@ from swapkl import schema
 from swapkl.removal import methods as M
 from swapkl.removal import curves as C
 from swapkl.removal.curves import check_evaluator_context, check_scores, EvalMemo
-from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (block_unit_only, evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
@@ -58,6 +58,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 
 
 def run(a) -> int:
+    block_unit_only(a, "curves")  # sublayer removal is not done here yet: refused before any work
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")

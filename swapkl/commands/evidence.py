@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+from swapkl.commands.common import (block_unit_only, evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
                                     load_from_args)
 from swapkl.errors import SwapklError
 
@@ -44,6 +44,7 @@ def register(sub) -> None:
 
 
 def run(a) -> int:
+    block_unit_only(a, "evidence")  # sublayer removal is not done here yet: refused before any work
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")

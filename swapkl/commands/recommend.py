@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (block_unit_only, evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
@@ -73,6 +73,7 @@ def parse_max_evals(s: str):
 
 
 def run(a) -> int:
+    block_unit_only(a, "recommend")  # sublayer removal is not done here yet: refused before any work
 
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")

@@ -14,7 +14,7 @@ from swapkl.scoring import corpora
 from swapkl.removal import methods as M
 from swapkl.views import report
 from swapkl.views import tasks as task_views
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
+from swapkl.commands.common import block_unit_only, ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
 from swapkl.removal import curves as C
@@ -61,6 +61,7 @@ def _say(a, msg: str) -> None:
 
 
 def run(a) -> int:
+    block_unit_only(a, "report")  # sublayer removal is not done here yet: refused before any work
     if a.budget is not None and a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     want_curves = a.budget is not None and not a.curves

@@ -28,7 +28,7 @@ def render_summary(res) -> str:
     s = res.summary(ci=False)
     c = res.contract
     lines = [f"model: {res.identity.get('display') or res.identity.get('id')}  layers: {res.num_layers}",
-             f"contract: pairs={c['pairs']} prompts={c['prompts']}x{c['tokens']} positions={c['positions']} "
+             f"contract: unit={c.get('unit', 'block')} pairs={c['pairs']} prompts={c['prompts']}x{c['tokens']} positions={c['positions']} "
              f"dtype={c['dtype']} aggregation={c['aggregation']} corpus={c.get('corpus_label')}",
              f"pairs computed: {res.meta.get('computed_pairs')}, from cache: {res.meta.get('cached_pairs')}, "
              f"noise floor {res.noise_floor if res.noise_floor is not None else float('nan'):.2e} nats"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+from swapkl.commands.common import (block_unit_only, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
                                     load_from_args)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
@@ -72,6 +72,7 @@ def _check_args(a) -> tuple[list[str], list[str], object]:
 
 
 def run(a) -> int:
+    block_unit_only(a, "tasks")  # sublayer removal is not done here yet: refused before any work
     methods, tasks, partners = _check_args(a)
     include = lmeval.check_include_path(a.include_path) if a.include_path else None
     loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded

@@ -14,17 +14,30 @@ from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, 
 
 #: the contract fields and analysis settings a shared link carries, with their types
 QUERY_FIELDS = (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
-                ("device", str), ("aggregation", str), ("seed", int), ("budget", int), ("evaluator", str))
+                ("device", str), ("aggregation", str), ("seed", int), ("budget", int), ("evaluator", str),
+                ("unit", str))
+
+#: what the start page says when a sublayer unit is chosen (the analysis then computes swap-KL only)
+SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublayer (with its norms) between layers. "
+                 "Removal curves are for whole blocks for now, so this analysis computes swap-KL only.")
 
 
 # ============================================================================================ requests
 def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
                      ) -> AnalysisRequest:
-    """The start page's request; an empty checkpoint spec is refused."""
+    """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) computes
+    swap-KL only: its budget is 0 (removal curves remove whole blocks; :data:`SUBLAYER_NOTE`)."""
     if not spec:
         raise SwapklError("choose a checkpoint")
+    if contract.unit != "block":
+        budget = 0
     return AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
                            evaluator=evaluator)
+
+
+def unit_note(contract: Contract | None) -> str:
+    """What the start page says under the contract for its unit: :data:`SUBLAYER_NOTE` for a sublayer, else ""."""
+    return SUBLAYER_NOTE if contract is not None and contract.unit != "block" else ""
 
 
 def trajectory_request(text: str, k: int, prompts: int, tokens: int, device: str) -> TrajectoryRequest:
@@ -39,14 +52,14 @@ def trajectory_request(text: str, k: int, prompts: int, tokens: int, device: str
 
 def evidence_request(model: str, budget: int, n_boot: int, base: AnalysisRequest | None = None) -> EvidenceRequest:
     """The evidence page's request for ``model``: on the model of the session's analysis ``base`` it keeps that
-    analysis's revision, contract and evaluator (so the evidence speaks for it), else the default contract and the
-    ``matched`` evaluator."""
+    analysis's revision, contract (as whole blocks: the evidence removes blocks) and evaluator (so the evidence
+    speaks for it), else the default contract and the ``matched`` evaluator."""
     model = model.strip()
     if not model:
         raise SwapklError("choose a checkpoint")
     same = base is not None and base.model == model
     return EvidenceRequest(model=model, revision=base.revision if same else None,
-                           contract=base.contract if same else Contract(), budget=int(budget),
+                           contract=base.contract.with_(unit="block") if same else Contract(), budget=int(budget),
                            evaluator=(base.evaluator if same else None) or "matched", n_boot=int(n_boot))
 
 
@@ -100,7 +113,8 @@ def healable(methods) -> list[str]:
 
 # ============================================================================================ shared links
 def query_params(req: AnalysisRequest) -> dict[str, str]:
-    """The query string of a shared link to ``req``: its model (and revision), contract fields and settings."""
+    """The query string of a shared link to ``req``: its model (and revision), contract fields and settings (the
+    unit only when it is a sublayer, so links to block analyses stay as they were)."""
     c = req.contract
     q = {"model": req.model, "pairs": c.pairs, "prompts": c.prompts, "tokens": c.tokens,
          "positions": c.positions, "dtype": c.dtype, "device": c.device, "aggregation": c.aggregation,
@@ -108,6 +122,8 @@ def query_params(req: AnalysisRequest) -> dict[str, str]:
          "evaluator": (req.evaluator or {}).get("name", "")}
     if req.revision:
         q["revision"] = req.revision
+    if c.unit != "block":
+        q["unit"] = c.unit
     return {k: str(v) for k, v in q.items()}
 
 

@@ -18,6 +18,12 @@ The sweep is exact (no approximation) and uses the speed-ups of docs/method.md Â
 A block runs in a slot through the slot's own module (so slot-dependent behaviour - rotary embeddings,
 ``layer_idx``, per-slot attention type or scaling - is the slot's) with the other block's tensors
 (``torch.func.functional_call``), which equals copying the weights in (the paper's scripts) without copying.
+
+**Units** (``unit``, docs/method.md "Sublayer units"): for ``attention`` or ``mlp`` the same sweep moves only that
+sublayer unit (its module and its norms): ``M[i<-j]`` runs slot i's block with unit j's weights, ``M[i<->j]`` gives
+slot i block i with unit j and slot j block j with unit i.  Nothing else changes - the variants still first differ
+from the baseline at slot i (prefix reuse), the two protocols still share slots i..j-1, and the block calls are the
+same calls with other tensors - so a sublayer sweep costs what a block sweep of the same pairs costs.
 """
 from __future__ import annotations
 
@@ -79,19 +85,20 @@ class SwapEngine:
     ``logp_budget``: bytes allowed for cached baseline log-probs; above it they are recomputed per KL chunk
     (once per chunk of pairs, shared by all its variants).
     ``fault``: test hook, see :class:`BatchController`.  ``on_oom(record)``: called at each halving.
+    ``unit``: ``block`` (default), ``attention`` or ``mlp``: what each protocol moves (:class:`BlockRunner`).
     """
 
     def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
                  max_rows: int = 64, max_live: int = 48, kl_chunk_rows: int | None = None,
                  logp_budget: int = 512 * 2**20, fault: Callable | None = None,
                  on_oom: Callable[[dict], None] | None = None, kl_dtype: torch.dtype = torch.float32,
-                 kl_impl: str = "auto", timing: bool = False):
+                 kl_impl: str = "auto", timing: bool = False, unit: str = "block"):
         if positions not in ("all", "last"):
             raise ValueError(positions)
         if kl_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"kl_dtype must be float32 or float64, got {kl_dtype}")
         self.kl_dtype = kl_dtype
-        self.runner = BlockRunner(model)
+        self.runner = BlockRunner(model, unit)
         self.ids = ids
         self.positions = positions
         self.stats = SweepStats()

@@ -23,7 +23,8 @@ from swapkl.scoring.engine import noise_floor, precision_floor, ProgressFn, Swap
 from swapkl.errors import ContractError, is_oom
 from swapkl.scoring.prompts import make_prompts
 from swapkl.scoring.results import SwapResult
-from swapkl.model.architectures import check_context
+from swapkl.model.architectures import check_context, locate
+from swapkl.model.units import layout_for
 from swapkl.scoring.memory import engine_limits
 
 
@@ -44,6 +45,8 @@ def score(checkpoint: Checkpoint, contract: Contract, progress: ProgressFn | Non
     ``metadata=False`` neither measures the noise floor nor writes the entry's ``meta.json`` (a distributed
     worker: rank 0 is the one writer); ``engine_kw`` goes to :class:`SwapEngine` (sizes, ``kl_impl``: the KL
     implementation, default ``$SWAPKL_KL`` or ``auto``, recorded in ``meta["engine"]["kl"]``).
+    ``contract.unit`` (block, attention, mlp) is what each protocol moves; a family without validated sublayers
+    raises :class:`~swapkl.model.units.UnsupportedUnit` (one line) before any work.
     Raises :class:`ContractError` before any work when ``contract.tokens`` exceeds the model's context."""
     sweep = _Sweep(checkpoint, contract, progress, use_cache, on_partial, pairs, shard, metadata)
     if sweep.todo or sweep.rewrite_meta:
@@ -101,6 +104,8 @@ class _Sweep:
         self.checkpoint, self.contract, self.progress = checkpoint, contract, progress
         self.use_cache, self.on_partial, self.metadata = use_cache, on_partial, metadata
         self.L = checkpoint.num_layers
+        if contract.unit != "block":  # a family without validated sublayers: one line, before any prompt is cut
+            layout_for(checkpoint.model, locate(checkpoint.model))
         self.wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(self.L))]
         check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
                       "use at most {limit}", name=checkpoint.identity.get("display"))
@@ -167,7 +172,7 @@ class _Sweep:
         limits["kl_impl"] = kl_impl_setting(engine_kw)
         limits.setdefault("on_oom", self._on_oom)
         engine = SwapEngine(ck.model, self.prompts.ids, positions=contract.positions,
-                            kl_dtype=getattr(torch, contract.kl_dtype), **limits)
+                            kl_dtype=getattr(torch, contract.kl_dtype), unit=contract.unit, **limits)
         if self.metadata and self.info["noise_floor"] is None:
             # the noise floor is the larger of two numerical effects: batching (batched baseline vs batch-of-one
             # forwards) and, below float32, precision (the same weights computed in float32)

@@ -12,6 +12,7 @@ import torch
 from torch.func import functional_call
 
 from swapkl.model.architectures import locate
+from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
 from swapkl.errors import ModelLoadError, SwapklError, is_oom
 
 ProgressFn = Callable[[int, int, str], None]
@@ -122,13 +123,24 @@ class BlockRunner:
     The positional and keyword arguments every slot receives (rotary ``position_embeddings``, masks,
     ``position_ids``, ...) are captured once from a real forward with ``use_cache=False``; windows have no
     padding, so these arguments do not depend on the prompt and broadcast over any batch size.
+
+    ``unit`` (:mod:`swapkl.model.units`): what a slot takes from another block.  ``block``: all its weights;
+    ``attention`` / ``mlp``: that sublayer unit's weights (norms included), the rest of the slot's own block
+    (:func:`~swapkl.model.units.mixed_weights`).  A family without validated sublayers raises
+    :class:`~swapkl.model.units.UnsupportedUnit` here, before any forward.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, unit: str = "block"):
         self.model = model
         self.loc = locate(model)
         self.blocks = self.loc.blocks
         self.num_layers = len(self.blocks)
+        self.unit = check_unit(unit)
+        # the state-dict names of each slot's unit (None for whole blocks: every entry moves)
+        self.unit_keys: list[frozenset] | None = None
+        if unit != "block":
+            layout = layout_for(model, self.loc)
+            self.unit_keys = [unit_keys(b, layout, unit) for b in self.blocks]
         # weights of each block, as load_state_dict would copy them (parameters + persistent buffers)
         self.weights = [dict(b.state_dict(keep_vars=True)) for b in self.blocks]
         for s, w in enumerate(self.weights):
@@ -138,6 +150,7 @@ class BlockRunner:
                     "offload); swapkl needs every layer resident on a device: use more GPUs, --dtype bfloat16, "
                     "or a device_map without cpu/disk offload")
         self._moved: OrderedDict = OrderedDict()  # (block, device) -> weights copied there (multi-device maps)
+        self._mixed: dict = {}  # (slot, block, device) -> a slot's weights with another block's unit (references)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -234,8 +247,24 @@ class BlockRunner:
             mod = getattr(mod, part)
         return mod
 
+    def slot_weights(self, slot: int, block: int, dev: torch.device) -> dict:
+        """The weights slot ``slot`` runs when it takes block ``block``'s unit: all of block ``block``'s for whole
+        blocks, else block ``block``'s unit entries and slot ``slot``'s own for the rest (tensors, never copies,
+        unless a device_map spreads the model)."""
+        if self.unit_keys is None:
+            return self.weights_on(block, dev)
+        key = (slot, block, str(dev))
+        if key in self._mixed:
+            return self._mixed[key]
+        own, other = self.weights_on(slot, dev), self.weights_on(block, dev)
+        mixed = mixed_weights(own, other, self.unit_keys[slot])
+        if own is self.weights[slot] and other is self.weights[block]:  # references only: kept for the next call
+            self._mixed[key] = mixed
+        return mixed
+
     def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor) -> torch.Tensor:
-        """Slot ``slot`` applied to ``h`` [n, T, D] with the weights of block ``block``."""
+        """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit (:meth:`slot_weights`): the slot's
+        own module runs, so its rotary embeddings, ``layer_idx`` and attention type are the slot's."""
         mod = self.blocks[slot]
         dev = self.block_device(slot)
         h = h.to(dev)
@@ -243,7 +272,7 @@ class BlockRunner:
         if block == slot:
             out = mod(*args, **base.slot_kwargs[slot])
         else:
-            out = functional_call(mod, self.weights_on(block, dev), args, base.slot_kwargs[slot])
+            out = functional_call(mod, self.slot_weights(slot, block, dev), args, base.slot_kwargs[slot])
         return out[0] if isinstance(out, tuple) else out
 
     def run_slot_float32(self, base: Baseline, slot: int, h: torch.Tensor) -> torch.Tensor:

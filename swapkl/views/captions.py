@@ -53,6 +53,8 @@ def fmt_evaluator(ev: dict | None) -> str:
 
 def _contract_parts(c: dict) -> list[str]:
     parts = []
+    if c.get("unit") and c["unit"] != "block":  # a sublayer unit leads: every number of it is that unit's
+        parts.append(f"unit {c['unit']}")
     if c.get("pairs") is not None:
         parts.append(f"pairs {c['pairs']}")
     if c.get("prompts") is not None and c.get("tokens") is not None:
@@ -77,7 +79,8 @@ def contract_caption(source: Any, evaluator: dict | str | None = None) -> str:
     A dict is not guessed at: build the result with its ``from_dict``, or use :func:`swapkl.removal.curves.curves_provenance`
     / :func:`swapkl.trajectory.compute.trajectory_provenance` for a curves or trajectory dict.
 
-    Gives: model (display/id, revision or a fingerprint prefix), pairs, prompts × tokens, positions,
+    Gives: model (display/id, revision or a fingerprint prefix), the unit (attention or mlp; nothing for whole
+    blocks), pairs, prompts × tokens, positions,
     aggregation, dtype, corpus label, seed, the extra pieces (budget, spacing), and the perplexity evaluator when
     the source has one (``evaluator`` overrides it)."""
     prov = source
