@@ -128,3 +128,17 @@ def test_generic_layouts_equal_the_plain_reference(mt, kw):
         ref = reference_sweep(model, ids, pairs, unit=unit)
         assert _worst(got, ref) < 1e-5, (mt, unit)
         assert min(ref[p][k].mean().item() for p in pairs for k in KINDS) > 1e-4
+
+
+def test_a_sublayer_sweep_runs_the_block_sweeps_calls(stories):
+    """Prefix reuse, the shared branch and the batching are the block sweep's: the same prompt-block calls (fewer
+    than the naive 1 + 3|S| full forwards), the same baseline pass."""
+    ids = _ids(stories.model.config.vocab_size, P=2, T=8)
+    pairs = pair_list("all", stories.num_layers)
+    stats = {}
+    for unit in ("block", "attention", "mlp"):
+        eng = SwapEngine(stories.model, ids, max_live=6, unit=unit)
+        eng.sweep(pairs)
+        stats[unit] = (eng.stats.block_calls, eng.stats.baseline_block_calls, eng.stats.naive_block_calls)
+    assert stats["attention"] == stats["mlp"] == stats["block"]
+    assert stats["block"][0] < stats["block"][2]
