@@ -47,17 +47,12 @@ def register(sub) -> None:
 def load_scores(path: str) -> tuple[dict, dict, dict]:
     """(scores {"replacement", "interchange"} as L×L arrays, model identity, contract) from a ``score --json``
     file, or from a plain ``{"replacement": [[...]], "interchange": [[...]]}`` JSON (NaN as null).  Both are
-    validated (:mod:`swapkl.schema`) before anything is built from them.  A score of a sublayer unit is refused in
-    one line (the commands that load scores remove whole blocks)."""
+    validated (:mod:`swapkl.schema`) before anything is built from them."""
 
     d = schema.read_json_file(path, "scores file", keep_constants=True)
     what = f"scores file {path}"
     if isinstance(d, dict) and "per_prompt" in d:
         res = SwapResult.from_json(d, what)
-        unit = res.contract.get("unit", "block")
-        if unit != "block":  # removal works on whole blocks: sublayer scores would guide the wrong cuts
-            raise SwapklError(f"{what} holds {unit} swap-KL; removal works on whole blocks for now (score with "
-                              "--unit block)")
         return {"replacement": res.replacement(), "interchange": res.interchange()}, res.identity, res.contract
     return schema.score_matrices(d, what)
 
