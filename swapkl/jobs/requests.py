@@ -59,7 +59,7 @@ class AnalysisRequest:
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         c = self.contract
-        s = f"{m} · pairs {c.pairs} · {c.prompts}×{c.tokens}"
+        s = f"{m} · pairs {c.pairs} · {c.prompts}×{c.tokens}" + (f" · unit {c.unit}" if c.unit != "block" else "")
         return s + (f" · budget {self.budget}" if self.wants_curves else "")
 
 
