@@ -24,8 +24,8 @@ def synthetic(L: int = 6, P: int = 6, seed: int = 0, contract=None, tokens=None,
     for i in range(L):
         for j in range(i + 1, L):
             mu = (base or {}).get((i, j), 0.05 * (j - i) + 0.01 * i)
-            draw = lambda: np.abs(mu + noise * rng.standard_normal(P))
-            vec[(i, j)] = {"repl_ij": draw(), "repl_ji": draw(), "inter": draw() * 0.5}
+            ij, ji, inter = (np.abs(mu + noise * rng.standard_normal(P)) for _ in range(3))
+            vec[(i, j)] = {"repl_ij": ij, "repl_ji": ji, "inter": inter * 0.5}
     return SwapResult.from_pair_vectors(L, vec, contract=dict(contract or CONTRACT), identity={"display": f"m{seed}"},
                                         prompt_token_ids=tokens if tokens is not None else [[1, 2, 3]] * P)
 
