@@ -69,6 +69,7 @@ class Job:
         self.error: str | None = None
         self.error_kind: str | None = None
         self.from_snapshot = False
+        self.bundle: str | None = None  # the caption of a demo bundle this job was opened from
         self.created = time.time()
         self.started: float | None = None
         self.finished: float | None = None
