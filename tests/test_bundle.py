@@ -4,7 +4,6 @@ finished job with no model and no computation."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
