@@ -1,0 +1,78 @@
+"""Compare page: two finished analyses side by side -- per protocol A, B and B − A (heatmaps, or depth profiles for
+adjacent pairs), the rank agreement of their swap-KL with CIs and each one's regime verdict, and the transfer table
+of an uploaded ``swapkl compare --json``.  What is comparable and the comparison itself: :mod:`swapkl.jobs.comparisons`
+(docs/compare.md); figures and tables: :mod:`swapkl.compare.figures`."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from swapkl.compare.figures import agreement_rows, side_by_side, transfer_rows
+from swapkl.errors import SwapklError
+from swapkl.jobs import comparisons as C
+from swapkl.jobs.contents import content_key
+from swapkl.views.captions import contract_caption
+
+st.title("Compare")
+st.caption("Does a redundancy ranking computed on one checkpoint hold on another? Pick two finished analyses (computed "
+           "here, or opened from score files or bundles on the Start page or below), scored under the same contract.")
+
+with st.expander("Open score files or bundles to compare"):
+    ups = st.file_uploader("score JSON or bundle", type=["json"], accept_multiple_files=True, key="cmp_open")
+    if st.button("Open", key="cmp_open_button", disabled=not ups):
+        for up in ups:
+            try:
+                data = up.getvalue()
+                common.policy().check_upload(len(data))
+                common.manager().open_files(data, owner=common.session_id())
+            except SwapklError as e:
+                st.error(f"{up.name}: {e}")
+
+jobs = C.comparable(common.manager().jobs(viewer=common.session_id()))
+if len(jobs) < 2:
+    st.info("Two finished analyses are needed: compute them on the Start page, or open score files above.")
+    st.stop()
+labels = [C.choice_label(j) for j in jobs]
+q = st.query_params
+c1, c2 = st.columns(2)
+ia = c1.selectbox("A (scored on)", range(len(jobs)), index=C.pick(jobs, q.get("a"), 1), format_func=labels.__getitem__,
+                  key="cmp_a")
+ib = c2.selectbox("B (pruned)", range(len(jobs)), index=C.pick(jobs, q.get("b"), 0), format_func=labels.__getitem__,
+                  key="cmp_b")
+job_a, job_b = jobs[ia], jobs[ib]
+st.query_params.from_dict(C.query(job_a, job_b))  # the address bar holds the comparison
+tfile = st.file_uploader("transfer table: a 'swapkl compare A B --budget N --json' file of these two (optional)",
+                         type=["json"], key="cmp_transfer")
+tdata = tfile.getvalue() if tfile is not None else None
+key = (content_key(job_a.result, job_b.result), content_key(tdata))
+try:
+    cmp = common.memo("comparison", key, lambda: C.compare_jobs(job_a, job_b, tdata))
+except SwapklError as e:
+    st.error(str(e))
+    st.stop()
+cap = contract_caption(cmp)
+for note in cmp.notes:
+    st.caption(note)
+
+st.subheader("Rank agreement of the two models' swap-KL")
+st.dataframe(agreement_rows(cmp), hide_index=True, key="cmp_agreement")
+st.caption(f"contract: {cap}; Spearman ρ and Kendall τ-b over the pairs both scored, 95 % bootstrap CIs over prompts "
+           f"({'paired: same prompts' if cmp.agreement['shared_prompts'] else 'unpaired: different prompts'})")
+for side in ("a", "b"):
+    v = cmp.agreement["verdicts"][side]
+    st.caption(f"verdict {side.upper()}: {v.get('sentence')}")
+
+for protocol in ("replacement", "interchange"):
+    fig = common.memo("cmp_fig", (*key, protocol), lambda p=protocol: side_by_side(job_a.result, job_b.result, p, cap))
+    st.plotly_chart(fig, key=f"cmp_fig_{protocol}")
+
+st.subheader("Transfer of the decision: A's set removed from B")
+if cmp.transfer:
+    st.dataframe(transfer_rows(cmp), hide_index=True, key="cmp_transfer_table")
+    t = cmp.transfer
+    st.caption(f"contract: {cap}; held-out ΔPPL % on B (baseline PPL {t['baseline_ppl']:.4g}, {t['n_windows']} "
+               "windows); A − B with a paired bootstrap 95 % CI over B's windows: tie when it includes 0")
+else:
+    st.caption("Evaluating B needs its model: run `swapkl compare A B --budget N --json out.json` and upload the file "
+               "above to show its transfer table here.")
+common.download_json(cmp.to_json(), "swapkl-compare", key="cmp_dl")
