@@ -4,7 +4,7 @@ agreement table and the transfer table written to bench/results/compare-<name>.{
     # stories260K, prompt seed 0 vs seed 1 (two score files of one model: agreement should be high)
     HF_HUB_OFFLINE=1 nice -n 10 OMP_NUM_THREADS=1 python bench/compare_checkpoints.py stories-seeds \
         tests/fixtures/models/stories260K tests/fixtures/models/stories260K --seed-b 1 --pairs all --prompts 16 \
-        --budget 2 --max-words 2000
+        --budget 3 --spacing 0 --max-words 2000
     # the built-in default against its 100-step LoRA fine-tune (bench/compare_finetune.py)
     HF_HUB_OFFLINE=1 nice -n 10 OMP_NUM_THREADS=1 python bench/compare_checkpoints.py default-vs-ft \
         default /tmp/smollm2-ft --pairs adjacent --prompts 8 --budget 3
@@ -34,6 +34,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--budget", type=int, default=3)
     p.add_argument("--max-words", type=int, default=None)
+    p.add_argument("--spacing", type=int, default=1, help="Δ of the selection rule")
     p.add_argument("--corpus", default=str(ROOT / "tests/fixtures/data/wikitext-2-raw/wiki.test.raw"))
     a = p.parse_args()
     from swapkl.commands.cli import main as cli
@@ -51,7 +52,7 @@ def main() -> int:
     out = RESULTS / f"compare-{a.name}.json"
     extra = ["--max-words", str(a.max_words)] if a.max_words else []
     buf = io.StringIO()
-    argv = ["compare", args_a, args_b, *common[:-1], "--budget", str(a.budget), "--eval-text", a.corpus, *extra,
+    argv = ["compare", args_a, args_b, *common[:-1], "--budget", str(a.budget), "--spacing", str(a.spacing), "--eval-text", a.corpus, *extra,
             "--json", str(out)]
     with contextlib.redirect_stdout(buf):
         rc = cli(argv)
