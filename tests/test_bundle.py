@@ -108,3 +108,31 @@ def test_the_manager_opens_a_bundle_as_a_finished_job_and_refuses_a_bad_one(tmp_
         m.shutdown()
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "log.txt")
     assert not [w for w in written if not w.startswith("cache/progress")], written  # opening computes and caches nothing
+
+
+def test_the_dashboards_bundle_of_an_analysis_reads_back_and_skips_another_models_parts():
+    from swapkl.jobs.reports import bundle_json
+
+    class Job:
+        running = False
+
+        def __init__(self, **parts):
+            self.result = self.curves = self.evidence = self.heal = self.tasks = None
+            self.status = "done"
+            self.__dict__.update(parts)
+
+    from swapkl.evidence.run import EvidenceResult
+
+    res = synthetic(seed=0, noise=0.05)
+    res.identity["fingerprint"] = "f" * 16
+    ev_other = Job(evidence=EvidenceResult({"ground_truth": {}, "contract": {"model": {"fingerprint": "e" * 16}}}))
+    ev_mine = Job(evidence=EvidenceResult({"ground_truth": {"x": 1}, "contract": {"model": {"fingerprint": "f" * 16}}}))
+    b = read_bundle(bundle_json(Job(result=res, curves=_curves(fingerprint="f" * 16)), ev_other, ev_mine))
+    assert b.parts() == ["scores", "curves", "evidence"]
+    assert b.evidence["ground_truth"] == {"x": 1}  # the evidence of this model, not the other's
+    assert b.scores.to_dict()["per_prompt"] == res.to_dict()["per_prompt"]
+    import sys
+
+    torch = sys.modules.get("torch")
+    gpu = torch is not None and torch.cuda.is_available()
+    assert b.computed_on["device"] == (torch.cuda.get_device_name(0) if gpu else "cpu")  # where it ran

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import sys
 from dataclasses import dataclass
 
 from swapkl import __version__, schema
@@ -60,9 +61,21 @@ def _same_model(scores: SwapResult, curves: CurvesResult, what: str) -> None:
         raise SwapklError(f"{what} (the scores have {scores.num_layers} layers, the curves' model {n})")
 
 
+def _device() -> str:
+    """The accelerator of this process when torch is already loaded (never imported here), else ``cpu``."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return "cpu"
+
+
 def computed_on(device: str | None = None) -> dict:
-    """Where this process runs: host name, platform, the device named by the caller, the UTC time, swapkl's version."""
-    return {"host": platform.node() or "?", "platform": platform.platform(terse=True), "device": device or "cpu",
+    """Where this process runs: host name, platform, the device (the caller's, else :func:`_device`), the UTC time,
+    swapkl's version."""
+    return {"host": platform.node() or "?", "platform": platform.platform(terse=True), "device": device or _device(),
             "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "swapkl_version": __version__}
 
 
