@@ -67,12 +67,29 @@ for protocol in ("replacement", "interchange"):
     st.plotly_chart(fig, key=f"cmp_fig_{protocol}")
 
 st.subheader("Transfer of the decision: A's set removed from B")
-if cmp.transfer:
-    st.dataframe(transfer_rows(cmp), hide_index=True, key="cmp_transfer_table")
-    t = cmp.transfer
+
+
+def transfer_body(c) -> None:
+    if c is None or not c.transfer:
+        return
+    st.dataframe(transfer_rows(c), hide_index=True, key="cmp_transfer_table")
+    t = c.transfer
     st.caption(f"contract: {cap}; held-out ΔPPL % on B (baseline PPL {t['baseline_ppl']:.4g}, {t['n_windows']} "
                "windows); A − B with a paired bootstrap 95 % CI over B's windows: tie when it includes 0")
+
+
+if cmp.transfer:
+    transfer_body(cmp)
 else:
-    st.caption("Evaluating B needs its model: run `swapkl compare A B --budget N --json out.json` and upload the file "
-               "above to show its transfer table here.")
+    budget = st.number_input("budget n (transfer table for 1..n)", 1, 16, 3, key="cmp_budget")
+    try:
+        treq = C.transfer_request(job_a, job_b, int(budget))
+    except SwapklError as e:
+        treq = None
+        st.caption(f"{e}.")
+    if treq is not None:
+        st.code(treq.label(), language=None, wrap_lines=True)
+        tjob = common.start(treq) if st.button("Compute the transfer table", key="cmp_transfer_go") \
+            else common.find(treq)
+        common.live(tjob, lambda j: transfer_body(j.comparison), "cmp_transfer_live", watch=("comparison",))
 common.download_json(cmp.to_json(), "swapkl-compare", key="cmp_dl")

@@ -168,3 +168,33 @@ def test_the_command_compares_two_score_files_and_refuses_bad_input_in_one_line(
     assert main(["compare", str(fa), str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "bad.json" in err and "\n" not in err
+
+
+def test_the_dashboards_compare_job_computes_the_transfer_and_is_served_from_its_snapshot(stories_path, tmp_path,
+                                                                                          monkeypatch, wikitext_path):
+    from swapkl.jobs.manager import JobManager
+    from swapkl.jobs.requests import CompareRequest
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SWAPKL_CORPUS", str(wikitext_path))
+    req = CompareRequest(model_a=str(stories_path), model_b=str(stories_path),
+                         contract=Contract(pairs="all", prompts=4, tokens=16, device="cpu"), budget=1,
+                         evaluator={"name": "tiny", "max_words": 800, "window": 128, "stride": 64})
+    assert "compare:" in req.label() and "budget 1" in req.label()
+    kw = {"root": tmp_path / "dash", "log_path": tmp_path / "log.txt"}
+    m = JobManager(**kw)
+    try:
+        job = m.submit(req)
+        assert job.wait(300) and job.status == "done", job.error
+        rows = job.comparison.transfer["protocols"]["interchange"]
+        assert [r["n"] for r in rows] == [1] and rows[0]["same"] and rows[0]["word"] == "tie"  # one model on both sides
+        assert job.comparison.agreement["interchange"]["spearman"]["value"] == pytest.approx(1.0)
+    finally:
+        m.shutdown()
+    m2 = JobManager(**kw)
+    try:
+        again = m2.submit(req)
+        assert again.wait(30) and again.from_snapshot
+        assert again.comparison.to_dict()["transfer"] == job.comparison.to_dict()["transfer"]
+    finally:
+        m2.shutdown()

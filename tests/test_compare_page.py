@@ -41,6 +41,7 @@ def test_the_compare_page_draws_both_protocols_and_the_agreement(cache):
     assert list(table["protocol"]) == ["replacement", "interchange"]
     assert table["Spearman ρ [95% CI]"][0].startswith(f"{ag['replacement']['spearman']['value']:.3f}")
     assert any("bundle computed on" in c.value for c in at.caption)
+    assert any("opened from a file" in c.value for c in at.caption)  # no model here: the transfer needs the CLI
     assert at.query_params["a"] == job_a.key and at.query_params["b"] == job_b.key
 
 
@@ -85,3 +86,23 @@ def test_the_transfer_table_of_a_comparison_file_is_refused_for_other_models():
 
     rows = transfer_rows(out)
     assert rows[0]["verdict"] == "worse" and rows[0]["set chosen on A"] == "[2]"
+
+
+def test_the_transfer_request_of_two_computed_analyses():
+    from swapkl.contract import Contract
+    from swapkl.jobs.comparisons import transfer_request
+    from swapkl.jobs.requests import AnalysisRequest
+
+    class J:
+        def __init__(self, res, model, key):
+            self.result, self.key, self.bundle = res, key, None
+            self.request = AnalysisRequest(model=model, contract=Contract.from_dict(res.contract), budget=2)
+
+    a, b = synthetic(seed=0), synthetic(seed=1)
+    req = transfer_request(J(a, "default", "k1"), J(b, "/tmp/ft", "k2"), 3)
+    assert (req.model_a, req.model_b, req.budget, req.kind) == ("default", "/tmp/ft", 3, "compare")
+    assert req.contract == Contract.from_dict(a.contract)
+    from swapkl.compare.agreement import DepthMismatch
+
+    with pytest.raises(DepthMismatch):
+        transfer_request(J(a, "default", "k1"), J(synthetic(L=5), "x", "k3"), 3)

@@ -51,6 +51,24 @@ def compare_jobs(job_a, job_b, transfer_json: bytes | str | None = None, n_boot:
     return out
 
 
+def transfer_request(job_a, job_b, budget: int):
+    """The :class:`~swapkl.jobs.requests.CompareRequest` that computes the transfer table of two analyses computed
+    in this dashboard (their models and contract; A's evaluator).  Opened files and bundles carry no loadable model
+    here: a one-line :class:`SwapklError` says so."""
+    from swapkl.compare.agreement import check_comparable
+    from swapkl.jobs.requests import CompareRequest
+
+    for side, job in (("A", job_a), ("B", job_b)):
+        if getattr(job, "bundle", None) or job.key.startswith("file-"):
+            raise SwapklError(f"{side} was opened from a file: its model is not loaded here; run swapkl compare "
+                              "A B --budget N where the models are, and upload its JSON")
+    check_comparable(job_a.result, job_b.result)
+    ra, rb = job_a.request, job_b.request
+    return CompareRequest(model_a=ra.model, revision_a=ra.revision, model_b=rb.model, revision_b=rb.revision,
+                          contract=ra.contract.with_(device=rb.contract.device), budget=budget,
+                          evaluator=ra.evaluator)
+
+
 def query(job_a, job_b) -> dict[str, str]:
     """The Compare page's shared link: the two analyses' job keys."""
     return {"a": job_a.key, "b": job_b.key}
