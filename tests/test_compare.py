@@ -198,3 +198,26 @@ def test_the_dashboards_compare_job_computes_the_transfer_and_is_served_from_its
         assert again.comparison.to_dict()["transfer"] == job.comparison.to_dict()["transfer"]
     finally:
         m2.shutdown()
+
+
+def test_the_command_scores_a_model_side_under_the_files_contract_and_transfers(stories_path, tmp_path, cache_dir,
+                                                                                 wikitext_path, capsys):
+    from swapkl.commands.cli import main
+    from swapkl.compare.sources import spec_of
+
+    fb = tmp_path / "b.json"
+    W = str(wikitext_path)
+    assert main(["score", str(stories_path), "--pairs", "all", "--prompts", "4", "--tokens", "16", "--seed", "1",
+                 "--corpus", W, "--device", "cpu", "--json", str(fb), "--quiet"]) == 0
+    b = SwapResult.load(fb)
+    assert spec_of(b.identity) == str(stories_path)  # B's checkpoint, named by its file, is loaded for the transfer
+    out = tmp_path / "c.json"
+    assert main(["compare", str(stories_path), str(fb), "--budget", "1", "--max-words", "800", "--eval-text", W,
+                 "--device", "cpu", "--n-boot", "50", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["a"]["source"] == "scored here" and d["b"]["source"] == f"scores file {fb}"
+    ca, cb = d["a"]["contract"], d["b"]["contract"]
+    assert {k for k in ca if ca[k] != cb.get(k)} == set()  # A was scored under B's file's contract, seed included
+    assert d["transfer"]["evaluator"]["max_words"] == 800 and d["transfer"]["protocols"]["interchange"][0]["n"] == 1
+    assert "transfer to B" in text and "Spearman" in text
