@@ -12,6 +12,7 @@ from swapkl.errors import SwapklError
 from swapkl.jobs import comparisons as C
 from swapkl.jobs.contents import content_key
 from swapkl.views.captions import contract_caption
+from swapkl.views.scores import pair_distribution
 
 st.title("Compare")
 st.caption("Does a redundancy ranking computed on one checkpoint hold on another? Pick two finished analyses (computed "
@@ -40,7 +41,9 @@ ia = c1.selectbox("A (scored on)", range(len(jobs)), index=C.pick(jobs, q.get("a
 ib = c2.selectbox("B (pruned)", range(len(jobs)), index=C.pick(jobs, q.get("b"), 0), format_func=labels.__getitem__,
                   key="cmp_b")
 job_a, job_b = jobs[ia], jobs[ib]
-st.query_params.from_dict(C.query(job_a, job_b))  # the address bar holds the comparison
+for name, value in C.query(job_a, job_b).items():  # the address bar holds the comparison (and its pair below)
+    if st.query_params.get(name) != value:
+        st.query_params[name] = value
 tfile = st.file_uploader("transfer table: a 'swapkl compare A B --budget N --json' file of these two (optional)",
                          type=["json"], key="cmp_transfer")
 tdata = tfile.getvalue() if tfile is not None else None
@@ -62,9 +65,24 @@ for side in ("a", "b"):
     v = cmp.agreement["verdicts"][side]
     st.caption(f"verdict {side.upper()}: {v.get('sentence')}")
 
+events = {}
 for protocol in ("replacement", "interchange"):
     fig = common.memo("cmp_fig", (*key, protocol), lambda p=protocol: side_by_side(job_a.result, job_b.result, p, cap))
-    st.plotly_chart(fig, key=f"cmp_fig_{protocol}")
+    events[protocol] = st.plotly_chart(fig, key=f"cmp_fig_{protocol}", on_select="rerun", selection_mode="points")
+st.caption("Click a cell (or a point of a depth profile) to open its drill-down below.")
+both = cmp.agreement["replacement"]["pairs"]
+pair = None
+for protocol in ("replacement", "interchange"):
+    pair = pair or C.selected_pair(events[protocol], None, both)
+pair = pair or C.selected_pair(None, st.query_params.get("pair"), both)
+if pair is not None:
+    i, j = pair
+    st.query_params["pair"] = f"{i}-{j}"
+    st.subheader(f"Pair ({i}, {j}): per-prompt swap-KL of A and B")
+    d1, d2 = st.columns(2)
+    for col, side, res in ((d1, "A", job_a.result), (d2, "B", job_b.result)):
+        pfig = common.memo("cmp_pair", (*key, side, i, j), lambda r=res: pair_distribution(r, i, j))
+        col.plotly_chart(pfig, key=f"cmp_pair_{side}")
 
 st.subheader("Transfer of the decision: A's set removed from B")
 

@@ -60,3 +60,11 @@ def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(se
     assert "B − A" in text and "replacement swap-KL" in text and "interchange swap-KL" in text
     assert "a=" in drv.current_url and "b=" in drv.current_url  # the address bar holds the comparison
     screenshot(drv, ARTIFACTS, "compare.png")
+    # clicking a cell of the first heatmap opens the drill-down of that pair (A's and B's per-prompt KLs)
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    cell = drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer .point")[0]
+    ActionChains(drv).move_to_element(cell).click().perform()
+    wait.until(EC.presence_of_element_located((By.XPATH, "//h3[contains(., 'per-prompt swap-KL of A and B')]")))
+    assert "pair=" in drv.current_url
+    screenshot(drv, ARTIFACTS, "compare-drilldown.png")

@@ -30,7 +30,8 @@ def test_the_compare_page_draws_both_protocols_and_the_agreement(cache):
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert len(charts) == 2
     heat = charts[0]["data"]
-    assert [t["name"] for t in heat] == ["A", "B", "B − A"]
+    assert [t["name"] for t in heat[:3]] == ["A", "B", "B − A"]
+    assert [t["customdata"][0] for t in heat[3:]] == [[0, 1]] * 3  # the clickable cells, one marker per pair
     assert heat[0]["z"] == matrix_json(job_a.result.replacement())  # by default A is the older, B the newer job
     assert heat[1]["z"] == matrix_json(job_b.result.replacement())
     assert heat[2]["z"] == matrix_json(job_b.result.replacement() - job_a.result.replacement())
@@ -43,6 +44,13 @@ def test_the_compare_page_draws_both_protocols_and_the_agreement(cache):
     assert any("bundle computed on" in c.value for c in at.caption)
     assert any("opened from a file" in c.value for c in at.caption)  # no model here: the transfer needs the CLI
     assert at.query_params["a"] == job_a.key and at.query_params["b"] == job_b.key
+    assert len(at.get("plotly_chart")) == 2  # no pair picked: no drill-down
+    at.query_params["pair"] = "1-3"
+    at.run()
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(charts) == 4  # the drill-down of pair (1, 3): A's and B's per-prompt KLs
+    assert charts[2]["data"][2]["y"] == pytest.approx(job_a.result.per_prompt["inter"][(1, 3)].tolist())
+    assert charts[3]["data"][2]["y"] == pytest.approx(job_b.result.per_prompt["inter"][(1, 3)].tolist())
 
 
 def test_the_address_bar_picks_the_analyses_and_a_different_depth_is_one_error(cache):
@@ -106,3 +114,17 @@ def test_the_transfer_request_of_two_computed_analyses():
 
     with pytest.raises(DepthMismatch):
         transfer_request(J(a, "default", "k1"), J(synthetic(L=5), "x", "k3"), 3)
+
+
+def test_a_clicked_cell_or_point_or_the_link_selects_the_drill_down_pair():
+    from swapkl.jobs.comparisons import selected_pair
+
+    pairs = [[0, 1], [1, 2], [0, 2]]
+    cell = {"selection": {"points": [{"x": 2, "y": 0, "z": 0.3}]}}
+    point = {"selection": {"points": [{"x": 1.5, "y": 0.217, "customdata": [1, 2]}]}}
+    assert selected_pair(cell, "1-2", pairs) == (0, 2)  # a click wins over the link
+    assert selected_pair(point, None, pairs) == (1, 2)
+    assert selected_pair({"selection": {"points": [{"x": 1.5, "y": 0.217}]}}, None, pairs) is None  # not a cell
+    assert selected_pair(None, "2-1", pairs) == (1, 2)
+    assert selected_pair(None, "0-9", pairs) is None and selected_pair(None, "x-y", pairs) is None
+    assert selected_pair({"selection": {"points": []}}, None, pairs) is None
