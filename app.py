@@ -72,8 +72,8 @@ def start_page() -> None:
 def open_files_view():
     """Browse results computed elsewhere (a cluster run's merged ``--json``, a colleague's files) without the
     model: returns the opened job, or None."""
-    with st.expander("Open saved results (a `score --json` file, optionally with its `curves --json`)"):
-        res_file = st.file_uploader("result JSON", type=["json"], key="open_result")
+    with st.expander("Open saved results (a `score --json` file, optionally with its `curves --json`, or a `swapkl bundle`)"):
+        res_file = st.file_uploader("result JSON or bundle", type=["json"], key="open_result")
         curves_file = st.file_uploader("curves JSON (optional)", type=["json"], key="open_curves")
         if st.button("Open", key="open_files", disabled=res_file is None):
             try:
@@ -149,6 +149,8 @@ def summary_view(job) -> None:
     rk = common.result_key(job)
     cap = common.memo("caption", rk, lambda: plots.contract_caption(res))
     st.caption(f"contract: {cap}")
+    if getattr(job, "bundle", None):  # a demo bundle: shown as computed elsewhere, nothing recomputed
+        st.caption(job.bundle)
     verdict = common.memo("verdict", rk, lambda: common.job_verdict(job))
     common.lead_figure(job, verdict, key="start")
     st.subheader("Regime verdict")
@@ -217,7 +219,8 @@ def main() -> None:
              st.Page(str(HERE / "pages" / "trajectory.py"), title="Training trajectory", icon=":material/timeline:",
                      url_path="trajectory"),
              st.Page(str(HERE / "pages" / "evidence.py"), title="Evidence", icon=":material/fact_check:",
-                     url_path="evidence")]
+                     url_path="evidence"),
+             st.Page(str(HERE / "pages" / "compare.py"), title="Compare", icon=":material/compare:", url_path="compare")]
     nav = st.navigation(pages)
     common.sidebar()
     nav.run()

@@ -8,7 +8,7 @@ import streamlit as st
 
 from pages.current import current_job
 from swapkl import views
-from swapkl.jobs.reports import evidence_done, report_html
+from swapkl.jobs.reports import bundle_json, evidence_done, report_html
 from swapkl.views.captions import safe_name
 
 
@@ -51,3 +51,8 @@ def report_button(key: str) -> None:
                        file_name="swapkl-report.html",
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")
+    if job is not None and job.result is not None and not job.running:
+        st.download_button("⬇ Demo bundle (JSON)", data=lambda: bundle_json(job, ev, heal, tasks),
+                           file_name="swapkl-bundle.json", mime="application/json", key=f"{key}_bundle",
+                           on_click="ignore", help="every finished result of this analysis in one file, which "
+                           "another swapkl dashboard opens with no model and no computation (docs/compare.md)")

@@ -44,6 +44,10 @@ def test_score_unit_json_and_cache(stories, stories_path, tmp_path):
     r = run_cli(*base, "--json", str(tmp_path / "again.json"), "--unit", "attention", env_extra=env)
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["meta"]["cached_pairs"] == len(att["pairs"]) and again["replacement"] == att["replacement"]
+    # a command that removes blocks only refuses sublayer scores, in one line, before loading the model
+    r = run_cli("recommend", str(stories_path), "--budget", "1", "--scores", str(out["attention"]), env_extra=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(_lines(r)) == 1 and "holds attention swap-KL; 'recommend' works on whole blocks" in r.stderr, r.stderr
 
 
 def test_unknown_unit_one_line(stories_path, tmp_path):

@@ -25,6 +25,7 @@ def test_a_sublayer_request_keeps_unit_methods_and_links_its_unit():
     assert q["unit"] == "attention" and forms.query_settings(q, ())["unit"] == "attention"
     assert "unit" not in forms.query_params(AnalysisRequest(model="m", contract=att.with_(unit="block")))
     assert "unit attention" in forms.request_caption(req)
+    assert req.label().endswith("· unit attention · budget 3")  # a sublayer analysis has removal curves too
     assert "unit" not in forms.request_caption(AnalysisRequest(model="m", contract=att.with_(unit="block")))
     # the evidence of a sublayer analysis removes blocks: it keeps the contract's other settings, as blocks
     ev = forms.evidence_request("m", 2, 20, base=req)

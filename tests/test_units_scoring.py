@@ -101,3 +101,44 @@ def test_gpt_neox_parallel_residual_moves_one_branch():
     got = runner.run_slot(base, 1, 3, h)
     assert torch.allclose(got, expect, atol=1e-5)
     assert not torch.allclose(got, runner.run_slot(base, 1, 1, h), atol=1e-3)
+
+
+@pytest.mark.parametrize("mt, kw", [
+    ("gemma3_text", dict(num_key_value_heads=2, intermediate_size=64, head_dim=8, sliding_window=4,
+                         layer_types=["sliding_attention", "full_attention"] * 2)),
+    ("opt", dict(ffn_dim=64, word_embed_proj_dim=32)),
+])
+def test_generic_layouts_equal_the_plain_reference(mt, kw):
+    """Families found by the generic fallback whose layout validates: Gemma 3 (sandwich norms carried by each
+    unit; sliding and full attention per slot, so the slot's attention type stays the slot's) and OPT."""
+    import transformers as tf
+
+    cfg = tf.AutoConfig.for_model(mt, num_hidden_layers=4, hidden_size=32, num_attention_heads=4, vocab_size=96,
+                                  **kw)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(3.0)
+    ids = _ids(96)
+    pairs = pair_list("all", 4)
+    for unit in ("attention", "mlp"):
+        got = SwapEngine(model, ids, max_live=4, max_rows=2, unit=unit).sweep(pairs)
+        ref = reference_sweep(model, ids, pairs, unit=unit)
+        assert _worst(got, ref) < 1e-5, (mt, unit)
+        assert min(ref[p][k].mean().item() for p in pairs for k in KINDS) > 1e-4
+
+
+def test_a_sublayer_sweep_runs_the_block_sweeps_calls(stories):
+    """Prefix reuse, the shared branch and the batching are the block sweep's: the same prompt-block calls (fewer
+    than the naive 1 + 3|S| full forwards), the same baseline pass."""
+    ids = _ids(stories.model.config.vocab_size, P=2, T=8)
+    pairs = pair_list("all", stories.num_layers)
+    stats = {}
+    for unit in ("block", "attention", "mlp"):
+        eng = SwapEngine(stories.model, ids, max_live=6, unit=unit)
+        eng.sweep(pairs)
+        stats[unit] = (eng.stats.block_calls, eng.stats.baseline_block_calls, eng.stats.naive_block_calls)
+    assert stats["attention"] == stats["mlp"] == stats["block"]
+    assert stats["block"][0] < stats["block"][2]

@@ -100,6 +100,9 @@ def run(a) -> int:
         raise SwapklError(f"the evaluation text is too short: corpus '{corpus.name}' has {corpus.split_point} words "
                           f"of evaluation text, the evaluator needs {ev_words} (use --max-words)")
     loaded = load_scores(a.scores) if a.scores else None
+    if loaded is not None and (loaded[2] or {}).get("unit", "block") != "block":  # this command removes blocks
+        raise SwapklError(f"the scores file {a.scores} holds {loaded[2]['unit']} swap-KL; 'recommend' works on whole "
+                          "blocks only for now (score with --unit block)")
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
     # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained)

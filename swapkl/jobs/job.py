@@ -56,7 +56,8 @@ class Job:
         self.key = key
         self.request = request
         # per drawable part, how often it was replaced (a page redraws only when a part it shows changed)
-        self.updates = {"result": 0, "curves": 0, "trajectory": 0, "evidence": 0, "tasks": 0, "heal": 0}
+        self.updates = {"result": 0, "curves": 0, "trajectory": 0, "evidence": 0, "tasks": 0, "heal": 0,
+                        "comparison": 0}
         self.progress_path: Path | None = None  # where publish writes the progress JSON (the dashboard's poll)
         self._published = 0.0
         self.status = QUEUED
@@ -66,9 +67,11 @@ class Job:
         self.evidence = None  # an EvidenceResult (evidence jobs)
         self.tasks = None  # a TasksResult (task accuracy jobs)
         self.heal = None  # a HealCurves (healing jobs)
+        self.comparison = None  # a CompareResult (compare jobs)
         self.error: str | None = None
         self.error_kind: str | None = None
         self.from_snapshot = False
+        self.bundle: str | None = None  # the caption of a demo bundle this job was opened from
         self.created = time.time()
         self.started: float | None = None
         self.finished: float | None = None
@@ -87,7 +90,7 @@ class Job:
     # ---------------------------------------------------------------- state
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name in ("result", "curves", "trajectory", "evidence", "tasks", "heal") and "updates" in self.__dict__:
+        if name in self.__dict__.get("updates", ()) and "updates" in self.__dict__:
             self.updates[name] += 1
             if getattr(self, "progress_path", None) is not None:
                 self.publish(force=True)
@@ -163,10 +166,10 @@ class Job:
         self._cancel.set()
 
     def done_from(self, note: str, result=None, curves=None, trajectory=None, evidence=None, tasks=None,
-                  heal=None) -> None:
+                  heal=None, comparison=None) -> None:
         """Finished at once without computing (a snapshot or an opened file), holding these parts."""
         for name, part in (("result", result), ("curves", curves), ("trajectory", trajectory), ("evidence", evidence),
-                           ("tasks", tasks), ("heal", heal)):
+                           ("tasks", tasks), ("heal", heal), ("comparison", comparison)):
             if part is not None:
                 setattr(self, name, part)
         self.from_snapshot = True

@@ -8,6 +8,7 @@ from swapkl.removal.curves import CurvesResult, check_same_model
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 from swapkl.schema import parse_json
+from swapkl.schema.bundle import BUNDLE_FORMAT
 
 from .job import Job
 from .requests import AnalysisRequest
@@ -21,6 +22,8 @@ def opened_job(result_json: str | bytes | dict, curves_json: str | bytes | dict 
         return x if isinstance(x, dict) else parse_json(x, what, keep_constants=True)
 
     rd = as_dict(result_json, "result file")
+    if isinstance(rd, dict) and rd.get("format") == BUNDLE_FORMAT:
+        return bundle_job(rd, owner)
     result = SwapResult.from_json(rd)
     curves = None
     if curves_json is not None:
@@ -41,4 +44,30 @@ def opened_job(result_json: str | bytes | dict, curves_json: str | bytes | dict 
     job = Job(key, request)
     job.owner = owner
     job.done_from("opened from file", result=result, curves=curves)
+    return job
+
+
+def bundle_job(bundle: dict, owner: str | None = None) -> Job:
+    """A done job holding every part of a demo bundle (:mod:`swapkl.compare.bundle`: validated first), private to
+    ``owner``; ``job.bundle`` is its caption (a bundle, and where it was computed).  Nothing is computed or written."""
+    from swapkl.compare.bundle import from_dict
+
+    b = from_dict(bundle)
+    curves, ident = b.curves, b.scores.identity or {}
+    request = AnalysisRequest(model=str(ident.get("id") or ident.get("display") or "bundle"),
+                              revision=ident.get("revision") if ident.get("kind") == "hub" else None,
+                              contract=Contract.from_dict(b.scores.contract),
+                              budget=int(curves.budget) if curves is not None else 0,
+                              methods=tuple(curves.methods) if curves is not None else (),
+                              evaluator=curves.evaluator if curves is not None else None)
+    job = Job("bundle-" + stable_hash({"bundle": bundle, "owner": owner})[:16], request)
+    job.owner = owner
+    job.bundle = b.caption()
+    evidence = None
+    if b.evidence is not None:
+        from swapkl.evidence.run import EvidenceResult
+
+        evidence = EvidenceResult(b.evidence)
+    job.done_from(f"opened from a {job.bundle}", result=b.scores, curves=curves, evidence=evidence, tasks=b.tasks,
+                  heal=b.heal)
     return job

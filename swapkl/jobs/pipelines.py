@@ -9,6 +9,8 @@
 * :func:`run_trajectory`: every checkpoint of a list (optionally training the demo model first).
 * :func:`run_tasks`: swap-KL scores, then lm-eval task accuracy of the base model and each method's pruned model
   (:func:`swapkl.removal.tasks.task_accuracy`), publishing the partial result after every model.
+* :func:`run_compare`: both models' swap-KL, then the transfer of the decision from A to B
+  (:func:`swapkl.compare.result.compare`).
 * :func:`run_heal`: swap-KL scores, then healed curves (:func:`swapkl.healing.multi.heal_curves`), publishing the
   partial curves after every heal.
 
@@ -213,3 +215,28 @@ def run_heal(job: Job, models: ModelCache) -> None:
                                       include_path=req.include_path, limit=req.limit, num_fewshot=req.num_fewshot,
                                       identity=ck.identity, progress=job.tick, should_stop=job.should_stop)
         job.heal = hc
+
+
+def run_compare(job: Job, models: ModelCache) -> None:
+    """The transfer of the decision (:func:`swapkl.compare.result.compare`): A and B scored under the contract
+    (cached pairs reused), then A's and B's own sets removed from B on B's held-out windows."""
+    from swapkl.compare.result import compare
+    from swapkl.scoring.score import score
+
+    req = job.request
+    c = req.contract
+    job.phase(1, 3, f"swap-KL of A ({req.model_a})")
+    ck_a = models.get(req.model_a, req.revision_a, c.dtype, c.device)
+    res_a = score(ck_a, c, progress=job.tick, should_stop=job.should_stop)
+    del ck_a
+    job.phase(2, 3, f"swap-KL of B ({req.model_b})")
+    ck_b = models.get(req.model_b, req.revision_b, c.dtype, c.device)
+    job.checkpoint = ck_b
+    res_b = score(ck_b, c, progress=job.tick, should_stop=job.should_stop)
+    ev = evaluator_of(req)
+    check_evaluator_context(ck_b.model, ev, name=ck_b.identity.get("display"))
+    job.phase(3, 3, f"transfer: A's sets removed from B, n = 1..{req.budget}")
+    job.comparison = compare(res_a, res_b, source_a=req.model_a, source_b=req.model_b, ck_b=ck_b, budget=req.budget,
+                             evaluator=ev, corpus=load_corpus(c.corpus), progress=job.tick,
+                             should_stop=job.should_stop)
+

@@ -185,6 +185,12 @@ class Policy:
         elif request.kind == "heal":
             self.check_model(request.model, request.revision)
             check_heal(self, request)
+        elif request.kind == "compare":
+            self.check_model(request.model_a, request.revision_a)
+            self.check_model(request.model_b, request.revision_b)
+            if request.budget > self.max_budget:
+                raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
+                                  f"{request.budget} asked")
         elif not getattr(request, "train_demo", False):
             self.check_checkpoint_list(request.checkpoints)
 

@@ -1,7 +1,7 @@
 """What a session's jobs add up to for download: the dashboard's result JSON of an analysis (:func:`result_json`),
 the one-click HTML report of the finished jobs (:func:`report_html`: each job's sections, :func:`job_sections`;
 task accuracy only for the analysis's model, :func:`tasks_sections`) and the evidence that speaks for an analysis
-(:func:`matching_evidence`).  Jobs are read by their parts (``result``, ``curves``, ``trajectory``, ``evidence``,
+(:func:`matching_evidence`), and the demo bundle of an analysis (:func:`bundle_json`).  Jobs are read by their parts (``result``, ``curves``, ``trajectory``, ``evidence``,
 ``heal``, ``tasks``), so anything with those attributes reads as a job."""
 from __future__ import annotations
 
@@ -69,6 +69,26 @@ def report_html(job, traj_job=None, *others) -> str:
     return build_report(result=job.result if job else None, curves=job.curves if job else None,
                         trajectory=traj_job.trajectory if traj_job else None,
                         sections=[sec for j in others for sec in job_sections(j, job)])
+
+
+def bundle_json(job, *others) -> str:
+    """The demo bundle (:mod:`swapkl.compare.bundle`) of the analysis ``job``: its scores and curves, and from the
+    finished jobs ``others`` (evidence, healed curves, task accuracy) those of the same model
+    (:func:`same_model`); validated before it is returned."""
+    from swapkl.compare.bundle import make_bundle, write_bundle
+
+    ident = job.result.identity
+    parts = {}
+    for j in others:
+        if j is None or j.running:
+            continue
+        if evidence_done(j) and "evidence" not in parts and same_model(ident, (j.evidence.data.get("contract") or {}).get("model")):
+            parts["evidence"] = j.evidence
+        elif getattr(j, "heal", None) is not None and "heal" not in parts and same_model(ident, j.heal.contract.get("model")):
+            parts["heal"] = j.heal
+        elif getattr(j, "tasks", None) is not None and "tasks" not in parts and same_model(ident, j.tasks.model):
+            parts["tasks"] = j.tasks
+    return write_bundle(None, make_bundle(job.result, job.curves, **parts))
 
 
 def matching_evidence(jobs, request) -> dict | None:

@@ -59,7 +59,7 @@ class AnalysisRequest:
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         c = self.contract
-        s = f"{m} · pairs {c.pairs} · {c.prompts}×{c.tokens}"
+        s = f"{m} · pairs {c.pairs} · {c.prompts}×{c.tokens}" + (f" · unit {c.unit}" if c.unit != "block" else "")
         return s + (f" · budget {self.budget}" if self.wants_curves else "")
 
 
@@ -93,6 +93,40 @@ class EvidenceRequest:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         c = self.contract
         return f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · B={self.n_boot}"
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """The transfer of the decision from model A to model B (docs/compare.md §2): both scored under ``contract``,
+    B's held-out ΔPPL of A's set against B's own for n = 1..``budget`` on ``evaluator``."""
+
+    model_a: str = "default"
+    revision_a: str | None = None
+    model_b: str = "default"
+    revision_b: str | None = None
+    contract: Contract = field(default_factory=Contract)
+    budget: int = 3
+    evaluator: Any = None
+    kind: str = "compare"
+
+    def __post_init__(self):
+        for side in ("a", "b"):
+            object.__setattr__(self, f"model_{side}", str(getattr(self, f"model_{side}")).strip())
+            rev = getattr(self, f"revision_{side}")
+            object.__setattr__(self, f"revision_{side}", (str(rev).strip() or None) if rev else None)
+        object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
+        object.__setattr__(self, "budget", int(self.budget))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model_a": self.model_a, "revision_a": self.revision_a, "model_b": self.model_b,
+                "revision_b": self.revision_b, "contract": self.contract.to_dict(), "budget": self.budget,
+                "evaluator": self.evaluator}
+
+    def label(self) -> str:
+        a = self.model_a + (f"@{self.revision_a}" if self.revision_a else "")
+        b = self.model_b + (f"@{self.revision_b}" if self.revision_b else "")
+        c = self.contract
+        return f"compare: {a} → {b} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget}"
 
 
 @dataclass(frozen=True)
@@ -229,6 +263,9 @@ def request_key(request) -> str:
     d = request.to_dict()
     if request.kind in ("analysis", "evidence", "tasks", "heal"):
         d["fingerprint"] = quick_fingerprint(request.model, request.revision)
+    elif request.kind == "compare":
+        d["fingerprint"] = [quick_fingerprint(request.model_a, request.revision_a),
+                            quick_fingerprint(request.model_b, request.revision_b)]
     elif getattr(request, "train_demo", False):
         d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings
     else:

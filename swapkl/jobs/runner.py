@@ -42,6 +42,8 @@ def _pipeline(job: Job, models: ModelCache) -> None:
         pipelines.run_tasks(job, models)
     elif job.request.kind == "heal":
         pipelines.run_heal(job, models)
+    elif job.request.kind == "compare":
+        pipelines.run_compare(job, models)
     else:
         pipelines.run_analysis(job, models)
 

@@ -40,6 +40,8 @@ class SnapshotStore:
             data["tasks"] = job.tasks.to_dict()
         elif job.request.kind == "heal":
             data["heal"] = job.heal.to_dict()
+        elif job.request.kind == "compare":
+            data["comparison"] = job.comparison.to_dict()
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
@@ -78,6 +80,10 @@ class SnapshotStore:
                 from swapkl.healing.curves import HealCurves
 
                 parts = {"heal": HealCurves.from_dict(data["heal"], f"snapshot {where}")}
+            elif job.request.kind == "compare":
+                from swapkl.compare.result import CompareResult
+
+                parts = {"comparison": CompareResult.from_dict(data["comparison"], f"snapshot {where}")}
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False
