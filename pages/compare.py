@@ -12,6 +12,7 @@ from swapkl.errors import SwapklError
 from swapkl.jobs import comparisons as C
 from swapkl.jobs.contents import content_key
 from swapkl.views.captions import contract_caption
+from swapkl.views.links import selected_pair
 from swapkl.views.scores import pair_distribution
 
 st.title("Compare")
@@ -73,8 +74,8 @@ st.caption("Click a cell (or a point of a depth profile) to open its drill-down 
 both = cmp.agreement["replacement"]["pairs"]
 pair = None
 for protocol in ("replacement", "interchange"):
-    pair = pair or C.selected_pair(events[protocol], None, both)
-pair = pair or C.selected_pair(None, st.query_params.get("pair"), both)
+    pair = pair or selected_pair(events[protocol], None, both)
+pair = pair or selected_pair(None, st.query_params.get("pair"), both)
 if pair is not None:
     i, j = pair
     st.query_params["pair"] = f"{i}-{j}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from pages import common, linked
 from swapkl import views
 
 st.title("Heatmaps")
@@ -20,20 +20,24 @@ def body(job) -> None:
     st.caption(f"contract: {cap}")
     if views.is_adjacent_only(res):
         st.info("Only adjacent pairs were scored, so the heatmaps are a thin diagonal: the Start page leads with "
-                "their depth profile. Choose the pair set gap:K or all for full heatmaps.")
+                "their depth profile (below). Choose the pair set gap:K or all for full heatmaps.")
     c1, c2 = st.columns([1, 3])
     scale = c1.radio("Colour scale", ("linear", "log"), key="w_hm_scale", horizontal=True)
     directed = c2.toggle("Directed replacement matrix R[i][j] (slot i ← block j)", key="w_hm_directed")
     rk = common.result_key(job)
     fig = common.memo("heatmaps", rk + (scale, directed), lambda: views.heatmaps(res, scale=scale, directed=directed))
-    st.plotly_chart(fig, key="hm_main", width="stretch")
+    linked.heatmap_marks(job)
+    events = {"hm_main": linked.chart(job, fig, "hm_main", rk + (scale, directed), width="stretch")}
     st.caption("Blank cells were not computed (not zero). Hover shows d_repl, d_inter and the gap with 95 % "
                "bootstrap CIs over prompts.")
     gfig = common.memo("gap", rk, lambda: views.gap_heatmap(res))
-    st.plotly_chart(gfig, key="hm_gap")
+    events["hm_gap"] = linked.chart(job, gfig, "hm_gap", rk)
+    events["hm_depth"] = linked.depth_chart(job, "hm_depth")  # adjacent pairs only: the depth profile, clickable
+    st.caption("Click a cell (or a point of the depth profile) to open its drill-down below.")
 
     st.subheader("Pair drill-down")
     pairs = list(res.pairs)
+    linked.open_pair(events, pairs)  # a new click on a cell or a depth-profile point picks the pair below
     firsts = sorted({i for i, _ in pairs})
     d1, d2 = st.columns(2)
     q = st.query_params.get("pair", "")

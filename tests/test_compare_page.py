@@ -117,7 +117,7 @@ def test_the_transfer_request_of_two_computed_analyses():
 
 
 def test_a_clicked_cell_or_point_or_the_link_selects_the_drill_down_pair():
-    from swapkl.jobs.comparisons import selected_pair
+    from swapkl.views.links import selected_pair
 
     pairs = [[0, 1], [1, 2], [0, 2]]
     cell = {"selection": {"points": [{"x": 2, "y": 0, "z": 0.3}]}}

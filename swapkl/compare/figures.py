@@ -8,6 +8,7 @@ import numpy as np
 from swapkl.compare.agreement import matrix
 from swapkl.scoring.results import matrix_json
 from swapkl.views.captions import _stamp, contract_caption, fmt_number
+from swapkl.views.links import add_cell_markers
 from swapkl.views.scores import is_adjacent_only
 
 
@@ -53,16 +54,7 @@ def side_by_side(a, b, protocol: str, caption: str | None = None):
                                  name=("A", "B", "B − A")[col - 1],
                                  hovertemplate="pair (%{y}, %{x}): %{z:.4g} nats<extra>%{fullData.name}</extra>"),
                       row=1, col=col)
-    # clickable cells: plotly reports a click on a heatmap as no selection, so each subplot carries a transparent
-    # marker per scored pair (customdata [i, j]; its hover states the cell) that the page's selection reads
-    cells = [(i, j) for i in range(L) for j in range(L) if i != j and np.isfinite(ma[i, j]) and np.isfinite(mb[i, j])]
-    for col, m, name in ((1, ma, "A"), (2, mb, "B"), (3, diff, "B − A")):
-        fig.add_trace(go.Scatter(x=[j for _, j in cells], y=[i for i, _ in cells], mode="markers", name=f"{name} cells",
-                                 marker={"size": max(6, min(28, 360 // max(L, 1))), "opacity": 0.01, "symbol": "square",
-                                         "color": "black"},
-                                 customdata=[[i, j] for i, j in cells], text=[f"{m[i, j]:.4g}" for i, j in cells],
-                                 hovertemplate=f"pair (%{{customdata[0]}}, %{{customdata[1]}}): %{{text}} nats"
-                                               f"<extra>{name}</extra>", showlegend=False), row=1, col=col)
+    add_cell_markers(fig)  # clickable cells: a transparent marker per scored cell (customdata [i, j])
     fig.update_layout(coloraxis={"colorscale": "Viridis", "cmin": lo, "cmax": max(hi, lo + 1e-9),
                                  "colorbar": {"title": {"text": "nats"}, "x": 0.64}},
                       coloraxis2={"colorscale": "RdBu_r", "cmin": -max(span, 1e-9), "cmax": max(span, 1e-9),

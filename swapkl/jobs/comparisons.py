@@ -69,31 +69,6 @@ def transfer_request(job_a, job_b, budget: int):
                           evaluator=ra.evaluator)
 
 
-def selected_pair(event, query_pair: str | None, pairs) -> tuple[int, int] | None:
-    """The pair the drill-down shows: the heatmap cell or depth-profile point clicked (a plotly selection ``event``:
-    its first point's ``customdata`` [i, j], or a cell's ``y`` = i and ``x`` = j), else the address bar's ``pair=i-j``; only a pair both models scored (as ``(min, max)``),
-    else None."""
-    both = {tuple(sorted(p)) for p in pairs}
-    cand = []
-    points = (((event or {}).get("selection") or {}).get("points") or []) if isinstance(event, dict) else []
-    for pt in points[:1]:
-        cd = pt.get("customdata")
-        if isinstance(cd, (list, tuple)) and len(cd) == 2:  # a depth-profile point names its pair
-            cand.append(tuple(cd))
-        elif all(isinstance(pt.get(k), (int, float)) and float(pt.get(k)).is_integer() for k in ("x", "y")):
-            cand.append((pt["y"], pt["x"]))  # a heatmap cell: row i, column j
-    if query_pair and "-" in str(query_pair):
-        cand.append(tuple(str(query_pair).split("-", 1)))
-    for i, j in cand:
-        try:
-            p = tuple(sorted((int(i), int(j))))
-        except (TypeError, ValueError):
-            continue
-        if p in both:
-            return p
-    return None
-
-
 def query(job_a, job_b) -> dict[str, str]:
     """The Compare page's shared link: the two analyses' job keys."""
     return {"a": job_a.key, "b": job_b.key}

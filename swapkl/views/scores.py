@@ -225,6 +225,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
         return _stamp(fig, "Swap-KL by layer depth (adjacent pairs)", caption or contract_caption(result))
     x = [float(i) + 0.5 for i in adj["i"]]
     labels = [f"{int(i)}–{int(j)}" for i, j in zip(adj["i"], adj["j"])]
+    pair_ids = [[int(i), int(j)] for i, j in zip(adj["i"], adj["j"])]  # a click names its pair (views.links)
 
     def yv(vals):
         return [max(float(v), LOG_FLOOR) if log_y else float(v) for v in vals]
@@ -240,7 +241,8 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
         text = [f"pair {lab}<br>{col} = {fmt_number(v)}{c} nats" for lab, v, c in zip(labels, adj[col], ci)]
         fig.add_trace(go.Scatter(x=x, y=yv(adj[col]), mode="lines+markers", name=f"{name} {col}", legendgroup=name,
                                  line={"color": colour, "width": width}, marker={"size": 7, "color": colour},
-                                 text=text, hovertemplate="%{text}<extra></extra>", meta={"protocol": name}))
+                                 text=text, hovertemplate="%{text}<extra></extra>", meta={"protocol": name},
+                                 customdata=pair_ids))
         best = int(np.argmin(adj[col].to_numpy()))
         fig.add_trace(go.Scatter(x=[x[best]], y=yv([adj[col].iloc[best]]), mode="markers+text",
                                  marker={"symbol": "star", "size": 18, "color": colour, "line": {"width": 1, "color": "black"}},
@@ -254,7 +256,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
         fig.add_trace(go.Scatter(x=x, y=yv(adj[col]), mode="lines+markers", name=name, visible=True if directed else "legendonly",
                                  line={"color": PROTOCOL_COLOURS["replacement"], "width": 1.2, "dash": dash}, marker={"size": 4},
                                  text=[f"pair {lab}<br>{name} = {fmt_number(v)} nats" for lab, v in zip(labels, adj[col])],
-                                 hovertemplate="%{text}<extra></extra>", meta={"directed": col}))
+                                 hovertemplate="%{text}<extra></extra>", meta={"directed": col}, customdata=pair_ids))
     for thr, what in ((STRONG, "strong"), (CONDITIONAL, "conditional")):
         fig.add_hline(y=thr, line={"color": "#555", "width": 1, "dash": "dash"},
                       annotation_text=f"{what} < {thr:g} nats", annotation_position="bottom right",
