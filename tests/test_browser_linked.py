@@ -1,0 +1,63 @@
+"""Real-browser test of the linked views on the main pages: a score file opened on the Start page of a fresh server,
+then on the Heatmaps page a click on a heatmap cell opens the pair drill-down on that cell's pair (its pickers and the
+address bar's ``pair=``).  Skipped with the standard reason without Chromium / chromedriver / selenium."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from browser_util import chrome, click_text, free_port, need_browser, screenshot, served, streamlit_cmd
+
+need_browser()
+
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts" / "browser"
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = dict(os.environ, SWAPKL_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
+    with served(streamlit_cmd(port), ROOT, env, tmp_path / "streamlit.log", port, timeout=90) as (url, _):
+        yield url
+
+
+@pytest.fixture
+def browser(tmp_path):
+    drv = chrome(tmp_path / "chrome")
+    yield drv
+    drv.quit()
+
+
+def test_clicking_a_heatmap_cell_opens_its_drill_down(server, browser, tmp_path):
+    from tests.test_compare import synthetic
+
+    L = 6
+    f = tmp_path / "scores.json"
+    synthetic(L=L, seed=0, noise=0.05).save(f)
+    drv, wait = browser, WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+    drv.get(server)
+    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Open saved results')]"))).click()
+    box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
+    box.send_keys(str(f))
+    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'scores.json')]")))
+    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm"))
+    click_text(drv, wait, "Heatmaps", "span")  # the navigation keeps the session (and its opened file)
+    wait.until(EC.presence_of_element_located((By.XPATH, "//h3[contains(., 'Pair drill-down')]")))
+    wait.until(lambda d: "pair=0-1" in d.current_url)  # no click yet: the first pair
+    # the first figure's first clickable trace holds its cells row by row: row 0 has L-1 cells, then (1,0),(1,2),(1,3)
+    k = (L - 1) + 2
+    cell = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer .trace .point")[k])
+    ActionChains(drv).move_to_element(cell).click().perform()
+    wait.until(lambda d: "pair=1-3" in d.current_url)
+    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'R[1][3]')]")))
+    screenshot(drv, ARTIFACTS, "heatmaps-drilldown.png")
