@@ -61,3 +61,39 @@ def test_clicking_a_heatmap_cell_opens_its_drill_down(server, browser, tmp_path)
     wait.until(lambda d: "pair=1-3" in d.current_url)
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'R[1][3]')]")))
     screenshot(drv, ARTIFACTS, "heatmaps-drilldown.png")
+
+
+def test_clicking_a_removal_curve_point_marks_its_layers(server, browser, tmp_path):
+    import json
+
+    from swapkl.compare.bundle import make_bundle
+    from tests.test_bundle import _curves
+    from tests.test_compare import synthetic
+
+    f = tmp_path / "bundle.json"
+    curves = _curves()
+    f.write_text(json.dumps(make_bundle(synthetic(seed=0, noise=0.05), curves)))
+    drv, wait = browser, WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+    drv.get(server)
+    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Open saved results')]"))).click()
+    box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
+    box.send_keys(str(f))
+    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'bundle.json')]")))
+    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm"))
+    click_text(drv, wait, "Removal curves", "span")
+    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Click a point of a removal curve')]")))
+    # the only method's line (its band is drawn without points): its second point is n = 2
+    entry = curves.methods["interchange"][1]
+    point = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")[0]
+                       .find_elements(By.CSS_SELECTOR, ".scatterlayer .trace .point")[1])
+    ActionChains(drv).move_to_element(point).click().perform()
+    sentence = "interchange-guided removal at n = 2 removes layers {" + ", ".join(map(str, entry["removed"])) + "}"
+    wait.until(EC.presence_of_element_located((By.XPATH, f"//*[contains(text(), '{sentence}')]")))
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")[1]
+                             .find_elements(By.CSS_SELECTOR, ".heatmaplayer .hm")) == 2)
+    marks = drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")[1].find_elements(By.CSS_SELECTOR, ".shapelayer path")
+    assert len(marks) >= 4 * len(entry["removed"])  # a row and a column band per layer on each heatmap
+    drv.execute_script("arguments[0].scrollIntoView({block: 'center'});",
+                       drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")[1])
+    screenshot(drv, ARTIFACTS, "curves-marked-layers.png")
