@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import streamlit as st  # noqa: E402
 
-from pages import common  # noqa: E402
+from pages import common, linked  # noqa: E402
 from swapkl.errors import SwapklError  # noqa: E402
 
 
@@ -152,7 +152,9 @@ def summary_view(job) -> None:
     if getattr(job, "bundle", None):  # a demo bundle: shown as computed elsewhere, nothing recomputed
         st.caption(job.bundle)
     verdict = common.memo("verdict", rk, lambda: common.job_verdict(job))
-    common.lead_figure(job, verdict, key="start")
+    mark = linked.marked(job)  # a removal set clicked on the Removal curves page, marked on the lead figure
+    linked.heatmap_marks(job)
+    common.lead_figure(job, verdict, key="start", marks=mark and mark["removed"])
     st.subheader("Regime verdict")
     L = res.num_layers
     if verdict is None:

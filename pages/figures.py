@@ -8,6 +8,7 @@ import streamlit as st
 from swapkl import views
 from swapkl.jobs import Job
 from swapkl.jobs.contents import content_key
+from swapkl.views import links
 
 #: figures and tables kept per session; past this many the memo starts afresh
 MEMO_SIZE = 64
@@ -32,20 +33,27 @@ def result_key(job: Job) -> tuple:
     return (content_key(job.result, job.curves),)
 
 
-def lead_figure(job: Job, verdict: dict | None, key: str):
+def lead_figure(job: Job, verdict: dict | None, key: str, marks: list | None = None):
     """The figure a result leads with: the depth profile (both protocols against layer depth, CI bands,
     thresholds, best pairs) when only adjacent pairs exist -- their heatmaps would be blank but for a thin
-    diagonal -- else the two heatmaps on one colour scale.  Returns the figure (for downloads)."""
+    diagonal -- else the two heatmaps on one colour scale.  ``marks``: layers drawn marked (a removal set clicked
+    on the Removal curves page, :func:`swapkl.views.links.mark_layers`).  Returns the figure, unmarked (for
+    downloads)."""
     res = job.result
     rk = result_key(job)
+
+    def shown(fig, name):
+        if not marks:
+            return fig
+        return memo("lead_marks", rk + (name, tuple(marks)), lambda: links.mark_layers(fig, marks))
     if views.is_adjacent_only(res):
         directed = st.toggle("Show the two directed replacement means R[i][i+1], R[i+1][i]", key=f"w_{key}_directed")
         fig = memo("depth", rk + (directed, (verdict or {}).get("regime")),
                    lambda: views.depth_profile(res, verdict=verdict, directed=directed))
-        st.plotly_chart(fig, key=f"{key}_depth", width="stretch")
+        st.plotly_chart(shown(fig, ("depth", directed)), key=f"{key}_depth", width="stretch")
         st.caption("Adjacent pairs only (the heatmaps would be a thin diagonal): choose the pair set gap:K or all "
                    "for heatmaps. Bands: 95 % bootstrap CIs over prompts; stars: each protocol's best pair.")
     else:
         fig = memo("heatmaps", rk + ("linear", False), lambda: views.heatmaps(res))
-        st.plotly_chart(fig, key=f"{key}_heatmaps", width="stretch")
+        st.plotly_chart(shown(fig, ("heatmaps",)), key=f"{key}_heatmaps", width="stretch")
     return fig

@@ -102,7 +102,8 @@ def removal_marks(job) -> None:
 
 
 def heatmap_marks(job) -> None:
-    """On the Heatmaps page: the marked removal set in words and a 'clear' control (the figures carry the marks)."""
+    """On the Heatmaps and Start pages: the marked removal set in words and a 'clear' control (the figures carry the
+    marks)."""
     sel = marked(job)
     if sel is not None:
         st.caption(links.removal_sentence(sel) + " (chosen on the Removal curves page)")

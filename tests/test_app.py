@@ -235,7 +235,8 @@ def test_cached_result_renders_fast_and_is_shared(cache):
     assert lines["replacement"] == pytest.approx([res.replacement()[i, i + 1] for i in range(4)])
     assert not at2.expander[0].proto.expanded
     at2.switch_page("pages/heatmaps.py").run()
-    assert len(at2.get("plotly_chart")) == 3
+    # heatmaps, gap, the depth profile (adjacent pairs only: its points open the drill-down) and the drill-down
+    assert [c.key for c in at2.get("plotly_chart")] == ["hm_main", "hm_gap", "hm_depth", "hm_pair"]
 
 
 def test_trajectory_page(cache, tmp_path, stories_path):

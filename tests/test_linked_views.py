@@ -239,11 +239,13 @@ def test_clicking_a_curve_point_marks_exactly_its_removed_layers(cache, stories_
         assert sorted(rows) == sorted(cols) == sorted(removed * 2)
         text = " ".join(c.value for c in at.caption)
         assert f"{method}-guided removal at n = {n}" in text and "{" + ", ".join(map(str, removed)) + "}" in text
-        # the Heatmaps page shows the same marks
-        at.switch_page("pages/heatmaps.py").run()
-        hm = _charts(at)[0]
-        assert sorted(round((s["x0"] + s["x1"]) / 2) for s in hm["layout"]["shapes"]
-                      if s.get("name", "").endswith(" column")) == sorted(removed * 2)
+        # the Heatmaps page and the Start page's lead figure show the same marks
+        for page in ("pages/heatmaps.py", "app.py"):
+            at.switch_page(page).run()
+            assert not at.exception, at.exception
+            hm = _charts(at)[0]
+            assert sorted(round((s["x0"] + s["x1"]) / 2) for s in hm["layout"]["shapes"]
+                          if s.get("name", "").endswith(" column")) == sorted(removed * 2), page
         at.switch_page("pages/curves.py").run()
     at.button(key="linked_clear").click().run()  # clear: no marks, and the stale selection does not bring them back
     assert not at.exception, at.exception
