@@ -143,10 +143,11 @@ def _unit(a, loaded) -> str:
     if a.unit is not None and a.unit not in ("block", "attention", "mlp"):
         raise SwapklError(f"unknown unit '{a.unit}'; choose one of: block, attention, mlp")
     contract = loaded[2] if loaded is not None else None
-    got = (contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)) or "block"
-    if a.unit is not None and loaded is not None and a.unit != got:
+    # a plain matrices file without a contract claims no unit: --unit says what its matrices score
+    got = contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)
+    if a.unit is not None and loaded is not None and got is not None and a.unit != got:
         raise SwapklError(f"--unit {a.unit} but the scores file {a.scores} scores the {got} unit")
-    return a.unit or got
+    return a.unit or got or "block"
 
 
 def render(r) -> str:
