@@ -164,7 +164,7 @@ def render(r) -> str:
     for name, entries in r.methods.items():
         lines.append(f"{name}:")
         for e in entries:
-            rem = e["removed"] if e["removed"] is not None else "mean of seeds"
+            rem = e["removed"] if e["removed"] is not None else e.get("removal") or "mean of seeds"
             kl = f"  KL {e['kl_to_base']:.3f}" if e.get("kl_to_base") is not None else ""
             spread = (f" [min {e['delta_pct_min']:+.1f}, max {e['delta_pct_max']:+.1f}]" if "delta_pct_min" in e
                       else (f" [{e['delta_pct_ci'][0]:+.1f}, {e['delta_pct_ci'][1]:+.1f}]" if e.get("delta_pct_ci")
