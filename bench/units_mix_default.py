@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--pool", type=int, default=24)
     ap.add_argument("--context", type=int, default=None, help="gains context (default: the units bench's)")
     ap.add_argument("--guided", action="store_true")
+    ap.add_argument("--no-greedy", action="store_true", help="skip the greedy mix (with --guided: the guided one only)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
@@ -80,11 +81,12 @@ def main() -> int:
                         params={"mix": {"calib_tokens": a.calib_tokens, "pool": a.pool}},
                         progress=lambda d, t, msg: print(f"  {msg} ({time.perf_counter() - t0:.0f}s)", flush=True))
     t0 = time.perf_counter()
-    out_mix = MX.mix_greedy(ctx, a.blocks)
-    search_s = time.perf_counter() - t0
-    n_evals = out_mix.info["evaluations"]
-    print(f"greedy mix: {n_evals} calibration evaluations in {search_s:.0f}s", flush=True)
-    methods = {"mix": out_mix}
+    methods, search_s, n_evals = {}, 0.0, 0
+    if not a.no_greedy:
+        methods["mix"] = MX.mix_greedy(ctx, a.blocks)
+        search_s = time.perf_counter() - t0
+        n_evals = methods["mix"].info["evaluations"]
+        print(f"greedy mix: {n_evals} calibration evaluations in {search_s:.0f}s", flush=True)
     if a.guided:
         from swapkl.contract import Contract
         from swapkl.scoring.score import score
