@@ -175,3 +175,26 @@ def test_calibration_disjoint_from_held_out():
     assert MX.check_disjoint(corpus, Evaluator("x", 300, 128, 64), 50) == (300, 350)
     with pytest.raises(SwapklError, match="overlaps the held-out text"):
         MX.check_disjoint(corpus, Evaluator("x", 301, 128, 64), 50)
+
+
+def test_curves_cli_runs_the_mix(stories_path, wikitext_path, tmp_path, monkeypatch, capsys):
+    """``swapkl curves --methods mix``: the JSON's mix points carry the set's label and its parameters (those of the
+    method's own record, reaching the target), and the printed curve names the mixed set."""
+    import json
+
+    from swapkl.commands.cli import main
+    from test_removal import scores5
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    sc = {k: [[None if v != v else float(v) for v in row] for row in m] for k, m in scores5().items()}
+    (tmp_path / "s.json").write_text(json.dumps(sc))
+    out = tmp_path / "c.json"
+    assert main(["curves", str(stories_path), "--device", "cpu", "--budget", "1", "--scores", str(tmp_path / "s.json"),
+                 "--methods", "mix", "--eval-text", str(wikitext_path), "--max-words", "400", "--no-kl", "--no-cache",
+                 "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    e = d["methods"]["mix"][0]
+    info = d["method_info"]["mix"]["sets"][0]
+    assert e["removed"] is None and e["removal"] == info["label"] and e["params_removed"] == info["params_removed"]
+    assert info["params_removed"] >= d["method_info"]["mix"]["settings"]["targets"][0]
+    assert f"n=1   {e['removal']}" in capsys.readouterr().out
