@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--pool", type=int, default=24)
     ap.add_argument("--context", type=int, default=None, help="gains context (default: the units bench's)")
     ap.add_argument("--guided", action="store_true")
+    ap.add_argument("--no-gains", action="store_true", help="skip the measured gains (held-out ΔPPL only)")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy mix (with --guided: the guided one only)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
@@ -130,7 +131,8 @@ def main() -> int:
             row["minus_block"] = {m: {"diff": row["delta_pct"] - E.delta_pct(evaluated[b], base),
                                       "ci": diff_ci(r, evaluated[b], base)} for m, b in blocks.items()}
             rows.append(row)
-    for n in range(1, a.blocks + 1):
+    gains_settings = None
+    for n in range(1, a.blocks + 1) if not a.no_gains else ():
         sets = {f"{r['unit']}:{r['method']}": r["_rs"] for r in rows if r["n_blocks"] == n}
         t1 = time.perf_counter()
         g = measure_gains(ck.model, sets, context=context, decode_tokens=32, repeats=3)
