@@ -44,10 +44,11 @@ def test_score_unit_json_and_cache(stories, stories_path, tmp_path):
     r = run_cli(*base, "--json", str(tmp_path / "again.json"), "--unit", "attention", env_extra=env)
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["meta"]["cached_pairs"] == len(att["pairs"]) and again["replacement"] == att["replacement"]
-    # a command that removes blocks only refuses sublayer scores, in one line, before loading the model
-    r = run_cli("recommend", str(stories_path), "--budget", "1", "--scores", str(out["attention"]), env_extra=env)
+    # recommend takes the scores file's unit; another --unit is refused, in one line, before loading the model
+    r = run_cli("recommend", str(stories_path), "--budget", "1", "--scores", str(out["attention"]), "--unit", "mlp",
+                env_extra=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert len(_lines(r)) == 1 and "holds attention swap-KL; 'recommend' works on whole blocks" in r.stderr, r.stderr
+    assert len(_lines(r)) == 1 and "--unit mlp but the scores file" in r.stderr and "attention unit" in r.stderr
 
 
 def test_unknown_unit_one_line(stories_path, tmp_path):
@@ -79,9 +80,11 @@ def test_family_without_sublayers_one_line(stories_path, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("command", ["recommend"])  # curves and evidence do sublayers (test_unit_curves_cli.py)
-def test_block_only_commands_accept_unit_and_refuse_sublayers(stories_path, tmp_path, command):
-    r = run_cli(command, str(stories_path), "--budget", "1", "--unit", "attention", env_extra={"SWAPKL_CACHE": str(tmp_path / "c")})
+@pytest.mark.parametrize("flag", ["--compare", "--seeds-from"])  # recommend does sublayers (test_unit_recommend.py)
+def test_recommend_refuses_block_methods_for_sublayers(stories_path, tmp_path, flag):
+    r = run_cli("recommend", str(stories_path), "--budget", "1", "--unit", "attention", flag, "replacement,cka",
+                env_extra={"SWAPKL_CACHE": str(tmp_path / "c")})
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = _lines(r)
-    assert len(lines) == 1 and lines[0].startswith(f"error: '{command}' works on whole blocks only"), r.stderr
+    assert lines == ["error: method(s) cka remove whole blocks only; for --unit attention choose from: replacement, "
+                     "interchange, anti-replacement, anti-interchange, random, bi, sleb"], r.stderr

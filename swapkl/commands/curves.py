@@ -143,10 +143,11 @@ def _unit(a, loaded) -> str:
     if a.unit is not None and a.unit not in ("block", "attention", "mlp"):
         raise SwapklError(f"unknown unit '{a.unit}'; choose one of: block, attention, mlp")
     contract = loaded[2] if loaded is not None else None
-    got = (contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)) or "block"
-    if a.unit is not None and loaded is not None and a.unit != got:
+    # a plain matrices file without a contract claims no unit: --unit says what its matrices score
+    got = contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)
+    if a.unit is not None and loaded is not None and got is not None and a.unit != got:
         raise SwapklError(f"--unit {a.unit} but the scores file {a.scores} scores the {got} unit")
-    return a.unit or got
+    return a.unit or got or "block"
 
 
 def render(r) -> str:
@@ -163,7 +164,7 @@ def render(r) -> str:
     for name, entries in r.methods.items():
         lines.append(f"{name}:")
         for e in entries:
-            rem = e["removed"] if e["removed"] is not None else "mean of seeds"
+            rem = e["removed"] if e["removed"] is not None else e.get("removal") or "mean of seeds"
             kl = f"  KL {e['kl_to_base']:.3f}" if e.get("kl_to_base") is not None else ""
             spread = (f" [min {e['delta_pct_min']:+.1f}, max {e['delta_pct_max']:+.1f}]" if "delta_pct_min" in e
                       else (f" [{e['delta_pct_ci'][0]:+.1f}, {e['delta_pct_ci'][1]:+.1f}]" if e.get("delta_pct_ci")

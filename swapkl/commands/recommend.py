@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (block_unit_only, evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (add_unit_arg, evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
-from swapkl.commands.curves import load_scores
+from swapkl.commands.curves import load_scores, _unit as scores_unit
 from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
                                       SEED_METHODS)
 from swapkl.removal.selection import check_budget, default_candidates
@@ -55,6 +55,7 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, metavar="OUT", help="write the recommendation JSON here")
     p.add_argument("--quiet", action="store_true")
     add_contract_args(p)
+    add_unit_arg(p)
     p.set_defaults(func=run)
 
 
@@ -73,8 +74,6 @@ def parse_max_evals(s: str):
 
 
 def run(a) -> int:
-    block_unit_only(a, "recommend")  # sublayer removal is not done here yet: refused before any work
-
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     for flag, v, lo in (("--width", a.width, 1), ("--calib-tokens", a.calib_tokens, 16), ("--spacing", a.spacing, 0)):
@@ -100,9 +99,15 @@ def run(a) -> int:
         raise SwapklError(f"the evaluation text is too short: corpus '{corpus.name}' has {corpus.split_point} words "
                           f"of evaluation text, the evaluator needs {ev_words} (use --max-words)")
     loaded = load_scores(a.scores) if a.scores else None
-    if loaded is not None and (loaded[2] or {}).get("unit", "block") != "block":  # this command removes blocks
-        raise SwapklError(f"the scores file {a.scores} holds {loaded[2]['unit']} swap-KL; 'recommend' works on whole "
-                          "blocks only for now (score with --unit block)")
+    unit = scores_unit(a, loaded)  # --unit, else the scores file's unit; a mismatch refused in one line
+    if unit != "block":
+        from swapkl.removal.units import UNIT_METHODS
+
+        explicit = seeds if a.seeds_from != ",".join(SEED_METHODS) else []  # the default's block seeds: dropped, noted
+        bad = [m for m in explicit + compare if m not in UNIT_METHODS]
+        if bad:
+            raise SwapklError(f"method(s) {', '.join(bad)} remove whole blocks only; for --unit {unit} choose from: "
+                              f"{', '.join(m for m in UNIT_METHODS if m != 'recommend')}")
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
     # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained)
@@ -118,7 +123,12 @@ def run(a) -> int:
     else:
         from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
 
-        res = score(ck, contract_from_args(a), progress=progress, use_cache=not a.no_cache)
+        import dataclasses
+
+        contract = contract_from_args(a)
+        if getattr(contract, "unit", "block") != unit:
+            contract = dataclasses.replace(contract, unit=unit)
+        res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
 
     def prog(done, total, msg):
@@ -130,14 +140,15 @@ def run(a) -> int:
                     max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
                     kl=not a.no_kl, compare=compare,
-                    method_params={"recommend": {"rule": a.rule, "calib_regions": a.calib_regions}})
+                    method_params={"recommend": {"rule": a.rule, "calib_regions": a.calib_regions}}, unit=unit)
     return emit(a, rec, render)
 
 
 def render(rec) -> str:
     ev = rec.evaluator
     lo_hi = rec.baseline_ppl_ci or [float("nan")] * 2
-    lines = [f"model: {rec.model.get('display') or rec.model.get('id') or rec.model.get('name_or_path')}",
+    lines = [f"model: {rec.model.get('display') or rec.model.get('id') or rec.model.get('name_or_path')}"
+             + (f"  unit: {rec.unit} (removed sublayers skipped)" if rec.unit != "block" else ""),
              f"held-out: {ev.get('name')} ({ev.get('max_words')} words, window {ev.get('window')}, stride "
              f"{ev.get('stride')}) on {rec.corpus.get('label')}; baseline PPL {rec.baseline_ppl:.4g} "
              f"[{lo_hi[0]:.4g}, {lo_hi[1]:.4g}]",

@@ -250,11 +250,18 @@ class CurvesRun:
         self.counter["points"] += 1
         self.report(f"baseline PPL {self.baseline.ppl:.4g}")
 
-    def evaluate_set(self, removed: Sequence[int], merge: dict | None = None):
+    def evaluate_set(self, removed: Sequence[int], merge: dict | None = None, units: Sequence[int] | None = None):
         from swapkl.surgery.merge import merged_copy
         from swapkl.surgery.skip import removed_copy
 
         self.stop_check()
+        if units is not None:  # a mixed set of sublayer units (swapkl.removal.methods.mix): codes, skipped
+            from swapkl.removal.methods.mix import MIXED_KEY, decode
+
+            def mixed():
+                self.counter["evals"] += 1
+                return self._ppl(removed_copy(self.model, decode(units)), reference=self.reference)
+            return self.memo.get(self.text_key + MIXED_KEY, units, mixed)
 
         def compute():
             self.counter["evals"] += 1
@@ -266,15 +273,31 @@ class CurvesRun:
         key = self.text_key if merge is None else f"{self.text_key}|merge:{merge['mode']}:{merge['groups']}"
         return self.memo.get(key, removed, compute)
 
-    def entry(self, n: int, removed: Sequence[int], merge: dict | None = None) -> dict:
+    def entry(self, n: int, removed: Sequence[int], merge: dict | None = None,
+              units: Sequence[int] | None = None) -> dict:
+        """One curve point.  ``units``: the codes of a mixed set (:mod:`swapkl.removal.methods.mix`; ``removed`` is
+        then its whole blocks): the entry's ``removed`` is None (n counts blocks' worth of parameters, not layers),
+        ``removal`` its label and ``params_removed`` its non-embedding parameters."""
         from swapkl.removal import evaluate as E
 
-        r = self.evaluate_set(removed, merge)
+        r = self.evaluate_set(removed, merge, units)
         self.counter["points"] += 1
-        self.report(f"n={n} removed {sorted(int(i) for i in removed)}: PPL {r.ppl:.4g}")
-        e = {"n": n, "removed": sorted(int(i) for i in removed), "ppl": r.ppl, "ppl_ci": list(r.ci()),
+        mixed = None
+        if units is not None:
+            from swapkl.removal.methods.mix import decode
+            from swapkl.surgery.sizes import params_removed, unit_sizes
+
+            mixed = decode(units)
+            self._sizes = getattr(self, "_sizes", None) or unit_sizes(self.model)
+        self.report(f"n={n} removed {mixed.label() if mixed is not None else sorted(int(i) for i in removed)}: "
+                    f"PPL {r.ppl:.4g}")
+        e = {"n": n, "removed": None if mixed is not None else sorted(int(i) for i in removed), "ppl": r.ppl,
+             "ppl_ci": list(r.ci()),
              "delta_pct": E.delta_pct(r, self.baseline), "delta_pct_ci": list(E.delta_pct_ci(r, self.baseline)),
              "kl_to_base": r.kl_to_base}
+        if mixed is not None:  # scalars only: the set itself is in method_info (sets[n-1]["removal"])
+            e["removal"] = mixed.label()
+            e["params_removed"] = params_removed(self._sizes, mixed)
         if merge is not None:
             # a scalar (curve entries hold scalars only): "average: 3+4, 7+8"; the groups are in method_info
             e["merge"] = f"{merge['mode']}: " + ", ".join("+".join(str(i) for i in g) for g in merge["groups"])
@@ -313,7 +336,9 @@ class CurvesRun:
         info["selection_seconds"] = time.perf_counter() - t0
         if out.runs is None:
             var = out.variant if out.variant and out.variant.get("kind") == "merge" else None
-            entries = [self.entry(k + 1, s, None if var is None else {"groups": var["groups"][k], "mode": var["mode"]})
+            mix = out.variant["sets"] if out.variant and out.variant.get("kind") == "units" else None
+            entries = [self.entry(k + 1, s, None if var is None else {"groups": var["groups"][k], "mode": var["mode"]},
+                                  None if mix is None else mix[k])
                        for k, s in enumerate(out.sets)]
             if len(entries) < self.budget and not out.notes:
                 result.notes.append(f"{spec.name}: curve stops at n={len(entries)}")

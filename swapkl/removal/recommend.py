@@ -53,6 +53,8 @@ class Recommendation:
     notes: list = field(default_factory=list)
     #: per n, the held-out paired comparison with every other method of the same run (swapkl.removal.paired)
     paired: list = field(default_factory=list)
+    #: what a removed index removes: the block, or its attention / mlp sublayer (skipped, swapkl.surgery.skip)
+    unit: str = "block"
 
     # -- access
     @property
@@ -66,7 +68,7 @@ class Recommendation:
         raise SwapklError(f"no recommendation for n={n} (computed for n = 1..{self.budget})")
 
     def removed(self, n: int) -> list[int]:
-        """The recommended layers (0-based slots) to remove at budget ``n``."""
+        """The recommended layers (0-based slots) to remove at budget ``n`` (their :attr:`unit`)."""
         return list(self.entry(n)["removed"])
 
     def explain(self, n: int) -> str:
@@ -103,7 +105,8 @@ class Recommendation:
             ci = e.get("delta_pct_ci")
             held = (f", held-out ΔPPL {e['delta_pct']:+.1f} %" +
                     (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""))
-        return (f"Remove layers {e['removed']} (n={n}): calibration PPL {e['calib_ppl']:.4g} "
+        what = "layers" if self.unit == "block" else f"the {self.unit} sublayers of layers"
+        return (f"Remove {what} {e['removed']} (n={n}): calibration PPL {e['calib_ppl']:.4g} "
                 f"({e['calib_delta_pct']:+.1f} % vs {self.calib_base_ppl:.4g}){held}; "
                 + "; ".join(parts) + ("; " + "; ".join(how) if how else "")
                 + f"; {rule_phrase(e)} after {e['evaluations']} calibration evaluations "
@@ -170,8 +173,11 @@ class Recommendation:
         if not isinstance(entries, list) or not all(isinstance(e, dict) and "removed" in e and "n" in e
                                                     for e in entries):
             raise SwapklError("not a swapkl recommendation: entries must be a list of {n, removed, ...}")
+        unit = d.get("unit") or "block"
+        if unit not in ("block", "attention", "mlp"):
+            raise SwapklError(f"not a swapkl recommendation: unknown unit {unit!r}")
         return cls(**{k: d.get(k, [] if k in ("notes", "baseline_ppl_ci", "paired") else {} if k == "stats" else None)
-                      for k in cls.__dataclass_fields__})
+                      for k in cls.__dataclass_fields__ if k != "unit"}, unit=unit)
 
     @classmethod
     def from_json(cls, s_or_path) -> Recommendation:
@@ -204,7 +210,8 @@ class Recommendation:
                    stats={"evaluations": rec["evaluations"], "max_evals": rec["max_evals"],
                           "sleb_evaluations": rec["sleb_evaluations"], "search_seconds": rec["seconds"],
                           "test_evaluations": len(entries)},
-                   notes=list(rec.get("notes", [])), paired=list(info.get("paired") or []))
+                   notes=list(rec.get("notes", [])), paired=list(info.get("paired") or []),
+                   unit=d.get("unit") or "block")
 
 
 def rule_phrase(e: dict) -> str:
@@ -240,14 +247,17 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
               max_evals="sleb", seeds: Sequence[str] = SEED_METHODS, constrained: bool = False, spacing: int = 1,
               memo=None, identity: dict | None = None, progress=None, should_stop=None, kl: bool = True,
               method_params: dict | None = None, batch_size: int | None = None,
-              compare: Sequence[str] = ()) -> Recommendation:
+              compare: Sequence[str] = (), unit: str = "block") -> Recommendation:
     """Recommend the layers to remove for n = 1..``budget`` (see the module docstring) and evaluate each choice on
     the held-out test text (the evaluator's text from the corpus's evaluation region, ``evaluator``) once, after
     the choice.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may be missing).  ``memo``:
     a :class:`~swapkl.removal.memo.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
     ``spacing``: Δ of the selection rule (the guided seeds', and the search's with ``constrained``).
     ``compare``: other methods run on the same held-out windows, so that each n carries the paired comparison
-    (``Recommendation.paired``, :mod:`swapkl.removal.paired`).  Returns a :class:`Recommendation`."""
+    (``Recommendation.paired``, :mod:`swapkl.removal.paired`).  ``unit``: ``block`` (default), or ``attention`` /
+    ``mlp``: the search removes (skips) that sublayer of each chosen layer, seeded by the methods defined on the unit
+    (:data:`swapkl.removal.units.UNIT_METHODS`), ``scores`` being the unit's matrices.  Returns a
+    :class:`Recommendation`."""
     params = dict(method_params or {})
     params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows,
                            "max_evals": max_evals,
@@ -256,7 +266,7 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
     methods = ["recommend"] + [m for m in compare if m != "recommend"]
     res = removal_curves(model, tokenizer, scores, budget, methods, evaluator, corpus, progress=progress,
                          should_stop=should_stop, memo=memo, identity=identity, kl=kl, method_params=params,
-                         batch_size=batch_size, spacing=spacing)
+                         batch_size=batch_size, spacing=spacing, unit=unit)
     rec = Recommendation.from_curves(res)
     rec.notes = list(res.notes) + [n for n in rec.notes if n not in res.notes]
     return rec

@@ -4,14 +4,16 @@ evaluations apart from block removals in the shared memo.
 A sublayer curve removes (skips, :mod:`swapkl.surgery.skip`) the attention or the MLP sublayer of each chosen layer.
 The guided methods select with the same code as for blocks, on the unit's swap-KL matrices (a score result whose
 contract unit is that unit); random draws layers; BI scores each sublayer by ``1 - cos(stream before, stream after)``
-around it; SLEB greedily skips the sublayer whose removal hurts calibration perplexity least.  Other methods
-(CKA, angular distance, Taylor, LaCo merging, the recommendation) are defined on whole blocks and are refused."""
+around it; SLEB greedily skips the sublayer whose removal hurts calibration perplexity least; the recommendation runs
+its beam search over the unit's sublayers, seeded by the unit methods only.  Other methods (CKA, angular distance,
+Taylor, LaCo merging) are defined on whole blocks and are refused."""
 from __future__ import annotations
 
 from swapkl.errors import ContractError
 
 #: the methods a sublayer curve can run (the rest are block methods)
-UNIT_METHODS = ("replacement", "interchange", "anti-replacement", "anti-interchange", "random", "bi", "sleb")
+UNIT_METHODS = ("replacement", "interchange", "anti-replacement", "anti-interchange", "random", "bi", "sleb",
+                "recommend")
 
 
 def unit_key_suffix(unit: str) -> str:

@@ -163,6 +163,14 @@ class BeamSearch:
         # shared memo)
         self.calib_stride = getattr(ctx.evaluator, "stride", None) if self.windows == "evaluator" else None
         self.seed_names = list(p("seeds", SEED_METHODS))
+        if ctx.unit != "block":  # a sublayer search: only the methods defined on that unit propose sets
+            from swapkl.removal.units import UNIT_METHODS
+
+            dropped = [s for s in self.seed_names if s not in UNIT_METHODS or s == "recommend"]
+            self.seed_names = [s for s in self.seed_names if s not in dropped]
+            self.seed_notes = [f"seeds {', '.join(dropped)} skipped: they remove whole blocks only"] if dropped else []
+        else:
+            self.seed_notes = []
         self.singles = bool(p("singles", True))
         cap = p("max_evals", "sleb")
         self.cap = sleb_cost(len(self.cands_all), budget) if cap == "sleb" else (None if cap is None else int(cap))
@@ -172,7 +180,7 @@ class BeamSearch:
         self.rule, self.regions = str(p("rule", DEFAULT_RULE)), int(p("calib_regions", DEFAULT_REGIONS))
         if self.rule not in RULES or self.regions < 1:
             raise SwapklError(f"recommend rule must be one of {', '.join(RULES)} and calib_regions >= 1")
-        self.notes: list[str] = []
+        self.notes: list[str] = list(self.seed_notes)
         self.signals: dict[str, dict[int, int]] = {}
         self.evaluated: dict[frozenset, float] = {}
         self.sources: dict[frozenset, list[str]] = {}
@@ -319,6 +327,7 @@ class BeamSearch:
         st = self.settings | {"width": self.width, "top_k": self.top_k, "calib_tokens": self.calib_tokens,
                               "calib_windows": self.windows, "calib_stride": self.calib_stride, "max_evals": self.cap,
                               "seeds": self.seed_names, "merged_seeds": self.merged, "label": LABEL,
+                              "unit": self.ctx.unit,
                               "calibration": "corpus prompt region (disjoint from the test text)",
                               "rule": self.rule, "calib_regions": self.regions,
                               "choice": ("the protocol rule's zero-evaluation set unless the search's best calibration "
