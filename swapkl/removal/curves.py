@@ -1,6 +1,7 @@
 """Removal curves: every method's nested removal sets evaluated with one memo of perplexity evaluations keyed
-by the frozenset of removed layers (see ``docs/removal.md``), the result type :class:`CurvesResult`, and the
-checks that scores and curves belong to the model at hand."""
+by the frozenset of removed layers (see ``docs/removal.md``) and the result type :class:`CurvesResult`.  The
+checks that scores and curves belong to the model at hand live in :mod:`swapkl.removal.checks` (re-exported
+here)."""
 from __future__ import annotations
 
 import time
@@ -14,6 +15,8 @@ from swapkl.removal import methods as M
 from swapkl.contract import Provenance
 from swapkl.scoring.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
+from swapkl.removal.checks import (ScoresMismatch, check_evaluator_context, check_same_model,  # noqa: F401 (re-exported)
+                                   check_scores)
 from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json as _jsonable
@@ -23,10 +26,6 @@ from swapkl.removal.verdict import regime_verdict
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
 # dashboard imports this module for CurvesResult before torch is loaded.
-
-
-class ScoresMismatch(SwapklError):
-    """A scores file that belongs to a different model (or layer count)."""
 
 
 def curves_provenance(d: dict) -> Provenance:
@@ -112,46 +111,6 @@ class CurvesResult:
 
     def curve(self, method: str) -> list[dict]:
         return self.methods[method]
-
-
-def check_scores(scores: dict, num_layers: int, identity: dict | None = None, model_identity: dict | None = None,
-                 what: str = "the scores file is for a different model"):
-    """Raise :class:`ScoresMismatch` when score matrices do not fit the model (layer count; identity when both
-    sides give one).  ``what`` starts the identity message."""
-    for name, d in scores.items():
-        d = np.asarray(d)
-        if d.shape != (num_layers, num_layers):
-            raise ScoresMismatch(
-                f"the {name} scores are for a {d.shape[0]}-layer model; this model has {num_layers} layers "
-                f"(a scores file from a different model?)")
-    if identity and model_identity:
-        keys = ["model_type", "num_layers", "fingerprint", "commit"]
-        if identity.get("kind") == "hub" and model_identity.get("kind") == "hub":
-            keys += ["id", "revision"]
-        for key in keys:
-            a, b = identity.get(key), model_identity.get(key)
-            if a is not None and b is not None and a != b:
-                name = identity.get("display") or identity.get("id") or "?"
-                raise ScoresMismatch(f"{what} ({name}; {key} {a} != {b})")
-
-
-def check_same_model(result, curves_model: dict | None,
-                     what: str = "the scores and the removal curves are for different models") -> None:
-    """Raise :class:`ScoresMismatch` when removal curves (their ``model`` identity) were computed on another model
-    than the score result ``result`` (a :class:`~swapkl.scoring.results.SwapResult`): the one check for every place that
-    shows the two together (the dashboard's file upload, ``report --scores --curves``)."""
-    check_scores({"replacement": result.replacement(), "interchange": result.interchange()}, result.num_layers,
-                 result.identity, curves_model, what=what)
-
-
-def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
-    """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
-    from swapkl.model import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.removal.evaluate import get_evaluator
-
-    ev = get_evaluator(evaluator)
-    arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
-                       "use an evaluator whose window is at most {limit} tokens", name=name)
 
 
 def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str] | None = None,
