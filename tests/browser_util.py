@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 HAVE_BROWSER = os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
 
@@ -153,3 +154,44 @@ def listening_addresses(port: int) -> list[str]:
                 words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
                 out.append(socket.inet_ntop(socket.AF_INET6, words))
     return out
+
+
+@contextlib.contextmanager
+def fresh_server(tmp_path: Path, **env: str):
+    """``streamlit run app.py`` of this tree on a free port, offline, with an empty cache under ``tmp_path`` (and
+    ``env`` added to the environment); yields its URL and always stops it."""
+    port = free_port()
+    full = dict(os.environ, SWAPKL_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", **env)
+    with served(streamlit_cmd(port), ROOT, full, tmp_path / "streamlit.log", port, timeout=90) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def chrome_session(tmp_path: Path):
+    """A headless Chromium with its profile under ``tmp_path``; always quit."""
+    drv = chrome(tmp_path / "chrome")
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def patient_wait(drv, seconds: float = 60):
+    """A ``WebDriverWait`` that retries through stale elements (Streamlit redraws them under the test)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(drv, seconds, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def upload_and_open(drv, wait, expander: str, files: list[Path]) -> None:
+    """Open the expander whose label contains ``expander``, give its file box ``files`` and press Open, once
+    the last file's name is shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    wait.until(EC.presence_of_element_located((By.XPATH, f"//*[contains(text(), '{expander}')]"))).click()
+    box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
+    box.send_keys("\n".join(str(f) for f in files))
+    wait.until(EC.presence_of_element_located((By.XPATH, f"//*[contains(text(), '{Path(files[-1]).name}')]")))
+    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()

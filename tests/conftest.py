@@ -81,6 +81,20 @@ def wikitext_path() -> Path:
 
 
 @pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """``swapkl`` in process with its cache under ``tmp_path``: ``cli(*argv) -> (exit code, stdout, stderr)``."""
+    from swapkl.commands.cli import main
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
+
+    def run(*argv):
+        rc = main([str(x) for x in argv])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    return run
+
+
+@pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A private swapkl cache for one test (``$SWAPKL_CACHE``); the project's cache/ is never touched."""
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))

@@ -5,14 +5,11 @@ removal-curves chart (Removal curves page), and saves screenshots under ``artifa
 Skipped with a reason when chromium / chromedriver / selenium are missing (CI's ``.ci/run`` installs them)."""
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 
-from browser_util import chrome, click_text, free_port, need_browser, screenshot, served, set_number, \
-    streamlit_cmd
+from browser_util import ROOT, chrome_session, click_text, fresh_server, need_browser, screenshot, set_number
 
 need_browser()
 
@@ -25,23 +22,19 @@ STALE = (StaleElementReferenceException,)
 
 LIVE_TEXT_JS = """return [...document.querySelectorAll('*')].filter(e => e.shadowRoot)
   .map(e => e.shadowRoot.querySelector('.swapkl-live .txt')).filter(Boolean).map(t => t.textContent);"""
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
 @pytest.fixture
 def server(tmp_path, stories_path):
-    port = free_port()
-    env = dict(os.environ, SWAPKL_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
-    with served(streamlit_cmd(port), ROOT, env, tmp_path / "streamlit.log", port, timeout=90) as (url, _):
+    with fresh_server(tmp_path) as url:
         yield url
 
 
 @pytest.fixture
 def browser(tmp_path):
-    drv = chrome(tmp_path / "chrome")
-    yield drv
-    drv.quit()
+    with chrome_session(tmp_path) as drv:
+        yield drv
 
 
 def test_browser_end_to_end(server, browser):

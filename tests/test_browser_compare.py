@@ -5,37 +5,29 @@ selenium."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
-from browser_util import chrome, free_port, need_browser, screenshot, served, streamlit_cmd
+from browser_util import ROOT, chrome_session, fresh_server, need_browser, patient_wait, screenshot, upload_and_open
 
 need_browser()
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
-    env = dict(os.environ, SWAPKL_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
-    with served(streamlit_cmd(port), ROOT, env, tmp_path / "streamlit.log", port, timeout=90) as (url, _):
+    with fresh_server(tmp_path) as url:
         yield url
 
 
 @pytest.fixture
 def browser(tmp_path):
-    drv = chrome(tmp_path / "chrome")
-    yield drv
-    drv.quit()
+    with chrome_session(tmp_path) as drv:
+        yield drv
 
 
 def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(server, browser, tmp_path):
@@ -45,14 +37,10 @@ def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(se
     a, b = tmp_path / "a-scores.json", tmp_path / "b-bundle.json"
     synthetic(seed=0, noise=0.05).save(a)
     b.write_text(json.dumps(make_bundle(synthetic(seed=1, noise=0.05), device="a GPU elsewhere")))
-    drv, wait = browser, WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+    drv, wait = browser, patient_wait(browser)
     drv.get(server + "/compare")
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(., 'Two finished analyses are needed')]")))
-    drv.find_element(By.XPATH, "//*[contains(text(), 'Open score files or bundles')]").click()
-    box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
-    box.send_keys(f"{a}\n{b}")
-    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'b-bundle.json')]")))
-    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()
+    upload_and_open(drv, wait, "Open score files or bundles", [a, b])
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm")) >= 6)
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(., 'bundle computed on') and "
                                                          "contains(., 'a GPU elsewhere')]")))

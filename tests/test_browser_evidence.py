@@ -5,13 +5,11 @@ stability strip) and the headline and contract caption are on screen.  Screensho
 Skipped with a reason when chromium / chromedriver / selenium are missing."""
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 
-from browser_util import chrome, click_text, free_port, need_browser, screenshot, served, set_number, streamlit_cmd
+from browser_util import ROOT, chrome_session, click_text, fresh_server, need_browser, screenshot, set_number
 
 need_browser()
 
@@ -23,7 +21,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from app_util import STORIES_REL  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 STALE = (StaleElementReferenceException,)
 
@@ -41,17 +38,14 @@ def server(tmp_path, stories_path, wikitext_path):
     # evaluator), no second region, a prompt region for prompts and calibration -- the job stays short
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(open(wikitext_path, encoding="utf-8").read().split()[:11000]), encoding="utf-8")
-    port = free_port()
-    env = dict(os.environ, SWAPKL_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", SWAPKL_CORPUS=str(corpus))
-    with served(streamlit_cmd(port), ROOT, env, tmp_path / "streamlit.log", port, timeout=90) as (url, _):
+    with fresh_server(tmp_path, SWAPKL_CORPUS=str(corpus)) as url:
         yield url
 
 
 @pytest.fixture
 def browser(tmp_path):
-    drv = chrome(tmp_path / "chrome")
-    yield drv
-    drv.quit()
+    with chrome_session(tmp_path) as drv:
+        yield drv
 
 
 def _type(drv, wait, label: str, text: str) -> None:

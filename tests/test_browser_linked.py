@@ -3,38 +3,30 @@ then on the Heatmaps page a click on a heatmap cell opens the pair drill-down on
 address bar's ``pair=``).  Skipped with the standard reason without Chromium / chromedriver / selenium."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from browser_util import chrome, click_text, free_port, need_browser, screenshot, served, streamlit_cmd
+from browser_util import ROOT, chrome_session, click_text, fresh_server, need_browser, patient_wait, screenshot, \
+    upload_and_open
 
 need_browser()
 
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
-    env = dict(os.environ, SWAPKL_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
-    with served(streamlit_cmd(port), ROOT, env, tmp_path / "streamlit.log", port, timeout=90) as (url, _):
+    with fresh_server(tmp_path) as url:
         yield url
 
 
 @pytest.fixture
 def browser(tmp_path):
-    drv = chrome(tmp_path / "chrome")
-    yield drv
-    drv.quit()
+    with chrome_session(tmp_path) as drv:
+        yield drv
 
 
 def test_clicking_a_heatmap_cell_opens_its_drill_down(server, browser, tmp_path):
@@ -43,13 +35,9 @@ def test_clicking_a_heatmap_cell_opens_its_drill_down(server, browser, tmp_path)
     L = 6
     f = tmp_path / "scores.json"
     synthetic(L=L, seed=0, noise=0.05).save(f)
-    drv, wait = browser, WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+    drv, wait = browser, patient_wait(browser)
     drv.get(server)
-    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Open saved results')]"))).click()
-    box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
-    box.send_keys(str(f))
-    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'scores.json')]")))
-    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()
+    upload_and_open(drv, wait, "Open saved results", [f])
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm"))
     click_text(drv, wait, "Heatmaps", "span")  # the navigation keeps the session (and its opened file)
     wait.until(EC.presence_of_element_located((By.XPATH, "//h3[contains(., 'Pair drill-down')]")))
@@ -73,13 +61,9 @@ def test_clicking_a_removal_curve_point_marks_its_layers(server, browser, tmp_pa
     f = tmp_path / "bundle.json"
     curves = _curves()
     f.write_text(json.dumps(make_bundle(synthetic(seed=0, noise=0.05), curves)))
-    drv, wait = browser, WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+    drv, wait = browser, patient_wait(browser)
     drv.get(server)
-    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Open saved results')]"))).click()
-    box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
-    box.send_keys(str(f))
-    wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'bundle.json')]")))
-    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()
+    upload_and_open(drv, wait, "Open saved results", [f])
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm"))
     click_text(drv, wait, "Removal curves", "span")
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Click a point of a removal curve')]")))

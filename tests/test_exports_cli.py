@@ -19,19 +19,6 @@ from test_hostile_cli import assert_user_error, model_copy, one_error_line, run_
 from swapkl.surgery.mergekit import kept_from_config
 
 
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    from swapkl.commands.cli import main
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
-
-    def run(*argv):
-        rc = main([str(x) for x in argv])
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-    return run
-
-
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
     return write_tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf", n_layers=5)

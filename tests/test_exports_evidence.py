@@ -34,19 +34,6 @@ def evidence(stories_path, tmp_path_factory) -> tuple[Path, dict]:
     return d / "ev.json", json.loads((d / "ev.json").read_text())
 
 
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    from swapkl.commands.cli import main
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
-
-    def run(*argv):
-        rc = main([str(x) for x in argv])
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-    return run
-
-
 @pytest.mark.parametrize("method, key", [("ground_truth_ppl", "delta_ppl_pct"), ("ground_truth_kl", "kl")])
 def test_ground_truth_cheapest_single_layers(stories_path, evidence, tmp_path, cli, method, key):
     path, d = evidence

@@ -41,19 +41,6 @@ def test_export_reloads_equal_to_skipping(kind, tmp_path):
                 assert not sd[f"{name}.{suffix}"].any()
 
 
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    from swapkl.commands.cli import main
-
-    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
-
-    def run(*argv):
-        rc = main([str(x) for x in argv])
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-    return run
-
-
 def test_cli_prune_unit_verify(cli, stories_path, tmp_path):
     rc, out, err = cli("prune", stories_path, "--unit", "attention", "--remove", "1,3", "--out", tmp_path / "p",
                        "--verify")

@@ -92,21 +92,7 @@ def run(a) -> int:
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
-    if loaded is not None:
-        scores, ident, _ = loaded
-        check_scores(scores, ck.num_layers, ident, ck.identity)
-        src = f"scores from {a.scores}"
-    else:
-        from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
-
-        contract = contract_from_args(a)
-        if getattr(contract, "unit", "block") != unit:
-            import dataclasses
-
-            contract = dataclasses.replace(contract, unit=unit)
-        res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
-        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-        src = f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})"
+    scores, src = scores_for(a, ck, loaded, unit, progress)
     params = {}
     if a.calib_tokens:
         params = {"bi": {"calib_tokens": a.calib_tokens}, "sleb": {"calib_tokens": a.calib_tokens}}
@@ -136,6 +122,26 @@ def run(a) -> int:
             print(table)
         return rc
     return emit(a, result, render)
+
+
+def scores_for(a, ck, loaded, unit: str, progress) -> tuple[dict, str]:
+    """The swap-KL matrices ``{"replacement", "interchange"}`` (L×L) a removal command works from, and a line
+    saying where they came from: the ``--scores`` file ``loaded`` (:func:`load_scores`), checked to be of ``ck``'s
+    model, else computed for the command's contract at ``unit`` (engine and cache)."""
+    if loaded is not None:
+        scores, ident, _ = loaded
+        check_scores(scores, ck.num_layers, ident, ck.identity)
+        return scores, f"scores from {a.scores}"
+    import dataclasses
+
+    from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
+
+    contract = contract_from_args(a)
+    if getattr(contract, "unit", "block") != unit:
+        contract = dataclasses.replace(contract, unit=unit)
+    res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
+    return ({"replacement": res.replacement(), "interchange": res.interchange()},
+            f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})")
 
 
 def _unit(a, loaded) -> str:

@@ -130,8 +130,6 @@ def run(a) -> int:
 
 
 def _run_hf(a) -> int:
-    import torch  # deferred: the CLI's --help must not
-
     from swapkl.surgery.prune import pruned_copy, save_pruned, validate_remove
 
     groups = parse_groups(a.merge) if a.merge is not None else None
@@ -160,21 +158,13 @@ def _run_hf(a) -> int:
     how = f"merged {a.merge} ({a.merge_mode}), " if merge else ""
     print(f"saved {out}: {how}removed layers {remove}, {len(kept)} of {ck.num_layers} kept")
     if a.verify:
-        from transformers import AutoModelForCausalLM
+        from swapkl.commands.prune_units import verify_reload
 
-        re = AutoModelForCausalLM.from_pretrained(out, dtype=next(ck.model.parameters()).dtype).to(ck.device).eval()
-        x = ck.tokenizer("The quick brown fox jumps over the lazy dog.", return_tensors="pt")["input_ids"]
-        x = x.to(ck.device)
-        with torch.no_grad():
-            if merge is not None:
-                from swapkl.surgery.merge import merged_copy
-                mem = merged_copy(ck.model, merge["groups"], merge["mode"])
-            else:
-                mem = pruned_copy(ck.model, remove)
-            a1 = mem(input_ids=x, use_cache=False).logits
-            a2 = re(input_ids=x, use_cache=False).logits
-        err = float((a1 - a2).abs().max())
-        if err > 1e-5:
-            raise SwapklError(f"the reloaded model differs from the in-memory model (max |Δlogit| {err:.3g})")
-        print(f"verified: reloaded logits equal the in-memory pruned model's (max |Δlogit| {err:.1e})")
+        if merge is not None:
+            from swapkl.surgery.merge import merged_copy
+            mem = merged_copy(ck.model, merge["groups"], merge["mode"])
+        else:
+            mem = pruned_copy(ck.model, remove)
+        verify_reload(out, ck, mem, "the reloaded model differs from the in-memory model",
+                      "reloaded logits equal the in-memory pruned model's")
     return 0

@@ -14,11 +14,8 @@ def run_units(a, removal) -> int:
 
 
 def save_and_verify(a, ck, remove) -> int:
-    import torch  # deferred: the CLI's --help must not
-
     from swapkl.surgery.prune import save_pruned
     from swapkl.surgery.removal_set import RemovalSet
-    from swapkl.surgery.skip import skipping_copy
     from swapkl.surgery.sublayer_export import RUNTIME_NOTE
 
     rs = RemovalSet.of(remove, a.unit).validate(ck.num_layers)
@@ -27,16 +24,26 @@ def save_and_verify(a, ck, remove) -> int:
           f"(weight and bias), all {ck.num_layers} layers kept")
     print(f"note: {RUNTIME_NOTE}")
     if a.verify:
-        from transformers import AutoModelForCausalLM
+        from swapkl.surgery.skip import skipping_copy
 
-        re = AutoModelForCausalLM.from_pretrained(out, dtype=next(ck.model.parameters()).dtype).to(ck.device).eval()
-        x = ck.tokenizer("The quick brown fox jumps over the lazy dog.", return_tensors="pt")["input_ids"]
-        x = x.to(ck.device)
-        with torch.no_grad():
-            a1 = skipping_copy(ck.model, rs)(input_ids=x, use_cache=False).logits
-            a2 = re(input_ids=x, use_cache=False).logits
-        err = float((a1 - a2).abs().max())
-        if err > 1e-5:
-            raise SwapklError(f"the reloaded folder differs from swapkl's skipping model (max |Δlogit| {err:.3g})")
-        print(f"verified: the reloaded folder's logits equal swapkl's skipping model (max |Δlogit| {err:.1e})")
+        verify_reload(out, ck, skipping_copy(ck.model, rs), "the reloaded folder differs from swapkl's skipping model",
+                      "the reloaded folder's logits equal swapkl's skipping model")
     return 0
+
+
+def verify_reload(out, ck, reference, differs: str, equals: str) -> float:
+    """Reload the saved folder ``out`` with stock ``transformers`` (no custom code) and compare its logits on one
+    sentence with ``reference`` (the model in memory it should equal): a :class:`SwapklError` ``"{differs} (max
+    |Δlogit| …)"`` above 1e-5, else one line ``"verified: {equals} …"``.  Returns the max |Δlogit|."""
+    import torch  # deferred: the CLI's --help must not
+    from transformers import AutoModelForCausalLM
+
+    re = AutoModelForCausalLM.from_pretrained(out, dtype=next(ck.model.parameters()).dtype).to(ck.device).eval()
+    x = ck.tokenizer("The quick brown fox jumps over the lazy dog.", return_tensors="pt")["input_ids"].to(ck.device)
+    with torch.no_grad():
+        err = float((reference(input_ids=x, use_cache=False).logits - re(input_ids=x, use_cache=False).logits)
+                    .abs().max())
+    if err > 1e-5:
+        raise SwapklError(f"{differs} (max |Δlogit| {err:.3g})")
+    print(f"verified: {equals} (max |Δlogit| {err:.1e})")
+    return err

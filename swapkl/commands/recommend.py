@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 
 from swapkl.commands.common import (add_unit_arg, evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
-                                    contract_from_args, emit, load_from_args)
+                                    emit, load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
-from swapkl.commands.curves import load_scores, _unit as scores_unit
+from swapkl.commands.curves import load_scores, scores_for, _unit as scores_unit
 from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
                                       SEED_METHODS)
 from swapkl.removal.selection import check_budget, default_candidates
-from swapkl.removal.curves import check_evaluator_context, check_scores
+from swapkl.removal.curves import check_evaluator_context
 from swapkl.removal.memo import EvalMemo
 
 
@@ -117,19 +117,7 @@ def run(a) -> int:
     else:
         check_budget(a.budget, list(range(L - 1)), 0)
     progress = ProgressPrinter(a.quiet)
-    if loaded is not None:
-        scores, ident, _ = loaded
-        check_scores(scores, L, ident, ck.identity)
-    else:
-        from swapkl.scoring.score import score  # deferred: pulls torch; the CLI's --help must not
-
-        import dataclasses
-
-        contract = contract_from_args(a)
-        if getattr(contract, "unit", "block") != unit:
-            contract = dataclasses.replace(contract, unit=unit)
-        res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
-        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    scores, _ = scores_for(a, ck, loaded, unit, progress)
 
     def prog(done, total, msg):
         if not a.quiet:

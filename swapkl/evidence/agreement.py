@@ -119,6 +119,27 @@ def compare_to(truth: str, signal_names, vectors: dict, replicates: dict) -> dic
     return {"truth": truth, "best": best, "rho": rho, "best_ci": _ci(reps[best]), "others": others}
 
 
+def against_ground_truth(signals, gt, num_prompts: int, n_boot: int) -> tuple[dict, dict, dict]:
+    """Every signal against both ground truths, as the evidence report states it: ``(vectors, agreement,
+    comparison)`` with ``vectors`` {name: (L,)} (signals, then :data:`GT_NAMES`), :func:`agreement` between all of
+    them under the joint bootstrap, and ``comparison`` ``{"ground_truth_ppl": compare_to(ΔPPL),
+    "ground_truth_kl": compare_to(KL)}``."""
+    vectors = {s.name: np.asarray(s.values, float) for s in signals}
+    vectors[GT_NAMES[0]] = np.asarray(gt.delta_ppl_pct)
+    vectors[GT_NAMES[1]] = np.asarray(gt.kl)
+    reps = replicate_vectors(signals, gt, num_prompts, n_boot)
+    names = [s.name for s in signals]
+    return vectors, agreement(vectors, reps), {"ground_truth_ppl": compare_to(GT_NAMES[0], names, vectors, reps),
+                                               "ground_truth_kl": compare_to(GT_NAMES[1], names, vectors, reps)}
+
+
+def ground_truth_record(gt) -> dict:
+    """The ``ground_truth`` entry of the evidence report: per-layer ΔPPL % and KL with their CIs, the baseline
+    perplexity and the number of held-out windows."""
+    return {"delta_ppl_pct": gt.delta_ppl_pct, "kl": gt.kl, "delta_ppl_pct_ci": gt.delta_ppl_pct_ci,
+            "kl_ci": gt.kl_ci, "baseline_ppl": gt.baseline_ppl, "n_windows": int(len(gt.counts))}
+
+
 def headline(cmp: dict, what: str = "single-layer removal cost (held-out ΔPPL)") -> str:
     """One sentence: the best predictor with its ρ and CI, those indistinguishable from it, those significantly worse."""
     best = cmp.get("best")

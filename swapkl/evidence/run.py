@@ -212,14 +212,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     report("signals")
     sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop, use_cache)
     report("agreement")
-    vectors = {s.name: np.asarray(s.values, float) for s in sigs}
-    vectors[A.GT_NAMES[0]] = np.asarray(gt.delta_ppl_pct)
-    vectors[A.GT_NAMES[1]] = np.asarray(gt.kl)
-    reps = A.replicate_vectors(sigs, gt, res.num_prompts, n_boot)
-    agree = A.agreement(vectors, reps)
-    names = [s.name for s in sigs]
-    cmp_ppl = A.compare_to(A.GT_NAMES[0], names, vectors, reps)
-    cmp_kl = A.compare_to(A.GT_NAMES[1], names, vectors, reps)
+    vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot)
     report("stability")
     spacing = 1
     stab, notes = _stability(sigs, stats, res.num_prompts, L, budget, n_stability, spacing)
@@ -240,13 +233,12 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
                                                    "ground_truth_ci": "1000 window resamples, seed 0"},
                   "selection": {"guided": f"layers 1..L-2, spacing {spacing}", "others": "every layer, no spacing"}}
     data = {"layers": list(range(L)),
-            "ground_truth": {"delta_ppl_pct": gt.delta_ppl_pct, "kl": gt.kl,
-                             "delta_ppl_pct_ci": gt.delta_ppl_pct_ci, "kl_ci": gt.kl_ci,
-                             "baseline_ppl": gt.baseline_ppl, "n_windows": int(len(gt.counts))},
+            "ground_truth": A.ground_truth_record(gt),
             "signals": {s.name: vectors[s.name].tolist() for s in sigs},
             "signal_sources": {s.name: s.source for s in sigs},
-            "agreement": agree, "comparison": {"ground_truth_ppl": cmp_ppl, "ground_truth_kl": cmp_kl},
-            "headline": A.headline(cmp_ppl), "headline_kl": A.headline(cmp_kl, "single-layer KL to the base"),
+            "agreement": agree, "comparison": comparison,
+            "headline": A.headline(comparison["ground_truth_ppl"]),
+            "headline_kl": A.headline(comparison["ground_truth_kl"], "single-layer KL to the base"),
             "stability": stab, "region": region, "contracts": contracts, "set_agreement": set_agree,
             "budget": budget, "contract": contract_d, "notes": notes,
             "timing": {"seconds": time.perf_counter() - t0, "steps": steps,

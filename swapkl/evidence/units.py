@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from swapkl.evidence import agreement as A
 from swapkl.evidence import stability as S
@@ -52,14 +51,7 @@ def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_
                           seeds=[], memo=memo, should_stop=should_stop, params=params, unit=unit)
     sigs = swap_signals(res) + registry_signals(ctx, L, names)
     report("agreement")
-    vectors = {s.name: np.asarray(s.values, float) for s in sigs}
-    vectors[A.GT_NAMES[0]] = np.asarray(gt.delta_ppl_pct)
-    vectors[A.GT_NAMES[1]] = np.asarray(gt.kl)
-    reps = A.replicate_vectors(sigs, gt, res.num_prompts, n_boot)
-    agree = A.agreement(vectors, reps)
-    sig_names = [s.name for s in sigs]
-    cmp_ppl = A.compare_to(A.GT_NAMES[0], sig_names, vectors, reps)
-    cmp_kl = A.compare_to(A.GT_NAMES[1], sig_names, vectors, reps)
+    vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot)
     report("stability")
     idx = S.prompt_bootstrap(res.num_prompts, n_stability)
     cands, stab = default_candidates(L), {}
@@ -71,13 +63,12 @@ def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_
              f"sublayer only (swap-KL of the {unit} unit, {', '.join(names) or 'no registry signal'}); block-only "
              "signals, the second region, contract comparisons and set-level agreement are not computed per unit"]
     data = {"unit": unit, "layers": list(range(L)),
-            "ground_truth": {"delta_ppl_pct": gt.delta_ppl_pct, "kl": gt.kl, "delta_ppl_pct_ci": gt.delta_ppl_pct_ci,
-                             "kl_ci": gt.kl_ci, "baseline_ppl": gt.baseline_ppl, "n_windows": int(len(gt.counts))},
+            "ground_truth": A.ground_truth_record(gt),
             "signals": {s.name: vectors[s.name].tolist() for s in sigs},
             "signal_sources": {s.name: s.source for s in sigs},
-            "agreement": agree, "comparison": {"ground_truth_ppl": cmp_ppl, "ground_truth_kl": cmp_kl},
-            "headline": A.headline(cmp_ppl, f"single-{unit} removal ΔPPL"),
-            "headline_kl": A.headline(cmp_kl, f"single-{unit} KL to the base"),
+            "agreement": agree, "comparison": comparison,
+            "headline": A.headline(comparison["ground_truth_ppl"], f"single-{unit} removal ΔPPL"),
+            "headline_kl": A.headline(comparison["ground_truth_kl"], f"single-{unit} KL to the base"),
             "stability": stab, "region": None, "contracts": [], "set_agreement": None, "budget": budget,
             "contract": {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts, "unit": unit,
                          "evaluator": ev.to_dict(), "corpus": corpus.describe(), "regions": spans or {},

@@ -14,6 +14,7 @@ path fails in one line before minutes of work, not after:
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import zipfile
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from swapkl.errors import OutputPathError
-from swapkl.store import temp_folder
+from swapkl.store import atomic_write_text, temp_folder
 
 # what transformers loads as weights from a folder: replaced as a whole, never left beside new ones
 STALE_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -140,6 +141,18 @@ def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) ->
             os.replace(f, dest)
         tmp.rmdir()
     return out
+
+
+def save_model_folder(out: str | os.PathLike, model, tokenizer, record: dict) -> Path:
+    """Save ``model`` (safetensors) and ``tokenizer`` (when given) as a Hugging Face folder at ``out`` with the
+    export's ``record`` as :data:`PRUNE_FILE`, atomically (:func:`write_model_folder`).  Returns ``out``."""
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))
+
+    return write_model_folder(out, write)
 
 
 def folder_zip(folder: str | os.PathLike, max_bytes: int = 4 << 30) -> bytes:

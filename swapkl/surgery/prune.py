@@ -20,8 +20,7 @@ from swapkl import __version__
 from swapkl.model import architectures as arch
 from swapkl.surgery.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.surgery.merge import merge_plan, merged_copy
-from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, write_model_folder
-from swapkl.store import atomic_write_text
+from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, save_model_folder
 
 __all__ = ["PRUNE_FILE", "PruneError", "pruned_copy", "validate_remove", "source_folders", "save_pruned", "read_prune_record"]
 
@@ -94,14 +93,7 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     if plan is not None:
         record["merge"] = plan
     record["swapkl_version"] = __version__
-
-    def write(folder: Path) -> None:
-        pruned.save_pretrained(folder, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))
-
-    return write_model_folder(out, write)
+    return save_model_folder(out, pruned, tokenizer, record)
 
 
 def read_prune_record(folder: str | os.PathLike) -> dict | None:

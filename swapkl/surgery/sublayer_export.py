@@ -8,15 +8,13 @@ in memory as the unpruned model apart from deleted blocks; the speed and KV-cach
 the sublayer (:func:`swapkl.surgery.skip.skipping_copy`, measured by :mod:`swapkl.removal.gains`)."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from swapkl import __version__
 from swapkl.model import architectures as arch
-from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, write_model_folder
+from swapkl.surgery.outputs import check_output_dir, save_model_folder
 from swapkl.surgery.removal_set import RemovalSet
-from swapkl.store import atomic_write_text
 
 #: said by the CLI and recorded in the folder's swapkl_prune.json
 RUNTIME_NOTE = ("removed sublayers are stored as zeroed output projections: stock runtimes (transformers, "
@@ -51,11 +49,4 @@ def save_sublayer_pruned(model, removal: RemovalSet, out_dir: str | os.PathLike,
               "kept": [i for i in range(n_src) if i not in blocks], "num_layers_before": n_src,
               "num_layers_after": n_src - len(blocks), "runtime_note": RUNTIME_NOTE, "tool": "swapkl",
               "swapkl_version": __version__}
-
-    def write(folder: Path) -> None:
-        pruned.save_pretrained(folder, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))
-
-    return write_model_folder(out, write)
+    return save_model_folder(out, pruned, tokenizer, record)

@@ -44,8 +44,6 @@ def run_block_io(model, ids, on_block, window: int = 512, batch_size: int = 4) -
 
 
 def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
-    import torch  # deferred: the method registry must import without it
-
     from swapkl.model import architectures as arch
     from swapkl.surgery.blocks import pruned_copy
 
@@ -53,7 +51,6 @@ def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
     blocks = arch.locate(priv).blocks
     inputs: dict = {}
     handles = []
-    count = 0
 
     def pre(k):
         def hook(mod, args, kwargs):
@@ -69,16 +66,26 @@ def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
         handles.append(b.register_forward_pre_hook(pre(k), with_kwargs=True))
         handles.append(b.register_forward_hook(post(k), with_kwargs=True))
     try:
-        dev = next(priv.parameters()).device
-        win = max(2, min(window, ids.numel()))
-        chunks = [ids[s:s + win] for s in range(0, ids.numel() - win + 1, win)] or [ids]
-        for s in range(0, len(chunks), batch_size):
-            x = torch.stack(chunks[s:s + batch_size]).to(dev)
-            priv(input_ids=x, use_cache=False, logits_to_keep=1)
-            count += x.numel()
+        return _forward_windows(priv, ids, window, batch_size)
     finally:
         for h in handles:
             h.remove()
+
+
+def _forward_windows(model, ids, window: int, batch_size: int) -> int:
+    """Run ``model`` over ``ids`` (1-D token ids) cut into windows of ``window`` tokens (at least 2; the whole
+    text when shorter), ``batch_size`` windows at a time, for its hooks; no logits kept beyond the last position.
+    Returns the number of tokens run."""
+    import torch  # deferred: the method registry must import without it
+
+    dev = next(model.parameters()).device
+    win = max(2, min(window, ids.numel()))
+    chunks = [ids[s:s + win] for s in range(0, ids.numel() - win + 1, win)] or [ids]
+    count = 0
+    for s in range(0, len(chunks), batch_size):
+        x = torch.stack(chunks[s:s + batch_size]).to(dev)
+        model(input_ids=x, use_cache=False, logits_to_keep=1)
+        count += x.numel()
     return count
 
 
@@ -188,14 +195,7 @@ def sublayer_influence(model, ids, unit: str, window: int = 512, batch_size: int
         handles.append(b.register_forward_hook(post(k)))
     try:
         with torch.no_grad():
-            dev = next(priv.parameters()).device
-            win = max(2, min(window, ids.numel()))
-            chunks = [ids[s:s + win] for s in range(0, ids.numel() - win + 1, win)] or [ids]
-            count = 0
-            for s in range(0, len(chunks), batch_size):
-                x = torch.stack(chunks[s:s + batch_size]).to(dev)
-                priv(input_ids=x, use_cache=False, logits_to_keep=1)
-                count += x.numel()
+            count = _forward_windows(priv, ids, window, batch_size)
     finally:
         for h in handles:
             h.remove()
