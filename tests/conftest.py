@@ -81,6 +81,24 @@ def wikitext_path() -> Path:
 
 
 @pytest.fixture
+def browser(tmp_path):
+    """A headless Chromium (browser tests only: their module calls ``browser_util.need_browser()`` first)."""
+    from browser_util import chrome_session
+
+    with chrome_session(tmp_path) as drv:
+        yield drv
+
+
+@pytest.fixture
+def fresh_url(tmp_path):
+    """The URL of a fresh dashboard server of this tree (offline, empty cache under ``tmp_path``)."""
+    from browser_util import fresh_server
+
+    with fresh_server(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
     """``swapkl`` in process with its cache under ``tmp_path``: ``cli(*argv) -> (exit code, stdout, stderr)``."""
     from swapkl.commands.cli import main

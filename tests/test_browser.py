@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from browser_util import ROOT, chrome_session, click_text, fresh_server, need_browser, screenshot, set_number
+from browser_util import ROOT, click_text, fresh_server, need_browser, screenshot, set_number
 
 need_browser()
 
@@ -29,12 +29,6 @@ ARTIFACTS = ROOT / "artifacts" / "browser"
 def server(tmp_path, stories_path):
     with fresh_server(tmp_path) as url:
         yield url
-
-
-@pytest.fixture
-def browser(tmp_path):
-    with chrome_session(tmp_path) as drv:
-        yield drv
 
 
 def test_browser_end_to_end(server, browser):

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
-from browser_util import ROOT, chrome_session, fresh_server, need_browser, patient_wait, screenshot, upload_and_open
+from browser_util import ROOT, need_browser, patient_wait, screenshot, upload_and_open
 
 need_browser()
 
@@ -18,19 +17,7 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
-@pytest.fixture
-def server(tmp_path):
-    with fresh_server(tmp_path) as url:
-        yield url
-
-
-@pytest.fixture
-def browser(tmp_path):
-    with chrome_session(tmp_path) as drv:
-        yield drv
-
-
-def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(server, browser, tmp_path):
+def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(fresh_url, browser, tmp_path):
     from swapkl.compare.bundle import make_bundle
     from tests.test_compare import synthetic
 
@@ -38,7 +25,7 @@ def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(se
     synthetic(seed=0, noise=0.05).save(a)
     b.write_text(json.dumps(make_bundle(synthetic(seed=1, noise=0.05), device="a GPU elsewhere")))
     drv, wait = browser, patient_wait(browser)
-    drv.get(server + "/compare")
+    drv.get(fresh_url + "/compare")
     wait.until(EC.presence_of_element_located((By.XPATH, "//*[contains(., 'Two finished analyses are needed')]")))
     upload_and_open(drv, wait, "Open score files or bundles", [a, b])
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm")) >= 6)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from browser_util import ROOT, chrome_session, click_text, fresh_server, need_browser, screenshot, set_number
+from browser_util import ROOT, click_text, fresh_server, need_browser, screenshot, set_number
 
 need_browser()
 
@@ -40,12 +40,6 @@ def server(tmp_path, stories_path, wikitext_path):
     corpus.write_text(" ".join(open(wikitext_path, encoding="utf-8").read().split()[:11000]), encoding="utf-8")
     with fresh_server(tmp_path, SWAPKL_CORPUS=str(corpus)) as url:
         yield url
-
-
-@pytest.fixture
-def browser(tmp_path):
-    with chrome_session(tmp_path) as drv:
-        yield drv
 
 
 def _type(drv, wait, label: str, text: str) -> None:

@@ -3,9 +3,8 @@ then on the Heatmaps page a click on a heatmap cell opens the pair drill-down on
 address bar's ``pair=``).  Skipped with the standard reason without Chromium / chromedriver / selenium."""
 from __future__ import annotations
 
-import pytest
 
-from browser_util import ROOT, chrome_session, click_text, fresh_server, need_browser, patient_wait, screenshot, \
+from browser_util import ROOT, click_text, need_browser, patient_wait, screenshot, \
     upload_and_open
 
 need_browser()
@@ -17,26 +16,14 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
-@pytest.fixture
-def server(tmp_path):
-    with fresh_server(tmp_path) as url:
-        yield url
-
-
-@pytest.fixture
-def browser(tmp_path):
-    with chrome_session(tmp_path) as drv:
-        yield drv
-
-
-def test_clicking_a_heatmap_cell_opens_its_drill_down(server, browser, tmp_path):
+def test_clicking_a_heatmap_cell_opens_its_drill_down(fresh_url, browser, tmp_path):
     from tests.test_compare import synthetic
 
     L = 6
     f = tmp_path / "scores.json"
     synthetic(L=L, seed=0, noise=0.05).save(f)
     drv, wait = browser, patient_wait(browser)
-    drv.get(server)
+    drv.get(fresh_url)
     upload_and_open(drv, wait, "Open saved results", [f])
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm"))
     click_text(drv, wait, "Heatmaps", "span")  # the navigation keeps the session (and its opened file)
@@ -51,7 +38,7 @@ def test_clicking_a_heatmap_cell_opens_its_drill_down(server, browser, tmp_path)
     screenshot(drv, ARTIFACTS, "heatmaps-drilldown.png")
 
 
-def test_clicking_a_removal_curve_point_marks_its_layers(server, browser, tmp_path):
+def test_clicking_a_removal_curve_point_marks_its_layers(fresh_url, browser, tmp_path):
     import json
 
     from swapkl.compare.bundle import make_bundle
@@ -62,7 +49,7 @@ def test_clicking_a_removal_curve_point_marks_its_layers(server, browser, tmp_pa
     curves = _curves()
     f.write_text(json.dumps(make_bundle(synthetic(seed=0, noise=0.05), curves)))
     drv, wait = browser, patient_wait(browser)
-    drv.get(server)
+    drv.get(fresh_url)
     upload_and_open(drv, wait, "Open saved results", [f])
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .heatmaplayer .hm"))
     click_text(drv, wait, "Removal curves", "span")
