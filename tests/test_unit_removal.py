@@ -100,12 +100,10 @@ def test_cached_decode_of_the_skipping_model(kind):
     x = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(3))
     full = _logits(sk, x)
     with torch.no_grad():
-        out = sk(input_ids=x[:, :6], use_cache=True)
+        out, past = arch.cached_forward(sk, x[:, :6])
         steps = [out.logits[:, -1]]
-        past = out.past_key_values
         for t in range(6, 10):
-            out = sk(input_ids=x[:, t:t + 1], past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out, past = arch.cached_forward(sk, x[:, t:t + 1], past)
             steps.append(out.logits[:, -1])
     got = torch.stack(steps[:-1], 1)
     assert (got - full[:, 5:9]).abs().max() < 1e-4
@@ -126,3 +124,22 @@ def test_removal_set_normal_form_and_checks():
     with pytest.raises(PruneError, match="cannot remove all"):
         RemovalSet.of(range(4)).validate(4)
     RemovalSet.of(range(4), "attention").validate(4)  # every attention may go: the MLPs stay
+
+
+def test_cached_forward_decodes_as_the_full_forward(family_model):
+    """``arch.cached_forward`` (the KV cache under this transformers' keyword) on every family: a prefill of 5
+    tokens then 4 cached one-token steps give the full forward's logits; and the cache really is used (a step
+    without it sees only its own token and differs)."""
+    _, model = family_model
+    x = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full = model(input_ids=x, use_cache=False).logits
+        out, cache = arch.cached_forward(model, x[:, :5])
+        steps = [out.logits[:, -1]]
+        for t in range(5, 9):
+            out, cache = arch.cached_forward(model, x[:, t:t + 1], cache)
+            steps.append(out.logits[:, -1])
+        alone = model(input_ids=x[:, 8:9], use_cache=False).logits[:, -1]
+    got = torch.stack(steps, 1)
+    assert (got - full[:, 4:9]).abs().max() < 1e-4
+    assert (alone - full[:, 8]).abs().max() > 1e-3

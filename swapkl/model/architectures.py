@@ -348,3 +348,25 @@ def keep_layers_in_config(config, fam: Family, keep: Iterable[int]) -> None:
             setattr(config, key, [v[k] for k in keep])
     # Qwen2-style: sliding window applied to layers >= max_window_layers. Keep each kept layer's old type
     # by materialising layer_types above (if present); max_window_layers is left as the library handles it.
+
+
+def cached_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache=None, **kw):
+    """``model(input_ids, use_cache=True)`` continuing from ``cache`` (None: a fresh one), under the keyword this
+    ``transformers`` names it (``cache`` from 5.24, ``past_key_values`` before; the old name goes in 5.40).
+    Returns ``(output, its cache)``."""
+    name = "cache" if "cache" in _forward_params(type(model)) else "past_key_values"
+    out = model(input_ids=input_ids, use_cache=True, **({name: cache} if cache is not None else {}), **kw)
+    new = getattr(out, "cache", None)
+    return out, (new if new is not None else out.past_key_values)
+
+
+_FORWARD_PARAMS: dict = {}
+
+
+def _forward_params(cls) -> frozenset:
+    """The keyword names of ``cls.forward`` (memoised per class)."""
+    if cls not in _FORWARD_PARAMS:
+        import inspect
+
+        _FORWARD_PARAMS[cls] = frozenset(inspect.signature(cls.forward).parameters)
+    return _FORWARD_PARAMS[cls]

@@ -54,17 +54,19 @@ def _one_run(model, ids, decode_tokens: int) -> dict:
     """Timed prefill over ``ids`` (1, T) and greedy decode of ``decode_tokens`` tokens; the cache's bytes."""
     import torch
 
+    from swapkl.model.architectures import cached_forward
+
     dev = ids.device
     with torch.inference_mode():
         _sync(dev)
         t0 = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        out, past = cached_forward(model, ids, logits_to_keep=1)
         _sync(dev)
         t1 = time.perf_counter()
-        past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        tok = out.logits[:, -1:].argmax(-1)
         for _ in range(decode_tokens):
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out, past = cached_forward(model, tok, past)
+            tok = out.logits[:, -1:].argmax(-1)
         _sync(dev)
         t2 = time.perf_counter()
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "kv_cache_bytes": cache_bytes(past)}
