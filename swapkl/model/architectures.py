@@ -352,7 +352,8 @@ def keep_layers_in_config(config, fam: Family, keep: Iterable[int]) -> None:
 
 def cached_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache=None, **kw):
     """``model(input_ids, use_cache=True)`` continuing from ``cache`` (None: a fresh one), under the keyword this
-    ``transformers`` names it (``cache`` from 5.24, ``past_key_values`` before; the old name goes in 5.40).
+    ``transformers`` names it (``cache`` in newer releases such as 5.24, ``past_key_values`` in older ones such as
+    the GPU image's 5.17; the old name is deprecated, to go in 5.40, so the signature decides).
     Returns ``(output, its cache)``."""
     name = "cache" if "cache" in _forward_params(type(model)) else "past_key_values"
     out = model(input_ids=input_ids, use_cache=True, **({name: cache} if cache is not None else {}), **kw)
