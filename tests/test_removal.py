@@ -8,7 +8,8 @@ import pytest
 
 from swapkl.errors import ComputeInterrupted
 from swapkl.removal.selection import BudgetError, layer_scores, max_feasible, random_sets, select
-from swapkl.removal.curves import CurvesResult, ScoresMismatch, removal_curves
+from swapkl.removal.checks import ScoresMismatch
+from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.verdict import regime_verdict
 

@@ -7,7 +7,8 @@ import sys
 from swapkl import schema
 from swapkl.removal import methods as M
 from swapkl.removal import curves as C
-from swapkl.removal.curves import check_evaluator_context, check_scores, EvalMemo
+from swapkl.removal.checks import check_evaluator_context, check_scores
+from swapkl.removal.curves import EvalMemo
 from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     add_unit_arg, contract_from_args, emit, load_from_args)
 from swapkl.errors import SwapklError

@@ -59,7 +59,7 @@ def run(a) -> int:
     regions(corpus, ev, a.regions)  # overlapping or too short regions fail before the model is loaded
     compare = _comparisons(a, contract)  # bad files, dtypes or a missing CUDA fail before the model is loaded
     ck = load_from_args(a)
-    from swapkl.removal.curves import check_evaluator_context
+    from swapkl.removal.checks import check_evaluator_context
 
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
 

@@ -12,7 +12,7 @@ from swapkl.commands.curves import load_scores, scores_for, _unit as scores_unit
 from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
                                       SEED_METHODS)
 from swapkl.removal.selection import check_budget, default_candidates
-from swapkl.removal.curves import check_evaluator_context
+from swapkl.removal.checks import check_evaluator_context
 from swapkl.removal.memo import EvalMemo
 
 

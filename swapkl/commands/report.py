@@ -18,7 +18,7 @@ from swapkl.commands.common import block_unit_only, ProgressPrinter, add_contrac
     contract_from_args, load_from_args
 from swapkl.errors import SwapklError
 from swapkl.removal import curves as C
-from swapkl.removal.curves import check_evaluator_context, check_same_model, check_scores
+from swapkl.removal.checks import check_evaluator_context, check_same_model, check_scores
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report (scores, verdict, curves, trajectory)")

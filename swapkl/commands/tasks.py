@@ -108,7 +108,7 @@ def run(a) -> int:
 def _scores(a, ck, loaded) -> tuple[dict, str | None]:
     """The swap-KL scores (the guided methods need them; recommend and laco use them when given, as in 'curves')."""
     if loaded is not None:
-        from swapkl.removal.curves import check_scores
+        from swapkl.removal.checks import check_scores
 
         scores, ident, _ = loaded
         check_scores(scores, ck.num_layers, ident, ck.identity)

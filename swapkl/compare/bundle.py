@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from swapkl import __version__, schema
 from swapkl.contract import Provenance
 from swapkl.errors import SwapklError
-from swapkl.removal.curves import CurvesResult, check_same_model
+from swapkl.removal.checks import check_same_model
+from swapkl.removal.curves import CurvesResult
 from swapkl.schema.bundle import BUNDLE_FORMAT, PARTS, bundle_fields
 from swapkl.scoring.results import SwapResult, finite_json
 from swapkl.store import dump_json
@@ -54,7 +55,7 @@ class Bundle:
 
 
 def _same_model(scores: SwapResult, curves: CurvesResult, what: str) -> None:
-    """The curves are of the scores' model: identity (:func:`~swapkl.removal.curves.check_same_model`) and depth."""
+    """The curves are of the scores' model: identity (:func:`~swapkl.removal.checks.check_same_model`) and depth."""
     check_same_model(scores, curves.model, what=what)
     n = (curves.model or {}).get("num_layers")
     if n is not None and n != scores.num_layers:
@@ -82,7 +83,7 @@ def computed_on(device: str | None = None) -> dict:
 def make_bundle(scores: SwapResult, curves: CurvesResult | None = None, evidence: dict | None = None,
                 tasks: dict | None = None, heal: dict | None = None, device: str | None = None) -> dict:
     """The bundle dict of one analysis (the parts as their ``to_dict()`` JSON); the curves must be of the scores'
-    model (:func:`~swapkl.removal.curves.check_same_model`).  Validated before it is returned, so a bundle that
+    model (:func:`~swapkl.removal.checks.check_same_model`).  Validated before it is returned, so a bundle that
     cannot be opened is never written."""
     if curves is not None:
         _same_model(scores, curves, "the scores and the curves are for different models")

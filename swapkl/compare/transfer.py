@@ -28,7 +28,8 @@ def transfer(ck_b, a, b, budget: int, evaluator="matched", corpus=None, *, spaci
     [{"n", "set_a", "set_b", "same", "delta_a", "delta_a_ci", "delta_b", "delta_b_ci", "diff", "ci", "word"}]},
     "notes"}`` (ΔPPL in % of B's baseline; ``diff`` in percentage points)."""
     from swapkl.removal import evaluate as E  # deferred: pulls torch
-    from swapkl.removal.curves import CurvesRun, check_scores
+    from swapkl.removal.checks import check_scores
+    from swapkl.removal.curves import CurvesRun
 
     check_comparable(a, b)
     if budget < 1:

@@ -4,7 +4,8 @@ so the pages can browse them on a machine that has neither the model nor the cac
 from __future__ import annotations
 
 from swapkl.contract import Contract, stable_hash
-from swapkl.removal.curves import CurvesResult, check_same_model
+from swapkl.removal.checks import check_same_model
+from swapkl.removal.curves import CurvesResult
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 from swapkl.schema import parse_json

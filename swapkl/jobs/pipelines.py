@@ -22,7 +22,8 @@ from __future__ import annotations
 from swapkl.removal import methods as M
 from swapkl.contract import Contract, pair_list
 from swapkl.scoring.corpora import load_corpus
-from swapkl.removal.curves import check_evaluator_context, disk_memo, removal_curves
+from swapkl.removal.checks import check_evaluator_context
+from swapkl.removal.curves import disk_memo, removal_curves
 from swapkl.trajectory.checkpoints import parse_checkpoints
 from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job

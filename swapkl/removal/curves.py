@@ -1,7 +1,6 @@
 """Removal curves: every method's nested removal sets evaluated with one memo of perplexity evaluations keyed
 by the frozenset of removed layers (see ``docs/removal.md``) and the result type :class:`CurvesResult`.  The
-checks that scores and curves belong to the model at hand live in :mod:`swapkl.removal.checks` (re-exported
-here)."""
+checks that scores and curves belong to the model at hand live in :mod:`swapkl.removal.checks`."""
 from __future__ import annotations
 
 import time
@@ -15,8 +14,7 @@ from swapkl.removal import methods as M
 from swapkl.contract import Provenance
 from swapkl.scoring.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
-from swapkl.removal.checks import (ScoresMismatch, check_evaluator_context, check_same_model,  # noqa: F401 (re-exported)
-                                   check_scores)
+from swapkl.removal.checks import check_evaluator_context, check_scores
 from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json as _jsonable
