@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-
 from swapkl.evidence import agreement as A
 from swapkl.evidence import stability as S
 
