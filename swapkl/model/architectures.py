@@ -7,6 +7,8 @@ dispatches on ``model_type``: code asks :func:`family_for` / :func:`locate` and 
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -361,13 +363,7 @@ def cached_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache=None, 
     return out, (new if new is not None else out.past_key_values)
 
 
-_FORWARD_PARAMS: dict = {}
-
-
+@functools.cache
 def _forward_params(cls) -> frozenset:
-    """The keyword names of ``cls.forward`` (memoised per class)."""
-    if cls not in _FORWARD_PARAMS:
-        import inspect
-
-        _FORWARD_PARAMS[cls] = frozenset(inspect.signature(cls.forward).parameters)
-    return _FORWARD_PARAMS[cls]
+    """The keyword names of ``cls.forward`` (once per class)."""
+    return frozenset(inspect.signature(cls.forward).parameters)
