@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from browser_util import ROOT, click_text, fresh_server, need_browser, screenshot, set_number
+from browser_util import ARTIFACTS, click_text, fresh_server, need_browser, screenshot, set_number
 
 need_browser()
 
@@ -22,7 +22,6 @@ STALE = (StaleElementReferenceException,)
 
 LIVE_TEXT_JS = """return [...document.querySelectorAll('*')].filter(e => e.shadowRoot)
   .map(e => e.shadowRoot.querySelector('.swapkl-live .txt')).filter(Boolean).map(t => t.textContent);"""
-ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
 @pytest.fixture

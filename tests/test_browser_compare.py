@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 
 
-from browser_util import ROOT, need_browser, patient_wait, screenshot, upload_and_open
+from browser_util import ARTIFACTS, need_browser, patient_wait, screenshot, upload_and_open
 
 need_browser()
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 
-ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
 def test_a_bundle_and_a_score_file_open_on_the_compare_page_of_a_fresh_server(fresh_url, browser, tmp_path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from browser_util import ROOT, click_text, fresh_server, need_browser, screenshot, set_number
+from browser_util import ARTIFACTS, click_text, fresh_server, need_browser, screenshot, set_number
 
 need_browser()
 
@@ -21,7 +21,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from app_util import STORIES_REL  # noqa: E402
 
-ARTIFACTS = ROOT / "artifacts" / "browser"
 STALE = (StaleElementReferenceException,)
 
 # per chart: its title, heatmap images, bars and scatter points drawn (plotly's SVG/canvas layers)

@@ -3,9 +3,7 @@ then on the Heatmaps page a click on a heatmap cell opens the pair drill-down on
 address bar's ``pair=``).  Skipped with the standard reason without Chromium / chromedriver / selenium."""
 from __future__ import annotations
 
-
-from browser_util import ROOT, click_text, need_browser, patient_wait, screenshot, \
-    upload_and_open
+from browser_util import ARTIFACTS, click_text, need_browser, patient_wait, screenshot, upload_and_open
 
 need_browser()
 
@@ -13,7 +11,6 @@ from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 
-ARTIFACTS = ROOT / "artifacts" / "browser"
 
 
 def test_clicking_a_heatmap_cell_opens_its_drill_down(fresh_url, browser, tmp_path):
