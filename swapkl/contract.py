@@ -10,11 +10,17 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 from swapkl.errors import ContractError
 
-#: the units of analysis, in the order the CLI and the dashboard offer them (:mod:`swapkl.model.units`)
-UNITS = ("block", "attention", "mlp")
+#: the whole-block unit of analysis (the default: a removed index deletes the block)
+BLOCK = "block"
+#: the sublayer units of a block, in block order (each with its norms, :mod:`swapkl.model.units`)
+SUBLAYERS = ("attention", "mlp")
+#: the units of analysis, in the order the CLI and the dashboard offer them.  The one place their names are spelled:
+#: every other module imports these (tests/model/test_unit_names.py checks it).
+UNITS = (BLOCK, *SUBLAYERS)
 
 POSITIONS = ("all", "last")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -29,6 +35,16 @@ PRESETS = {
     # the paper's Qwen3-8B run: all real tokens
     "paper-all-tokens": {"positions": "all"},
 }
+
+
+def check_unit(unit, error: Callable[[str], Exception] = ContractError) -> str:
+    """``unit`` when it is one of :data:`UNITS`; else raises ``error(message)`` (a :class:`ContractError` unless
+    the caller's layer has its own error type) with the one message every caller shows:
+    ``unknown unit 'x'; choose one of: block, attention, mlp``."""
+    if not isinstance(unit, str) or unit not in UNITS:
+        shown = str(unit) if len(str(unit)) <= 40 else str(unit)[:40] + "…"  # a name from a file may be huge
+        raise error(f"unknown unit '{shown}'; choose one of: {', '.join(UNITS)}")
+    return unit
 
 
 def parse_pairs(spec: str) -> tuple[str, int | None]:
@@ -99,7 +115,7 @@ class Contract:
     aggregation: str = "max"
     kl_dtype: str = "float32"
     bos: str = "auto"
-    unit: str = "block"
+    unit: str = BLOCK
 
     def __post_init__(self):
         parse_pairs(self.pairs)
@@ -119,8 +135,7 @@ class Contract:
             raise ContractError("kl_dtype must be float32 or float64")
         if self.bos not in ("auto", "yes", "no"):
             raise ContractError("bos must be auto, yes or no")
-        if self.unit not in UNITS:
-            raise ContractError(f"unknown unit '{self.unit}'; choose one of: {', '.join(UNITS)}")
+        check_unit(self.unit)
 
     def with_(self, **kw) -> Contract:
         return replace(self, **kw)
@@ -152,7 +167,7 @@ class Contract:
         key = {"prompts": self.prompts, "tokens": self.tokens, "positions": self.positions,
                "corpus_sha256": corpus_sha, "seed": self.seed, "dtype": self.dtype,
                "kl_dtype": self.kl_dtype, "bos": self.bos}
-        if self.unit != "block":
+        if self.unit != BLOCK:
             key["unit"] = self.unit
         return key
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from swapkl.contract import BLOCK, UNITS
 from swapkl.errors import SwapklError
 
 
@@ -93,7 +94,7 @@ def _from_evidence(d: dict, p: Path, method: str | None, n: int) -> dict:
         raise SwapklError(f"--from {p}: {method} at n={n} is malformed in this evidence file")
     if removed is None:
         raise SwapklError(f"--from {p}: {method} has no point n={n}")
-    unit = d.get("unit", "block") if d.get("unit") in ("block", "attention", "mlp") else "block"
+    unit = d["unit"] if d.get("unit") in UNITS else BLOCK
     return {"removed": removed, "chosen_by": what, "measured_on": measured, "model": model, "unit": unit}
 
 

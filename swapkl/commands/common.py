@@ -42,7 +42,7 @@ def add_unit_arg(p) -> None:
     """``--unit block|attention|mlp`` (what a removed index removes), unless the parser already has it."""
     if "--unit" in getattr(p, "_option_string_actions", {}):
         return
-    p.add_argument("--unit", default=None, choices=["block", "attention", "mlp"],
+    p.add_argument("--unit", default=None, choices=UNITS,
                    help="unit of analysis: a whole block (default), or its attention or MLP sublayer (skipped)")
 
 

@@ -11,6 +11,7 @@ from swapkl.removal.checks import check_evaluator_context, check_scores
 from swapkl.removal.curves import EvalMemo
 from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
                                     add_unit_arg, contract_from_args, emit, load_from_args)
+from swapkl.contract import check_unit
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 
@@ -147,8 +148,8 @@ def scores_for(a, ck, loaded, unit: str, progress) -> tuple[dict, str]:
 
 def _unit(a, loaded) -> str:
     """``--unit``, else the scores file's contract unit, else ``block``; a mismatch is refused in one line."""
-    if a.unit is not None and a.unit not in ("block", "attention", "mlp"):
-        raise SwapklError(f"unknown unit '{a.unit}'; choose one of: block, attention, mlp")
+    if a.unit is not None:
+        check_unit(a.unit)
     contract = loaded[2] if loaded is not None else None
     # a plain matrices file without a contract claims no unit: --unit says what its matrices score
     got = contract.get("unit") if isinstance(contract, dict) else getattr(contract, "unit", None)

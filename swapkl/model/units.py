@@ -26,10 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swapkl.contract import UNITS  # the units of analysis, in the order they are offered
-from swapkl.errors import ContractError, SwapklError
-
-SUBLAYERS = ("attention", "mlp")
+from swapkl.contract import BLOCK, SUBLAYERS, UNITS, check_unit  # noqa: F401  (the unit names, defined once there)
+from swapkl.errors import SwapklError
 
 
 class UnsupportedUnit(SwapklError):
@@ -56,10 +54,9 @@ class UnitLayout:
     notes: str = ""
 
     def spec(self, unit: str) -> SublayerSpec:
-        check_unit(unit)
-        if unit == "block":
+        if check_unit(unit) == BLOCK:
             raise ValueError("a block is not a sublayer unit")
-        return self.attention if unit == "attention" else self.mlp
+        return getattr(self, unit)
 
 
 #: every layout swapkl knows, as data (a family names one in ``Family.units``; the generic fallback tries them in
@@ -94,13 +91,6 @@ LAYOUTS: dict[str, UnitLayout] = {
 }
 
 
-def check_unit(unit: str) -> str:
-    """``unit`` if it is one of :data:`UNITS`, else a one-line :class:`~swapkl.errors.ContractError`."""
-    if unit not in UNITS:
-        raise ContractError(f"unknown unit '{unit}'; choose one of: {', '.join(UNITS)}")
-    return unit
-
-
 def _get(root: torch.nn.Module, path: str):
     obj = root
     for part in path.split("."):
@@ -114,7 +104,7 @@ def unit_keys(block: torch.nn.Module, layout: UnitLayout, unit: str) -> frozense
     """The names of ``block``'s state-dict entries (parameters and persistent buffers, as
     ``block.state_dict()`` names them) that belong to ``unit``; every entry for ``"block"``."""
     keys = block.state_dict(keep_vars=True).keys()
-    if check_unit(unit) == "block":
+    if check_unit(unit) == BLOCK:
         return frozenset(keys)
     prefixes = tuple(m + "." for m in layout.spec(unit).modules)
     return frozenset(k for k in keys if k.startswith(prefixes))
@@ -134,7 +124,7 @@ def partition_error(block: torch.nn.Module, layout: UnitLayout) -> str | None:
         for path in (*spec.modules, *spec.out, spec.core):
             if not isinstance(_get(block, path), torch.nn.Module):
                 return f"its blocks have no '{path}'"
-    att, mlp = unit_keys(block, layout, "attention"), unit_keys(block, layout, "mlp")
+    att, mlp = (unit_keys(block, layout, u) for u in SUBLAYERS)
     everything = set(block.state_dict(keep_vars=True).keys())
     if att & mlp:
         return f"the attention and MLP units share weights ({sorted(att & mlp)[0]})"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swapkl.removal import methods as M
-from swapkl.contract import Provenance
+from swapkl.contract import BLOCK, Provenance, check_unit
 from swapkl.removal.curves import curves_provenance, removal_curves
 from swapkl.errors import SwapklError
 from swapkl.removal.methods.recommended import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, LABEL,
@@ -173,9 +173,7 @@ class Recommendation:
         if not isinstance(entries, list) or not all(isinstance(e, dict) and "removed" in e and "n" in e
                                                     for e in entries):
             raise SwapklError("not a swapkl recommendation: entries must be a list of {n, removed, ...}")
-        unit = d.get("unit") or "block"
-        if unit not in ("block", "attention", "mlp"):
-            raise SwapklError(f"not a swapkl recommendation: unknown unit {unit!r}")
+        unit = check_unit(d.get("unit") or BLOCK, lambda m: SwapklError(f"not a swapkl recommendation: {m}"))
         return cls(**{k: d.get(k, [] if k in ("notes", "baseline_ppl_ci", "paired") else {} if k == "stats" else None)
                       for k in cls.__dataclass_fields__ if k != "unit"}, unit=unit)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from swapkl.schema.fields import _array, _at, _bool, _CORPUS, _document, _evaluator, _fail, _fields, _int, _Invalid, _is_int, _json, _number, _object, _scalar, _skip, _text, identity, MAX_INT, MAX_KL, MAX_LAYERS, MAX_METHODS, MAX_SEEDS, PREFERENCES, REGIMES
 from swapkl.schema.result import _pair
+from swapkl.contract import check_unit
 
 
 def curves_fields(d: Any, what: str = "curves file") -> dict:
@@ -54,10 +55,8 @@ def curves_fields(d: Any, what: str = "curves file") -> dict:
 
 # ============================================================================================ curves parts
 def _unit(x, where: str) -> str:
-    """A unit of analysis: block, attention or mlp."""
-    if x not in ("block", "attention", "mlp"):
-        _fail(where, x, "is not a unit (block, attention or mlp)")
-    return x
+    """A unit of analysis (:data:`swapkl.contract.UNITS`)."""
+    return check_unit(x, lambda message: _Invalid(f"{where or 'the top level'}: {message}"))
 
 
 def _ppl(x, where: str, null: bool = False) -> float | None:

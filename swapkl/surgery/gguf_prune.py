@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from swapkl import __version__
+from swapkl.contract import SUBLAYERS
 from swapkl.model.gguf import GGUFError, check_gguf_file, require_gguf_packages
 from swapkl.store import atomic_path
 from swapkl.surgery.outputs import check_file_out
@@ -37,7 +38,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 #: layer-index scalars whose meaning a blind renumbering would break: refused
 _REFUSED_KEYS = ("nextn_predict_layers", "full_attention_interval")
 #: the output projection of each sublayer unit as llama.cpp names it (weight and bias, when present, are zeroed)
-GGUF_UNIT_OUT = {"attention": "attn_output", "mlp": "ffn_down"}
+GGUF_UNIT_OUT = dict(zip(SUBLAYERS, ("attn_output", "ffn_down")))  # attention, mlp
 
 
 class _Zeroed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from swapkl.contract import BLOCK, SUBLAYERS, UNITS, check_unit
 from swapkl.errors import SwapklError
 
 
@@ -43,9 +44,6 @@ def kept_ranges(remove: Iterable[int], num_layers: int) -> list[tuple[int, int]]
     return out
 
 
-SUBLAYER_UNITS = ("attention", "mlp")
-
-
 class RemovalSet:
     """What to remove: a set of ``(layer, unit)`` with ``unit`` one of ``block``, ``attention``, ``mlp``.
 
@@ -63,13 +61,12 @@ class RemovalSet:
                 layer, unit = int(item[0]), str(item[1])
             except (TypeError, ValueError, IndexError) as e:
                 raise PruneError(f"a removal item is (layer, unit) (got {item!r})") from e
-            if unit not in ("block", *SUBLAYER_UNITS):
-                raise PruneError(f"unknown unit '{unit}'; choose one of: block, attention, mlp")
+            check_unit(unit, PruneError)
             norm.setdefault(layer, set()).add(unit)
         out = set()
         for layer, units in norm.items():
-            if "block" in units or set(SUBLAYER_UNITS) <= units:
-                out.add((layer, "block"))
+            if BLOCK in units or set(SUBLAYERS) <= units:
+                out.add((layer, BLOCK))
             else:
                 out.update((layer, u) for u in units)
         object.__setattr__(self, "items", frozenset(out))
@@ -118,7 +115,7 @@ class RemovalSet:
     def label(self) -> str:
         """``"attention 3, 5; mlp 7"`` (``"blocks 3, 7"``; ``"nothing"`` when empty)."""
         parts = [f"{'blocks' if u == 'block' else u} {', '.join(str(i) for i in self.layers(u))}"
-                 for u in ("block", *SUBLAYER_UNITS) if self.layers(u)]
+                 for u in UNITS if self.layers(u)]
         return "; ".join(parts) or "nothing"
 
     def __len__(self) -> int:

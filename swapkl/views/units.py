@@ -7,13 +7,14 @@ unit (block, attention, mlp), each carrying ``sizes`` (and ``gains`` for the spe
 imported by the functions that draw; no Streamlit."""
 from __future__ import annotations
 
+from swapkl.contract import UNITS
 from swapkl.removal import methods as M
 from swapkl.removal.curves import curves_provenance
 from swapkl.views.captions import _stamp, contract_caption
 from swapkl.views.curves import _curves_dict
 
-UNIT_DASH = {"block": "solid", "attention": "dash", "mlp": "dot"}
-UNIT_SYMBOL = {"block": "circle", "attention": "triangle-up", "mlp": "square"}
+UNIT_DASH = dict(zip(UNITS, ("solid", "dash", "dot")))  # block, attention, mlp
+UNIT_SYMBOL = dict(zip(UNITS, ("circle", "triangle-up", "square")))
 AXES = {"params": "non-embedding parameters removed (%)", "speedup": "measured prefill speed-up (×, skipping runtime)"}
 
 

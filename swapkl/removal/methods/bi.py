@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swapkl.contract import SUBLAYERS
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.selection import nested, scan
 
@@ -190,7 +191,7 @@ def sublayer_influence(model, ids, unit: str, window: int = 512, batch_size: int
 
     for k, b in enumerate(loc.blocks):
         handles.append(b.register_forward_pre_hook(pre(k), with_kwargs=True))
-        for u in ("attention", "mlp"):
+        for u in SUBLAYERS:
             handles.append(arch.get_path(b, layout.spec(u).modules[-1]).register_forward_hook(branch(k, u)))
         handles.append(b.register_forward_hook(post(k)))
     try:

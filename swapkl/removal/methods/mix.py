@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from swapkl.contract import SUBLAYERS
 from swapkl.errors import SwapklError
 from swapkl.removal.methods.base import MethodOutput
 
@@ -38,7 +39,6 @@ METHODS = [
      "label": "guided mix", "rule_candidates": False, "order": 31},
 ]
 
-SUBLAYERS = ("attention", "mlp")
 MIXED_KEY = "|unit:mixed"
 
 
