@@ -87,4 +87,4 @@ def test_recommend_refuses_block_methods_for_sublayers(stories_path, tmp_path, f
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = _lines(r)
     assert lines == ["error: method(s) cka remove whole blocks only; for --unit attention choose from: replacement, "
-                     "interchange, anti-replacement, anti-interchange, random, bi, sleb"], r.stderr
+                     "interchange, random, anti-replacement, anti-interchange, bi, sleb"], r.stderr  # display order

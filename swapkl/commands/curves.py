@@ -38,7 +38,9 @@ def register(sub) -> None:
     p.add_argument("--partners", default=None,
                    help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
     p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds (>= 5)")
-    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens for bi/sleb")
+    p.add_argument("--calib-tokens", type=int, default=None,
+                   help=f"calibration tokens for every method that reads calibration text "
+                        f"({', '.join(M.calibration_methods())}; default: each method's own)")
     p.add_argument("--no-kl", action="store_true", help="skip the KL of each pruned model to the base model")
     p.add_argument("--json", default=None, metavar="OUT", help="write the curves JSON here")
     p.add_argument("--quiet", action="store_true")
@@ -80,6 +82,7 @@ def run(a) -> int:
     for m in methods:
         if m not in M.GROUPS:
             M.get(m)  # unknown names fail before loading anything
+    params = M.calibration_params(a.calib_tokens, methods)  # a count below the minimum fails here too
     ev, corpus = evaluator_and_corpus(a, a.drop_first_target or None)
     partners = a.partners
     if partners is not None and partners not in ("adjacent", "all"):
@@ -95,9 +98,6 @@ def run(a) -> int:
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
     scores, src = scores_for(a, ck, loaded, unit, progress)
-    params = {}
-    if a.calib_tokens:
-        params = {"bi": {"calib_tokens": a.calib_tokens}, "sleb": {"calib_tokens": a.calib_tokens}}
 
     def prog(done, total, msg):
         if not a.quiet:

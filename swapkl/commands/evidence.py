@@ -8,6 +8,7 @@ import sys
 from swapkl.commands.common import (evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
                                     load_from_args)
 from swapkl.errors import SwapklError
+from swapkl.removal import methods as M
 
 SIGNALS = ("bi", "cka", "taylor", "sleb")
 
@@ -26,7 +27,9 @@ def register(sub) -> None:
     p.add_argument("--boot-agreement", type=int, default=1000, help="resamples for the agreement CIs (default 1000)")
     p.add_argument("--regions", type=int, default=2, choices=[1, 2],
                    help="evaluation regions (2: also the next words of the evaluation region, for the region effect)")
-    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens for bi/cka/taylor/sleb")
+    p.add_argument("--calib-tokens", type=int, default=None,
+                   help="calibration tokens for every signal and method that reads calibration text (default: "
+                        "each method's own)")
     p.add_argument("--compare-seed", type=int, action="append", default=[], metavar="S",
                    help="also score with prompt seed S (repeatable) and report the rank agreement of the swap-KL "
                         "layer scores between the two contracts")
@@ -49,8 +52,7 @@ def run(a) -> int:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     if a.boot < 10 or a.boot_agreement < 10:
         raise SwapklError("--boot and --boot-agreement must be at least 10")
-    if a.calib_tokens is not None and a.calib_tokens < 16:
-        raise SwapklError(f"--calib-tokens must be at least 16 (got {a.calib_tokens})")
+    M.calibration_params(a.calib_tokens, ())  # a count below the minimum fails before any work
     check_outputs(a, {"--json": a.json}, inputs=[a.eval_text, *a.compare_corpus])
     ev, corpus = evaluator_and_corpus(a)
     contract = contract_from_args(a)

@@ -30,8 +30,10 @@ def register(sub) -> None:
     p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="beam width (default %(default)s)")
     p.add_argument("--top-k", type=int, default=None,
                    help="best layers taken from each protocol as candidates (default max(3, ceil(L/5)))")
-    p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS,
-                   help="calibration tokens from the corpus's prompt region (default %(default)s)")
+    p.add_argument("--calib-tokens", type=int, default=None,
+                   help=f"calibration tokens from the corpus's prompt region, for the search and every seed or "
+                        f"compared method that reads calibration text (default: each method's own; the search's "
+                        f"{DEFAULT_CALIB_TOKENS})")
     p.add_argument("--calib-windows", default=DEFAULT_CALIB_WINDOWS, choices=["evaluator", "disjoint"],
                    help="calibration windows: the held-out evaluator's window and stride (default) or "
                         "non-overlapping windows (SLEB's)")
@@ -76,7 +78,7 @@ def parse_max_evals(s: str):
 def run(a) -> int:
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
-    for flag, v, lo in (("--width", a.width, 1), ("--calib-tokens", a.calib_tokens, 16), ("--spacing", a.spacing, 0)):
+    for flag, v, lo in (("--width", a.width, 1), ("--spacing", a.spacing, 0)):
         if v < lo:
             raise SwapklError(f"{flag} must be at least {lo} (got {v})")
     if a.top_k is not None and a.top_k < 1:
@@ -88,6 +90,7 @@ def run(a) -> int:
             raise SwapklError("--seeds-from cannot name recommend itself")
         M.get(m)  # unknown names fail before loading anything
     compare = [] if a.compare.strip().lower() == "none" else [m.strip() for m in a.compare.split(",") if m.strip()]
+    calib = M.calibration_params(a.calib_tokens, ["recommend", *seeds, *compare])
     for m in compare:
         M.get(m)  # unknown names fail before loading anything
     if a.calib_regions < 1:
@@ -101,13 +104,8 @@ def run(a) -> int:
     loaded = load_scores(a.scores) if a.scores else None
     unit = scores_unit(a, loaded)  # --unit, else the scores file's unit; a mismatch refused in one line
     if unit != "block":
-        from swapkl.removal.units import UNIT_METHODS
-
         explicit = seeds if a.seeds_from != ",".join(SEED_METHODS) else []  # the default's block seeds: dropped, noted
-        bad = [m for m in explicit + compare if m not in UNIT_METHODS]
-        if bad:
-            raise SwapklError(f"method(s) {', '.join(bad)} remove whole blocks only; for --unit {unit} choose from: "
-                              f"{', '.join(m for m in UNIT_METHODS if m != 'recommend')}")
+        M.refuse_other_units(explicit + compare, unit, [m for m in M.unit_methods(unit) if m != "recommend"])
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
     # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained)
@@ -124,11 +122,13 @@ def run(a) -> int:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
     rec = recommend(ck.model, ck.tokenizer, scores, a.budget, corpus, ev, width=a.width, top_k=a.top_k,
-                    calib_tokens=a.calib_tokens, calib_windows=a.calib_windows,
+                    calib_tokens=calib["recommend"]["calib_tokens"], calib_windows=a.calib_windows,
                     max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
                     memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
                     kl=not a.no_kl, compare=compare,
-                    method_params={"recommend": {"rule": a.rule, "calib_regions": a.calib_regions}}, unit=unit)
+                    method_params=calib | {"recommend": calib["recommend"] | {"rule": a.rule,
+                                                                              "calib_regions": a.calib_regions}},
+                    unit=unit)
     return emit(a, rec, render)
 
 

@@ -105,7 +105,7 @@ def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_ca
         reg = [Signal(r["name"], np.asarray(r["values"], float), r["source"]) for r in cached["registry"]]
     else:
         stats = residual_stats(ck.model, torch.as_tensor(res.prompt_token_ids, dtype=torch.long))
-        params = {n: {"calib_tokens": calib_tokens} for n in names} if calib_tokens else {}
+        params = M.calibration_params(calib_tokens, names)
         ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
                               candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
                               evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)

@@ -218,7 +218,7 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
     if hit is not None and memo.peek(key, []) is not None and all(
             getattr(memo.peek(key, f["set"]), "kl", None) is not None for f in hit["sets"]):
         return hit["sets"], hit["notes"]
-    params = {m: {"calib_tokens": calib_tokens} for m in SET_METHODS} if calib_tokens else {}
+    params = M.calibration_params(calib_tokens, SET_METHODS)
     cr = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
                         b, list(SET_METHODS), ev, corpus, should_stop=should_stop, spacing=spacing, memo=memo,
                         identity=ck.identity, method_params=params)
@@ -226,7 +226,7 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
     ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
                           candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
                           evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
-    sleb_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
+    sleb_tokens = M.calib_tokens(ctx, "sleb")
     for f in found:
         f["sleb_set"] = ctx.calib_ppl(f["set"], sleb_tokens)
     if cache is not None:

@@ -72,7 +72,7 @@ def registry_signals(ctx, L: int, names=("bi", "cka", "taylor", "sleb")) -> list
     from swapkl.removal import methods as M
 
     if "sleb" in names:
-        prefill_sleb(ctx, int(ctx.param("sleb", "calib_tokens", 1024)))
+        prefill_sleb(ctx, M.calib_tokens(ctx, "sleb"))
     out = []
     for name in names:
         info = M.get(name).func(ctx, 1).info

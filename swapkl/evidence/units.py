@@ -44,7 +44,7 @@ def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_
                            region={"words": (spans or {}).get("evaluation")}, should_stop=should_stop)
     report("signals")
     names = [n for n in signals if n in UNIT_SIGNALS]
-    params = {n: {"calib_tokens": calib_tokens} for n in names} if calib_tokens else {}
+    params = M.calibration_params(calib_tokens, names)
     ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=L,
                           candidates=list(range(L)), spacing=0, partners=None, corpus=corpus, evaluator=ev,
                           seeds=[], memo=memo, should_stop=should_stop, params=params, unit=unit)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from swapkl import views
-from swapkl.contract import Contract
+from swapkl.contract import BLOCK, Contract
 from swapkl.errors import SwapklError
+from swapkl.removal import methods as M
 from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, TasksRequest, TrajectoryRequest
 
 #: the contract fields and analysis settings a shared link carries, with their types
@@ -27,13 +28,11 @@ SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublaye
 def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
                      ) -> AnalysisRequest:
     """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) keeps only
-    the methods that apply per unit (:data:`swapkl.removal.units.UNIT_METHODS`; :data:`SUBLAYER_NOTE`)."""
+    the methods that apply per unit (the registry's, :func:`swapkl.removal.methods.for_unit`; :data:`SUBLAYER_NOTE`)."""
     if not spec:
         raise SwapklError("choose a checkpoint")
-    if contract.unit != "block":
-        from swapkl.removal.units import UNIT_METHODS
-
-        methods = tuple(m for m in methods if m in UNIT_METHODS)
+    if contract.unit != BLOCK:
+        methods = tuple(M.for_unit(methods, contract.unit))
     return AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
                            evaluator=evaluator)
 

@@ -102,10 +102,8 @@ def run_curves(job: Job, ck, res) -> None:
     # the repeated methods free)
     unit = getattr(req.contract, "unit", "block")
     order = M.run_order(req.methods)
-    if unit != "block":  # a sublayer curve: the methods that apply per unit (swapkl.removal.units)
-        from swapkl.removal.units import UNIT_METHODS
-
-        order = [m for m in order if m in UNIT_METHODS]
+    if unit != "block":  # a sublayer curve: the methods that apply per unit (the registry's data)
+        order = M.for_unit(order, unit)
     for k in range(len(order)):
         job.curves = removal_curves(ck.model, ck.tokenizer, scores, req.budget, methods=order[: k + 1],
                                     evaluator=ev, corpus=corpus, progress=prog, should_stop=job.should_stop,

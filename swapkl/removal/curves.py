@@ -36,6 +36,8 @@ def curves_provenance(d: dict) -> Provenance:
     sel = d.get("selection") or {}
     if sel.get("spacing") is not None:
         extra.append(f"spacing Δ={sel['spacing']}")
+    if calib := M.calibration_caption(d.get("method_info") or {}):
+        extra.append(calib)
     return Provenance(model=d.get("model"),
                       contract={"corpus_label": corpus.get("label") or corpus.get("name")} if corpus else {},
                       evaluator=d.get("evaluator"), extra=tuple(extra))

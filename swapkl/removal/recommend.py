@@ -254,7 +254,7 @@ def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, e
     ``compare``: other methods run on the same held-out windows, so that each n carries the paired comparison
     (``Recommendation.paired``, :mod:`swapkl.removal.paired`).  ``unit``: ``block`` (default), or ``attention`` /
     ``mlp``: the search removes (skips) that sublayer of each chosen layer, seeded by the methods defined on the unit
-    (:data:`swapkl.removal.units.UNIT_METHODS`), ``scores`` being the unit's matrices.  Returns a
+    (the registry's :func:`swapkl.removal.methods.for_unit`), ``scores`` being the unit's matrices.  Returns a
     :class:`Recommendation`."""
     params = dict(method_params or {})
     params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows,

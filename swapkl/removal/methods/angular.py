@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.removal.methods.base import MethodOutput
+from swapkl.removal.methods.registry import calib_tokens
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
     {"name": "angular", "run": "angular",
      "description": "angular distance (Gromov et al. 2024): remove the n consecutive layers whose input and output "
                     "residual streams are closest in angle",
-     "label": "angular distance", "rule_candidates": False, "order": 9},
+     "label": "angular distance", "rule_candidates": False, "order": 9, "calibration": 2048},
 ]
 
 # torch and the torch-based swapkl modules are imported inside the functions: the registry reads this file, and the
@@ -107,7 +108,7 @@ def angular(ctx, budget):
     L = ctx.num_layers
     if budget > L - 1:
         raise SwapklError(f"angular: budget {budget} would remove every layer of {L}; at most {L - 1}")
-    max_tokens = int(ctx.param("angular", "calib_tokens", 2048))
+    max_tokens = calib_tokens(ctx, "angular")
     rows = calib_rows(ctx, max_tokens)
     d = residual_stats(ctx.model, rows)["angular"].mean(0)  # equal-length windows: the mean over all tokens
     sets = best_blocks(d, budget)

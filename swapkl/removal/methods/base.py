@@ -1,10 +1,21 @@
 """The interface of a removal method: what it is given (:class:`MethodContext`), what it returns
 (:class:`MethodOutput`), how it is described (:class:`MethodSpec`) and what its cost function sees (:class:`EvalPlan`).
 
-A method is ``func(ctx: MethodContext, budget: int) -> MethodOutput``: it returns nested removal sets
-(``sets[k-1]`` is the set for budget k), or, for a seeded method, ``runs = {seed: sets}``.  The curves runner
-(:func:`swapkl.removal.curves.removal_curves`) evaluates the sets with its memo; a method that needs to evaluate
-trial sets itself (SLEB) uses ``ctx.calib_ppl(removed)`` / ``ctx.test_ppl(removed)``, which share that memo.
+A method is ``func(ctx: MethodContext, budget: int) -> MethodOutput``.  What it returns is one of the
+:data:`VARIANTS` its spec declares (:attr:`MethodSpec.variants`):
+
+* ``"sets"``: removal sets, ``sets[k-1]`` the set of layer indices removed at budget k (nested for most methods;
+  angular distance and the recommendation choose each budget's set afresh);
+* ``"runs"``: a seeded method's ``runs = {seed: sets}``, one curve per seed (``sets`` empty), averaged by the runner;
+* ``"merge"``: ``sets`` plus ``variant = {"kind": "merge", "mode": "average" | "laco", "groups": [...]}``:
+  ``sets[k]`` is removed by merging each group of ``groups[k]`` into its lowest slot (LaCo);
+* ``"units"``: ``sets`` (the whole blocks of each set) plus ``variant = {"kind": "units", "sets": [...]}``: mixed
+  attention / MLP sublayer units as codes ``2·layer + (0 attention | 1 mlp)`` (the best mix).
+
+The curves runner (:func:`swapkl.removal.curves.removal_curves`) evaluates the sets with its memo; a method that
+needs to evaluate trial sets itself (SLEB) uses ``ctx.calib_ppl(removed)``, which shares that memo.  A method
+that reads calibration text declares its default token count (:attr:`MethodSpec.calibration`) and takes the
+count a run asks for from ``ctx.params[name]["calib_tokens"]`` (:func:`swapkl.removal.methods.calibration_params`).
 """
 from __future__ import annotations
 
@@ -12,6 +23,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from swapkl.contract import BLOCK
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.removal.selection import check_budget
 
@@ -26,6 +38,8 @@ def load(target: Callable | str) -> Callable:
 
 #: how many seeds a seeded method runs unless its spec says otherwise (the paper's random baseline: 5)
 DEFAULT_RUNS = 5
+#: what a method may return (module docstring): plain removal sets, seeded runs, merges, mixed sublayer units
+VARIANTS = ("sets", "runs", "merge", "units")
 
 
 @dataclass
@@ -33,9 +47,11 @@ class MethodOutput:
     """``sets``: nested sorted sets for n = 1..len; ``runs``: {seed: sets} for seeded methods; ``info``:
     anything worth keeping (per-layer scores, calibration PPL per step, ...); ``settings``: the parameters used;
     ``notes``: human sentences (e.g. why a curve is shorter than the budget).  ``variant``: None for plain
-    removal, or ``{"kind": "merge", "mode": "average" | "laco", "groups": [groups for n = 1, 2, ...]}`` when
-    ``sets[k]`` is the set removed by merging ``groups[k]`` (:func:`swapkl.surgery.merge.merged_copy`): the runner
-    evaluates the merged model, not the pruned one."""
+    removal and seeded runs; ``{"kind": "merge", "mode": "average" | "laco", "groups": [groups for n = 1, 2, ...]}``
+    when ``sets[k]`` is the set removed by merging ``groups[k]`` (:func:`swapkl.surgery.merge.merged_copy`: the
+    runner evaluates the merged model, not the pruned one); ``{"kind": "units", "sets": [codes for n = 1, 2, ...]}``
+    when ``sets[k]`` stands for the mixed sublayer set ``variant["sets"][k]`` (codes ``2·layer + (0 attention | 1
+    mlp)``; the runner skips those sublayers).  The module docstring lists the variants."""
 
     sets: list = field(default_factory=list)
     runs: dict | None = None
@@ -72,7 +88,11 @@ class MethodSpec:
     (``color``, ``width``, ``dash``, ``marker`` size; None = a thin dotted baseline colour); ``guided``: a
     swap-KL-guided method (drawn thick, run and listed first); ``cost_target``: ``cost(spec, plan)``, the
     evaluations the method needs -- an int, or the removal sets it will evaluate (deduplicated across methods);
-    a callable or ``"module:object"``, None for one evaluation per curve point."""
+    a callable or ``"module:object"``, None for one evaluation per curve point.
+
+    Capabilities, as data: ``units``: the units of analysis it removes (:data:`swapkl.contract.UNITS`; whole blocks
+    unless it says otherwise); ``variants``: what it returns (:data:`VARIANTS`); ``calibration``: the calibration
+    tokens it reads by default (None: it reads no calibration text)."""
 
     name: str
     target: Callable | str
@@ -88,10 +108,18 @@ class MethodSpec:
     style: dict | None = None
     guided: bool = False
     cost_target: Callable | str | None = None
+    units: tuple = (BLOCK,)
+    variants: tuple = ("sets",)
+    calibration: int | None = None
 
     @property
     def seeded(self) -> bool:
         return self.runs > 0
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the method reads calibration text (and so takes a ``calib_tokens`` parameter)."""
+        return self.calibration is not None
 
     @property
     def func(self) -> Callable:
@@ -131,7 +159,7 @@ class MethodContext:
     should_stop: Callable | None = None
     progress: Callable | None = None
     params: dict = field(default_factory=dict)
-    unit: str = "block"  # what a removed index removes: the block, or its attention / mlp sublayer (skipped)
+    unit: str = BLOCK  # what a removed index removes: the block, or its attention / mlp sublayer (skipped)
     _calib_ids: object = None
 
     def param(self, method: str, key: str, default):
@@ -184,7 +212,7 @@ class MethodContext:
         win = min(window or self.evaluator.window, ids.numel())
         step = min(stride or win, win)
         key = (f"calib:{getattr(self.corpus, 'sha256', '?')}:{ids.numel()}:{win}" + (f":s{step}" if step != win else "")
-               + (f":r{region}" if region else "") + (f":{self.unit}" if self.unit != "block" else ""))
+               + (f":r{region}" if region else "") + (f":{self.unit}" if self.unit != BLOCK else ""))
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("stopped")
         return self.memo.get(key, removed, lambda: E.evaluate_ppl(

@@ -13,16 +13,18 @@ import numpy as np
 
 from swapkl.contract import SUBLAYERS
 from swapkl.removal.methods.base import MethodOutput
+from swapkl.removal.methods.registry import calib_tokens
 from swapkl.removal.selection import nested, scan
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
     {"name": "bi", "run": "bi",
      "description": "Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first",
-     "label": "Block Influence", "rule_candidates": False, "offered": True, "cli_default": True, "order": 5},
+     "label": "Block Influence", "rule_candidates": False, "offered": True, "cli_default": True, "order": 5,
+     "units": "any", "calibration": 2048},
     {"name": "cka", "run": "cka",
      "description": "linear CKA of block input vs output: highest (most similar) first", "rule_candidates": False,
-     "order": 7},
+     "order": 7, "calibration": 2048},
 ]
 
 
@@ -142,7 +144,7 @@ def linear_cka(model, ids, window: int = 512, batch_size: int = 4) -> np.ndarray
 
 def _calibrated(ctx, budget, name, score_fn, descending):
     """Score every block with ``score_fn(model, ids, window)`` on calibration text and remove in score order."""
-    max_tokens = int(ctx.param(name, "calib_tokens", 2048))
+    max_tokens = calib_tokens(ctx, name)
     ids = ctx.calib_ids(max_tokens)
     scores = score_fn(ctx.model, ids, window=ctx.evaluator.window)
     cands, spacing, settings = ctx.literature_candidates(name, budget)

@@ -8,17 +8,17 @@ from swapkl.removal.selection import layer_scores, select
 METHODS = [
     {"name": "replacement", "run": "replacement", "needs": ["replacement"],
      "description": "replacement-guided: lowest min-partner d_repl first", "label": "replacement-guided",
-     "offered": True, "default": True, "cli_default": True, "order": 0, "guided": True,
+     "offered": True, "default": True, "cli_default": True, "order": 0, "guided": True, "units": "any",
      "style": {"color": "#1f77b4", "width": 3.5, "marker": 11}, "cost": "cost_replacement"},
     {"name": "interchange", "run": "interchange", "needs": ["interchange"],
      "description": "interchange-guided: lowest min-partner d_inter first", "label": "interchange-guided",
-     "offered": True, "default": True, "cli_default": True, "order": 1, "guided": True,
+     "offered": True, "default": True, "cli_default": True, "order": 1, "guided": True, "units": "any",
      "style": {"color": "#d62728", "width": 3.5, "marker": 7}, "cost": "cost_interchange"},
     {"name": "anti-replacement", "run": "anti_replacement", "needs": ["replacement"], "group": "anti",
-     "description": "anti-guided on d_repl: highest layer score first", "offered": True, "order": 3,
+     "description": "anti-guided on d_repl: highest layer score first", "offered": True, "order": 3, "units": "any",
      "cost": "cost_anti_replacement"},
     {"name": "anti-interchange", "run": "anti_interchange", "needs": ["interchange"], "group": "anti",
-     "description": "anti-guided on d_inter: highest layer score first", "offered": True, "order": 4,
+     "description": "anti-guided on d_inter: highest layer score first", "offered": True, "order": 4, "units": "any",
      "cost": "cost_anti_interchange"},
 ]
 

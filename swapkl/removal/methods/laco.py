@@ -19,7 +19,7 @@ from swapkl.errors import SwapklError
 METHODS = [
     {"name": "laco", "run": "laco",
      "description": "LaCo-style merge: the adjacent pair with the lowest swap-KL merged (parameters averaged) into the lower slot, the upper block removed",
-     "label": "LaCo merge", "offered": True, "order": 9},
+     "label": "LaCo merge", "offered": True, "order": 9, "variants": ["merge"]},
 ]
 
 

@@ -26,17 +26,19 @@ from typing import Iterable, Sequence
 from swapkl.contract import SUBLAYERS
 from swapkl.errors import SwapklError
 from swapkl.removal.methods.base import MethodOutput
+from swapkl.removal.methods.registry import calib_tokens
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
     {"name": "mix", "run": "mix_greedy",
      "description": "best mix: greedy over the attention and MLP sublayers of every layer, the least calibration-PPL "
                     "increase per non-embedding parameter removed, to n blocks' worth of parameters",
-     "label": "best mix (greedy)", "rule_candidates": False, "order": 30},
+     "label": "best mix (greedy)", "rule_candidates": False, "order": 30, "variants": ["units"],
+     "calibration": 1024},
     {"name": "mix-guided", "run": "mix_guided",
      "description": "guided mix: sublayers ranked by their own swap-KL per parameter, to n blocks' worth of "
                     "parameters (zero evaluations)",
-     "label": "guided mix", "rule_candidates": False, "order": 31},
+     "label": "guided mix", "rule_candidates": False, "order": 31, "variants": ["units"]},
 ]
 
 MIXED_KEY = "|unit:mixed"
@@ -139,10 +141,10 @@ def keeps_a_layer(codes: Iterable[int], num_layers: int) -> bool:
 
 
 def mix_greedy(ctx, budget: int) -> MethodOutput:
-    """The greedy best mix (module docstring).  ``params["mix"]``: ``calib_tokens`` (default 1024),
+    """The greedy best mix (module docstring).  ``params["mix"]``: ``calib_tokens`` (default: the registry's, 1024),
     ``calib_windows`` (``"disjoint"``, the default, or ``"evaluator"``: its stride), ``pool`` (None: every unit)."""
     p = lambda k, d: ctx.param("mix", k, d)
-    tokens = int(p("calib_tokens", 1024))
+    tokens = calib_tokens(ctx, "mix")
     windows = str(p("calib_windows", "disjoint"))
     if windows not in ("disjoint", "evaluator") or tokens < 16:
         raise SwapklError("mix needs calib_tokens >= 16 and calib_windows 'disjoint' or 'evaluator'")
@@ -173,7 +175,7 @@ def mix_greedy(ctx, budget: int) -> MethodOutput:
             ctx.progress(None, None, f"mix step {len(steps)}: skip {SUBLAYERS[best % 2]} {best // 2} (calibration "
                                      f"PPL {cur:.4g}, {total} parameters)")
     sets, got = _nested(picks, sizes, goal)
-    settings = {"calib_tokens": tokens, "calib_windows": windows, "calib_stride": stride, "pool": pool,
+    settings = {"calib_tokens": int(ctx.calib_ids(tokens).numel()), "calib_windows": windows, "calib_stride": stride, "pool": pool,
                 "calibration": "corpus prompt region (disjoint from the test text)",
                 "calib_words": list(calib_range), "targets": goal, "rule": "least calibration-PPL increase per "
                 "non-embedding parameter removed"}

@@ -35,10 +35,11 @@ import math
 import time
 from typing import Sequence
 
+from swapkl.contract import BLOCK
 from swapkl.errors import SwapklError
 from swapkl.removal.confirm import DEFAULT_REGIONS, DEFAULT_RULE, RULES, confirm, pick_anchor
 from swapkl.removal.methods.base import MethodOutput
-from swapkl.removal.methods.registry import get
+from swapkl.removal.methods.registry import calib_tokens, get, supports
 from swapkl.removal.selection import BudgetError, layer_scores
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
@@ -46,6 +47,7 @@ METHODS = [
     {"name": "recommend", "run": "recommend_method",
      "description": "recommended: beam search over removal sets seeded by every method, chosen by calibration PPL",
      "label": "recommended", "rule_candidates": False, "offered": True, "order": 20,
+     "units": "any", "calibration": 1024,
      "style": {"color": "#111111", "width": 4.5, "marker": 12}},
 ]
 
@@ -54,7 +56,7 @@ METHODS = [
 SEED_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "laco")
 LABEL = METHODS[0]["label"]
 DEFAULT_WIDTH = 4
-DEFAULT_CALIB_TOKENS = 1024  # the same calibration text as SLEB-iterative's default
+DEFAULT_CALIB_TOKENS = METHODS[0]["calibration"]  # the same calibration text as SLEB-iterative's default
 #: calibration windows: the held-out evaluator's window and stride ("evaluator") or non-overlapping ("disjoint")
 DEFAULT_CALIB_WINDOWS = "evaluator"
 
@@ -154,7 +156,7 @@ class BeamSearch:
         self.cands_all, self.spacing, self.settings = ctx.literature_candidates("recommend", budget)
         self.width = int(p("width", DEFAULT_WIDTH))
         self.top_k = int(p("top_k", default_top_k(ctx.num_layers)))
-        self.calib_tokens = int(p("calib_tokens", DEFAULT_CALIB_TOKENS))
+        self.calib_tokens = calib_tokens(ctx, "recommend")
         self.windows = str(p("calib_windows", DEFAULT_CALIB_WINDOWS))
         if self.windows not in ("evaluator", "disjoint"):
             raise SwapklError(f"recommend calib_windows must be 'evaluator' or 'disjoint', not {self.windows!r}")
@@ -163,10 +165,8 @@ class BeamSearch:
         # shared memo)
         self.calib_stride = getattr(ctx.evaluator, "stride", None) if self.windows == "evaluator" else None
         self.seed_names = list(p("seeds", SEED_METHODS))
-        if ctx.unit != "block":  # a sublayer search: only the methods defined on that unit propose sets
-            from swapkl.removal.units import UNIT_METHODS
-
-            dropped = [s for s in self.seed_names if s not in UNIT_METHODS or s == "recommend"]
+        if ctx.unit != BLOCK:  # a sublayer search: only the methods defined on that unit propose sets
+            dropped = [s for s in self.seed_names if not supports(s, ctx.unit) or s == "recommend"]
             self.seed_names = [s for s in self.seed_names if s not in dropped]
             self.seed_notes = [f"seeds {', '.join(dropped)} skipped: they remove whole blocks only"] if dropped else []
         else:
@@ -324,7 +324,8 @@ class BeamSearch:
                                    "rule_evaluations": self.rule_evals, "max_evals": self.cap,
                                    "sleb_evaluations": sleb_cost(len(self.cands_all), self.budget),
                                    "seconds": time.perf_counter() - self.t0, "notes": self.notes}}
-        st = self.settings | {"width": self.width, "top_k": self.top_k, "calib_tokens": self.calib_tokens,
+        st = self.settings | {"width": self.width, "top_k": self.top_k,
+                              "calib_tokens": int(self.ctx.calib_ids(self.calib_tokens).numel()),
                               "calib_windows": self.windows, "calib_stride": self.calib_stride, "max_evals": self.cap,
                               "seeds": self.seed_names, "merged_seeds": self.merged, "label": LABEL,
                               "unit": self.ctx.unit,

@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from swapkl.errors import SwapklError
-from swapkl.removal.methods.base import DEFAULT_RUNS, EvalPlan, MethodSpec
+from swapkl.contract import BLOCK, UNITS, check_unit
+from swapkl.errors import ContractError, SwapklError
+from swapkl.removal.methods.base import DEFAULT_RUNS, VARIANTS, EvalPlan, MethodSpec
 
 PACKAGE = "swapkl.removal.methods"
 #: modules of the package that hold no methods
@@ -34,12 +35,18 @@ NOT_METHODS = ("base", "registry")
 
 _REGISTRY: dict[str, MethodSpec] = {}
 GROUPS: dict[str, tuple[str, ...]] = {}
+#: ``units="any"`` in a declaration: every unit of analysis (:data:`swapkl.contract.UNITS`)
+ANY_UNIT = "any"
+#: the fewest calibration tokens a run may ask for (a handful of windows: fewer says nothing about a layer)
+MIN_CALIB_TOKENS = 16
 
 
 def register(name: str, needs: Sequence[str] = (), description: str = "", group: str | None = None,
              rule_candidates: bool = True, *, label: str | None = None, runs: int = 0, offered: bool = False,
              default: bool = False, cli_default: bool = False, order: int = 100, style: dict | None = None,
-             guided: bool = False, cost: Callable | str | None = None, target: str | None = None):
+             guided: bool = False, cost: Callable | str | None = None, target: str | None = None,
+             units: str | Sequence[str] = (BLOCK,), variants: Sequence[str] | None = None,
+             calibration: int | None = None):
     """Register a method under ``name``.  With ``target="module:object"`` the entry is lazy (the module is imported
     when the method runs) and None is returned; without it, a decorator for ``func(ctx, budget) -> MethodOutput``.
     ``needs``: score matrices the method requires (``"replacement"``, ``"interchange"``).  ``group``: an alias
@@ -47,14 +54,18 @@ def register(name: str, needs: Sequence[str] = (), description: str = "", group:
     ``rule_candidates=False``: the method chooses its own candidates (literature baselines), so the runner does
     not check the budget against the selection rule before running it.  The keyword-only arguments fill
     :class:`MethodSpec` (label defaults to the name; a method is not offered in the dashboard nor run by default
-    unless it says so; ``cost`` may be ``"module:object"`` too)."""
+    unless it says so; ``cost`` may be ``"module:object"`` too).  Capabilities: ``units`` (the units it removes, or
+    ``"any"``), ``variants`` (what it returns, :data:`~swapkl.removal.methods.base.VARIANTS`; default ``runs`` for a seeded
+    method, else ``sets``), ``calibration``
+    (default calibration tokens; None when it reads none); a value outside those raises :class:`SwapklError`."""
+    caps = _capabilities(name, units, variants, calibration, runs)
 
     def add(func_or_target):
         doc = "" if isinstance(func_or_target, str) else (func_or_target.__doc__ or "")
         _REGISTRY[name] = MethodSpec(name, func_or_target, tuple(needs), description or doc.strip(), rule_candidates,
                                      label=label or name, runs=int(runs), offered=offered, default=default,
                                      cli_default=cli_default, order=order, style=style, guided=guided,
-                                     cost_target=cost)
+                                     cost_target=cost, **caps)
         if group:
             GROUPS[group] = tuple(dict.fromkeys(GROUPS.get(group, ()) + (name,)))
         return func_or_target
@@ -63,6 +74,21 @@ def register(name: str, needs: Sequence[str] = (), description: str = "", group:
         add(target)
         return None
     return add
+
+
+def _capabilities(name: str, units, variants, calibration, runs: int) -> dict:
+    """The capability fields of :class:`MethodSpec`, checked (``units`` resolved: ``"any"`` → every unit)."""
+    units = UNITS if units == ANY_UNIT else tuple(units)
+    variants = tuple(variants or (("runs",) if int(runs) > 0 else ("sets",)))
+    for u in units:
+        check_unit(u, lambda m: SwapklError(f"method {name}: {m}"))
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants or (int(runs) > 0) != ("runs" in variants):
+        raise SwapklError(f"method {name}: variants {list(variants)} must be among {', '.join(VARIANTS)}, with "
+                          f"'runs' exactly when the method is seeded")
+    if calibration is not None and (not isinstance(calibration, int) or calibration < MIN_CALIB_TOKENS):
+        raise SwapklError(f"method {name}: calibration must be a token count >= {MIN_CALIB_TOKENS} or None")
+    return {"units": units, "variants": tuple(variants), "calibration": calibration}
 
 
 def specs() -> list[MethodSpec]:
@@ -124,6 +150,79 @@ def expected_evaluations(names: Sequence[str], plan: EvalPlan) -> int:
         else:
             sets.update(frozenset(s) for s in c)
     return 1 + len(sets) + extra
+
+
+def supports(name: str, unit: str) -> bool:
+    """Whether method ``name`` removes ``unit`` (a group alias: every member does; an unknown name: False)."""
+    check_unit(unit)
+    members = GROUPS.get(name, (name,)) if name not in _REGISTRY else (name,)
+    return all(m in _REGISTRY and unit in _REGISTRY[m].units for m in members)
+
+
+def for_unit(names: Iterable[str], unit: str) -> list[str]:
+    """The names of ``names`` (in their order) whose methods remove ``unit``."""
+    return [n for n in names if supports(n, unit)]
+
+
+def unit_methods(unit: str) -> tuple[str, ...]:
+    """Every registered method that removes ``unit``, in display order."""
+    check_unit(unit)
+    return tuple(s.name for s in specs() if unit in s.units)
+
+
+def refuse_other_units(names: Iterable[str], unit: str, offer: Iterable[str] | None = None) -> None:
+    """Raise one :class:`~swapkl.errors.ContractError` line naming the methods of ``names`` that do not remove
+    ``unit`` and the ones that do (``offer``: the choice to list, default :func:`unit_methods`)."""
+    bad = [n for n in names if not supports(n, unit)]
+    if bad:
+        what = "remove whole blocks only" if all(find(n) is None or find(n).units == (BLOCK,) for n in bad) else \
+            f"do not remove the {unit} unit"
+        raise ContractError(f"method(s) {', '.join(bad)} {what}; for --unit {unit} choose from: "
+                            f"{', '.join(unit_methods(unit) if offer is None else offer)}")
+
+
+def calibration_methods() -> tuple[str, ...]:
+    """Every registered method that reads calibration text, in display order."""
+    return tuple(s.name for s in specs() if s.calibrated)
+
+
+def calibration_params(calib_tokens: int | None, names: Iterable[str]) -> dict[str, dict]:
+    """``{method: {"calib_tokens": N}}`` for every method of ``names`` (group aliases expanded) that reads
+    calibration text: ``N = calib_tokens`` (a run's ``--calib-tokens``), else the method's registered default.
+    The one mapping from a run's calibration count to the methods' parameters; merge it under any other
+    per-method parameters.  ``calib_tokens`` below :data:`MIN_CALIB_TOKENS` raises :class:`SwapklError`."""
+    if calib_tokens is not None and (isinstance(calib_tokens, bool) or not isinstance(calib_tokens, int)
+                                     or calib_tokens < MIN_CALIB_TOKENS):
+        raise SwapklError(f"--calib-tokens must be an integer of at least {MIN_CALIB_TOKENS} (got {calib_tokens!r})")
+    out: dict[str, dict] = {}
+    for raw in names:
+        for name in GROUPS.get(raw, (raw,)) if raw not in _REGISTRY else (raw,):
+            spec = _REGISTRY.get(name)
+            if spec is not None and spec.calibrated:
+                out[name] = {"calib_tokens": spec.calibration if calib_tokens is None else int(calib_tokens)}
+    return out
+
+
+def calib_tokens(ctx, name: str) -> int:
+    """The calibration tokens method ``name`` reads in a run: ``ctx.params[name]["calib_tokens"]``, else its
+    registered default (:attr:`MethodSpec.calibration`)."""
+    given = ctx.param(name, "calib_tokens", None)
+    return int(get(name).calibration if given is None else given)
+
+
+def calibration_caption(method_info: dict) -> str | None:
+    """The caption piece that states the calibration tokens each method of a run read (``method_info``:
+    ``{method: {"settings": {"calib_tokens": N, ...}, ...}}``, as a curves result keeps it): ``"calibration 512
+    tokens"`` when every calibrated method read the same count, else ``"calibration tokens: bi 2048, sleb 1024"``;
+    None when no method read calibration text."""
+    used = {m: (i.get("settings") or {}).get("calib_tokens") for m, i in (method_info or {}).items()
+            if isinstance(i, dict)}
+    used = {m: int(n) for m, n in used.items() if isinstance(n, (int, float)) and not isinstance(n, bool)}
+    if not used:
+        return None
+    if len(set(used.values())) == 1:
+        return f"calibration {next(iter(used.values()))} tokens"
+    return "calibration tokens: " + ", ".join(f"{m} {n}" for m, n in used.items())
 
 
 def available() -> list[str]:

@@ -9,17 +9,19 @@ earlier steps.  Cost: sum over steps of (candidates left) calibration evaluation
 from __future__ import annotations
 
 from swapkl.removal.methods.base import MethodOutput
+from swapkl.removal.methods.registry import calib_tokens
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
     {"name": "sleb", "run": "sleb",
      "description": "SLEB-iterative on calibration text: drop the block whose removal hurts least, repeat",
-     "label": "SLEB-iterative", "rule_candidates": False, "offered": True, "cli_default": True, "order": 6},
+     "label": "SLEB-iterative", "rule_candidates": False, "offered": True, "cli_default": True, "order": 6,
+     "units": "any", "calibration": 1024},
 ]
 
 
 def sleb(ctx, budget):
-    max_tokens = int(ctx.param("sleb", "calib_tokens", 1024))
+    max_tokens = calib_tokens(ctx, "sleb")
     cands, spacing, settings = ctx.literature_candidates("sleb", budget)
     picks: list[int] = []
     steps = []
@@ -36,7 +38,7 @@ def sleb(ctx, budget):
             ctx.progress(None, None, f"sleb step {step + 1}: remove {best} (calibration PPL {ppl[best]:.4g})")
     sets = [sorted(picks[:k]) for k in range(1, len(picks) + 1)]
     out = MethodOutput(sets=sets, info={"steps": steps, "calib_base_ppl": ctx.calib_ppl([], max_tokens)},
-                       settings=settings | {"calib_tokens": max_tokens,
+                       settings=settings | {"calib_tokens": int(ctx.calib_ids(max_tokens).numel()),
                                             "calibration": "corpus prompt region (disjoint from the test text)"})
     if len(picks) < budget:
         out.notes.append(f"SLEB stops after {len(picks)} layers under spacing Δ={spacing}")

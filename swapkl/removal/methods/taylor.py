@@ -19,13 +19,14 @@ if TYPE_CHECKING:
     import torch
 
 from swapkl.removal.methods.base import MethodOutput
+from swapkl.removal.methods.registry import calib_tokens
 from swapkl.removal.selection import nested, scan
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
     {"name": "taylor", "run": "taylor",
      "description": "Taylor importance: lowest sum over the block of |dL/dθ · θ| (calibration text) first",
-     "label": "Taylor", "rule_candidates": False, "offered": True, "order": 8},
+     "label": "Taylor", "rule_candidates": False, "offered": True, "order": 8, "calibration": 1024},
 ]
 
 
@@ -86,7 +87,7 @@ def taylor_importance(model, ids: torch.Tensor, window: int = 512, batch_size: i
 
 
 def taylor(ctx, budget):
-    max_tokens = int(ctx.param("taylor", "calib_tokens", 1024))
+    max_tokens = calib_tokens(ctx, "taylor")
     ids = ctx.calib_ids(max_tokens)
     scores = taylor_importance(ctx.model, ids, window=ctx.evaluator.window)
     cands, spacing, settings = ctx.literature_candidates("taylor", budget)
