@@ -163,7 +163,8 @@ class Contract:
 
     def key(self, corpus_sha: str) -> dict:
         """The settings that determine each per-pair value (pairs, device, aggregation excluded).  The unit
-        enters only when it is not ``block``, so block entries cached before units existed keep their keys."""
+        enters only when it is not ``block``: a block entry's key has no unit field, the same key for every block
+        entry in the cache."""
         key = {"prompts": self.prompts, "tokens": self.tokens, "positions": self.positions,
                "corpus_sha256": corpus_sha, "seed": self.seed, "dtype": self.dtype,
                "kl_dtype": self.kl_dtype, "bos": self.bos}

@@ -78,7 +78,7 @@ def run(a) -> int:
     loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded
     if loaded is not None and (loaded[2] or {}).get("unit", "block") != "block":  # this command removes blocks
         raise SwapklError(f"the scores file {a.scores} holds {loaded[2]['unit']} swap-KL; 'tasks' works on whole "
-                          "blocks only for now (score with --unit block)")
+                          "blocks only (score with --unit block)")
     tm = lmeval.task_manager(include)
     for name in tasks:  # unknown or unloadable tasks fail before the model is loaded
         lmeval.load_task(tm, name)

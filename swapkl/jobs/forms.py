@@ -117,7 +117,7 @@ def healable(methods) -> list[str]:
 # ============================================================================================ shared links
 def query_params(req: AnalysisRequest) -> dict[str, str]:
     """The query string of a shared link to ``req``: its model (and revision), contract fields and settings (the
-    unit only when it is a sublayer, so links to block analyses stay as they were)."""
+    unit only when it is a sublayer: a block analysis, the default, needs no unit in its link)."""
     c = req.contract
     q = {"model": req.model, "pairs": c.pairs, "prompts": c.prompts, "tokens": c.tokens,
          "positions": c.positions, "dtype": c.dtype, "device": c.device, "aggregation": c.aggregation,

@@ -1,4 +1,4 @@
-"""The recommendation rule of ``docs/recommend-rule.md`` (issue 21 step 5): anchor on the protocol rule's
+"""The recommendation rule of ``docs/recommend-rule.md``: anchor on the protocol rule's
 zero-evaluation set; depart to the beam's calibration-best set only when K disjoint calibration regions agree.
 
 Pure statistics (:func:`paired_nll_diff`, :func:`anchor_protocol`) plus :func:`confirm`, which evaluates the two sets

@@ -1,4 +1,4 @@
-"""Recommend, judged fairly (issue 21 step 5, ``docs/recommend-rule.md``): at each n, the held-out ΔPPL of the
+"""Recommend, judged fairly (``docs/recommend-rule.md``): at each n, the held-out ΔPPL of the
 recommended set against every other method's set on the **same windows**, as a paired bootstrap CI of the
 difference with the words better / tie / worse.
 

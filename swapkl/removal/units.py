@@ -15,7 +15,8 @@ from swapkl.removal import methods as M
 
 
 def unit_key_suffix(unit: str) -> str:
-    """What a unit adds to a memo text key: nothing for blocks (their keys stay as they were)."""
+    """What a unit adds to a memo text key: nothing for blocks (a block key names no unit), ``|unit:<unit>`` for a
+    sublayer, so its evaluations never meet a block removal's of the same layer indices."""
     return "" if unit == BLOCK else f"|unit:{unit}"
 
 

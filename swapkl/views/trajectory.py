@@ -24,6 +24,7 @@ def _traj_frames(stats_df, depth_df):
         if depth_df is None and traj.results:
             depth_df = traj.depth()
     stats_df = stats_df.copy()
+    # a stats table that names the KL ratio columns ratio_*: the figures read kl_ratio_*
     for old, new in (("ratio_mean", "kl_ratio_mean"), ("ratio_median", "kl_ratio_median")):
         if old in stats_df.columns and new not in stats_df.columns:
             stats_df[new] = stats_df[old]

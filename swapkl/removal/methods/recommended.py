@@ -18,7 +18,7 @@ The search (:func:`search`):
 4. The rule (``docs/recommend-rule.md``, ``rule="confirmed"``, the default): the set recommended for n is the
    protocol rule's zero-evaluation set (the anchor) unless the best calibration set among every size-n set evaluated
    beats it on each of ``calib_regions`` (3) disjoint calibration regions with a pooled paired CI below 0
-   (:mod:`swapkl.removal.confirm`).  ``rule="calibration"``: the best calibration PPL, as before.
+   (:mod:`swapkl.removal.confirm`).  ``rule="calibration"``: the set with the best calibration PPL.
 
 Cost cap: ``max_evals`` distinct calibration evaluations (default: what SLEB-iterative spends for the same budget,
 ``1 + Σ_{s<budget} (C - s)`` over its ``C`` candidates), shared over the levels; seeds are evaluated first at
