@@ -136,6 +136,10 @@ def test_calibration_caption():
     info["taylor"] = {"settings": {"calib_tokens": 1024}}
     assert M.calibration_caption(info) == "calibration tokens: bi 512, sleb 512, taylor 1024"
     assert M.calibration_caption({"random": {"settings": {}}}) is None and M.calibration_caption({}) is None
+    hostile = {"bi": {"settings": {"calib_tokens": float("inf")}}, "sleb": {"settings": {"calib_tokens": float("nan")}},
+               "cka": {"settings": {"calib_tokens": True}}, "taylor": {"settings": ["x"]}, "mix": "x",
+               "angular": {"settings": {"calib_tokens": 2.5}}, "recommend": {"settings": {"calib_tokens": 10 ** 30}}}
+    assert M.calibration_caption(hostile) is None  # a file from outside never breaks a caption
 
 
 # ---- on a tiny model: the count each calibration method reads and records

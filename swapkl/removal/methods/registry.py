@@ -55,9 +55,9 @@ def register(name: str, needs: Sequence[str] = (), description: str = "", group:
     not check the budget against the selection rule before running it.  The keyword-only arguments fill
     :class:`MethodSpec` (label defaults to the name; a method is not offered in the dashboard nor run by default
     unless it says so; ``cost`` may be ``"module:object"`` too).  Capabilities: ``units`` (the units it removes, or
-    ``"any"``), ``variants`` (what it returns, :data:`~swapkl.removal.methods.base.VARIANTS`; default ``runs`` for a seeded
-    method, else ``sets``), ``calibration``
-    (default calibration tokens; None when it reads none); a value outside those raises :class:`SwapklError`."""
+    ``"any"``), ``variants`` (what it returns, :data:`~swapkl.removal.methods.base.VARIANTS`; default ``runs`` for
+    a seeded method, else ``sets``), ``calibration`` (default calibration tokens; None when it reads none); a value
+    outside those raises :class:`SwapklError`."""
     caps = _capabilities(name, units, variants, calibration, runs)
 
     def add(func_or_target):
@@ -214,10 +214,12 @@ def calibration_caption(method_info: dict) -> str | None:
     """The caption piece that states the calibration tokens each method of a run read (``method_info``:
     ``{method: {"settings": {"calib_tokens": N, ...}, ...}}``, as a curves result keeps it): ``"calibration 512
     tokens"`` when every calibrated method read the same count, else ``"calibration tokens: bi 2048, sleb 1024"``;
-    None when no method read calibration text."""
+    None when no method read calibration text.  A value that is not a plausible count (a file from outside) is
+    left out."""
     used = {m: (i.get("settings") or {}).get("calib_tokens") for m, i in (method_info or {}).items()
-            if isinstance(i, dict)}
-    used = {m: int(n) for m, n in used.items() if isinstance(n, (int, float)) and not isinstance(n, bool)}
+            if isinstance(i, dict) and isinstance(i.get("settings") or {}, dict)}
+    used = {m: int(n) for m, n in used.items()
+            if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < 1e12 and n == int(n)}
     if not used:
         return None
     if len(set(used.values())) == 1:
