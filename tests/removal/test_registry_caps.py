@@ -213,3 +213,29 @@ def test_the_count_reaches_the_result_and_its_caption(tiny):
     from swapkl.views.captions import contract_caption
 
     assert "calibration 192 tokens" in contract_caption(r.provenance())
+
+
+# ---- the command line: --calib-tokens reaches every calibration method of a run
+
+@pytest.mark.parametrize("command", [["curves", "--budget", "1"], ["recommend", "--budget", "1"],
+                                     ["evidence", "--budget", "1"]])
+def test_too_few_calibration_tokens_is_one_line_before_any_work(cli, stories_path, command):
+    rc, out, err = cli(command[0], stories_path, *command[1:], "--calib-tokens", "8")
+    assert rc == 2 and err.strip().splitlines() == [
+        "error: --calib-tokens must be an integer of at least 16 (got 8)"], err
+
+
+def test_curves_cli_gives_every_calibration_method_the_count(cli, stories_path, tmp_path):
+    import json
+
+    out = tmp_path / "curves.json"
+    rc, so, se = cli("curves", stories_path, "--budget", "1", "--methods", "replacement,taylor,angular,cka",
+                     "--max-words", "300", "--calib-tokens", "512", "--prompts", "2", "--tokens", "16", "--no-kl",
+                     "--device", "cpu", "--quiet", "--json", out)
+    assert rc == 0, se
+    d = json.loads(out.read_text())
+    used = {m: d["method_info"][m]["settings"].get("calib_tokens") for m in d["method_info"]}
+    assert used == {"replacement": None, "taylor": 512, "angular": 512, "cka": 512}  # angular: one 512-token window
+    from swapkl.removal.curves import CurvesResult
+
+    assert "calibration 512 tokens" in CurvesResult.from_json(out).provenance().extra
