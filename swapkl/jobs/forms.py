@@ -27,15 +27,18 @@ SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublaye
 def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
                      ) -> AnalysisRequest:
     """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) keeps only
-    the methods that apply per unit (:data:`swapkl.removal.units.UNIT_METHODS`; :data:`SUBLAYER_NOTE`)."""
+    the methods that apply per unit (:data:`swapkl.removal.units.UNIT_METHODS`; :data:`SUBLAYER_NOTE`); its removal plan is checked here."""
     if not spec:
         raise SwapklError("choose a checkpoint")
     if contract.unit != "block":
         from swapkl.removal.units import UNIT_METHODS
 
         methods = tuple(m for m in methods if m in UNIT_METHODS)
-    return AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
-                           evaluator=evaluator)
+    req = AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
+                          evaluator=evaluator)
+    if req.wants_curves:
+        req.removal_plan()  # the plan's checks (budget, methods, unit) refuse a bad form here, in one line
+    return req
 
 
 def unit_note(contract: Contract | None) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from swapkl import __version__
 from swapkl.model import builtin
 from swapkl.removal import methods as M
+from swapkl.removal.plan import RemovalPlan
 from swapkl.store import file_sha256, folder_fingerprint
 from swapkl.contract import Contract, stable_hash
 from swapkl.trajectory.checkpoints import parse_checkpoints
@@ -55,6 +56,18 @@ class AnalysisRequest:
     @property
     def wants_curves(self) -> bool:
         return self.budget > 0 and bool(self.methods)
+
+    def removal_plan(self) -> RemovalPlan:
+        """The removal plan of the curves (:class:`~swapkl.removal.plan.RemovalPlan`, checked: one-line errors):
+        ``budget``, the guided methods first (:func:`swapkl.removal.methods.run_order`; for a sublayer unit only the
+        methods that apply per unit, :mod:`swapkl.removal.units`), the contract's unit and the evaluator."""
+        unit = getattr(self.contract, "unit", "block")
+        order = M.run_order(self.methods)
+        if unit != "block":  # a sublayer curve: the methods that apply per unit (swapkl.removal.units)
+            from swapkl.removal.units import UNIT_METHODS
+
+            order = [m for m in order if m in UNIT_METHODS]
+        return RemovalPlan(budget=self.budget, methods=tuple(order), unit=unit, evaluator=self.evaluator or "matched")
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")

@@ -15,11 +15,11 @@ from swapkl.removal.methods.base import (DEFAULT_RUNS, EvalPlan, MethodContext, 
                                          cost_per_point, load)
 from swapkl.removal.methods.registry import _REGISTRY  # noqa: F401  (the table itself: tests unregister through it)
 from swapkl.removal.methods.registry import (GROUPS, available, declared, default_seeds, default_set,
-                                             discover, expected_evaluations, find, get, label, offered, register,
+                                             discover, find, get, label, offered, register,
                                              resolve, run_order, specs)
 
 __all__ = ["DEFAULT_RUNS", "GROUPS", "EvalPlan", "MethodContext", "MethodOutput", "MethodSpec", "available",
-           "cost_per_point", "declared", "default_seeds", "default_set", "discover", "expected_evaluations", "find",
+           "cost_per_point", "declared", "default_seeds", "default_set", "discover", "find",
            "get", "label", "load", "offered", "register", "resolve", "run_order", "specs"]
 
 discover()
