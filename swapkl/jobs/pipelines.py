@@ -24,7 +24,7 @@ from swapkl.contract import Contract, pair_list
 from swapkl.scoring.corpora import load_corpus
 from swapkl.removal.checks import check_evaluator_context
 from swapkl.removal.curves import disk_memo, removal_curves
-from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.removal.plan import RunHooks
 from swapkl.trajectory.checkpoints import parse_checkpoints
 from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job
@@ -158,7 +158,7 @@ def run_tasks(job: Job, models: ModelCache) -> None:
                 engine_kw=engine_kw(ck, c, len(c.pair_list(ck.num_layers))))
     job.result = res
     job.phase(3, 3, f"lm-eval task accuracy: {', '.join(req.tasks)}, n = 1..{req.budget}")
-    plan = RemovalPlan(budget=req.budget, methods=tuple(req.methods))
+    plan = req.removal_plan()
     settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
                             num_fewshot=req.num_fewshot)
     job.tasks = task_accuracy(ck.model, ck.tokenizer, {"replacement": res.replacement(),
@@ -190,7 +190,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
     recipe = req.recipe_obj()
     job.phase(3, steps, f"healing {', '.join(req.methods)} at n = {', '.join(map(str, req.ns))}: {recipe.describe()}")
     shared: dict = {}
-    plan = RemovalPlan(budget=max(req.ns), methods=tuple(req.methods), spacing=req.spacing, evaluator=evaluator_of(req))
+    plan = req.removal_plan()
     setup = HealSetup(corpus=load_corpus(c.corpus), prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed,
                       identity=ck.identity)
     job.heal = heal_curves(ck.model, ck.tokenizer, scores, plan, req.ns, recipe, setup,

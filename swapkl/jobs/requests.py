@@ -194,6 +194,10 @@ class TasksRequest:
                 "tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
                 "include_path": self.include_path}
 
+    def removal_plan(self) -> RemovalPlan:
+        """The plan whose sets are scored (:class:`~swapkl.removal.plan.RemovalPlan`: ``budget``, ``methods``)."""
+        return RemovalPlan(budget=self.budget, methods=self.methods)
+
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         lim = f" · limit {self.limit}" if self.limit else ""
@@ -240,6 +244,11 @@ class HealRequest:
         from swapkl.healing.recipe import Recipe
 
         return Recipe.from_dict(self.recipe)
+
+    def removal_plan(self) -> RemovalPlan:
+        """The plan whose sets are healed: budget = the largest n, ``methods``, ``spacing`` and the evaluator."""
+        return RemovalPlan(budget=max(self.ns, default=0), methods=self.methods, spacing=self.spacing,
+                           evaluator=self.evaluator or "matched")
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": self.model, "revision": self.revision,
