@@ -152,7 +152,7 @@ class CurvesRun:
         self.checked = plan.check(arch.locate(model).num_layers, scores)  # fails before any work
         self.L, self.scores, self.specs = self.checked.num_layers, self.checked.scores, self.checked.specs
         self.budget, self.kl, self.unit = plan.budget, plan.kl, check_unit_run(model, plan.unit, self.specs)
-        self.counter = {"evals": 0, "points": 0}
+        self.counter = {"evals": 0}
         self._text()
         self._memo()
         self.planned = self.checked.expected_evaluations()
@@ -206,7 +206,6 @@ class CurvesRun:
             self.baseline = self._ppl(self.model, capture_reference=True)
             self.memo.store[(self.text_key, frozenset())] = self.baseline
         self.reference = self.baseline.reference if self.kl else None
-        self.counter["points"] += 1
         self.report(f"baseline PPL {self.baseline.ppl:.4g}")
 
     def evaluate_set(self, removed: Sequence[int], merge: dict | None = None, units: Sequence[int] | None = None):
@@ -240,7 +239,6 @@ class CurvesRun:
         from swapkl.removal import evaluate as E
 
         r = self.evaluate_set(removed, merge, units)
-        self.counter["points"] += 1
         mixed = None
         if units is not None:
             from swapkl.removal.methods.mix import decode
