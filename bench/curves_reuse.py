@@ -47,6 +47,7 @@ def main() -> int:
     from swapkl.removal.evaluate import eval_ids, evaluate_ppl, get_evaluator
     from swapkl.surgery.blocks import pruned_copy
     from swapkl.removal.curves import removal_curves
+    from swapkl.removal.plan import RemovalPlan, RunHooks
 
     ck = load_checkpoint(a.model, device="cpu")
     model, tok = ck.model, ck.tokenizer
@@ -64,7 +65,8 @@ def main() -> int:
     evaluate_ppl(model, ids[: ev.window], ev.window, ev.stride)
 
     t = time.perf_counter()
-    r = removal_curves(model, tok, scores, a.budget, methods, ev, corpus, spacing=a.spacing, method_params=params)
+    r = removal_curves(model, tok, scores, RemovalPlan(budget=a.budget, methods=methods, evaluator=ev, spacing=a.spacing, method_params=params),
+                       RunHooks(corpus=corpus))
     t_memo = time.perf_counter() - t
     selection = sum(v.get("selection_seconds", 0.0) for v in r.method_info.values())
 

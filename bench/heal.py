@@ -104,7 +104,9 @@ def main() -> int:
         torch.set_num_threads(a.threads)
     from swapkl.contract import Contract
     from swapkl.healing.heal import training_text
+    from swapkl.healing.heal import HealSetup
     from swapkl.healing.multi import heal_curves, parse_ns
+    from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.healing.recipe import Recipe
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.removal.evaluate import Evaluator, get_evaluator
@@ -128,9 +130,11 @@ def main() -> int:
             print(f"  [{done}/{total}] {msg}", flush=True)
 
     t = time.perf_counter()
-    hc = heal_curves(ck.model, ck.tokenizer, [m for m in a.methods.split(",") if m], parse_ns(a.n), recipe,
-                     scores=scores, corpus=corpus, evaluator=ev, spacing=a.spacing, identity=ck.identity,
-                     prompts=a.prompts, tokens=a.tokens, progress=progress)
+    ns = parse_ns(a.n)
+    plan = RemovalPlan(max(ns), tuple(m for m in a.methods.split(",") if m), spacing=a.spacing, evaluator=ev)
+    hc = heal_curves(ck.model, ck.tokenizer, scores, plan, ns, recipe,
+                     HealSetup(corpus=corpus, identity=ck.identity, prompts=a.prompts, tokens=a.tokens),
+                     RunHooks(progress=progress))
     wall = time.perf_counter() - t
     print()
     print(table(hc, recipe))

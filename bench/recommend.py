@@ -204,6 +204,7 @@ def main() -> int:
     from swapkl.scoring.corpora import load_corpus
     from swapkl.removal.memo import EvalMemo
     from swapkl.removal.curves import removal_curves
+    from swapkl.removal.plan import RemovalPlan, RunHooks
 
     t0 = time.perf_counter()
     ck = load_checkpoint(a.model, device="cpu")
@@ -217,8 +218,8 @@ def main() -> int:
     def prog(done, total, msg):
         print(f"  [{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)
 
-    curves = removal_curves(ck.model, ck.tokenizer, scores, a.budget, a.methods.split(","), "matched", corpus,
-                            progress=prog, spacing=a.spacing, memo=EvalMemo(), identity=ck.identity)
+    curves = removal_curves(ck.model, ck.tokenizer, scores, RemovalPlan(budget=a.budget, methods=a.methods.split(","), evaluator="matched", spacing=a.spacing),
+                            RunHooks(corpus=corpus, progress=prog, memo=EvalMemo(), identity=ck.identity))
     out = {"model": ck.identity.get("display"), "budget": a.budget, "spacing": a.spacing, "threads": torch.get_num_threads(),
            "scores_contract": f"pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens}, "
                               f"positions={contract.positions}, aggregation={contract.aggregation}",

@@ -40,14 +40,15 @@ def _variants(a) -> list[tuple[str, list[int]]]:
     """(label, removed) for the base and each method's n = 1..budget (computed before any timing)."""
     from swapkl.contract import Contract
     from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.removal.tasks import removal_sets
     from swapkl.scoring.score import score
 
     ck = load_checkpoint(a.model, device="cpu")
     res = score(ck, Contract(prompts=a.prompts, tokens=a.tokens))
     scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-    sets = removal_sets(ck.model, ck.tokenizer, scores, a.budget, a.methods.split(","), spacing=a.spacing,
-                        exclude_boundary=not a.include_boundary, identity=ck.identity)
+    plan = RemovalPlan(a.budget, tuple(a.methods.split(",")), spacing=a.spacing, exclude_boundary=not a.include_boundary)
+    sets = removal_sets(ck.model, ck.tokenizer, scores, plan, RunHooks(identity=ck.identity))
     out = [("base", [])]
     for name, o in sets.items():
         out += [(f"{name} n={k + 1}", sorted(int(i) for i in s)) for k, s in enumerate(o.sets)]

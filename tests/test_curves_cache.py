@@ -11,6 +11,7 @@ from swapkl.errors import ComputeInterrupted
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.removal.curves import removal_curves
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from test_removal import scores5
 
 EV = Evaluator("tiny", 200, 128, 64)
@@ -21,9 +22,9 @@ def ck(stories_path):
     return load_checkpoint(str(stories_path), device="cpu")
 
 
-def _curves(ck, corpus, **kw):
-    return removal_curves(ck.model, ck.tokenizer, scores5(), 2, ["replacement", "interchange"], EV, corpus,
-                          identity=ck.identity, **kw)
+def _curves(ck, corpus, **hooks):
+    return removal_curves(ck.model, ck.tokenizer, scores5(), RemovalPlan(2, ("replacement", "interchange"), evaluator=EV),
+                          RunHooks(corpus=corpus, identity=ck.identity, **hooks))
 
 
 def test_interrupted_curves_resume_from_disk(ck, wikitext_path, cache_dir):

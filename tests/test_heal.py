@@ -13,10 +13,11 @@ import torch
 from swapkl.errors import ComputeInterrupted
 from swapkl.healing import text as T
 from swapkl.healing import train as TR
-from swapkl.healing.heal import export_healed, heal
+from swapkl.healing.heal import HealSetup, export_healed, heal
 from swapkl.healing.recipe import Recipe
 from swapkl.healing.result import compare, recovered_share
 from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.plan import RunHooks
 from swapkl.scoring.corpora import from_file, from_text
 from swapkl.surgery.blocks import pruned_copy
 from tests.conftest import tiny_model
@@ -196,8 +197,8 @@ def test_heal_uses_the_same_recipe_and_text_for_the_control(stories, small_corpu
 
     monkeypatch.setattr(TR, "train", spy)
     seen = []
-    r = heal(stories.model, stories.tokenizer, [1, 3], SMALL, corpus=small_corpus, evaluator=EV,
-             identity=stories.identity, progress=lambda d, t, m: seen.append((d, t)))
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity)
+    r = heal(stories.model, stories.tokenizer, [1, 3], SMALL, setup, RunHooks(progress=lambda d, t, m: seen.append((d, t))))
     (rem_h, text_h, rec_h), (rem_c, text_c, rec_c) = calls
     assert rem_h == [1, 3] and rem_c == [] and rec_h == rec_c == SMALL and torch.equal(text_h, text_c)
     assert seen[-1] == (2 * SMALL.steps + 4, 2 * SMALL.steps + 4)
@@ -210,14 +211,13 @@ def test_heal_uses_the_same_recipe_and_text_for_the_control(stories, small_corpu
     assert r.recovered_ci[0] <= r.recovered <= r.recovered_ci[1]
     # cached: a second run trains nothing and gives the same numbers
     calls.clear()
-    r2 = heal(stories.model, stories.tokenizer, [1, 3], SMALL, corpus=small_corpus, evaluator=EV,
-              identity=stories.identity)
+    r2 = heal(stories.model, stories.tokenizer, [1, 3], SMALL, setup)
     assert all(v["cached"] for v in r2.training.values()) and r2.ppl == r.ppl
 
 
 def test_zero_steps_heal_equals_the_pruned_model(stories, small_corpus):
-    r = heal(stories.model, stories.tokenizer, [2], Recipe(steps=0, seq_len=32), corpus=small_corpus,
-             evaluator=EV, use_cache=False)
+    r = heal(stories.model, stories.tokenizer, [2], Recipe(steps=0, seq_len=32),
+             HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False))
     assert r.ppl["healed"] == r.ppl["pruned"] and r.ppl["base_finetuned"] == r.ppl["base"]
     assert r.recovered == 0.0
 

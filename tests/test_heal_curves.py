@@ -14,6 +14,7 @@ from swapkl.healing import compare as C
 from swapkl.healing.curves import HealCurves, set_key
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.scoring.corpora import from_file, from_text
 
 EV = Evaluator("tiny", 300, 128, 64)
@@ -111,6 +112,7 @@ def test_headline_words_follow_the_ci(before, after, words):
 def curves_run(stories, small_corpus):
     """interchange and replacement at n = 1 and 3, one tiny recipe, no disk cache; every TR.train call recorded."""
     from swapkl.healing import train as TR
+    from swapkl.healing.heal import HealSetup
     from swapkl.healing.multi import heal_curves
 
     calls, real = [], TR.train
@@ -123,10 +125,10 @@ def curves_run(stories, small_corpus):
     mp.setattr(TR, "train", spy)
     partial, seen = [], []
     try:
-        hc = heal_curves(stories.model, stories.tokenizer, ["interchange", "replacement"], [1, 3], TINY,
-                         scores=fake_scores(), corpus=small_corpus, evaluator=EV, spacing=0, use_cache=False,
-                         identity=stories.identity, on_partial=partial.append,
-                         progress=lambda d, t, m: seen.append((d, t)))
+        hc = heal_curves(stories.model, stories.tokenizer, fake_scores(),
+                         RemovalPlan(3, ("interchange", "replacement"), spacing=0, evaluator=EV), [1, 3], TINY,
+                         HealSetup(corpus=small_corpus, use_cache=False, identity=stories.identity),
+                         RunHooks(on_partial=partial.append, progress=lambda d, t, m: seen.append((d, t))))
     finally:
         mp.undo()
     return hc, calls, partial, seen
@@ -217,15 +219,17 @@ def test_cancel_keeps_finished_heals_and_a_rerun_reuses_them(stories, small_corp
     """should_stop after the first heal: ComputeInterrupted, the partial curves hold that heal; the rerun (disk
     cache) trains only what was missing and gives the same numbers for the first set."""
     from swapkl.errors import ComputeInterrupted
+    from swapkl.healing.heal import HealSetup
     from swapkl.healing.multi import heal_curves
 
     partial = []
-    kw = dict(scores=fake_scores(), corpus=small_corpus, evaluator=EV, spacing=0, identity=stories.identity)
+    plan = RemovalPlan(1, ("interchange", "replacement"), spacing=0, evaluator=EV)
+    setup = HealSetup(corpus=small_corpus, identity=stories.identity)
     with pytest.raises(ComputeInterrupted):
-        heal_curves(stories.model, stories.tokenizer, ["interchange", "replacement"], [1], TINY,
-                    on_partial=partial.append, should_stop=lambda: len(partial) >= 1, **kw)
+        heal_curves(stories.model, stories.tokenizer, fake_scores(), plan, [1], TINY, setup,
+                    RunHooks(on_partial=partial.append, should_stop=lambda: len(partial) >= 1))
     assert len(partial) == 1 and list(partial[0].methods) == ["interchange"]
-    hc = heal_curves(stories.model, stories.tokenizer, ["interchange", "replacement"], [1], TINY, **kw)
+    hc = heal_curves(stories.model, stories.tokenizer, fake_scores(), plan, [1], TINY, setup)
     first, second = hc.methods["interchange"][0], hc.methods["replacement"][0]
     assert all(v["cached"] for v in first["training"].values())     # the set and the control: from the cache
     assert not second["training"]["healed"]["cached"] and second["training"]["base_finetuned"]["cached"]
@@ -242,7 +246,10 @@ def test_parse_ns_and_bounds(stories, small_corpus):
     with pytest.raises(SwapklError, match="up to 4"):
         parse_ns("1-6", limit=4)
     with pytest.raises(SwapklError, match="pair"):
-        heal_curves(stories.model, stories.tokenizer, ["interchange"], [1], TINY, pair=("interchange", "bi"))
+        heal_curves(stories.model, stories.tokenizer, None, RemovalPlan(1, ("interchange",)), [1], TINY,
+                    pair=("interchange", "bi"))
+    with pytest.raises(SwapklError, match=r"n within 1\.\.1"):
+        heal_curves(stories.model, stories.tokenizer, None, RemovalPlan(1, ("interchange",)), [2], TINY)
 
 
 # --------------------------------------------------------------------------------------------- QLoRA (CPU: guard, config)

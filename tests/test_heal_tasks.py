@@ -14,6 +14,8 @@ import torch
 
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.removal.tasks import TaskSettings
 from swapkl.scoring.corpora import from_file, from_text
 from tests.test_heal_curves import fake_scores
 
@@ -44,17 +46,19 @@ def small_corpus(wikitext_path):
 
 
 def _curves(stories, corpus, recipe, shared=None):
+    from swapkl.healing.heal import HealSetup
     from swapkl.healing.multi import heal_curves
 
-    return heal_curves(stories.model, stories.tokenizer, ["interchange"], [1, 2], recipe, scores=fake_scores(),
-                       corpus=corpus, evaluator=EV, spacing=0, identity=stories.identity, shared=shared)
+    return heal_curves(stories.model, stories.tokenizer, fake_scores(), RemovalPlan(2, ("interchange",), spacing=0, evaluator=EV),
+                       [1, 2], recipe, HealSetup(corpus=corpus, identity=stories.identity), shared=shared)
 
 
 def _tasks(stories, hc, recipe, **kw):
     from swapkl.healing.tasks import heal_task_accuracy
 
-    return heal_task_accuracy(stories.model, stories.tokenizer, hc, recipe, [TASK], include_path=str(FIXTURE_TASKS),
-                              limit=LIMIT, identity=stories.identity, **kw)
+    settings = TaskSettings((TASK,), include_path=str(FIXTURE_TASKS), limit=LIMIT)
+    return heal_task_accuracy(stories.model, stories.tokenizer, hc, settings, recipe,
+                              hooks=RunHooks(identity=stories.identity), **kw)
 
 
 @pytest.fixture(scope="module")

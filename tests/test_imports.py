@@ -357,16 +357,16 @@ def test_new_method_is_one_file(plugin_method, stories, wikitext_path, cache_dir
     from swapkl.removal import curves
     from swapkl.scoring.corpora import from_file
     from swapkl.removal.evaluate import Evaluator
+    from swapkl.removal.plan import RemovalPlan, RunHooks
 
     M = plugin_method
     spec = M.get("reverse-depth")
     assert M.label("reverse-depth") == "deepest layers" and "reverse-depth" in M.offered()
     assert spec.runs == 0 and not spec.seeded and M.default_seeds([spec]) == list(range(M.DEFAULT_RUNS))
-    plan = M.EvalPlan(budget=2, num_layers=stories.num_layers)
-    assert M.expected_evaluations(["reverse-depth"], plan) == 1 + 2  # the baseline + its two planned sets
     L = stories.num_layers
-    r = curves.removal_curves(stories.model, stories.tokenizer, None, 2, ["reverse-depth"],
-                              Evaluator("tiny", 200, 128, 64), from_file(wikitext_path), kl=False)
+    plan = RemovalPlan(budget=2, methods=["reverse-depth"], evaluator=Evaluator("tiny", 200, 128, 64), kl=False)
+    assert plan.expected_evaluations(L) == 1 + 2  # the baseline + its two planned sets
+    r = curves.removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=from_file(wikitext_path)))
     assert [e["removed"] for e in r.methods["reverse-depth"]] == [[L - 1], [L - 2, L - 1]]
 
 

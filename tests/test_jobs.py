@@ -9,6 +9,7 @@ import pytest
 
 from swapkl.contract import Contract
 from swapkl.removal.evaluate import Evaluator
+from swapkl.removal.plan import RemovalPlan
 
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
 CONTRACT = Contract(pairs="gap:2", prompts=4, tokens=16, device="cpu")
@@ -61,9 +62,7 @@ def test_analysis_job_matches_library_and_is_shared(manager, stories_path, cache
     direct = score(ck, CONTRACT)
     np.testing.assert_allclose(res.replacement(), direct.replacement(), equal_nan=True)
     np.testing.assert_allclose(res.interchange(), direct.interchange(), equal_nan=True)
-    dc = removal_curves(ck.model, ck.tokenizer, {"replacement": direct.replacement(),
-                                                 "interchange": direct.interchange()}, 2,
-                        methods=("replacement", "interchange", "random"), evaluator=QUICK_EV)
+    dc = removal_curves(ck.model, ck.tokenizer, {"replacement": direct.replacement(), "interchange": direct.interchange()}, RemovalPlan(budget=2, methods=("replacement", "interchange", "random"), evaluator=QUICK_EV))
     assert curves.baseline_ppl == pytest.approx(dc.baseline_ppl, rel=1e-6)
     for m in dc.methods:
         assert [e["removed"] for e in curves.methods[m]] == [e["removed"] for e in dc.methods[m]]

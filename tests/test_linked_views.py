@@ -12,6 +12,7 @@ import pytest
 
 from swapkl import views
 from swapkl.views import links
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from tests.app_util import APP, TIMEOUT
 from tests.test_compare import synthetic
 
@@ -147,9 +148,8 @@ def stories_parts(stories_path, wikitext_path, tmp_path_factory):
 def _compute_parts(ck, corpus, score, Contract, removal_curves, Evaluator):
     res = score(ck, Contract(pairs="gap:2", prompts=3, tokens=12))
     adj = score(ck, Contract(pairs="adjacent", prompts=3, tokens=12))
-    curves = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
-                            2, ["replacement", "interchange"], Evaluator("tiny", 200, 128, 64), corpus,
-                            identity=ck.identity)
+    curves = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()}, RemovalPlan(budget=2, methods=["replacement", "interchange"], evaluator=Evaluator("tiny", 200, 128, 64)),
+                            RunHooks(corpus=corpus, identity=ck.identity))
     return res, curves, adj
 
 

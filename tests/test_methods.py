@@ -14,6 +14,7 @@ from swapkl.surgery.prune import pruned_copy
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.selection import nested
 from swapkl.removal.curves import removal_curves
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 
 
@@ -53,8 +54,8 @@ def test_new_baseline_is_one_function(stories):
         return M.MethodOutput(sets=nested(sorted(ctx.candidates, reverse=True)[:budget]))
 
     try:
-        r = removal_curves(model, tok, None, 1, ["deepest-first"], Evaluator("tiny", 200, 128, 64), corpus,
-                           kl=False)
+        r = removal_curves(model, tok, None, RemovalPlan(budget=1, methods=["deepest-first"], evaluator=Evaluator("tiny", 200, 128, 64), kl=False),
+                           RunHooks(corpus=corpus))
         assert r.methods["deepest-first"][0]["removed"] == [3]
         assert r.methods["deepest-first"][0]["kl_to_base"] is None
     finally:

@@ -22,6 +22,7 @@ from swapkl.removal.memo import EvalMemo
 from swapkl.removal.methods import MethodContext
 from swapkl.removal.methods import mix as MX
 from swapkl.removal.selection import layer_scores
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 EV = Evaluator("tiny", 200, 128, 64)
 TOKENS = 128
@@ -129,8 +130,8 @@ def test_greedy_equals_naive_tiny(wikitext_path):
 
 def test_mix_curves_equal_plain(stories3):
     model, tok, corpus = stories3
-    r = removal_curves(model, tok, None, 2, ["mix"], EV, corpus, memo=EvalMemo(), kl=False,
-                       method_params={"mix": {"calib_tokens": TOKENS}})
+    r = removal_curves(model, tok, None, RemovalPlan(budget=2, methods=["mix"], evaluator=EV, kl=False, method_params={"mix": {"calib_tokens": TOKENS}}),
+                       RunHooks(corpus=corpus, memo=EvalMemo()))
     ids = eval_ids(corpus, tok, EV)
     base = evaluate_ppl(model, ids, EV.window, EV.stride).ppl
     sets = r.method_info["mix"]["sets"]

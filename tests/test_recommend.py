@@ -18,6 +18,8 @@ from swapkl.removal.methods import MethodContext
 from swapkl.removal.recommend import Recommendation, recommend, search, sleb_cost
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.curves import removal_curves
+from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.removal.recommend import recommend_plan, search_params
 
 EV = Evaluator("tiny", 400, 128, 64)
 
@@ -171,17 +173,18 @@ def test_recommend_never_reads_the_test_text(stories, monkeypatch):
     # end to end: the chosen sets do not depend on the test text (two different evaluation texts, same choice;
     # the calibration windows follow the evaluator's window and stride, so those stay the same)
     old = {"recommend": {"rule": "calibration"}}
-    a = recommend(model, tok, _scores(5), 2, corpus, EV, calib_tokens=tokens, memo=EvalMemo(), method_params=old)
-    b = recommend(model, tok, _scores(5), 2, corpus, Evaluator("tiny2", 900, EV.window, EV.stride),
-                  calib_tokens=tokens, memo=EvalMemo(), method_params=old)
+    a = recommend(model, tok, _scores(5), recommend_plan(2, search_params(calib_tokens=tokens), evaluator=EV, method_params=old),
+                  RunHooks(corpus=corpus, memo=EvalMemo()))
+    b = recommend(model, tok, _scores(5), recommend_plan(2, search_params(calib_tokens=tokens), evaluator=Evaluator("tiny2", 900, EV.window, EV.stride), method_params=old),
+                  RunHooks(corpus=corpus, memo=EvalMemo()))
     assert [a.removed(n) for n in (1, 2)] == [b.removed(n) for n in (1, 2)] == out.sets
     assert a.entries[0]["delta_pct"] != b.entries[0]["delta_pct"]
 
 
 def test_recommendation_result_roundtrip_and_explain(stories):
     corpus = load_corpus()
-    rec = recommend(stories.model, stories.tokenizer, _scores(5), 2, corpus, EV, calib_tokens=256,
-                    memo=EvalMemo())
+    rec = recommend(stories.model, stories.tokenizer, _scores(5), recommend_plan(2, search_params(calib_tokens=256), evaluator=EV),
+                    RunHooks(corpus=corpus, memo=EvalMemo()))
     d = json.loads(rec.to_json())
     back = Recommendation.from_dict(d)
     assert back.to_dict() == rec.to_dict()
@@ -208,11 +211,8 @@ def test_recommendation_result_roundtrip_and_explain(stories):
 
 def test_recommend_is_a_curves_method(stories):
     corpus = load_corpus()
-    res = removal_curves(stories.model, stories.tokenizer, _scores(5), 2, ["recommend", "sleb"], EV, corpus,
-                         memo=EvalMemo(), spacing=0,
-                         method_params={"recommend": {"calib_tokens": 256, "calib_windows": "disjoint",
-                                                      "rule": "calibration"},
-                                        "sleb": {"calib_tokens": 256}})
+    res = removal_curves(stories.model, stories.tokenizer, _scores(5), RemovalPlan(budget=2, methods=["recommend", "sleb"], evaluator=EV, spacing=0, method_params={"recommend": {"calib_tokens": 256, "calib_windows": "disjoint", "rule": "calibration"}, "sleb": {"calib_tokens": 256}}),
+                         RunHooks(corpus=corpus, memo=EvalMemo()))
     rec = Recommendation.from_curves(res)
     assert [e["removed"] for e in res.methods["recommend"]] == [rec.removed(1), rec.removed(2)]
     assert res.method_info["recommend"]["settings"]["label"] == "recommended"
@@ -289,10 +289,10 @@ def test_spacing_reaches_the_search(stories):
     """``spacing`` is the selection rule's Δ for the whole run: with ``constrained`` the search keeps to the rule's
     candidates (no boundary layer) under that Δ, so Δ=0 allows all three inner layers of stories260K and Δ=1 two."""
     corpus = load_corpus()
-    rec = recommend(stories.model, stories.tokenizer, _scores(5), 3, corpus, EV, calib_tokens=128,
-                    constrained=True, spacing=0, memo=EvalMemo(), kl=False)
+    rec = recommend(stories.model, stories.tokenizer, _scores(5), recommend_plan(3, search_params(calib_tokens=128, constrained=True), evaluator=EV, spacing=0, kl=False),
+                    RunHooks(corpus=corpus, memo=EvalMemo()))
     assert [sorted(rec.removed(n)) for n in (1, 2, 3)][-1] == [1, 2, 3]
     assert all(set(rec.removed(n)) <= {1, 2, 3} for n in (1, 2))
     with pytest.raises(SwapklError, match="spacing"):
-        recommend(stories.model, stories.tokenizer, _scores(5), 3, corpus, EV, calib_tokens=128,
-                  constrained=True, spacing=1, memo=EvalMemo(), kl=False)
+        recommend(stories.model, stories.tokenizer, _scores(5), recommend_plan(3, search_params(calib_tokens=128, constrained=True), evaluator=EV, spacing=1, kl=False),
+                  RunHooks(corpus=corpus, memo=EvalMemo()))

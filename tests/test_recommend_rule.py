@@ -16,6 +16,8 @@ from swapkl.removal.paired import paired_delta, word
 from swapkl.removal.recommend import recommend
 from swapkl.scoring.corpora import load_corpus
 from swapkl.surgery.blocks import pruned_copy
+from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.removal.recommend import recommend_plan, search_params
 
 EV = Evaluator("tiny", 400, 128, 64)
 
@@ -108,8 +110,8 @@ def test_calibration_regions_are_disjoint_slices_and_confirm_reads_them(stories)
 @pytest.mark.parametrize("prefer", ["interchange", "replacement"])
 def test_rule_keeps_the_anchor_unless_every_region_agrees(stories, prefer):
     corpus = load_corpus()
-    rec = recommend(stories.model, stories.tokenizer, _scores(5, prefer), 2, corpus, EV, calib_tokens=200,
-                    memo=EvalMemo(), spacing=0, compare=["replacement", "interchange"])
+    rec = recommend(stories.model, stories.tokenizer, _scores(5, prefer), recommend_plan(2, search_params(calib_tokens=200), ["replacement", "interchange"], evaluator=EV, spacing=0),
+                    RunHooks(corpus=corpus, memo=EvalMemo()))
     st = rec.settings
     ctx = _ctx(stories, corpus, _scores(5, prefer))
     outcomes = {}
@@ -137,16 +139,16 @@ def test_rule_keeps_the_anchor_unless_every_region_agrees(stories, prefer):
     # all three at n=2 (the rule departs): both branches of the rule run here
     assert outcomes == {1: "anchor", 2: "departed"}
     # the old rule is still there and picks the best calibration set
-    old = recommend(stories.model, stories.tokenizer, _scores(5, prefer), 2, corpus, EV, calib_tokens=200,
-                    memo=EvalMemo(), spacing=0, method_params={"recommend": {"rule": "calibration"}})
+    old = recommend(stories.model, stories.tokenizer, _scores(5, prefer), recommend_plan(2, search_params(calib_tokens=200), evaluator=EV, spacing=0, method_params={"recommend": {"rule": "calibration"}}),
+                    RunHooks(corpus=corpus, memo=EvalMemo()))
     assert all("rule" not in e for e in old.entries)
 
 
 def test_paired_comparison_reads_the_curves_windows(stories):
     corpus = load_corpus()
     memo = EvalMemo()
-    rec = recommend(stories.model, stories.tokenizer, _scores(5), 2, corpus, EV, calib_tokens=200, memo=memo,
-                    spacing=0, compare=["interchange", "bi", "random"])
+    rec = recommend(stories.model, stories.tokenizer, _scores(5), recommend_plan(2, search_params(calib_tokens=200), ["interchange", "bi", "random"], evaluator=EV, spacing=0),
+                    RunHooks(corpus=corpus, memo=memo))
     ids = E.eval_ids(corpus, stories.tokenizer, EV)
     base = E.evaluate_ppl(stories.model, ids, EV.window, EV.stride)
     for row in rec.paired:
@@ -195,9 +197,8 @@ def test_curves_page_section_shows_the_rule_and_the_paired_table(stories, tmp_pa
 
     from swapkl.removal.curves import removal_curves
 
-    res = removal_curves(stories.model, stories.tokenizer, _scores(5), 2, ["recommend", "interchange", "bi"], EV,
-                         load_corpus(), memo=EvalMemo(), spacing=0, kl=False,
-                         method_params={"recommend": {"calib_tokens": 200}})
+    res = removal_curves(stories.model, stories.tokenizer, _scores(5), RemovalPlan(budget=2, methods=["recommend", "interchange", "bi"], evaluator=EV, spacing=0, kl=False, method_params={"recommend": {"calib_tokens": 200}}),
+                         RunHooks(corpus=load_corpus(), memo=EvalMemo()))
     f = tmp_path / "curves.json"
     res.to_json(f)
     monkeypatch.setenv("SWAPKL_TEST_CURVES", str(f))

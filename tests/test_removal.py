@@ -12,6 +12,7 @@ from swapkl.removal.checks import ScoresMismatch
 from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.verdict import regime_verdict
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 NAN = np.nan
 
@@ -135,9 +136,11 @@ def test_curves_runner(stories):
     ev = Evaluator("tiny", 200, 128, 64)
     memo = EvalMemo()
     calls = []
-    r = removal_curves(model, tok, scores5(), 2, ["replacement", "interchange", "random", "anti"], ev, corpus,
-                       memo=memo, progress=lambda d, t, msg: calls.append((d, t, msg)))
-    assert calls[-1][:2] == (calls[-1][1], 1 + 2 + 2 + 2 * 5 + 2 + 2)  # ends at done == total
+    plan = RemovalPlan(budget=2, methods=["replacement", "interchange", "random", "anti"], evaluator=ev)
+    r = removal_curves(model, tok, scores5(), plan,
+                       RunHooks(corpus=corpus, memo=memo, progress=lambda d, t, msg: calls.append((d, t, msg))))
+    # ends at done == total, the plan's expected evaluations (an upper bound here: the random seeds' sets coincide)
+    assert calls[-1][:2] == (plan.expected_evaluations(5, scores5()),) * 2 and memo.misses <= calls[-1][1]
     assert all(d <= t for d, t, _ in calls) and [d for d, _, _ in calls] == sorted(d for d, _, _ in calls)
     assert r.complete and r.methods["replacement"][0]["removed"] == [1]
     assert [e["removed"] for e in r.methods["replacement"]] == [[1], [1, 3]]
@@ -168,7 +171,8 @@ def test_curves_runner(stories):
     back = CurvesResult.from_json(r.to_json())
     assert json.loads(back.to_json()) == json.loads(r.to_json())
     # a second call on the same memo re-uses everything
-    r2 = removal_curves(model, tok, scores5(), 2, ["replacement", "interchange"], ev, corpus, memo=memo)
+    r2 = removal_curves(model, tok, scores5(), RemovalPlan(budget=2, methods=["replacement", "interchange"], evaluator=ev),
+                        RunHooks(corpus=corpus, memo=memo))
     assert r2.stats["evaluations"] == 0 and r2.methods["replacement"] == r.methods["replacement"]
 
 
@@ -178,17 +182,21 @@ def test_curves_bad_input(stories):
     model, tok, corpus = stories
     ev = Evaluator("tiny", 200, 128, 64)
     with pytest.raises(BudgetError, match="at most 2"):
-        removal_curves(model, tok, scores5(), 3, ["replacement"], ev, corpus)
+        removal_curves(model, tok, scores5(), RemovalPlan(budget=3, methods=["replacement"], evaluator=ev),
+                       RunHooks(corpus=corpus))
     with pytest.raises(ScoresMismatch, match="6-layer model; this model has 5"):
-        removal_curves(model, tok, {"replacement": np.zeros((6, 6))}, 1, ["replacement"], ev, corpus)
+        removal_curves(model, tok, {"replacement": np.zeros((6, 6))}, RemovalPlan(budget=1, methods=["replacement"], evaluator=ev),
+                       RunHooks(corpus=corpus))
     with pytest.raises(Exception, match="unknown method nope; available:"):
-        removal_curves(model, tok, scores5(), 1, ["nope"], ev, corpus)
+        removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["nope"], evaluator=ev),
+                       RunHooks(corpus=corpus))
     with pytest.raises(Exception, match="needs interchange scores"):
-        removal_curves(model, tok, {"replacement": scores5()["replacement"]}, 1, ["interchange"], ev, corpus)
+        removal_curves(model, tok, {"replacement": scores5()["replacement"]}, RemovalPlan(budget=1, methods=["interchange"], evaluator=ev),
+                       RunHooks(corpus=corpus))
     with pytest.raises(ComputeInterrupted) as ei:
         calls = iter(range(100))
-        removal_curves(model, tok, scores5(), 2, ["replacement", "interchange"], ev, corpus,
-                       should_stop=lambda: next(calls) > 6)
+        removal_curves(model, tok, scores5(), RemovalPlan(budget=2, methods=["replacement", "interchange"], evaluator=ev),
+                       RunHooks(corpus=corpus, should_stop=lambda: next(calls) > 6))
     assert ei.value.partial is not None and not ei.value.partial.complete
 
 
@@ -197,8 +205,9 @@ def test_literature_baselines_not_bound_by_the_rule(stories):
     from swapkl.removal.evaluate import Evaluator
 
     model, tok, corpus = stories
-    r = removal_curves(model, tok, None, 3, ["bi"], Evaluator("tiny", 200, 128, 64), corpus, kl=False,
-                       method_params={"bi": {"calib_tokens": 256}})
+    r = removal_curves(model, tok, None, RemovalPlan(budget=3, methods=["bi"], evaluator=Evaluator("tiny", 200, 128, 64), kl=False, method_params={"bi": {"calib_tokens": 256}}),
+                       RunHooks(corpus=corpus))
     assert [len(e["removed"]) for e in r.methods["bi"]] == [1, 2, 3]
     with pytest.raises(BudgetError, match="at most 2"):
-        removal_curves(model, tok, None, 3, ["bi", "random"], Evaluator("tiny", 200, 128, 64), corpus)
+        removal_curves(model, tok, None, RemovalPlan(budget=3, methods=["bi", "random"], evaluator=Evaluator("tiny", 200, 128, 64)),
+                       RunHooks(corpus=corpus))

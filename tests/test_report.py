@@ -198,8 +198,9 @@ def test_cli_report_computes_scores_and_curves(stories_path, tmp_path, monkeypat
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     seen = {}
 
-    def fake_removal_curves(model, tokenizer, scores, budget, methods, evaluator, corpus, **kw):
-        seen.update(scores=scores, budget=budget, methods=methods, evaluator=evaluator.name, identity=kw["identity"])
+    def fake_removal_curves(model, tokenizer, scores, plan, hooks):
+        seen.update(scores=scores, budget=plan.budget, methods=list(plan.methods), evaluator=plan.evaluator,
+                    identity=hooks.identity)
         c = fake_curves()
         return CurvesResult(**{k: c[k] for k in ("model", "evaluator", "corpus", "budget", "selection",
                                                  "baseline_ppl", "baseline_ppl_ci", "methods")}, baseline={})

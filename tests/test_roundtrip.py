@@ -15,6 +15,7 @@ from swapkl.removal.memo import EvalMemo
 from swapkl.scoring.results import SwapResult
 from swapkl.trajectory.checkpoints import CheckpointSpec
 from swapkl.trajectory.compute import Trajectory
+from swapkl.removal.plan import RemovalPlan, RunHooks
 def _through_json(d: dict) -> dict:
     return json.loads(json.dumps(d, allow_nan=False))
 
@@ -33,8 +34,8 @@ def real(stories_path, tmp_path_factory):
         ck = load_checkpoint(str(stories_path))
         res = score(ck, Contract(pairs="gap:2", prompts=3, tokens=12))
         scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-        cv = removal_curves(ck.model, ck.tokenizer, scores, 2, ["replacement", "interchange", "random"],
-                            Evaluator("tiny", 200, 128, 64), load_corpus(), memo=EvalMemo())
+        cv = removal_curves(ck.model, ck.tokenizer, scores, RemovalPlan(budget=2, methods=["replacement", "interchange", "random"], evaluator=Evaluator("tiny", 200, 128, 64)),
+                            RunHooks(corpus=load_corpus(), memo=EvalMemo()))
     finally:
         if old is None:
             os.environ.pop("SWAPKL_CACHE", None)

@@ -21,6 +21,7 @@ from swapkl import schema
 from swapkl.errors import SwapklError, UploadError
 from swapkl.removal.curves import CurvesResult
 from swapkl.scoring.results import SwapResult
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 PEAK_LIMIT = 8 * 2 ** 20  # bytes: most any one read of a stories260K-sized (< 40 kB) file may allocate
 
@@ -43,10 +44,8 @@ def real(stories_path, wikitext_path):
     res = score(ck, Contract(pairs="all", prompts=3, tokens=16, corpus=str(wikitext_path), device="cpu"),
                 use_cache=False)
     scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-    curves = removal_curves(ck.model, ck.tokenizer, scores, 2, ["replacement", "interchange", "random", "anti",
-                                                                 "bi"], Evaluator("tiny", 200, 128, 64), corpus,
-                            memo=EvalMemo(), identity=ck.identity,
-                            method_params={"bi": {"calib_tokens": 128}})
+    curves = removal_curves(ck.model, ck.tokenizer, scores, RemovalPlan(budget=2, methods=["replacement", "interchange", "random", "anti", "bi"], evaluator=Evaluator("tiny", 200, 128, 64), method_params={"bi": {"calib_tokens": 128}}),
+                            RunHooks(corpus=corpus, memo=EvalMemo(), identity=ck.identity))
     return _Files(result=res.to_json(), curves=curves.to_json(), res=res, cv=curves)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from swapkl import store
 from swapkl.store import CorruptEntry, read_entry, read_entry_or_empty, write_entry
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 
 def test_entry_roundtrip_and_every_kind_of_damage(tmp_path):
@@ -65,8 +66,8 @@ def test_every_store_writes_entries(stories, cache_dir):
     ck = stories
     res = score(ck, Contract(pairs="adjacent", prompts=2, tokens=8))
     scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-    removal_curves(ck.model, ck.tokenizer, scores, 1, ["replacement"], Evaluator("tiny", 120, 64, 32), None,
-                   memo=disk_memo(ck.identity), identity=ck.identity)
+    removal_curves(ck.model, ck.tokenizer, scores, RemovalPlan(budget=1, methods=["replacement"], evaluator=Evaluator("tiny", 120, 64, 32)),
+                   RunHooks(corpus=None, memo=disk_memo(ck.identity), identity=ck.identity))
     kinds = {}
     for f in cache_dir.rglob("*.json"):
         d = json.loads(f.read_text())

@@ -140,6 +140,7 @@ def test_sets_are_the_curves_runner_sets(stories):
     from swapkl.removal.curves import removal_curves
     from swapkl.removal.evaluate import Evaluator
     from swapkl.removal.memo import EvalMemo
+    from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.removal.tasks import removal_sets
     from swapkl.scoring.corpora import load_corpus
 
@@ -149,12 +150,12 @@ def test_sets_are_the_curves_runner_sets(stories):
     scores = {"replacement": d + d.T, "interchange": (d + d.T)[::-1, ::-1].copy()}
     ev = Evaluator("tiny", 300, 64, 32)
     corpus = load_corpus("builtin")
-    kw = dict(spacing=0, exclude_boundary=False, seeds=range(5), corpus=corpus)
     methods = ["replacement", "interchange", "bi", "sleb", "random"]
     params = {"sleb": {"calib_tokens": 128}, "bi": {"calib_tokens": 128}}
-    curves = removal_curves(model, tok, scores, 2, methods, ev, kl=False, memo=EvalMemo(), method_params=params,
-                            **kw)
-    sets = removal_sets(model, tok, scores, 2, methods, evaluator=ev, memo=EvalMemo(), method_params=params, **kw)
+    plan = RemovalPlan(2, methods, spacing=0, exclude_boundary=False, seeds=range(5), evaluator=ev, kl=False,
+                       method_params=params)
+    curves = removal_curves(model, tok, scores, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
+    sets = removal_sets(model, tok, scores, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
     for name in ("replacement", "interchange", "bi", "sleb"):
         assert [list(s) for s in sets[name].sets] == [e["removed"] for e in curves.methods[name]], name
     assert {str(k): [list(s) for s in v] for k, v in sets["random"].runs.items()} == \

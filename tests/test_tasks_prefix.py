@@ -83,16 +83,18 @@ def test_budget_bounds_the_stored_states():
 def test_task_accuracy_with_sharing_equals_the_plain_path(stories, tmp_path, monkeypatch):
     """Through lm-eval itself: the same metrics and stderrs, every variant's batches served from the store."""
     from swapkl.removal.methods import MethodOutput
-    from swapkl.removal.tasks import task_accuracy
+    from swapkl.removal.plan import RemovalPlan
+    from swapkl.removal.tasks import TaskSettings, task_accuracy
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     sets = {"a": MethodOutput(sets=[[2], [2, 3]]), "b": MethodOutput(sets=[[1], [1, 4]]),
             "c": MethodOutput(sets=[[0], [0, 3]])}
-    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=16, batch_size=8, use_cache=False,
-              sets=sets)
-    shared = task_accuracy(stories.model, stories.tokenizer, None, 2, ["a"], [TASK], **kw)
-    plain = task_accuracy(stories.model, stories.tokenizer, None, 2, ["a"], [TASK], share_prefix=False, **kw)
+    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=16, batch_size=8, use_cache=False)
+    plan = RemovalPlan(2, ("random",))  # the sets are given: the plan's methods choose nothing here
+    shared = task_accuracy(stories.model, stories.tokenizer, None, plan, TaskSettings((TASK,), **kw), sets=sets)
+    plain = task_accuracy(stories.model, stories.tokenizer, None, plan, TaskSettings((TASK,), share_prefix=False, **kw),
+                          sets=sets)
     assert json.dumps([shared.base, shared.methods], sort_keys=True) == \
         json.dumps([plain.base, plain.methods], sort_keys=True)
     st = shared.stats["prefix"]
@@ -106,16 +108,17 @@ def test_cached_base_runs_again_when_two_new_variants_share_its_states(stories, 
     """The base's rows come from the cache, but two variants to evaluate start past layer 0: the base runs (to record
     its states) and every number equals a plain run without cache; with one new variant it is not worth it."""
     from swapkl.removal.methods import MethodOutput
-    from swapkl.removal.tasks import task_accuracy
+    from swapkl.removal.plan import RemovalPlan, RunHooks
+    from swapkl.removal.tasks import TaskSettings, task_accuracy
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=16, batch_size=8,
-              identity=dict(stories.identity))
+    kw = dict(include_path=str(ROOT / "tests" / "fixtures" / "tasks"), limit=16, batch_size=8)
 
     def run(sets, **more):
-        return task_accuracy(stories.model, stories.tokenizer, None, 2, ["a"], [TASK], sets=sets, **kw, **more)
+        return task_accuracy(stories.model, stories.tokenizer, None, RemovalPlan(2, ("random",)),
+                             TaskSettings((TASK,), **kw, **more), RunHooks(identity=dict(stories.identity)), sets=sets)
 
     first = run({"a": MethodOutput(sets=[[2]])})
     assert first.stats["evaluations"] == 2

@@ -12,6 +12,7 @@ from conftest import tiny_model
 from swapkl.surgery.merge import MergeError, groups_from_pairs, merge_plan, merged_copy
 from swapkl.removal.methods.taylor import taylor_importance
 from swapkl.surgery.prune import PruneError, pruned_copy, read_prune_record, save_pruned
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 
 def _hand_taylor(model, ids, window):
@@ -161,8 +162,8 @@ def test_taylor_and_laco_in_curves_runner(stories):
     d[2, 3] = d[3, 2] = 0.01  # (2, 3) is the best adjacent pair, then (1, 2)
     d[1, 2] = d[2, 1] = 0.02
     ev = Evaluator("tiny", 300, 128, 64)
-    res = removal_curves(model, tok, {"replacement": d, "interchange": d}, 2, ["taylor", "laco"], ev, corpus,
-                         memo=EvalMemo(), spacing=0)
+    res = removal_curves(model, tok, {"replacement": d, "interchange": d}, RemovalPlan(budget=2, methods=["taylor", "laco"], evaluator=ev, spacing=0),
+                         RunHooks(corpus=corpus, memo=EvalMemo()))
     lc = res.methods["laco"]
     assert [e["removed"] for e in lc] == [[3], [2, 3]]
     assert lc[1]["merge"] == "average: 1+2+3"

@@ -20,6 +20,7 @@ from swapkl.removal.memo import EvalMemo
 from swapkl.removal.methods.bi import sublayer_influence
 from swapkl.removal.selection import select
 from swapkl.surgery.sizes import params_removed, unit_sizes
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from test_removal import scores5
 
 EV = Evaluator("tiny", 200, 128, 64)
@@ -52,8 +53,8 @@ def zeroed_plain(model, layers, unit):
 def test_unit_curves_equal_plain_reference(stories, unit):
     model, tok, corpus = stories
     scores = scores5()
-    r = removal_curves(model, tok, scores, 2, ["replacement", "interchange", "bi", "sleb"], EV, corpus,
-                       memo=EvalMemo(), unit=unit, method_params={"sleb": {"calib_tokens": 256}})
+    r = removal_curves(model, tok, scores, RemovalPlan(budget=2, methods=["replacement", "interchange", "bi", "sleb"], evaluator=EV, unit=unit, method_params={"sleb": {"calib_tokens": 256}}),
+                       RunHooks(corpus=corpus, memo=EvalMemo()))
     assert r.unit == unit
     ids = eval_ids(corpus, tok, EV)
     base = evaluate_ppl(model, ids, EV.window, EV.stride)
@@ -79,8 +80,10 @@ def test_unit_curves_equal_plain_reference(stories, unit):
 def test_unit_curves_separate_memo_keys(stories):
     model, tok, corpus = stories
     memo = EvalMemo()
-    a = removal_curves(model, tok, scores5(), 1, ["replacement"], EV, corpus, memo=memo, unit="attention")
-    b = removal_curves(model, tok, scores5(), 1, ["replacement"], EV, corpus, memo=memo, unit="block")
+    a = removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["replacement"], evaluator=EV, unit="attention"),
+                       RunHooks(corpus=corpus, memo=memo))
+    b = removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["replacement"], evaluator=EV, unit="block"),
+                       RunHooks(corpus=corpus, memo=memo))
     assert a.methods["replacement"][0]["removed"] == b.methods["replacement"][0]["removed"]
     assert a.methods["replacement"][0]["ppl"] != b.methods["replacement"][0]["ppl"]
 
@@ -88,9 +91,11 @@ def test_unit_curves_separate_memo_keys(stories):
 def test_block_methods_refused_for_units(stories):
     model, tok, corpus = stories
     with pytest.raises(ContractError, match="remove whole blocks only"):
-        removal_curves(model, tok, scores5(), 1, ["cka"], EV, corpus, memo=EvalMemo(), unit="mlp")
+        removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["cka"], evaluator=EV, unit="mlp"),
+                       RunHooks(corpus=corpus, memo=EvalMemo()))
     with pytest.raises(ContractError, match="unknown unit"):
-        removal_curves(model, tok, scores5(), 1, ["random"], EV, corpus, memo=EvalMemo(), unit="ffn")
+        removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["random"], evaluator=EV, unit="ffn"),
+                       RunHooks(corpus=corpus, memo=EvalMemo()))
 
 
 def _plain_sublayer_bi(model, ids, unit):

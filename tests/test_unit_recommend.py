@@ -13,6 +13,8 @@ import torch
 from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.recommend import Recommendation, recommend
+from swapkl.removal.plan import RunHooks
+from swapkl.removal.recommend import recommend_plan, search_params
 from test_removal import scores5
 from test_unit_curves import zeroed_plain
 
@@ -43,9 +45,8 @@ def _calib_plain(model, tok, corpus, layers, unit):
 @pytest.mark.parametrize("unit", ["attention", "mlp"])
 def test_unit_recommend_equals_plain(stories3, unit):
     model, tok, corpus = stories3
-    rec = recommend(model, tok, scores5(), 2, corpus, EV, memo=EvalMemo(), kl=False, compare=["replacement"],
-                    unit=unit, width=10, top_k=5, max_evals=None, calib_tokens=TOKENS,
-                    method_params={"recommend": {"rule": "calibration"}})
+    rec = recommend(model, tok, scores5(), recommend_plan(2, search_params(width=10, top_k=5, max_evals=None, calib_tokens=TOKENS), ["replacement"], evaluator=EV, kl=False, unit=unit, method_params={"recommend": {"rule": "calibration"}}),
+                    RunHooks(corpus=corpus, memo=EvalMemo()))
     assert rec.unit == unit and rec.settings["unit"] == unit
     # only the unit's methods seed a sublayer search; the block ones are named in a note
     assert rec.settings["seeds"] == ["replacement", "interchange", "bi"]

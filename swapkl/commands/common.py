@@ -145,3 +145,19 @@ def evaluator_and_corpus(a, drop_first_target: bool | None = None):
             raise SwapklError(f"--max-words must be positive (got {a.max_words})")
         ev = Evaluator(f"{ev.name}@{a.max_words}w", a.max_words, ev.window, ev.stride, ev.drop_first_target)
     return ev, (load_corpus(a.eval_text) if a.eval_text else load_corpus())
+
+
+def removal_plan(a, methods, **fields):
+    """The :class:`~swapkl.removal.plan.RemovalPlan` of a removal command, built once from its arguments and
+    checked here, before any model is loaded: ``--budget`` (and ``--spacing`` where the command has it) refused in
+    the flag's words, then the plan's own checks (methods known, unit, seeds; one line each).  ``methods``: the
+    method names; ``fields``: the plan's other fields the command sets (unit, evaluator, seeds, method_params...)."""
+    from swapkl.removal.plan import RemovalPlan
+
+    for name, flag, lo in (("budget", "--budget", 1), ("spacing", "--spacing", 0)):
+        v = getattr(a, name, None)
+        if v is not None and v < lo:
+            raise SwapklError(f"{flag} must be at least {lo} (got {v})")
+    if getattr(a, "spacing", None) is not None:
+        fields.setdefault("spacing", a.spacing)
+    return RemovalPlan(budget=a.budget, methods=tuple(methods), **fields)

@@ -9,8 +9,9 @@ from swapkl.removal import methods as M
 from swapkl.removal import curves as C
 from swapkl.removal.checks import check_evaluator_context, check_scores
 from swapkl.removal.curves import EvalMemo
+from swapkl.removal.plan import RunHooks
 from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
-                                    add_unit_arg, contract_from_args, emit, load_from_args)
+                                    add_unit_arg, contract_from_args, emit, load_from_args, removal_plan)
 from swapkl.contract import check_unit
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
@@ -73,41 +74,34 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
 
 
 def run(a) -> int:
-
-    if a.budget < 1:
-        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     check_outputs(a, {"--json": a.json, "--figure": a.figure}, inputs=[a.scores, a.eval_text, *a.with_curves])
     others = [C.CurvesResult.from_json(f, "--with file") for f in a.with_curves]  # bad files fail first
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in M.GROUPS:
-            M.get(m)  # unknown names fail before loading anything
-    params = M.calibration_params(a.calib_tokens, methods)  # a count below the minimum fails here too
-    ev, corpus = evaluator_and_corpus(a, a.drop_first_target or None)
     partners = a.partners
     if partners is not None and partners not in ("adjacent", "all"):
         try:
             partners = int(partners)
         except ValueError:
             raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
-    if partners == "all":
-        partners = None
+    # unknown methods, a bad budget and a too-small --calib-tokens fail before anything loads; the plan gives
+    # --calib-tokens to every calibration method
+    plan = removal_plan(a, methods, exclude_boundary=not a.include_boundary, partners=partners,
+                        seeds=tuple(range(a.seeds)), kl=not a.no_kl, calib_tokens=a.calib_tokens)
+    ev, corpus = evaluator_and_corpus(a, a.drop_first_target or None)
     loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded
-    unit = _unit(a, loaded)
+    plan = plan.with_(unit=_unit(a, loaded), evaluator=ev)
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))  # before the scores are computed
     progress = ProgressPrinter(a.quiet)
-    scores, src = scores_for(a, ck, loaded, unit, progress)
+    scores, src = scores_for(a, ck, loaded, plan.unit, progress)
 
     def prog(done, total, msg):
         if not a.quiet:
             print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
-    result = C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, ev, corpus, progress=prog,
-                            spacing=a.spacing, exclude_boundary=not a.include_boundary, partners=partners,
-                            seeds=tuple(range(a.seeds)), kl=not a.no_kl, identity=ck.identity,
-                            memo=EvalMemo() if a.no_cache else None,
-                            method_params=params, unit=unit)
+    result = C.removal_curves(ck.model, ck.tokenizer, scores, plan,
+                              RunHooks(progress=prog, identity=ck.identity, corpus=corpus,
+                                       memo=EvalMemo() if a.no_cache else None))
     result.notes.insert(0, src)
     if a.gains:
         from swapkl.removal.gains import curve_gains

@@ -9,6 +9,7 @@ from swapkl.commands import heal_tasks
 from swapkl.commands.common import evaluator_and_corpus, add_model_args, check_outputs, emit, load_from_args, model_inputs
 from swapkl.errors import SwapklError, require_extra
 from swapkl.healing.recipe import Recipe
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.scoring import corpora
 
 # Deferred imports: torch, transformers, peft and the torch-based swapkl modules are imported by run(): the CLI's
@@ -128,10 +129,8 @@ def run(a) -> int:
     if a.method is not None:
         removed, selection = _select(a, ck, corpus, ev)
     states, shared = {}, {}
-    result = heal(ck.model, ck.tokenizer, removed, recipe, corpus=corpus, evaluator=ev, train_path=a.train_text,
-                  prompts=a.prompts, tokens=a.tokens, prompt_seed=a.prompt_seed, identity=ck.identity,
-                  use_cache=not a.no_cache, progress=_Progress(a.quiet), selection=selection, keep_states=states,
-                  shared=shared)
+    result = heal(ck.model, ck.tokenizer, removed, recipe, _setup(a, ck, corpus, ev), RunHooks(progress=_Progress(a.quiet)),
+                  selection=selection, keep_states=states, shared=shared)
     if a.out:
         out = export_healed(ck.model, result.removed, recipe, states["healed"], a.out, ck.tokenizer, ck.identity,
                             force=a.force, record={"ppl": result.ppl, "recovered": result.recovered,
@@ -166,13 +165,20 @@ def _curves(a, ck, recipe, corpus, ev) -> int:
     from swapkl.healing.multi import heal_curves
 
     shared: dict = {}
-    hc = heal_curves(ck.model, ck.tokenizer, a.methods, a.ns, recipe, scores=_scores(a, ck), corpus=corpus,
-                     evaluator=ev, spacing=a.spacing, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
-                     prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
-                     progress=_Progress(a.quiet), shared=shared)
+    plan = RemovalPlan(budget=max(a.ns), methods=tuple(a.methods), spacing=a.spacing, evaluator=ev)
+    hc = heal_curves(ck.model, ck.tokenizer, _scores(a, ck), plan, a.ns, recipe, _setup(a, ck, corpus, ev),
+                     RunHooks(progress=_Progress(a.quiet)), shared=shared)
     if a.task_names:
         hc.tasks = heal_tasks.evaluate(a, ck, hc, recipe, shared)
     return emit(a, hc, render_curves)
+
+
+def _setup(a, ck, corpus, ev):
+    """The heal's texts, evaluator, identity and cache use (:class:`~swapkl.healing.heal.HealSetup`) from the flags."""
+    from swapkl.healing.heal import HealSetup
+
+    return HealSetup(corpus=corpus, evaluator=ev, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
+                     prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache)
 
 
 def _select(a, ck, corpus, ev):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from swapkl.errors import SwapklError
 from swapkl.removal import lmeval
+from swapkl.removal.plan import RunHooks
 
 
 def register_args(p) -> None:
@@ -46,10 +47,12 @@ def check_args(a) -> None:
 def evaluate(a, ck, hc, recipe, shared: dict) -> dict:
     """The tasks block of healed curves ``hc`` (adapters from this run's ``shared`` session)."""
     from swapkl.healing.tasks import heal_task_accuracy
+    from swapkl.removal.tasks import TaskSettings
 
-    return heal_task_accuracy(ck.model, ck.tokenizer, hc, recipe, a.task_names, adapters=shared.get("adapters"),
-                              include_path=a.include_path, limit=a.limit, num_fewshot=a.num_fewshot,
-                              batch_size=a.task_batch_size, identity=ck.identity, use_cache=not a.no_cache)
+    settings = TaskSettings(tuple(a.task_names), include_path=a.include_path, limit=a.limit, num_fewshot=a.num_fewshot,
+                            batch_size=a.task_batch_size, use_cache=not a.no_cache)
+    return heal_task_accuracy(ck.model, ck.tokenizer, hc, settings, recipe, adapters=shared.get("adapters"),
+                              hooks=RunHooks(identity=ck.identity))
 
 
 def render(ht: dict) -> str:

@@ -9,8 +9,9 @@ from swapkl.commands.common import (add_unit_arg, evaluator_and_corpus, Progress
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.commands.curves import load_scores, scores_for, _unit as scores_unit
+from swapkl.removal.plan import RunHooks
 from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
-                                      SEED_METHODS)
+                                      recommend_plan, search_params, SEED_METHODS)
 from swapkl.removal.selection import check_budget, default_candidates
 from swapkl.removal.checks import check_evaluator_context
 from swapkl.removal.memo import EvalMemo
@@ -106,9 +107,15 @@ def run(a) -> int:
     if unit != "block":
         explicit = seeds if a.seeds_from != ",".join(SEED_METHODS) else []  # the default's block seeds: dropped, noted
         M.refuse_other_units(explicit + compare, unit, [m for m in M.unit_methods(unit) if m != "recommend"])
+    search = search_params(width=a.width, top_k=a.top_k, calib_tokens=calib["recommend"]["calib_tokens"],
+                           calib_windows=a.calib_windows, max_evals=max_evals, seeds=seeds,
+                           constrained=a.constrained) | {"rule": a.rule, "calib_regions": a.calib_regions}
+    plan = recommend_plan(a.budget, search, compare, spacing=a.spacing, kl=not a.no_kl, unit=unit,
+                          calib_tokens=a.calib_tokens)
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
-    # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained)
+    # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained),
+    # before the scores are computed; the plan's own check runs in the curves runner
     L = ck.num_layers
     if a.constrained:
         check_budget(a.budget, default_candidates(L), a.spacing)
@@ -121,14 +128,9 @@ def run(a) -> int:
         if not a.quiet:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
-    rec = recommend(ck.model, ck.tokenizer, scores, a.budget, corpus, ev, width=a.width, top_k=a.top_k,
-                    calib_tokens=calib["recommend"]["calib_tokens"], calib_windows=a.calib_windows,
-                    max_evals=max_evals, seeds=seeds, constrained=a.constrained, spacing=a.spacing,
-                    memo=EvalMemo() if a.no_cache else None, identity=ck.identity, progress=prog,
-                    kl=not a.no_kl, compare=compare,
-                    method_params=calib | {"recommend": calib["recommend"] | {"rule": a.rule,
-                                                                              "calib_regions": a.calib_regions}},
-                    unit=unit)
+    rec = recommend(ck.model, ck.tokenizer, scores, plan.with_(evaluator=ev),
+                    RunHooks(progress=prog, identity=ck.identity, corpus=corpus,
+                             memo=EvalMemo() if a.no_cache else None))
     return emit(a, rec, render)
 
 

@@ -15,7 +15,7 @@ from swapkl.removal import methods as M
 from swapkl.views import report
 from swapkl.views import tasks as task_views
 from swapkl.commands.common import block_unit_only, ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args, load_from_args
+    contract_from_args, load_from_args, removal_plan
 from swapkl.errors import SwapklError
 from swapkl.removal import curves as C
 from swapkl.removal.checks import check_evaluator_context, check_same_model, check_scores
@@ -122,20 +122,20 @@ def _evidence_section(a, result) -> list:
 
 
 def _compute_curves(a, ck, result):
-    from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.removal.plan import RunHooks
 
     if result is None:
         raise SwapklError("--budget needs swap-KL scores (give MODEL, or --scores)")
     scores = {"replacement": result.replacement(), "interchange": result.interchange()}
     check_scores(scores, ck.num_layers, result.identity, ck.identity)
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    plan = removal_plan(a, [m.strip() for m in a.methods.split(",") if m.strip()], seeds=tuple(range(a.seeds)),
+                        evaluator=a.evaluator)
     corpus = corpora.load_corpus(a.eval_text) if a.eval_text else corpora.load_corpus()
 
     def prog(done, total, msg):
         _say(a, f"  {msg}")
 
-    return C.removal_curves(ck.model, ck.tokenizer, scores, a.budget, methods, get_evaluator(a.evaluator), corpus,
-                          progress=prog, spacing=a.spacing, seeds=tuple(range(a.seeds)), identity=ck.identity)
+    return C.removal_curves(ck.model, ck.tokenizer, scores, plan, RunHooks(progress=prog, identity=ck.identity, corpus=corpus))
 
 
 def heal_section(path, result=None):

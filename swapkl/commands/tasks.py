@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 
 from swapkl.commands.common import (block_unit_only, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
-                                    load_from_args)
+                                    load_from_args, removal_plan)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
 from swapkl.removal import lmeval
 from swapkl.removal import methods as M
+from swapkl.removal.plan import RunHooks
 
 DEFAULT_METHODS = "replacement,interchange,random"
 
@@ -42,38 +43,30 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _check_args(a) -> tuple[list[str], list[str], object]:
-    """Every check that needs neither lm-eval's task index nor the model: (methods, tasks, partners)."""
-    if a.budget < 1:
-        raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
-    if a.limit is not None and a.limit < 1:
-        raise SwapklError(f"--limit must be at least 1 (got {a.limit})")
-    if a.num_fewshot is not None and a.num_fewshot < 0:
-        raise SwapklError(f"--num-fewshot must be 0 or more (got {a.num_fewshot})")
-    if a.batch_size < 1:
-        raise SwapklError(f"--batch-size must be at least 1 (got {a.batch_size})")
-    if a.spacing < 0:
-        raise SwapklError(f"--spacing must be 0 or more (got {a.spacing})")
+def _check_args(a):
+    """Every check that needs neither lm-eval's task index nor the model: (plan, task names)."""
+    for flag, v, lo in (("--limit", a.limit, 1), ("--num-fewshot", a.num_fewshot, 0), ("--batch-size", a.batch_size, 1)):
+        if v is not None and v < lo:
+            raise SwapklError(f"{flag} must be at least {lo} (got {v})")
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     if not methods:
         raise SwapklError("--methods names no method")
-    for m in methods:
-        if m not in M.GROUPS:
-            M.get(m)  # unknown names fail before anything is loaded
-    tasks = lmeval.parse_task_names(a.tasks)
     partners = a.partners
     if partners is not None and partners not in ("adjacent", "all"):
         try:
             partners = int(partners)
         except ValueError:
             raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
+    plan = removal_plan(a, methods, exclude_boundary=not a.include_boundary, partners=partners,
+                        seeds=tuple(range(a.seeds)))  # unknown methods, a bad budget or spacing fail here
+    tasks = lmeval.parse_task_names(a.tasks)
     check_outputs(a, {"--json": a.json}, inputs=[a.scores])
-    return methods, tasks, None if partners == "all" else partners
+    return plan, tasks
 
 
 def run(a) -> int:
     block_unit_only(a, "tasks")  # sublayer removal is not done here yet: refused before any work
-    methods, tasks, partners = _check_args(a)
+    plan, tasks = _check_args(a)
     include = lmeval.check_include_path(a.include_path) if a.include_path else None
     loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded
     if loaded is not None and (loaded[2] or {}).get("unit", "block") != "block":  # this command removes blocks
@@ -83,23 +76,21 @@ def run(a) -> int:
     for name in tasks:  # unknown or unloadable tasks fail before the model is loaded
         lmeval.load_task(tm, name)
     ck = load_from_args(a)
-    from swapkl.removal.selection import check_budget, default_candidates
-    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers; the CLI's --help must not
+    from swapkl.removal.tasks import TaskSettings, task_accuracy  # deferred: torch-based helpers (--help)
 
-    specs = M.resolve(methods, {"replacement": 0, "interchange": 0})
-    if any(s.rule_candidates for s in specs):  # an impossible budget fails before the scores are computed
-        check_budget(a.budget, default_candidates(ck.num_layers, not a.include_boundary), a.spacing)
+    # the plan against the model before the scores are computed (placeholder matrices stand for the scores to come)
+    import numpy as np
+
+    plan.check(ck.num_layers, {k: np.zeros((ck.num_layers,) * 2) for k in ("replacement", "interchange")})
     scores, src = _scores(a, ck, loaded)
 
     def prog(done, total, msg):
         if not a.quiet:
             print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
-    result = task_accuracy(ck.model, ck.tokenizer, scores, a.budget, methods, tasks, include_path=include,
-                           limit=a.limit, num_fewshot=a.num_fewshot, batch_size=a.batch_size, identity=ck.identity,
-                           use_cache=not a.no_cache, progress=prog, spacing=a.spacing,
-                           exclude_boundary=not a.include_boundary, partners=partners,
-                           seeds=tuple(range(a.seeds)))
+    settings = TaskSettings(tuple(tasks), include_path=include, limit=a.limit, num_fewshot=a.num_fewshot,
+                            batch_size=a.batch_size, use_cache=not a.no_cache)
+    result = task_accuracy(ck.model, ck.tokenizer, scores, plan, settings, RunHooks(progress=prog, identity=ck.identity))
     if src:
         result.notes.insert(0, src)
     return emit(a, result, render)

@@ -208,6 +208,7 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
     from swapkl.removal import methods as M
     from swapkl.removal.curves import removal_curves
     from swapkl.removal.ground_truth import text_key
+    from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.store import CorruptEntry, read_entry, warn_unwritable, write_entry
 
     key = text_key(corpus, ev)
@@ -218,14 +219,13 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
     if hit is not None and memo.peek(key, []) is not None and all(
             getattr(memo.peek(key, f["set"]), "kl", None) is not None for f in hit["sets"]):
         return hit["sets"], hit["notes"]
-    params = M.calibration_params(calib_tokens, SET_METHODS)
+    plan = RemovalPlan(budget=b, methods=tuple(SET_METHODS), spacing=spacing, evaluator=ev, calib_tokens=calib_tokens)
     cr = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
-                        b, list(SET_METHODS), ev, corpus, should_stop=should_stop, spacing=spacing, memo=memo,
-                        identity=ck.identity, method_params=params)
+                        plan, RunHooks(should_stop=should_stop, memo=memo, identity=ck.identity, corpus=corpus))
     found = chosen_sets(cr.methods, b)
     ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
                           candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
-                          evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
+                          evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=plan.params())
     sleb_tokens = M.calib_tokens(ctx, "sleb")
     for f in found:
         f["sleb_set"] = ctx.calib_ppl(f["set"], sleb_tokens)

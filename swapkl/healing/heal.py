@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,6 +24,7 @@ from swapkl.model import architectures as arch
 from swapkl.removal import evaluate as E
 from swapkl.removal import methods as M
 from swapkl.removal.memo import EvalMemo, disk_memo
+from swapkl.removal.plan import RunHooks
 from swapkl.removal.selection import default_candidates
 from swapkl.scoring.corpora import load_corpus
 from swapkl.store import atomic_write_text
@@ -81,34 +83,54 @@ def training_text(model, tokenizer, corpus, recipe: Recipe, train_path=None, sco
     return T.corpus_train_text(corpus, tokenizer, recipe.seq_len, prompts, tokens, prompt_seed)
 
 
-def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=None, evaluator="matched",
-         train_path=None, scoring_corpus=None, prompts: int = 16, tokens: int = 64, prompt_seed: int = 0,
-         identity: dict | None = None, use_cache: bool = True, progress: Callable | None = None,
-         should_stop: Callable | None = None, selection: dict | None = None,
-         keep_states: dict | None = None, shared: dict | None = None) -> HealResult:
-    """Heal ``model`` without ``removed`` with ``recipe`` and measure it against the control (module docstring).
+@dataclass(frozen=True)
+class HealSetup:
+    """What a heal is measured and trained on: ``corpus`` (evaluation text, its evaluation region, and unless
+    ``train_path`` is given the training text, its training region, :mod:`swapkl.healing.text`; None = the built-in
+    corpus), ``evaluator`` (``matched``, ``standard`` or an :class:`~swapkl.removal.evaluate.Evaluator`), the
+    ``scoring_corpus`` and its ``prompts`` × ``tokens`` from ``prompt_seed`` (kept out of the training text),
+    ``identity`` (names the weights: the disk memo and the result) and ``use_cache`` (the evaluation memo and the
+    adapters on disk)."""
 
-    ``corpus``: evaluation text (its evaluation region) and, unless ``train_path`` is given, training text (its
-    training region, :mod:`swapkl.healing.text`); ``evaluator``: a removal evaluator (``matched``, ``standard``
-    or an :class:`~swapkl.removal.evaluate.Evaluator`).  ``progress(done, total, message)``: units are training
-    updates plus one per evaluation; ``should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted` (training
-    resumes on the next call).  ``keep_states``: a dict that receives the two adapter states (for export).
-    ``shared``: a dict kept across calls with the same model, texts and recipe (training text, fingerprint, memo,
-    adapters: the control trains once; :func:`swapkl.healing.multi.heal_curves`)."""
+    corpus: object = None
+    evaluator: object = "matched"
+    train_path: object = None
+    scoring_corpus: object = None
+    prompts: int = 16
+    tokens: int = 64
+    prompt_seed: int = 0
+    identity: dict | None = None
+    use_cache: bool = True
+
+
+def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSetup | None = None,
+         hooks: RunHooks | None = None, *, selection: dict | None = None, keep_states: dict | None = None,
+         shared: dict | None = None) -> HealResult:
+    """Heal ``model`` without ``removed`` with ``recipe`` and measure it against the control (module docstring), on
+    the texts and evaluator of ``setup`` (:class:`HealSetup`).  ``hooks.progress(done, total, message)``: units are
+    training updates plus one per evaluation; ``hooks.should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted`
+    (training resumes on the next call).  ``selection``: how ``removed`` was chosen (recorded).  ``keep_states``: a
+    dict that receives the two adapter states (for export).  ``shared``: a dict kept across calls with the same
+    model, texts and recipe (training text, fingerprint, memo, adapters: the control trains once;
+    :func:`swapkl.healing.multi.heal_curves`)."""
+    setup = setup if setup is not None else HealSetup()
+    hooks = hooks if hooks is not None else RunHooks()
+    corpus, identity, use_cache = setup.corpus, setup.identity, setup.use_cache
+    progress, should_stop = hooks.progress, hooks.should_stop
     t0 = time.perf_counter()
     recipe.validate()
     check_qlora(recipe)
     L = arch.locate(model).num_layers
     removed = validate_remove(removed, L)
     corpus = corpus if corpus is not None else load_corpus()
-    ev = E.get_evaluator(evaluator)
+    ev = E.get_evaluator(setup.evaluator)
     arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
                        "use an evaluator whose window is at most {limit} tokens")
     ids = E.eval_ids(corpus, tokenizer, ev)
     shared = shared if shared is not None else {}
     if "text" not in shared:
-        shared["text"] = training_text(model, tokenizer, corpus, recipe, train_path, scoring_corpus, prompts, tokens,
-                                       prompt_seed)
+        shared["text"] = training_text(model, tokenizer, corpus, recipe, setup.train_path, setup.scoring_corpus,
+                                       setup.prompts, setup.tokens, setup.prompt_seed)
         shared["fingerprint"] = TR.model_fingerprint(model)
     memo = shared.setdefault("memo", disk_memo(identity, kl=False) if use_cache else EvalMemo())
     tt, fp = shared["text"], shared["fingerprint"]

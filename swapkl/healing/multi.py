@@ -9,12 +9,14 @@ heal (it is computed once and its paired difference is exactly 0).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 from swapkl.errors import SwapklError
 from swapkl.healing.curves import HealCurves, set_key
 from swapkl.healing.recipe import Recipe
+from swapkl.removal.plan import RemovalPlan, RunHooks
 
 # Deferred: swapkl.healing.heal (torch, peft) is imported by heal_curves.
 
@@ -47,65 +49,63 @@ def parse_ns(text, limit: int | None = None) -> list[int]:
     return sorted(out)
 
 
-def heal_curves(model, tokenizer, methods: Sequence[str], ns: Sequence[int], recipe: Recipe, *,
-                scores: dict | None = None, corpus=None, evaluator="matched", spacing: int = 1, train_path=None,
-                scoring_corpus=None, prompts: int = 16, tokens: int = 64, prompt_seed: int = 0,
-                identity: dict | None = None, use_cache: bool = True, pair: Sequence[str] | None = None,
-                progress: Callable | None = None, should_stop: Callable | None = None,
-                on_partial: Callable | None = None, shared: dict | None = None) -> HealCurves:
-    """Heal, for each of ``methods`` and each n in ``ns``, the set that method chooses
-    (:func:`~swapkl.healing.heal.chosen_set`, with ``scores`` for the guided methods and ``spacing``), with
-    ``recipe`` against one control, and compare ``pair`` (default: interchange vs replacement when both are
-    asked) at each n.  The other arguments are :func:`~swapkl.healing.heal.heal`'s.  ``progress(done, total,
-    message)`` counts training updates and evaluations over the whole run; ``on_partial(HealCurves)`` after each
-    heal; ``should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted` (the heals done so far are cached).
-    ``shared``: a dict that receives the heals' shared session (``shared["adapters"]``: every trained adapter, for
+def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Sequence[int], recipe: Recipe,
+                setup=None, hooks: RunHooks | None = None, *, pair: Sequence[str] | None = None,
+                shared: dict | None = None) -> HealCurves:
+    """Heal, for each method of ``plan`` and each n in ``ns`` (within 1..``plan.budget``), the set that method chooses
+    (:func:`~swapkl.healing.heal.chosen_set`, with ``scores`` for the guided methods and ``plan.spacing``), with
+    ``recipe`` against one control, on the texts of ``setup`` (a :class:`~swapkl.healing.heal.HealSetup`; its
+    evaluator is the plan's), and compare ``pair`` (default: interchange vs replacement when both are asked) at each
+    n.  ``hooks.progress(done, total, message)`` counts training updates and evaluations over the whole run;
+    ``hooks.on_partial(HealCurves)`` after each heal; ``hooks.should_stop()`` →
+    :class:`~swapkl.errors.ComputeInterrupted` (the heals done so far are cached).  ``shared``: a dict that receives
+    the heals' shared session (``shared["adapters"]``: every trained adapter, for
     :func:`swapkl.healing.tasks.heal_task_accuracy`)."""
-    from swapkl.healing.heal import chosen_set, heal
-    from swapkl.removal import evaluate as E
+    from swapkl.healing.heal import HealSetup, chosen_set, heal
+    from swapkl.removal.curves import plan_evaluator
     from swapkl.removal.memo import EvalMemo, disk_memo
     from swapkl.scoring.corpora import load_corpus
 
     t0 = time.perf_counter()
+    hooks = hooks if hooks is not None else RunHooks()
     recipe.validate()
-    methods, ns = list(dict.fromkeys(methods)), sorted(set(int(n) for n in ns))
-    if not methods or not ns:
-        raise SwapklError("healed curves need at least one method and one n")
+    methods, ns = list(plan.methods), sorted(set(int(n) for n in ns))
+    if not ns or ns[0] < 1 or ns[-1] > plan.budget:
+        raise SwapklError(f"healed curves need n within 1..{plan.budget} (got {ns})")
     if len(methods) * len(ns) > MAX_SETS:
         raise SwapklError(f"at most {MAX_SETS} heals in one run (methods × n); got {len(methods) * len(ns)}")
     if pair is not None and (len(pair) != 2 or any(m not in methods for m in pair)):
         raise SwapklError(f"the compared pair must be two of the healed methods ({', '.join(methods)})")
-    corpus = corpus if corpus is not None else load_corpus()
-    ev = E.get_evaluator(evaluator)
-    memo = disk_memo(identity, kl=False) if use_cache else EvalMemo()
+    setup = dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan))
+    if setup.corpus is None:
+        setup = dataclasses.replace(setup, corpus=load_corpus())
+    memo = disk_memo(setup.identity, kl=False) if setup.use_cache else EvalMemo()
     shared = shared if shared is not None else {}
     shared["memo"] = memo
-    plan = [(m, n, *chosen_set(model, tokenizer, m, n, scores, corpus, ev, spacing=spacing, memo=memo,
-                               should_stop=should_stop)) for m in methods for n in ns]
-    unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in plan))
+    chosen = [(m, n, *chosen_set(model, tokenizer, m, n, scores, setup.corpus, setup.evaluator, spacing=plan.spacing,
+                                 memo=memo, should_stop=hooks.should_stop)) for m in methods for n in ns]
+    unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in chosen))
     per = 2 * recipe.steps + 4
     total = per * len(unique)
     heals, done_sets = [], {}
-    for m, n, removed, sel in plan:
+    for m, n, removed, sel in chosen:
         k = set_key(removed)
         if k not in done_sets:
             base = per * len(done_sets)
 
             def prog(d, _t, msg, base=base, m=m, n=n):
-                if progress is not None:
-                    progress(base + d, total, f"{m} n={n}: {msg}")
+                if hooks.progress is not None:
+                    hooks.progress(base + d, total, f"{m} n={n}: {msg}")
 
-            done_sets[k] = heal(model, tokenizer, removed, recipe, corpus=corpus, evaluator=ev, train_path=train_path,
-                                scoring_corpus=scoring_corpus, prompts=prompts, tokens=tokens,
-                                prompt_seed=prompt_seed, identity=identity, use_cache=use_cache, progress=prog,
-                                should_stop=should_stop, selection=sel, shared=shared)
+            done_sets[k] = heal(model, tokenizer, removed, recipe, setup,
+                                RunHooks(progress=prog, should_stop=hooks.should_stop), selection=sel, shared=shared)
         h = done_sets[k].to_dict()
         heals.append((m, n, dict(h, selection=sel)))
-        if on_partial is not None:
-            on_partial(HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0))
-    notes = [f"methods {a} and {b} choose the same set at n = {n}: one heal" for a, b, n in _shared_sets(plan)]
-    if progress is not None:
-        progress(total, total, "healed curves finished")
+        if hooks.on_partial is not None:
+            hooks.on_partial(HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0))
+    notes = [f"methods {a} and {b} choose the same set at n = {n}: one heal" for a, b, n in _shared_sets(chosen)]
+    if hooks.progress is not None:
+        hooks.progress(total, total, "healed curves finished")
     return HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0, notes=notes)
 
 

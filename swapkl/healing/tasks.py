@@ -13,7 +13,6 @@ model whose perplexity the heal reports.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
 
 from swapkl import __version__
 from swapkl.errors import SwapklError
@@ -21,7 +20,8 @@ from swapkl.healing.curves import HealCurves, set_key
 from swapkl.healing.recipe import Recipe
 from swapkl.healing.task_figures import FORMAT
 from swapkl.removal import lmeval
-from swapkl.removal.tasks import _Runner
+from swapkl.removal.plan import RunHooks
+from swapkl.removal.tasks import TaskSettings, _Runner
 
 # Deferred: swapkl.healing.train (torch, peft) is imported where an adapter is read or a healed model built.
 
@@ -86,32 +86,35 @@ def _rows(v: dict) -> dict:
     return {"metrics": v["metrics"], "stderr": v["stderr"]}
 
 
-def heal_task_accuracy(model, tokenizer, hc, recipe: Recipe | None = None, tasks: Sequence[str] = (), *,
-                       adapters: dict | None = None, include_path: str | None = None, limit: int | None = None,
-                       num_fewshot: int | None = None, batch_size: int = 16, identity: dict | None = None,
-                       use_cache: bool = True, progress: Callable | None = None,
-                       should_stop: Callable | None = None) -> dict:
-    """lm-eval ``tasks`` (names; local YAMLs under ``include_path``) on the base, the fine-tuned base and, per
-    method and n of the healed curves ``hc`` (a :class:`HealCurves` or its dict), the pruned and the healed model.
+def heal_task_accuracy(model, tokenizer, hc, settings: TaskSettings, recipe: Recipe | None = None, *,
+                       adapters: dict | None = None, hooks: RunHooks | None = None) -> dict:
+    """lm-eval tasks on the base, the fine-tuned base and, per method and n of the healed curves ``hc`` (a
+    :class:`HealCurves` or its dict), the pruned and the healed model, run as ``settings`` says
+    (:class:`~swapkl.removal.tasks.TaskSettings`: task names, local YAMLs under ``include_path``, limit, few-shot
+    count, batch size, cache; ``share_prefix`` does not apply).  ``recipe``: default the curves' own.
 
     Returns the JSON-able ``{"format", "model", "contract", "base", "base_finetuned", "methods": {method: [{"n",
     "removed", "pruned", "healed"}]}, "stats"}`` where each of ``base``, ``base_finetuned``, ``pruned``, ``healed``
     is ``{"metrics": {task: {metric: value}}, "stderr": {...}}`` under lm-eval's names; the contract holds the
     removal tasks contract (lm-eval version, task versions, limit, few-shot count) and the recipe.  ``adapters``:
-    see :func:`adapter_states`.  ``progress(done, total, message)`` after each model; ``should_stop()`` →
+    see :func:`adapter_states`.  ``hooks``: ``identity`` names the weights (cache key and result),
+    ``progress(done, total, message)`` after each model, ``should_stop()`` →
     :class:`~swapkl.errors.ComputeInterrupted`."""
+    hooks = hooks if hooks is not None else RunHooks()
+    identity, include_path, limit, num_fewshot = hooks.identity, settings.include_path, settings.limit, settings.num_fewshot
     t0 = time.perf_counter()
     hc = hc if isinstance(hc, HealCurves) else HealCurves.from_dict(hc)
     recipe = recipe if recipe is not None else Recipe.from_dict(hc.recipe)
     ip = lmeval.check_include_path(include_path) if include_path else None
     tm = lmeval.task_manager(ip)
-    loaded = [lmeval.load_task(tm, name) for name in tasks]
+    loaded = [lmeval.load_task(tm, name) for name in settings.tasks]
     if not loaded:
         raise SwapklError("task accuracy after healing needs at least one task")
     states = adapter_states(model, hc, recipe, adapters)
     sets = heal_sets(hc)
     run = _HealRunner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
-                      batch_size=batch_size, use_cache=use_cache, progress=progress, should_stop=should_stop,
+                      batch_size=settings.batch_size, use_cache=settings.use_cache, progress=hooks.progress,
+                      should_stop=hooks.should_stop,
                       total=2 * len(sets), states=states, recipe=recipe)
     tag = heal_tag(hc)
     base = run.variant(())

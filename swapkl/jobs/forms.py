@@ -28,13 +28,17 @@ SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublaye
 def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
                      ) -> AnalysisRequest:
     """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) keeps only
-    the methods that apply per unit (the registry's, :func:`swapkl.removal.methods.for_unit`; :data:`SUBLAYER_NOTE`)."""
+    the methods that apply per unit (the registry's, :func:`swapkl.removal.methods.for_unit`; :data:`SUBLAYER_NOTE`); its removal plan is checked
+    here."""
     if not spec:
         raise SwapklError("choose a checkpoint")
     if contract.unit != BLOCK:
         methods = tuple(M.for_unit(methods, contract.unit))
-    return AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
-                           evaluator=evaluator)
+    req = AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
+                          evaluator=evaluator)
+    if req.wants_curves:
+        req.removal_plan()  # the plan's checks (budget, methods, unit) refuse a bad form here, in one line
+    return req
 
 
 def unit_note(contract: Contract | None) -> str:
@@ -87,17 +91,22 @@ def few_shot(text: str) -> int | None:
 def tasks_request(base: AnalysisRequest, tasks, limit: int | None, shots: int | None, include: str | None
                   ) -> TasksRequest:
     """Task accuracy after removal for the analysis ``base`` (its model, contract, budget and methods)."""
-    return TasksRequest(model=base.model, revision=base.revision, contract=base.contract, budget=base.budget,
-                        methods=base.methods, tasks=tuple(tasks), limit=limit, num_fewshot=shots, include_path=include)
+    req = TasksRequest(model=base.model, revision=base.revision, contract=base.contract, budget=base.budget,
+                       methods=base.methods, tasks=tuple(tasks), limit=limit, num_fewshot=shots, include_path=include)
+    req.removal_plan()  # the plan's checks refuse a bad request here, in one line
+    return req
 
 
 def heal_request(base: AnalysisRequest, methods, ns, recipe, demo: bool, tasks=(), limit: int | None = None,
                  shots: int | None = None, include: str | None = None) -> HealRequest:
     """Healing of ``methods``' sets at each n of ``ns`` for the analysis ``base`` with ``recipe``; a demo server
     heals on its own evaluator (the analysis's evaluator is a local choice); the task folder only with tasks."""
-    return HealRequest(model=base.model, revision=base.revision, contract=base.contract, methods=tuple(methods),
-                       ns=tuple(ns), recipe=recipe, evaluator=None if demo else base.evaluator, tasks=tuple(tasks),
-                       limit=limit, num_fewshot=shots, include_path=include if tasks else None)
+    req = HealRequest(model=base.model, revision=base.revision, contract=base.contract, methods=tuple(methods),
+                      ns=tuple(ns), recipe=recipe, evaluator=None if demo else base.evaluator, tasks=tuple(tasks),
+                      limit=limit, num_fewshot=shots, include_path=include if tasks else None)
+    if req.methods and req.ns:
+        req.removal_plan()  # the plan's checks refuse a bad request here, in one line
+    return req
 
 
 def healable(methods) -> list[str]:

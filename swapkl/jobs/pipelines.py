@@ -24,6 +24,7 @@ from swapkl.contract import Contract, pair_list
 from swapkl.scoring.corpora import load_corpus
 from swapkl.removal.checks import check_evaluator_context
 from swapkl.removal.curves import disk_memo, removal_curves
+from swapkl.removal.plan import RunHooks
 from swapkl.trajectory.checkpoints import parse_checkpoints
 from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job
@@ -84,31 +85,18 @@ def run_analysis(job: Job, models: ModelCache) -> None:
 
 
 def run_curves(job: Job, ck, res) -> None:
+    """The request's removal plan (:meth:`AnalysisRequest.removal_plan`: guided methods first) run once, each
+    method's curve published as soon as it is measured (``on_curve``); progress counts evaluations against the
+    plan's :meth:`~swapkl.removal.plan.RemovalPlan.expected_evaluations`."""
     req: AnalysisRequest = job.request
-    ev = evaluator_of(req)
-    corpus = load_corpus(req.contract.corpus)
+    plan = req.removal_plan()
     scores = {"replacement": res.replacement(), "interchange": res.interchange()}
     memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart
-    plan = M.EvalPlan(budget=req.budget, num_layers=ck.num_layers, scores=scores)
-    total = [M.expected_evaluations(req.methods, plan)]
-
-    def prog(_done, _total, what):
-        done = memo.misses + memo.disk_hits
-        total[0] = max(total[0], done + 1)
-        job.tick(done, total[0], what)
-
-    job.tick(0, total[0], "baseline perplexity")
-    # guided methods first; one call per added method so each finished curve shows at once (the memo makes
-    # the repeated methods free)
-    unit = getattr(req.contract, "unit", "block")
-    order = M.run_order(req.methods)
-    if unit != "block":  # a sublayer curve: the methods that apply per unit (the registry's data)
-        order = M.for_unit(order, unit)
-    for k in range(len(order)):
-        job.curves = removal_curves(ck.model, ck.tokenizer, scores, req.budget, methods=order[: k + 1],
-                                    evaluator=ev, corpus=corpus, progress=prog, should_stop=job.should_stop,
-                                    memo=memo, identity=ck.identity, unit=unit)
-    job.tick(memo.misses + memo.disk_hits, memo.misses + memo.disk_hits, "removal curves finished")
+    job.tick(0, plan.expected_evaluations(ck.num_layers, scores), "baseline perplexity")
+    hooks = RunHooks(progress=job.tick, should_stop=job.should_stop, memo=memo, identity=ck.identity,
+                     corpus=load_corpus(req.contract.corpus),
+                     on_curve=lambda _name, partial: setattr(job, "curves", partial))
+    job.curves = removal_curves(ck.model, ck.tokenizer, scores, plan, hooks)
 
 
 def run_trajectory(job: Job) -> None:
@@ -157,7 +145,7 @@ def run_evidence(job: Job, models: ModelCache) -> None:
 
 
 def run_tasks(job: Job, models: ModelCache) -> None:
-    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers
+    from swapkl.removal.tasks import TaskSettings, task_accuracy  # deferred: torch-based helpers
     from swapkl.scoring.score import score
 
     req: TasksRequest = job.request
@@ -170,18 +158,20 @@ def run_tasks(job: Job, models: ModelCache) -> None:
                 engine_kw=engine_kw(ck, c, len(c.pair_list(ck.num_layers))))
     job.result = res
     job.phase(3, 3, f"lm-eval task accuracy: {', '.join(req.tasks)}, n = 1..{req.budget}")
+    plan = req.removal_plan()
+    settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
+                            num_fewshot=req.num_fewshot)
     job.tasks = task_accuracy(ck.model, ck.tokenizer, {"replacement": res.replacement(),
-                                                       "interchange": res.interchange()},
-                              req.budget, list(req.methods), list(req.tasks), include_path=req.include_path,
-                              limit=req.limit, num_fewshot=req.num_fewshot, identity=ck.identity,
-                              progress=job.tick, should_stop=job.should_stop,
-                              on_partial=lambda r: setattr(job, "tasks", r), corpus=load_corpus(c.corpus))
+                                                       "interchange": res.interchange()}, plan, settings,
+                              RunHooks(progress=job.tick, should_stop=job.should_stop, identity=ck.identity,
+                                       corpus=load_corpus(c.corpus), on_partial=lambda r: setattr(job, "tasks", r)))
 
 
 def run_heal(job: Job, models: ModelCache) -> None:
     """Healed curves (:func:`swapkl.healing.multi.heal_curves`): the guided methods' scores, then every set healed
     with the one recipe against one control, publishing the partial curves after each heal."""
-    from swapkl.healing.multi import heal_curves  # deferred: torch, peft
+    from swapkl.healing.heal import HealSetup  # deferred: torch, peft
+    from swapkl.healing.multi import heal_curves
     from swapkl.scoring.score import score
 
     req: HealRequest = job.request
@@ -200,19 +190,23 @@ def run_heal(job: Job, models: ModelCache) -> None:
     recipe = req.recipe_obj()
     job.phase(3, steps, f"healing {', '.join(req.methods)} at n = {', '.join(map(str, req.ns))}: {recipe.describe()}")
     shared: dict = {}
-    job.heal = heal_curves(ck.model, ck.tokenizer, req.methods, req.ns, recipe, scores=scores,
-                           corpus=load_corpus(c.corpus), evaluator=evaluator_of(req), spacing=req.spacing,
-                           prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed, identity=ck.identity,
-                           progress=job.tick, should_stop=job.should_stop,
-                           on_partial=lambda h: setattr(job, "heal", h), shared=shared)
+    plan = req.removal_plan()
+    setup = HealSetup(corpus=load_corpus(c.corpus), prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed,
+                      identity=ck.identity)
+    job.heal = heal_curves(ck.model, ck.tokenizer, scores, plan, req.ns, recipe, setup,
+                           RunHooks(progress=job.tick, should_stop=job.should_stop,
+                                    on_partial=lambda h: setattr(job, "heal", h)), shared=shared)
     if req.tasks:  # task accuracy after healing: the curves stay on show while lm-eval runs
         from swapkl.healing.tasks import heal_task_accuracy
+        from swapkl.removal.tasks import TaskSettings
 
         job.phase(4, 4, f"lm-eval task accuracy after healing: {', '.join(req.tasks)}")
         hc = job.heal
-        hc.tasks = heal_task_accuracy(ck.model, ck.tokenizer, hc, recipe, list(req.tasks), adapters=shared["adapters"],
-                                      include_path=req.include_path, limit=req.limit, num_fewshot=req.num_fewshot,
-                                      identity=ck.identity, progress=job.tick, should_stop=job.should_stop)
+        settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
+                                num_fewshot=req.num_fewshot)
+        hc.tasks = heal_task_accuracy(ck.model, ck.tokenizer, hc, settings, recipe, adapters=shared["adapters"],
+                                      hooks=RunHooks(progress=job.tick, should_stop=job.should_stop,
+                                                     identity=ck.identity))
         job.heal = hc
 
 

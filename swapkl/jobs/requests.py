@@ -9,8 +9,9 @@ from typing import Any
 from swapkl import __version__
 from swapkl.model import builtin
 from swapkl.removal import methods as M
+from swapkl.removal.plan import RemovalPlan
 from swapkl.store import file_sha256, folder_fingerprint
-from swapkl.contract import Contract, stable_hash
+from swapkl.contract import BLOCK, Contract, stable_hash
 from swapkl.trajectory.checkpoints import parse_checkpoints
 def _evaluator_dict(ev) -> dict | None:
     """An evaluator given as a name (``"matched"``), an :class:`~swapkl.removal.evaluate.Evaluator` or its dict -> dict."""
@@ -55,6 +56,16 @@ class AnalysisRequest:
     @property
     def wants_curves(self) -> bool:
         return self.budget > 0 and bool(self.methods)
+
+    def removal_plan(self) -> RemovalPlan:
+        """The removal plan of the curves (:class:`~swapkl.removal.plan.RemovalPlan`, checked: one-line errors):
+        ``budget``, the guided methods first (:func:`swapkl.removal.methods.run_order`; for a sublayer unit only the
+        methods that apply per unit, :func:`swapkl.removal.methods.for_unit`), the contract's unit and the evaluator."""
+        unit = getattr(self.contract, "unit", BLOCK)
+        order = M.run_order(self.methods)
+        if unit != BLOCK:  # a sublayer curve: the methods that apply per unit (the registry's data)
+            order = M.for_unit(order, unit)
+        return RemovalPlan(budget=self.budget, methods=tuple(order), unit=unit, evaluator=self.evaluator or "matched")
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
@@ -181,6 +192,10 @@ class TasksRequest:
                 "tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
                 "include_path": self.include_path}
 
+    def removal_plan(self) -> RemovalPlan:
+        """The plan whose sets are scored (:class:`~swapkl.removal.plan.RemovalPlan`: ``budget``, ``methods``)."""
+        return RemovalPlan(budget=self.budget, methods=self.methods)
+
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         lim = f" · limit {self.limit}" if self.limit else ""
@@ -227,6 +242,11 @@ class HealRequest:
         from swapkl.healing.recipe import Recipe
 
         return Recipe.from_dict(self.recipe)
+
+    def removal_plan(self) -> RemovalPlan:
+        """The plan whose sets are healed: budget = the largest n, ``methods``, ``spacing`` and the evaluator."""
+        return RemovalPlan(budget=max(self.ns, default=0), methods=self.methods, spacing=self.spacing,
+                           evaluator=self.evaluator or "matched")
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": self.model, "revision": self.revision,

@@ -3,6 +3,7 @@ by the frozenset of removed layers (see ``docs/removal.md``) and the result type
 checks that scores and curves belong to the model at hand live in :mod:`swapkl.removal.checks`."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -14,11 +15,11 @@ from swapkl.removal import methods as M
 from swapkl.contract import Provenance
 from swapkl.scoring.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
-from swapkl.removal.checks import check_evaluator_context, check_scores
+from swapkl.removal.checks import check_evaluator_context
 from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json as _jsonable
-from swapkl.removal.selection import as_matrix, check_budget, default_candidates
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.units import check_unit_run, unit_key_suffix
 from swapkl.removal.verdict import regime_verdict
 
@@ -54,7 +55,8 @@ class CurvesResult:
     in ``random_seeds``.  ``delta_ratio``: per n, ΔPPL%(interchange) / ΔPPL%(replacement).  ``unit``: what each
     removed index removes (``block``, or the ``attention`` / ``mlp`` sublayer, skipped); ``sizes``: the model's
     parameter counts (:func:`swapkl.surgery.sizes.unit_sizes`), the common x axis of block and sublayer curves;
-    ``gains``: what each set gains, measured (:func:`swapkl.removal.gains.curve_gains`), when asked for.
+    ``gains``: what each set gains, measured (:func:`swapkl.removal.gains.curve_gains`), when asked for;
+    ``plan``: the :class:`~swapkl.removal.plan.RemovalPlan` the curves ran (:meth:`RemovalPlan.to_dict`).
     """
 
     model: dict
@@ -76,6 +78,7 @@ class CurvesResult:
     unit: str = "block"
     sizes: dict = field(default_factory=dict)
     gains: dict = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
 
     def provenance(self) -> Provenance:
         """Model, corpus, evaluator, budget and spacing of these curves (:func:`curves_provenance`)."""
@@ -113,92 +116,91 @@ class CurvesResult:
         return self.methods[method]
 
 
-def removal_curves(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str] | None = None,
-        evaluator="matched", corpus=None, progress=None,
-        should_stop=None, *, spacing: int = 1, exclude_boundary: bool = True, candidates=None, partners=None,
-        seeds: Sequence[int] | None = None, kl: bool = True, memo: EvalMemo | None = None,
-        identity: dict | None = None, eval_ids=None, batch_size: int | None = None,
-        method_params: dict | None = None, unit: str = "block") -> CurvesResult:
-    """Removal curves for n = 1..``budget`` for each method of ``methods`` (see :mod:`swapkl.removal.methods`).
+def removal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks: RunHooks | None = None
+                   ) -> CurvesResult:
+    """Removal curves for n = 1..``plan.budget`` of each of ``plan.methods`` (see :mod:`swapkl.removal.methods`), each
+    set evaluated on the held-out text of ``plan.evaluator`` through one memo of evaluations.
 
-    ``scores``: ``{"replacement": L×L, "interchange": L×L}`` (nats, NaN = not scored); needed by the guided and
-    anti-guided methods and by the verdict.  ``evaluator``: ``"matched"`` / ``"standard"`` or an
-    :class:`swapkl.removal.evaluate.Evaluator`.  ``corpus``: a :class:`swapkl.scoring.corpora.Corpus` (default: auto);
-    evaluation text = its eval region, calibration text for BI/SLEB = its prompt region (disjoint).
-    ``progress(done, total, message)`` is called after every curve point (``total`` = planned points +
-    baseline; a curve that stops early leaves ``done < total`` until the end); ``should_stop()`` → True raises
-    :class:`ComputeInterrupted` with the partial result in ``.partial``.  ``memo``: an :class:`EvalMemo` to
-    reuse across calls.  ``methods``: default the registry's dashboard set (:func:`swapkl.removal.methods.default_set`);
-    ``seeds``: default ``range(runs)`` of the most-seeded chosen method.  ``unit``: ``block`` (default), or
-    ``attention`` / ``mlp``: each index then skips that sublayer (:mod:`swapkl.removal.units`; ``scores`` are then
-    the unit's matrices).  Returns a :class:`CurvesResult`.
-    """
-    return CurvesRun(model, tokenizer, scores, budget, methods, evaluator, corpus, progress, should_stop,
-                     spacing=spacing, exclude_boundary=exclude_boundary, candidates=candidates, partners=partners,
-                     seeds=seeds, kl=kl, memo=memo, identity=identity, eval_ids=eval_ids, batch_size=batch_size,
-                     method_params=method_params, unit=unit).run()
+    ``scores``: ``{"replacement": L×L, "interchange": L×L}`` (nats, NaN = not scored; the unit's matrices for a
+    sublayer plan); needed by the guided and anti-guided methods and by the verdict.  ``plan``: a
+    :class:`~swapkl.removal.plan.RemovalPlan`, checked here against the model (:meth:`RemovalPlan.check`) before any
+    evaluation.  ``hooks``: the :class:`~swapkl.removal.plan.RunHooks`: ``progress(done, total, message)`` after every
+    evaluation (``total`` = :meth:`RemovalPlan.expected_evaluations`, raised when an estimate falls short);
+    ``should_stop()`` → True raises :class:`ComputeInterrupted` with the partial result in ``.partial``;
+    ``on_curve(name, partial_result)`` after each method's curve, in run order; the memo, corpus (evaluation text =
+    its eval region, calibration text = its prompt region, disjoint) and identity.  Returns a :class:`CurvesResult`."""
+    return CurvesRun(model, tokenizer, scores, plan, hooks).run()
+
+
+def plan_evaluator(plan: RemovalPlan):
+    """The :class:`~swapkl.removal.evaluate.Evaluator` of ``plan`` (its name resolved, or its settings rebuilt)."""
+    from swapkl.removal import evaluate as E
+
+    spec = plan.evaluator_dict()
+    return E.get_evaluator(spec if isinstance(spec, str) else E.Evaluator.from_dict(spec))
 
 
 class CurvesRun:
-    """One :func:`removal_curves` call: the checks and settings (``__init__``), the baseline, then each method's sets
-    evaluated through the memo (:meth:`entry`), counted for the progress total, into one :class:`CurvesResult`."""
+    """One :func:`removal_curves` call: the plan checked against the model, the evaluation text and memo set up,
+    then the baseline and each method's sets evaluated through the memo (:meth:`entry`) into one
+    :class:`CurvesResult`."""
 
-    def __init__(self, model, tokenizer, scores, budget, methods, evaluator, corpus, progress, should_stop, *,
-                 spacing, exclude_boundary, candidates, partners, seeds, kl, memo, identity, eval_ids, batch_size,
-                 method_params, unit="block"):
-        # deferred: torch and the modules that need it; the dashboard imports this module for CurvesResult and must
-        # paint before torch is loaded
-        import torch
-
-        from swapkl.model import architectures as arch
-        from swapkl.removal import evaluate as E
+    def __init__(self, model, tokenizer, scores, plan: RemovalPlan, hooks: RunHooks | None = None):
+        from swapkl.model import architectures as arch  # deferred: torch (the dashboard imports CurvesResult first)
 
         self.t_start = time.perf_counter()
-        self.model, self.tokenizer, self.budget, self.kl = model, tokenizer, budget, kl
-        self.progress, self.should_stop, self.batch_size = progress, should_stop, batch_size
-        self.spacing, self.exclude_boundary, self.partners = spacing, exclude_boundary, partners
-        self.identity, self.method_params = identity, method_params
-        self.L = L = arch.locate(model).num_layers
-        self.scores = {k: as_matrix(v) for k, v in (scores or {}).items() if v is not None}
-        check_scores(self.scores, L)
-        methods = M.default_set("dashboard") if methods is None else methods
-        self.specs = M.resolve([m.strip() for m in methods if m and m.strip()], self.scores)  # fail before any work
-        self.unit = check_unit_run(model, unit, self.specs)
-        self.seeds = list(seeds) if seeds is not None else M.default_seeds(self.specs)
-        self.cands = sorted(set(candidates)) if candidates is not None else default_candidates(L, exclude_boundary)
-        if any(s.rule_candidates for s in self.specs):  # fail before any evaluation
-            check_budget(budget, self.cands, spacing)
-        self.ev = ev = E.get_evaluator(evaluator)
-        check_evaluator_context(model, ev, name=(identity or {}).get("display"))
-        self.corpus = corpus if corpus is not None else load_corpus()
-        ids = eval_ids if eval_ids is not None else E.eval_ids(self.corpus, tokenizer, ev)
+        self.model, self.tokenizer, self.plan = model, tokenizer, plan
+        self.hooks = hooks if hooks is not None else RunHooks()
+        self.checked = plan.check(arch.locate(model).num_layers, scores)  # fails before any work
+        self.L, self.scores, self.specs = self.checked.num_layers, self.checked.scores, self.checked.specs
+        self.budget, self.kl, self.unit = plan.budget, plan.kl, check_unit_run(model, plan.unit, self.specs)
+        self.counter = {"evals": 0}
+        self._text()
+        self._memo()
+        self.planned = self.checked.expected_evaluations()
+
+    def _text(self) -> None:
+        """The evaluator, the corpus and the evaluation token ids (``self.ids``, 1-D LongTensor) with their memo key."""
+        import torch
+
+        from swapkl.removal import evaluate as E
+
+        self.ev = ev = plan_evaluator(self.plan)
+        check_evaluator_context(self.model, ev, name=(self.hooks.identity or {}).get("display"))
+        self.corpus = self.hooks.corpus if self.hooks.corpus is not None else load_corpus()
+        ids = self.hooks.eval_ids if self.hooks.eval_ids is not None else E.eval_ids(self.corpus, self.tokenizer, ev)
         self.ids = torch.as_tensor(ids).reshape(-1).long()
         self.text_key = (f"test:{getattr(self.corpus, 'sha256', '?')}:{ev.max_words}:{ev.window}:{ev.stride}:"
-                         f"{ev.drop_first_target}" + unit_key_suffix(unit))
-        self.memo = memo if memo is not None else disk_memo(identity, kl)
-        fingerprint = (id(model), L, int(self.ids.numel()))
+                         f"{ev.drop_first_target}" + unit_key_suffix(self.unit))
+
+    def _memo(self) -> None:
+        """The memo of this run (the hooks' or the model's disk memo), bound to this model and text."""
+        self.memo = self.hooks.memo if self.hooks.memo is not None else disk_memo(self.hooks.identity, self.kl)
+        fingerprint = (id(self.model), self.L, int(self.ids.numel()))
         if self.memo.fingerprint is None:
             self.memo.fingerprint = fingerprint
         elif self.memo.fingerprint != fingerprint:
             raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
-        self.counter = {"evals": 0, "points": 0}
-        # planned curve points (an upper bound: memo hits count as done at once); +1 for the baseline
-        self.planned = 1 + sum(budget * (len(self.seeds) if s.seeded else 1) for s in self.specs)
+        self.memo_start = self.memo.misses + self.memo.disk_hits
 
-    def report(self, msg: str) -> None:
-        if self.progress is not None:
-            self.progress(min(self.counter["points"], self.planned), self.planned, msg)
+    def report(self, msg: str, finished: bool = False) -> None:
+        """``progress(done, total, msg)``: evaluations made (or read from disk) so far in this run, of the plan's
+        expected total (raised when an estimate falls short; ``done == total`` at the end)."""
+        if self.hooks.progress is not None:
+            done = self.memo.misses + self.memo.disk_hits - self.memo_start
+            self.planned = max(self.planned, done)
+            self.hooks.progress(self.planned if finished else done, self.planned, msg)
 
     def stop_check(self) -> None:
-        if self.should_stop is not None and self.should_stop():
+        if self.hooks.stopped():
             raise ComputeInterrupted("removal curves stopped")
 
     def _ppl(self, model, **kw):
         from swapkl.removal import evaluate as E
 
         ev = self.ev
-        return E.evaluate_ppl(model, self.ids, ev.window, ev.stride, ev.drop_first_target, batch_size=self.batch_size,
-                              should_stop=self.should_stop, **kw)
+        return E.evaluate_ppl(model, self.ids, ev.window, ev.stride, ev.drop_first_target, batch_size=self.plan.batch_size,
+                              should_stop=self.hooks.should_stop, **kw)
 
     def evaluate_baseline(self):
         self.baseline = self.memo.get(self.text_key, (), lambda: self._ppl(self.model, capture_reference=self.kl))
@@ -206,7 +208,6 @@ class CurvesRun:
             self.baseline = self._ppl(self.model, capture_reference=True)
             self.memo.store[(self.text_key, frozenset())] = self.baseline
         self.reference = self.baseline.reference if self.kl else None
-        self.counter["points"] += 1
         self.report(f"baseline PPL {self.baseline.ppl:.4g}")
 
     def evaluate_set(self, removed: Sequence[int], merge: dict | None = None, units: Sequence[int] | None = None):
@@ -240,7 +241,6 @@ class CurvesRun:
         from swapkl.removal import evaluate as E
 
         r = self.evaluate_set(removed, merge, units)
-        self.counter["points"] += 1
         mixed = None
         if units is not None:
             from swapkl.removal.methods.mix import decode
@@ -262,27 +262,13 @@ class CurvesRun:
             e["merge"] = f"{merge['mode']}: " + ", ".join("+".join(str(i) for i in g) for g in merge["groups"])
         return e
 
-    def new_result(self) -> CurvesResult:
-        from swapkl.surgery.sizes import unit_sizes
-
-        model, partners = self.model, self.partners
-        return CurvesResult(
-            model=self.identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
-                                    getattr(model.config, "model_type", None), "num_layers": self.L},
-            evaluator=self.ev.to_dict(), corpus=self.corpus.describe() if hasattr(self.corpus, "describe") else {},
-            budget=self.budget,
-            selection={"spacing": self.spacing, "exclude_boundary": self.exclude_boundary, "candidates": self.cands,
-                       "partners": partners if partners is None or isinstance(partners, (str, int)) else
-                       [list(p) for p in partners], "seeds": list(self.seeds)},
-            baseline_ppl=self.baseline.ppl, baseline_ppl_ci=list(self.baseline.ci()), baseline=self.baseline.to_dict(),
-            complete=False, unit=self.unit, sizes=unit_sizes(model))
-
     def context(self) -> M.MethodContext:
         return M.MethodContext(model=self.model, tokenizer=self.tokenizer, scores=self.scores, num_layers=self.L,
-                               candidates=self.cands, spacing=self.spacing, partners=self.partners, corpus=self.corpus,
-                               evaluator=self.ev, seeds=list(self.seeds), memo=self.memo, batch_size=self.batch_size,
-                               should_stop=self.should_stop, progress=lambda d, t, msg: self.report(msg),
-                               params=self.method_params or {}, unit=self.unit)
+                               candidates=list(self.checked.candidates), spacing=self.plan.spacing,
+                               partners=self.plan.partners, corpus=self.corpus, evaluator=self.ev,
+                               seeds=list(self.checked.seeds), memo=self.memo, batch_size=self.plan.batch_size,
+                               should_stop=self.hooks.should_stop, progress=lambda d, t, msg: self.report(msg),
+                               params=self.plan.params(), unit=self.unit)
 
     def run_method(self, spec, ctx, result: CurvesResult) -> None:
         """Run one method and evaluate the sets it returns into ``result``."""
@@ -311,14 +297,23 @@ class CurvesRun:
         info["seconds"] = time.perf_counter() - t0
         result.method_info[spec.name] = info
 
+    def publish(self, name: str, result: CurvesResult) -> None:
+        """``on_curve(name, partial)``: a copy of the result so far (ratios, verdict and stats filled,
+        ``complete=False``), so a caller can show each curve as soon as it is measured."""
+        if self.hooks.on_curve is not None:
+            partial = copy.deepcopy(result)
+            _finish(partial, self.scores, self.memo, self.counter, self.t_start)
+            self.hooks.on_curve(name, partial)
+
     def run(self) -> CurvesResult:
         self.evaluate_baseline()
-        result = self.new_result()
+        result = _new_result(self)
         ctx = self.context()
         try:
             for spec in self.specs:
                 self.stop_check()
                 self.run_method(spec, ctx, result)
+                self.publish(spec.name, result)
         except ComputeInterrupted as e:
             _finish(result, self.scores, self.memo, self.counter, self.t_start)
             self.report("stopped")
@@ -331,9 +326,25 @@ class CurvesRun:
                 result, lambda s: self.memo.peek(self.text_key, s), self.baseline)
         _finish(result, self.scores, self.memo, self.counter, self.t_start)
         result.complete = True
-        self.counter["points"] = self.planned
-        self.report("done")
+        self.report("done", finished=True)
         return result
+
+
+def _new_result(run: CurvesRun) -> CurvesResult:
+    """The empty result of ``run``: model, evaluator, corpus, budget, selection, baseline, sizes and plan."""
+    from swapkl.surgery.sizes import unit_sizes
+
+    model, plan = run.model, run.plan.to_dict()
+    return CurvesResult(
+        model=run.hooks.identity or {"name_or_path": getattr(model, "name_or_path", None), "model_type":
+                                getattr(model.config, "model_type", None), "num_layers": run.L},
+        evaluator=run.ev.to_dict(), corpus=run.corpus.describe() if hasattr(run.corpus, "describe") else {},
+        budget=run.budget,
+        selection={"spacing": plan["spacing"], "exclude_boundary": plan["exclude_boundary"],
+                   "candidates": list(run.checked.candidates), "partners": plan["partners"],
+                   "seeds": list(run.checked.seeds)},
+        baseline_ppl=run.baseline.ppl, baseline_ppl_ci=list(run.baseline.ci()), baseline=run.baseline.to_dict(),
+        complete=False, unit=run.unit, sizes=unit_sizes(model), plan=plan)
 
 
 def _aggregate(per_seed: dict) -> list[dict]:

@@ -15,6 +15,7 @@ from typing import Sequence
 from swapkl.removal import methods as M
 from swapkl.contract import BLOCK, Provenance, check_unit
 from swapkl.removal.curves import curves_provenance, removal_curves
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.errors import SwapklError
 from swapkl.removal.methods.recommended import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, LABEL,
                                                 SEED_METHODS, default_top_k, search, sleb_cost)
@@ -25,7 +26,7 @@ from swapkl.store import dump_json
 # without it.
 
 __all__ = ["DEFAULT_CALIB_TOKENS", "DEFAULT_CALIB_WINDOWS", "DEFAULT_WIDTH", "LABEL", "SEED_METHODS", "Recommendation",
-           "default_top_k", "recommend", "search", "sleb_cost"]
+           "default_top_k", "recommend", "recommend_plan", "search", "search_params", "sleb_cost"]
 
 
 # ------------------------------------------------------------------------------------------------ the result
@@ -239,32 +240,44 @@ def judged_phrase(paired: list, n: int) -> str:
             f"{c['diff']:+.1f} points [{c['ci'][0]:+.1f}, {c['ci'][1]:+.1f}], {c['word']}")
 
 
-def recommend(model, tokenizer, scores: dict | None, budget: int, corpus=None, evaluator="matched", *,
-              width: int = DEFAULT_WIDTH, top_k: int | None = None, calib_tokens: int = DEFAULT_CALIB_TOKENS,
-              calib_windows: str = DEFAULT_CALIB_WINDOWS,
-              max_evals="sleb", seeds: Sequence[str] = SEED_METHODS, constrained: bool = False, spacing: int = 1,
-              memo=None, identity: dict | None = None, progress=None, should_stop=None, kl: bool = True,
-              method_params: dict | None = None, batch_size: int | None = None,
-              compare: Sequence[str] = (), unit: str = "block") -> Recommendation:
-    """Recommend the layers to remove for n = 1..``budget`` (see the module docstring) and evaluate each choice on
-    the held-out test text (the evaluator's text from the corpus's evaluation region, ``evaluator``) once, after
-    the choice.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may be missing).  ``memo``:
-    a :class:`~swapkl.removal.memo.EvalMemo` (default: the model's disk memo when ``identity`` names the weights).
-    ``spacing``: Δ of the selection rule (the guided seeds', and the search's with ``constrained``).
-    ``compare``: other methods run on the same held-out windows, so that each n carries the paired comparison
-    (``Recommendation.paired``, :mod:`swapkl.removal.paired`).  ``unit``: ``block`` (default), or ``attention`` /
-    ``mlp``: the search removes (skips) that sublayer of each chosen layer, seeded by the methods defined on the unit
-    (the registry's :func:`swapkl.removal.methods.for_unit`), ``scores`` being the unit's matrices.  Returns a
-    :class:`Recommendation`."""
-    params = dict(method_params or {})
-    params["recommend"] = {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows,
-                           "max_evals": max_evals,
-                           "seeds": list(seeds), "constrained": constrained} | (
-        {"top_k": top_k} if top_k is not None else {}) | params.get("recommend", {})
-    methods = ["recommend"] + [m for m in compare if m != "recommend"]
-    res = removal_curves(model, tokenizer, scores, budget, methods, evaluator, corpus, progress=progress,
-                         should_stop=should_stop, memo=memo, identity=identity, kl=kl, method_params=params,
-                         batch_size=batch_size, spacing=spacing, unit=unit)
+def search_params(width: int = DEFAULT_WIDTH, top_k: int | None = None, calib_tokens: int = DEFAULT_CALIB_TOKENS,
+                  calib_windows: str = DEFAULT_CALIB_WINDOWS, max_evals="sleb", seeds: Sequence[str] = SEED_METHODS,
+                  constrained: bool = False) -> dict:
+    """The search's options, as ``method_params["recommend"]`` of a plan: beam ``width``, the signals' ``top_k``
+    (None: :func:`default_top_k`), ``calib_tokens`` of the prompt region, ``calib_windows``, the evaluation cap
+    ``max_evals`` (``"sleb"``: SLEB's count), the ``seeds`` methods and ``constrained`` (the selection rule's
+    candidates and spacing)."""
+    return {"width": width, "calib_tokens": calib_tokens, "calib_windows": calib_windows, "max_evals": max_evals,
+            "seeds": list(seeds), "constrained": constrained} | ({"top_k": top_k} if top_k is not None else {})
+
+
+def recommend_plan(budget: int, search: dict | None = None, compare: Sequence[str] = (), **fields) -> RemovalPlan:
+    """The :class:`~swapkl.removal.plan.RemovalPlan` of a recommendation up to ``budget``: the ``"recommend"``
+    method with the ``search`` options (:func:`search_params`; its defaults fill what is not given;
+    ``method_params["recommend"]`` among ``fields`` overrides both), then the ``compare`` methods; ``fields``: any other plan field (spacing, unit, evaluator, kl, ...)."""
+    params = {k: dict(v) for k, v in (fields.pop("method_params", None) or {}).items()}
+    params["recommend"] = search_params() | dict(search or {}) | params.get("recommend", {})
+    methods = ("recommend",) + tuple(m for m in compare if m != "recommend")
+    return RemovalPlan(budget=budget, methods=methods, method_params=params, **fields)
+
+
+def recommend(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks: RunHooks | None = None
+              ) -> Recommendation:
+    """Recommend the layers to remove for n = 1..``plan.budget`` (see the module docstring) and evaluate each choice
+    on the held-out text of ``plan.evaluator`` once, after the choice.  ``plan``: a plan whose methods include
+    ``"recommend"`` (:func:`recommend_plan`); its other methods run on the same held-out windows, so that each n
+    carries the paired comparison (``Recommendation.paired``, :mod:`swapkl.removal.paired`); ``plan.spacing`` is the
+    selection rule's Δ (the guided seeds', and the search's with ``constrained``); ``plan.unit`` ``attention`` /
+    ``mlp``: the search skips that sublayer of each chosen layer, seeded by the methods defined on the unit,
+    ``scores`` being the unit's matrices.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may
+    be missing).  ``hooks``: as for :func:`~swapkl.removal.curves.removal_curves` (default memo: the model's disk memo
+    when ``hooks.identity`` names the weights).  Returns a :class:`Recommendation`."""
+    if "recommend" not in plan.methods:
+        raise SwapklError("a recommendation's plan must include the 'recommend' method (recommend_plan)")
+    params = plan.params()
+    params["recommend"] = search_params() | params.get("recommend", {})
+    methods = ("recommend",) + tuple(m for m in plan.methods if m != "recommend")
+    res = removal_curves(model, tokenizer, scores, plan.with_(methods=methods, method_params=params), hooks)
     rec = Recommendation.from_curves(res)
     rec.notes = list(res.notes) + [n for n in rec.notes if n not in res.notes]
     return rec

@@ -23,7 +23,7 @@ from swapkl.contract import Provenance, stable_hash
 from swapkl.errors import ComputeInterrupted
 from swapkl.removal import lmeval
 from swapkl.removal import methods as M
-from swapkl.removal.selection import as_matrix, check_budget, default_candidates
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.scoring.results import finite_json
 from swapkl.store import CorruptEntry, cache_root, dump_json, read_entry, warn_unwritable, write_entry
 
@@ -82,33 +82,46 @@ def _shots(c: dict) -> str:
     return f"few-shot: task default ({ran})" if ran else "few-shot: task default"
 
 
-def removal_sets(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], *, spacing: int = 1,
-                 exclude_boundary: bool = True, partners=None, seeds: Sequence[int] | None = None, corpus=None,
-                 evaluator="matched", identity: dict | None = None, memo=None, method_params: dict | None = None,
-                 should_stop=None, progress=None) -> dict:
-    """The removal sets each method chooses for n = 1..``budget``: ``{name: MethodOutput}`` (``sets``, or ``runs``
-    per seed, ``variant`` for a merge, ``notes``, ``settings``).  The methods run with the context the curves runner
-    gives them (candidates, spacing, partners, calibration text of ``corpus``, seeds, and the perplexity memo of
-    ``identity`` it shares), so the sets are the curves' sets."""
+def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks: RunHooks | None = None) -> dict:
+    """The removal sets each method of ``plan`` chooses for n = 1..``plan.budget``: ``{name: MethodOutput}`` (``sets``,
+    or ``runs`` per seed, ``variant`` for a merge, ``notes``, ``settings``).  The methods run with the context the
+    curves runner gives them (the plan checked against the model, its candidates, spacing, partners and seeds, the
+    calibration text of ``hooks.corpus`` and the perplexity memo of ``hooks.identity``), so the sets are the curves'
+    sets."""
     from swapkl.model import architectures as arch  # deferred: torch
-    from swapkl.removal.evaluate import get_evaluator
+    from swapkl.removal.curves import plan_evaluator
     from swapkl.removal.memo import disk_memo
     from swapkl.scoring.corpora import load_corpus
 
-    L = arch.locate(model).num_layers
-    scores = {k: as_matrix(v) for k, v in (scores or {}).items() if v is not None}
-    specs = M.resolve([m.strip() for m in methods if m and m.strip()], scores)
-    seeds = list(seeds) if seeds is not None else M.default_seeds(specs)
-    cands = default_candidates(L, exclude_boundary)
-    if any(s.rule_candidates for s in specs):
-        check_budget(budget, cands, spacing)
-    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=scores, num_layers=L, candidates=cands,
-                          spacing=spacing, partners=partners, corpus=corpus if corpus is not None else load_corpus(),
-                          evaluator=get_evaluator(evaluator), seeds=seeds,
-                          memo=memo if memo is not None else disk_memo(identity, True), should_stop=should_stop,
-                          progress=(lambda d, t, msg: progress(msg)) if progress else None,
-                          params=method_params or {})
-    return {spec.name: spec.func(ctx, budget) for spec in specs}
+    hooks = hooks if hooks is not None else RunHooks()
+    c = plan.check(arch.locate(model).num_layers, scores)
+    progress = hooks.progress
+    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=c.scores, num_layers=c.num_layers,
+                          candidates=list(c.candidates), spacing=plan.spacing, partners=plan.partners,
+                          corpus=hooks.corpus if hooks.corpus is not None else load_corpus(),
+                          evaluator=plan_evaluator(plan), seeds=list(c.seeds),
+                          memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
+                          should_stop=hooks.should_stop, batch_size=plan.batch_size,
+                          progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None,
+                          params=plan.params(), unit=plan.unit)
+    return {spec.name: spec.func(ctx, plan.budget) for spec in c.specs}
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """How :func:`task_accuracy` runs lm-eval: ``tasks`` (lm-eval task or group names: hub tasks, or tasks from YAML
+    files under ``include_path``), ``limit`` (examples per task; None = all), ``num_fewshot`` (None = the task's
+    default), ``batch_size`` (lm-eval's), ``use_cache`` (the per-variant disk cache) and ``share_prefix`` (variants
+    start from the base model's hidden states entering their first removed layer, :mod:`swapkl.removal.prefix`: the
+    same numbers, fewer blocks run)."""
+
+    tasks: tuple
+    include_path: str | None = None
+    limit: int | None = None
+    num_fewshot: int | None = None
+    batch_size: int = 16
+    use_cache: bool = True
+    share_prefix: bool = True
 
 
 def _cache_key(identity: dict | None) -> dict | None:
@@ -270,46 +283,45 @@ def _seeded(per_seed: dict) -> list[dict]:
     return out
 
 
-def task_accuracy(model, tokenizer, scores: dict | None, budget: int, methods: Sequence[str], tasks: Sequence[str],
-                  *, include_path: str | None = None, limit: int | None = None, num_fewshot: int | None = None,
-                  batch_size: int = 16, identity: dict | None = None, use_cache: bool = True, progress=None,
-                  should_stop=None, sets: dict | None = None, on_partial=None, share_prefix: bool = True,
-                  **selection) -> TasksResult:
-    """Task accuracy of the base model and of each method's pruned model at n = 1..``budget`` (lm-eval's own
-    evaluator on the in-memory copies; see the module docstring).  ``tasks``: lm-eval task or group names (hub
-    tasks, or tasks from YAML files under ``include_path``).  ``selection``: the keyword arguments of
-    :func:`removal_sets` (spacing, exclude_boundary, partners, seeds, corpus, method_params, memo); ``sets``: the
-    :func:`removal_sets` output when already known.  ``progress(done, total, message)`` after every variant;
-    ``should_stop()`` → True raises :class:`~swapkl.errors.ComputeInterrupted` with the partial result in
-    ``.partial``; ``on_partial(result)`` after every model (the dashboard's job publishes it).  ``share_prefix``:
-    variants start from the base model's hidden states entering their first removed layer
-    (:mod:`swapkl.removal.prefix`; the same numbers, fewer blocks run).  Raises
-    :class:`~swapkl.removal.lmeval.TaskError` for an unknown or unloadable task."""
+def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, settings: TaskSettings,
+                  hooks: RunHooks | None = None, *, sets: dict | None = None) -> TasksResult:
+    """Task accuracy of the base model and of each method's pruned model at n = 1..``plan.budget`` (lm-eval's own
+    evaluator on the in-memory copies; see the module docstring), the sets chosen under ``plan`` (:func:`removal_sets`;
+    ``sets``: its output when already known), lm-eval run as ``settings`` says (:class:`TaskSettings`).  ``hooks``:
+    ``progress(done, total, message)`` after every variant; ``should_stop()`` → True raises
+    :class:`~swapkl.errors.ComputeInterrupted` with the partial result in ``.partial``; ``identity`` names the weights
+    (cache key and result); ``corpus`` and ``memo``: the calibrating methods'; ``on_partial(result)`` after every
+    model (the dashboard's job publishes it).  Raises :class:`~swapkl.removal.lmeval.TaskError` for an unknown or
+    unloadable task."""
     t_start = time.perf_counter()
-    ip = lmeval.check_include_path(include_path) if include_path else None
+    hooks = hooks if hooks is not None else RunHooks()
+    identity, progress, should_stop = hooks.identity, hooks.progress, hooks.should_stop
+    ip = lmeval.check_include_path(settings.include_path) if settings.include_path else None
     tm = lmeval.task_manager(ip)
-    loaded = [lmeval.load_task(tm, name) for name in tasks]  # unknown tasks fail before any work
+    loaded = [lmeval.load_task(tm, name) for name in settings.tasks]  # unknown tasks fail before any work
     if sets is None:
-        sets = removal_sets(model, tokenizer, scores, budget, methods, identity=identity, should_stop=should_stop,
-                            progress=(lambda msg: progress(0, 1, msg)) if progress else None, **selection)
+        sets = removal_sets(model, tokenizer, scores, plan, hooks)
     total = 1 + sum((len(o.sets) if o.runs is None else sum(len(v) for v in o.runs.values())) for o in sets.values())
+    limit, num_fewshot, batch_size = settings.limit, settings.num_fewshot, settings.batch_size
     run = _Runner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
-                  batch_size=batch_size, use_cache=use_cache, progress=progress, should_stop=should_stop, total=total)
-    if share_prefix:
+                  batch_size=batch_size, use_cache=settings.use_cache, progress=progress, should_stop=should_stop,
+                  total=total)
+    if settings.share_prefix:
         from swapkl.removal.prefix import PrefixStore
 
         run.prefix = PrefixStore(min(s) for s in _plain_sets(sets))
         run.record_base = run.worth_recording(_plain_sets(sets))
-    contract = {"evaluator": EVALUATOR, "lm_eval_version": run.lm_eval_version, "budget": budget,
+    selection = plan.to_dict()
+    contract = {"evaluator": EVALUATOR, "lm_eval_version": run.lm_eval_version, "budget": plan.budget,
                 "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "include_path": ip,
                 "tasks": {t["name"]: {"versions": t["versions"], "config_sha": t["config_sha"],
                                       "output_types": t["output_types"], "chance": lmeval.chance(t, limit)}
                           for t in loaded},
-                "selection": {k: v for k, v in selection.items() if k in ("spacing", "exclude_boundary", "partners",
-                                                                           "seeds")}}
+                "selection": {k: selection[k] for k in ("spacing", "exclude_boundary", "partners", "seeds")},
+                "plan": selection}
     result = TasksResult(model=identity or {"name_or_path": getattr(model, "name_or_path", None)}, contract=contract,
                          complete=False)
-    run.on_partial, run.result = on_partial, result
+    run.on_partial, run.result = hooks.on_partial, result
     try:
         base = run.variant(())
         result.base = {"metrics": base["metrics"], "stderr": base["stderr"]}

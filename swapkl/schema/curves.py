@@ -46,6 +46,7 @@ def curves_fields(d: Any, what: str = "curves file") -> dict:
             "unit": _unit,
             "sizes": lambda v, w: _json(_object(v, w), w),
             "gains": lambda v, w: _json(_object(v, w), w),
+            "plan": lambda v, w: _json(_object(v, w), w),
         }
         f = _fields(d, "", spec, extra=_json)
     out = {"model": model, "corpus": {}, "selection": {}, "baseline_ppl_ci": [], "baseline": {}}

@@ -19,13 +19,13 @@ from swapkl.removal.methods.registry import _REGISTRY  # noqa: F401  (the table 
 from swapkl.removal.methods.registry import (ANY_UNIT, GROUPS, MIN_CALIB_TOKENS, available, calib_tokens,
                                              calibration_caption,
                                              calibration_methods, calibration_params, declared, default_seeds,
-                                             default_set, discover, expected_evaluations, find, for_unit, get, label,
+                                             default_set, discover, find, for_unit, get, label,
                                              offered, refuse_other_units, register, resolve, run_order, specs,
                                              supports, unit_methods)
 
 __all__ = ["ANY_UNIT", "DEFAULT_RUNS", "GROUPS", "MIN_CALIB_TOKENS", "VARIANTS", "EvalPlan", "MethodContext",
            "MethodOutput", "MethodSpec", "available", "calib_tokens", "calibration_caption", "calibration_methods", "calibration_params",
-           "cost_per_point", "declared", "default_seeds", "default_set", "discover", "expected_evaluations", "find",
+           "cost_per_point", "declared", "default_seeds", "default_set", "discover", "find",
            "for_unit", "get", "label", "load", "offered", "refuse_other_units", "register", "resolve", "run_order",
            "specs", "supports", "unit_methods"]
 

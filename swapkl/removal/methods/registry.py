@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 from swapkl.contract import BLOCK, UNITS, check_unit
 from swapkl.errors import ContractError, SwapklError
-from swapkl.removal.methods.base import DEFAULT_RUNS, VARIANTS, EvalPlan, MethodSpec
+from swapkl.removal.methods.base import DEFAULT_RUNS, VARIANTS, MethodSpec
 
 PACKAGE = "swapkl.removal.methods"
 #: modules of the package that hold no methods
@@ -41,30 +41,43 @@ ANY_UNIT = "any"
 MIN_CALIB_TOKENS = 16
 
 
+#: the :class:`MethodSpec` fields :func:`register` takes as keywords (how a method is shown and run by default)
+SPEC_KEYS = ("label", "runs", "offered", "default", "cli_default", "order", "style", "guided")
+#: the capability keywords of :func:`register` (what a method supports, as data)
+CAPABILITY_KEYS = ("units", "variants", "calibration")
+
+
 def register(name: str, needs: Sequence[str] = (), description: str = "", group: str | None = None,
-             rule_candidates: bool = True, *, label: str | None = None, runs: int = 0, offered: bool = False,
-             default: bool = False, cli_default: bool = False, order: int = 100, style: dict | None = None,
-             guided: bool = False, cost: Callable | str | None = None, target: str | None = None,
-             units: str | Sequence[str] = (BLOCK,), variants: Sequence[str] | None = None,
-             calibration: int | None = None):
+             rule_candidates: bool = True, *, cost: Callable | str | None = None, target: str | None = None,
+             **spec):
     """Register a method under ``name``.  With ``target="module:object"`` the entry is lazy (the module is imported
     when the method runs) and None is returned; without it, a decorator for ``func(ctx, budget) -> MethodOutput``.
     ``needs``: score matrices the method requires (``"replacement"``, ``"interchange"``).  ``group``: an alias
     that expands to every member whose needs are met (``"anti"`` → anti-replacement, anti-interchange).
     ``rule_candidates=False``: the method chooses its own candidates (literature baselines), so the runner does
-    not check the budget against the selection rule before running it.  The keyword-only arguments fill
-    :class:`MethodSpec` (label defaults to the name; a method is not offered in the dashboard nor run by default
-    unless it says so; ``cost`` may be ``"module:object"`` too).  Capabilities: ``units`` (the units it removes, or
-    ``"any"``), ``variants`` (what it returns, :data:`~swapkl.removal.methods.base.VARIANTS`; default ``runs`` for
-    a seeded method, else ``sets``), ``calibration`` (default calibration tokens; None when it reads none); a value
-    outside those raises :class:`SwapklError`."""
-    caps = _capabilities(name, units, variants, calibration, runs)
+    not check the budget against the selection rule before running it.  ``cost``: its cost function (may be
+    ``"module:object"``).  ``spec``: the :class:`MethodSpec` fields of :data:`SPEC_KEYS` (label defaults to the name;
+    a method is not offered in the dashboard nor run by default unless it says so) and the capabilities of
+    :data:`CAPABILITY_KEYS`: ``units`` (the units it removes, or ``"any"``; default whole blocks), ``variants`` (what
+    it returns, :data:`~swapkl.removal.methods.base.VARIANTS`; default ``runs`` for a seeded method, else ``sets``),
+    ``calibration`` (default calibration tokens; None when it reads none).  Another key, or a capability value
+    outside those, raises :class:`SwapklError`."""
+    bad = sorted(set(spec) - set(SPEC_KEYS) - set(CAPABILITY_KEYS))
+    if bad:
+        raise SwapklError(f"method {name}: unknown field(s) {', '.join(bad)}; known: "
+                          f"{', '.join(SPEC_KEYS + CAPABILITY_KEYS)}")
+    fields = {"label": name, "runs": 0, "offered": False, "default": False, "cli_default": False, "order": 100,
+              "style": None, "guided": False} | {k: v for k, v in spec.items() if k in SPEC_KEYS}
+    fields["label"] = fields["label"] or name
+    caps = _capabilities(name, spec.get("units", (BLOCK,)), spec.get("variants"), spec.get("calibration"),
+                         fields["runs"])
 
     def add(func_or_target):
         doc = "" if isinstance(func_or_target, str) else (func_or_target.__doc__ or "")
         _REGISTRY[name] = MethodSpec(name, func_or_target, tuple(needs), description or doc.strip(), rule_candidates,
-                                     label=label or name, runs=int(runs), offered=offered, default=default,
-                                     cli_default=cli_default, order=order, style=style, guided=guided,
+                                     label=fields["label"], runs=int(fields["runs"]), offered=fields["offered"],
+                                     default=fields["default"], cli_default=fields["cli_default"],
+                                     order=fields["order"], style=fields["style"], guided=fields["guided"],
                                      cost_target=cost, **caps)
         if group:
             GROUPS[group] = tuple(dict.fromkeys(GROUPS.get(group, ()) + (name,)))
@@ -131,25 +144,6 @@ def run_order(names: Iterable[str]) -> list[str]:
 def default_seeds(chosen: Sequence[MethodSpec] = ()) -> list[int]:
     """Seeds a run uses when none are given: as many as the most-seeded chosen method runs."""
     return list(range(max([s.runs for s in chosen if s.seeded] or [DEFAULT_RUNS])))
-
-
-def expected_evaluations(names: Sequence[str], plan: EvalPlan) -> int:
-    """Distinct perplexity evaluations the curves of ``names`` will need under ``plan``, baseline included (an
-    estimate for methods whose sets depend on evaluations, e.g. SLEB; a method whose sets cannot be planned
-    counts ``budget``)."""
-    sets: set = set()
-    extra = 0
-    for name in names:
-        spec = _REGISTRY.get(name)
-        try:
-            c = spec.cost(spec, plan) if spec is not None else plan.budget
-        except SwapklError:
-            c = plan.budget
-        if isinstance(c, int):
-            extra += c
-        else:
-            sets.update(frozenset(s) for s in c)
-    return 1 + len(sets) + extra
 
 
 def supports(name: str, unit: str) -> bool:
