@@ -203,11 +203,14 @@ def test_without_a_count_each_method_reads_its_registered_default(tiny, name):
 def test_the_count_reaches_the_result_and_its_caption(tiny):
     from swapkl.removal.curves import removal_curves
     from swapkl.removal.evaluate import Evaluator
+    from swapkl.removal.plan import RemovalPlan, RunHooks
 
     model, tok, corpus = tiny
     names = ["taylor", "sleb"]
-    r = removal_curves(model, tok, None, 1, names, Evaluator("tiny", 200, 128, 64), corpus, kl=False,
-                       method_params=M.calibration_params(192, names))
+    plan = RemovalPlan(budget=1, methods=tuple(names), evaluator=Evaluator("tiny", 200, 128, 64), kl=False,
+                       calib_tokens=192)
+    assert {m: plan.method_params[m]["calib_tokens"] for m in names} == {"taylor": 192, "sleb": 192}
+    r = removal_curves(model, tok, None, plan, RunHooks(corpus=corpus))
     assert {m: r.method_info[m]["settings"]["calib_tokens"] for m in names} == {"taylor": 192, "sleb": 192}
     assert "calibration 192 tokens" in r.provenance().extra
     from swapkl.views.captions import contract_caption
