@@ -289,7 +289,11 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
 def healed_model(model: torch.nn.Module, removed, recipe: Recipe, state: dict, adapter_dir: Path | None = None):
     """The healed model: a private copy of ``model`` without ``removed``, the adapter ``state`` loaded and merged
     into its weights (``merge_and_unload``; ``last-k``: the trained tensors loaded in place).  ``adapter_dir``:
-    also save the LoRA adapter alone there (peft folder; nothing for ``last-k``, whose tensors are the model's)."""
+    also save the LoRA adapter alone there (peft folder; nothing for ``last-k``, whose tensors are the model's).
+    The ``kd`` control (no layer removed, empty ``state``) is a copy of the base: distilling toward itself is the
+    identity, so it is never trained."""
+    if recipe.objective == "kd" and not list(removed) and not state:
+        return private_copy(model, []).eval()
     if recipe.part == "last-k":
         m = last_k_model(private_copy(model, removed), recipe.last_k)
         load_adapter_state(m, state)
