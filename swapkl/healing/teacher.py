@@ -3,7 +3,7 @@
 The teacher is the unpruned model (same tokenizer).  Its distribution at temperature T, ``softmax(logits / T)``,
 is computed once per training chunk, **one chunk at a time** (so a chunk's teacher does not depend on the batch it
 is drawn in), and kept as its top-k: per position the k largest log-probabilities (float32), their token ids
-(int32) and the log of the mass outside them, the *tail* (float32).  With a folder, each chunk is one checksummed
+(int32 on disk) and the log of the mass outside them, the *tail* (float32, a logsumexp over the other tokens).  With a folder, each chunk is one checksummed
 file under ``<cache>/heal-teacher/<key>/`` (key: the teacher's weights fingerprint, T, k), named by the sha256 of
 its token ids and written atomically (:func:`swapkl.store.atomic_write_bytes` then a store entry of kind
 :data:`KIND`): a run reads what an interrupted run computed, and memory holds one batch of it.  Size per chunk:
@@ -57,41 +57,61 @@ def log_probs(logits, temperature: float):
 
 
 def top_k(logp, k: int) -> TopK:
-    """The top-``k`` of log-probabilities ``logp`` (..., V) and the log tail mass (computed in float64)."""
+    """The top-``k`` of log-probabilities ``logp`` (..., V) and the log of the mass outside them, a logsumexp over
+    the other tokens (the formula :func:`kd_loss` applies to the student, so a teacher equal to the student gives
+    the same bits and a zero gradient)."""
+    vals, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return TopK(vals.float(), idx.long(), _log_outside(logp.float(), idx))
+
+
+def _log_outside(logq, idx):
+    """log Σ_{v ∉ idx} exp(logq_v) over the last axis; −inf when ``idx`` covers the vocabulary."""
     import torch
 
-    vals, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
-    kept = torch.logsumexp(vals.double(), dim=-1).clamp(max=0.0)
-    log_tail = torch.log(-torch.expm1(kept)).float()  # log(1 − Σ p_kept); −inf when the top k hold everything
-    return TopK(vals.float(), idx.long(), log_tail)
+    if idx.shape[-1] >= logq.shape[-1]:
+        return torch.full(logq.shape[:-1], float("-inf"), dtype=logq.dtype, device=logq.device)
+    return torch.logsumexp(logq.scatter(-1, idx, float("-inf")), dim=-1)
 
 
 def _kl_terms(logp, logq):
-    """Σ p (log p − log q) over the last axis; 0 where p = 0 (no NaN in the value or the gradient)."""
+    """Σ p (log p − log q) over the last axis; 0 where p = 0."""
     import torch
 
     p = logp.exp()
-    safe = torch.where(p > 0, logp, torch.zeros_like(logp))
-    return (p * (safe - logq)).sum(-1)
+    return (p * (torch.where(p > 0, logp, torch.zeros_like(logp)) - logq)).sum(-1)
 
 
 def kd_loss(student_logits, teacher, temperature: float):
     """The KD loss (module docstring): mean over positions of KL(teacher ‖ student) at temperature T, times T².
 
     ``student_logits``: (B, T, V); ``teacher``: full teacher log-probabilities (B, T, V) at temperature T (the
-    exact KL) or a :class:`TopK` (the coarsened KL, within the module's bound below the exact one)."""
+    exact KL) or a :class:`TopK` (the coarsened KL, within the module's bound below the exact one).
+
+    The value is the KL; the gradient is its analytic form, ``T (q − p) / N`` per logit for the full teacher and,
+    with the top-k teacher, ``T (q_v − p_v) / N`` on the kept tokens and ``T q_v (1 − p_tail / q_tail) / N`` on
+    the others (N positions; the teacher normalised).  Both are computed from the same log-probabilities as the
+    value, so a student equal to its teacher gets a gradient of exactly 0 (autograd through ``log_softmax`` would
+    leave the rounding of Σ p ≠ 1, which Adam's normalisation blows up to steps of size lr)."""
     import torch
 
     logq = log_probs(student_logits, temperature)
+    q = logq.exp()
     if not isinstance(teacher, TopK):
-        kl = _kl_terms(teacher.to(logq.device), logq)
+        logp = teacher.to(logq.device)
+        kl, g = _kl_terms(logp, logq), q - logp.exp()
     else:
         t = teacher.to(logq.device)
         kl = _kl_terms(t.logp, logq.gather(-1, t.idx))
+        g = q
         if t.idx.shape[-1] < logq.shape[-1]:  # else there is no tail
-            outside = logq.scatter(-1, t.idx, float("-inf"))
-            kl = kl + _kl_terms(t.log_tail.unsqueeze(-1), torch.logsumexp(outside, -1, keepdim=True))
-    return kl.mean() * temperature ** 2
+            log_q_tail = _log_outside(logq, t.idx)
+            kl = kl + _kl_terms(t.log_tail.unsqueeze(-1), log_q_tail.unsqueeze(-1))
+            g = q * (1.0 - torch.exp(t.log_tail - log_q_tail)).unsqueeze(-1)
+        g = g.scatter(-1, t.idx, q.gather(-1, t.idx) - t.logp.exp())
+    value = kl.mean().detach() * temperature ** 2
+    # ∂loss/∂z = g × T² / T / N: a linear surrogate carries this gradient, the value is the KL's
+    surrogate = (g.detach() * student_logits.float()).sum() * (temperature / kl.numel())
+    return value + surrogate - surrogate.detach()
 
 
 def check_topk(teacher_logits, student_logits, temperature: float, k: int) -> dict:
