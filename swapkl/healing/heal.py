@@ -111,17 +111,10 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
     if "text" not in shared:
         shared["text"] = training_text(model, tokenizer, corpus, recipe, train_path, scoring_corpus, prompts, tokens,
                                        prompt_seed)
-        shared["fingerprint"] = TR.model_fingerprint(model)
-    memo = shared.setdefault("memo", disk_memo(identity, kl=False) if use_cache else EvalMemo())
+    memo = _session(shared, model, identity, use_cache)
     tt, fp = shared["text"], shared["fingerprint"]
     teacher = _teacher(shared, model, recipe, fp, use_cache)
-    total = 2 * recipe.steps + 4 * len(texts)
-    done = {"n": 0}
-
-    def tick(msg, k=1):
-        done["n"] += k
-        if progress is not None:
-            progress(min(done["n"], total), total, msg)
+    ticks = _Ticks(progress, 2 * recipe.steps + 4 * len(texts))
 
     def measure(role, rem, make, suffix=""):
         built = []  # the model, built on the first evaluation the memo does not have
@@ -134,7 +127,7 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
         for name, (key, ids) in texts.items():
             res[name][role] = memo.get(key + suffix, rem, lambda ids=ids: E.evaluate_ppl(
                 once(), ids, ev.window, ev.stride, ev.drop_first_target, should_stop=should_stop))
-            tick(f"{role} PPL {res[name][role].ppl:.4g}" + ("" if name == "eval" else f" ({name})"))
+            ticks.tick(f"{role} PPL {res[name][role].ppl:.4g}" + ("" if name == "eval" else f" ({name})"))
 
     res = {name: {} for name in texts}
     measure("base", (), lambda: model)
@@ -142,20 +135,14 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
     states, training = {}, {}
     for role, rem in (("healed", removed), ("base_finetuned", [])):
         if role == "base_finetuned" and recipe.objective == "kd":  # the KD control is the identity: no training
-            states[role], training[role] = {}, _kd_control(res, tick, recipe.steps + len(texts))
+            states[role], training[role] = {}, _kd_control(res, ticks.tick, recipe.steps + len(texts))
             continue
         folder = TR.heal_dir(fp, rem, recipe, tt.key) if use_cache else None
-        base_done = done["n"]
-
-        def step_progress(step, steps, msg, role=role, base_done=base_done):
-            done["n"] = base_done + step
-            if progress is not None:
-                progress(done["n"], total, f"{role}: {msg}")
-
         kw = {"teacher": teacher} if teacher is not None else {}
-        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, step_progress, should_stop, **kw)
+        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, ticks.training(role), should_stop,
+                                  **kw)
         states[role], training[role] = _trained(shared, (fp, tuple(rem), recipe.key(), tt.key), train)
-        done["n"] = base_done + recipe.steps
+        ticks.trained(recipe.steps)
         measure(role, rem, lambda rem=rem, role=role: TR.healed_model(model, rem, recipe, states[role]),
                 f"|heal:{fp}:{recipe.key()}:{tt.key}")
     if teacher is not None:
@@ -165,6 +152,39 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, *, corpus=Non
     ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
     return _result(removed, res, training, tt, _contract(ident, fp, ev, corpus, recipe), recipe, heldout,
                    selection, time.perf_counter() - t0)
+
+
+class _Ticks:
+    """A heal's progress, ``progress(done, total, message)``: units are training updates plus one per evaluation."""
+
+    def __init__(self, progress: Callable | None, total: int):
+        self.progress, self.total, self.done, self.start = progress, total, 0, 0
+
+    def tick(self, msg: str, k: int = 1) -> None:
+        self.done += k
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total, msg)
+
+    def training(self, role: str) -> Callable:
+        """The ``progress`` of :func:`~swapkl.healing.train.train` for ``role``: its step k is unit start + k."""
+        self.start = self.done
+
+        def step(k, steps, msg):
+            self.done = self.start + k
+            if self.progress is not None:
+                self.progress(self.done, self.total, f"{role}: {msg}")
+        return step
+
+    def trained(self, steps: int) -> None:
+        """After a training (or its cached adapter): all its ``steps`` units done."""
+        self.done = self.start + steps
+
+
+def _session(shared: dict, model, identity, use_cache: bool) -> EvalMemo:
+    """The session's weights fingerprint and evaluation memo (set once per ``shared``); returns the memo."""
+    if "fingerprint" not in shared:
+        shared["fingerprint"] = TR.model_fingerprint(model)
+    return shared.setdefault("memo", disk_memo(identity, kl=False) if use_cache else EvalMemo())
 
 
 def _texts(corpus, heldout, tokenizer, ev) -> dict:
