@@ -158,8 +158,8 @@ def run(a) -> int:
                   prompts=a.prompts, tokens=a.tokens, prompt_seed=a.prompt_seed, identity=ck.identity,
                   use_cache=not a.no_cache, progress=_Progress(a.quiet), selection=selection, keep_states=states,
                   shared=shared, heldout=a.heldout)
-    if result.gate_line():
-        result.notes.append(result.gate_line() + ("; exported anyway (--force)" if a.out and a.force else ""))
+    if result.gate_line() and not (a.out and not a.force):  # refused below: the error line says it
+        result.notes.append(result.gate_line() + ("; exported anyway (--force)" if a.out else ""))
     if a.out:
         try:
             check_gate(result, a.force)

@@ -103,7 +103,7 @@ class HealResult:
         for what, d in (("evaluation", self.delta_pct), ("held-out", (self.held_out or {}).get("delta_pct"))):
             x = (d or {}).get("healed_vs_pruned")
             if x and x["ci"][0] > 0:
-                out.append(f"{what} PPL {x['value']:+.1f} % [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}] vs the pruned model")
+                out.append(f"{what} PPL {x['value']:+.4g} % [{x['ci'][0]:+.4g}, {x['ci'][1]:+.4g}] vs the pruned model")
         return out
 
     def gate_line(self) -> str | None:
