@@ -49,7 +49,8 @@ def register(sub) -> None:
     r.add_argument("--train", default=d.part, dest="part", metavar="{lora,last-k}",
                    help="what is trained: lora, or last-k (the last --k kept blocks and lm_head in full) "
                         "(default %(default)s)")
-    r.add_argument("--k", type=int, default=d.last_k, dest="last_k", help="--train last-k: blocks (default %(default)s)")
+    r.add_argument("--k", type=int, default=d.last_k, dest="last_k", metavar="K",
+                   help="--train last-k: how many of the last kept blocks (default %(default)s)")
     p.add_argument("--train-text", default=None, metavar="FILE",
                    help="training text (default: the training region of the evaluation corpus); refused when it "
                         "overlaps the evaluation text or the scoring corpus")
