@@ -99,7 +99,10 @@ def last_k_model(model: torch.nn.Module, k: int) -> torch.nn.Module:
         p.requires_grad_(False)
     for p in blocks[len(blocks) - k:].parameters():
         p.requires_grad_(True)
-    model.get_output_embeddings().weight.requires_grad_(True)
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ContractError("--train last-k trains lm_head, and this model has no output embedding to train")
+    head.weight.requires_grad_(True)
     return model
 
 
