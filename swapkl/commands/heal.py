@@ -39,11 +39,27 @@ def register(sub) -> None:
     r.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="resumable checkpoint every k updates (default %(default)s)")
     r.add_argument("--qlora", action="store_true", help="4-bit base weights through bitsandbytes (CUDA only)")
+    r.add_argument("--objective", default=d.objective, choices=["lm", "kd", "kd+lm"],
+                   help="the loss: lm (next-token), kd (forward KL from the unpruned model at every position), or "
+                        "kd+lm (default %(default)s)")
+    r.add_argument("--temperature", type=float, default=d.temperature, help="KD temperature T (default %(default)s)")
+    r.add_argument("--kd-weight", type=float, default=d.kd_weight,
+                   help="kd+lm: the KD term's weight w, loss = w KD + (1 - w) LM (default %(default)s)")
+    r.add_argument("--top-k", type=int, default=d.top_k,
+                   help="teacher tokens kept per position, the rest as one tail bucket (default %(default)s)")
+    r.add_argument("--train", default=d.part, dest="part", metavar="{lora,last-k}",
+                   help="what is trained: lora, or last-k (the last --k kept blocks and lm_head in full) "
+                        "(default %(default)s)")
+    r.add_argument("--k", type=int, default=d.last_k, dest="last_k", metavar="K",
+                   help="--train last-k: how many of the last kept blocks (default %(default)s)")
     p.add_argument("--train-text", default=None, metavar="FILE",
                    help="training text (default: the training region of the evaluation corpus); refused when it "
                         "overlaps the evaluation text or the scoring corpus")
     p.add_argument("--eval-text", default=None, metavar="FILE",
                    help="evaluation text (its evaluation region; default WikiText-2 test, hub or local copy)")
+    p.add_argument("--heldout-text", default=None, metavar="FILE",
+                   help="a second text domain no run trains on (e.g. tests/fixtures/data/heldout/): the four models' "
+                        "perplexity there too, and the gate reads it")
     p.add_argument("--evaluator", default="matched", choices=["matched", "standard"])
     p.add_argument("--max-words", type=int, default=None, help="override the evaluator's word count (labelled)")
     s = p.add_argument_group("the scores behind --method (swap-KL contract)")
@@ -53,7 +69,8 @@ def register(sub) -> None:
     s.add_argument("--prompt-seed", type=int, default=0)
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write the merged healed model here (HF folder) and the adapter in DIR/adapter/")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out, and export a heal measured "
+                   "worse than the pruned model")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached evaluations and adapters")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
     heal_tasks.register_args(p)
@@ -74,7 +91,9 @@ def parse_removed(s: str) -> list[int]:
 def recipe_from_args(a) -> Recipe:
     alpha = a.lora_alpha if a.lora_alpha is not None else 2.0 * a.lora_rank
     return Recipe(steps=a.steps, rank=a.lora_rank, alpha=alpha, lr=a.lr, warmup=a.warmup, seq_len=a.seq_len,
-                  batch=a.batch, seed=a.seed, qlora=a.qlora, checkpoint_every=a.checkpoint_every).validate()
+                  batch=a.batch, seed=a.seed, qlora=a.qlora, checkpoint_every=a.checkpoint_every,
+                  objective=a.objective, temperature=a.temperature, kd_weight=a.kd_weight, top_k=a.top_k,
+                  part=a.part, last_k=a.last_k).validate()
 
 
 def _check_args(a):
@@ -105,19 +124,27 @@ def _check_args(a):
             raise SwapklError(f"--n: {e}") from None
         if len(a.methods) * len(a.ns) > 1 and a.out:
             raise SwapklError("--out exports one healed set: give one method and one n (or --removed)")
+        if len(a.methods) * len(a.ns) > 1 and a.heldout_text:
+            raise SwapklError("--heldout-text measures one healed set: give one method and one n (or --removed)")
     recipe = recipe_from_args(a)
     heal_tasks.check_args(a)
-    check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text])
+    check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text, a.heldout_text])
     if a.out:
         check_output_dir(a.out, "--out", force=a.force, protected=model_inputs(a), force_hint="--force")
     ev, corpus = evaluator_and_corpus(a)
+    others = [("evaluation text", corpus)]
     if a.train_text:
-        T.check_file_disjoint(corpora.from_file(a.train_text), [("evaluation text", corpus)])
+        others.append(("training text", corpora.from_file(a.train_text)))
+        T.check_file_disjoint(others[-1][1], others[:1])
+    a.heldout = None
+    if a.heldout_text:
+        a.heldout = corpora.from_file(a.heldout_text)
+        T.check_file_disjoint(a.heldout, others, flag="--heldout-text")
     return removed, recipe, ev, corpus
 
 
 def run(a) -> int:
-    from swapkl.healing.heal import check_qlora, export_healed, heal  # deferred: pulls torch
+    from swapkl.healing.heal import WorseHealError, check_gate, check_qlora, export_healed, heal  # pulls torch
 
     require_extra("heal", "swapkl heal")  # before the model is loaded
     removed, recipe, ev, corpus = _check_args(a)
@@ -131,11 +158,19 @@ def run(a) -> int:
     states, shared = {}, {}
     result = heal(ck.model, ck.tokenizer, removed, recipe, _setup(a, ck, corpus, ev), RunHooks(progress=_Progress(a.quiet)),
                   selection=selection, keep_states=states, shared=shared)
+    if result.gate_line() and not (a.out and not a.force):  # refused below: the error line says it
+        result.notes.append(result.gate_line() + ("; exported anyway (--force)" if a.out else ""))
     if a.out:
+        try:
+            check_gate(result, a.force)
+        except WorseHealError:
+            emit(a, result, render)  # the measurement that explains the refusal; no model is written
+            raise
         out = export_healed(ck.model, result.removed, recipe, states["healed"], a.out, ck.tokenizer, ck.identity,
                             force=a.force, record={"ppl": result.ppl, "recovered": result.recovered,
-                                                   "contract": result.contract})
-        result.notes.append(f"merged healed model written to {out}, adapter to {out}/adapter")
+                                                   "contract": result.contract}, result=result)
+        where = f", adapter to {out}/adapter" if recipe.part == "lora" else ""
+        result.notes.append(f"merged healed model written to {out}{where}")
     if a.task_names:
         from swapkl.healing.curves import HealCurves
 
@@ -178,7 +213,8 @@ def _setup(a, ck, corpus, ev):
     from swapkl.healing.heal import HealSetup
 
     return HealSetup(corpus=corpus, evaluator=ev, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
-                     prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache)
+                     prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
+                     heldout=getattr(a, "heldout", None))
 
 
 def _select(a, ck, corpus, ev):
@@ -219,22 +255,43 @@ def render(r) -> str:
              "PPL: " + "  ".join(f"{k} {p[k]:.4g}" for k in ("base", "pruned", "healed", "base_finetuned"))]
     for key, what in (("pruned_vs_base", "pruned vs base"), ("healed_vs_base", "healed vs base"),
                       ("base_finetuned_vs_base", "fine-tuned base vs base"),
-                      ("healed_vs_base_finetuned", "healed vs fine-tuned base")):
+                      ("healed_vs_base_finetuned", "healed vs fine-tuned base"), ("healed_vs_pruned", "healed vs pruned")):
+        if key not in d:
+            continue
         x = d[key]
         lines.append(f"  ΔPPL {what:<27} {x['value']:+8.1f} % [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
                      + ("  tie" if x["tie"] else ""))
     lines.append(r.headline())
-    tr = r.training
+    lines.extend(_held_out_lines(r.held_out))
     parts = []
-    for k, v in tr.items():
+    for k, v in r.training.items():
+        if v.get("identity"):
+            parts.append(f"{k}: the base itself (a distillation of the base toward itself is the identity)")
+            continue
         when = "cached" if v.get("cached") else f"{v['seconds']:.1f}s"
-        parts.append(f"{k} {when}, loss {v.get('loss_first') or 0:.3f} → {v.get('loss_last') or 0:.3f}")
+        parts.append(f"{k} {when}, loss {v.get('loss_first') or 0:.3f} → {v.get('loss_last') or 0:.3f}, "
+                     f"{v.get('trainable_params') or 0:,} trainable parameters")
     lines.append("training: " + "; ".join(parts))
+    chk = r.training.get("healed", {}).get("kd_topk_check")
+    if chk:
+        lines.append(f"teacher top-{chk['k']}: KD {chk['kl_topk']:.4g} vs full KL {chk['kl_full']:.4g} on "
+                     f"{chk['positions']} positions (gap {chk['gap']:.2g}, tail mass mean {chk['tail_mass_mean']:.2g})")
     lines.append(f"contract: {contract_caption(r.provenance())}")
     lines.extend(f"note: {n}" for n in r.notes)
     if r.tasks:
         lines.append(heal_tasks.render(r.tasks))
     return "\n".join(lines)
+
+
+def _held_out_lines(h: dict) -> list[str]:
+    """The held-out domain's PPLs and healed-vs-pruned ΔPPL, two lines (none without a held-out text)."""
+    if not h:
+        return []
+    x = h["delta_pct"]["healed_vs_pruned"]
+    return [f"held-out text ({h['label']}): PPL " + "  ".join(f"{k} {h['ppl'][k]:.4g}" for k in
+                                                              ("base", "pruned", "healed", "base_finetuned")),
+            f"  ΔPPL healed vs pruned (held-out)   {x['value']:+8.1f} % [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
+            + ("  tie" if x["tie"] else "")]
 
 
 def render_curves(hc) -> str:

@@ -89,8 +89,9 @@ class HealSetup:
     ``train_path`` is given the training text, its training region, :mod:`swapkl.healing.text`; None = the built-in
     corpus), ``evaluator`` (``matched``, ``standard`` or an :class:`~swapkl.removal.evaluate.Evaluator`), the
     ``scoring_corpus`` and its ``prompts`` × ``tokens`` from ``prompt_seed`` (kept out of the training text),
-    ``identity`` (names the weights: the disk memo and the result) and ``use_cache`` (the evaluation memo and the
-    adapters on disk)."""
+    ``identity`` (names the weights: the disk memo and the result), ``use_cache`` (the evaluation memo and the
+    adapters on disk) and ``heldout``: a corpus of a second text domain that no run trains on
+    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``)."""
 
     corpus: object = None
     evaluator: object = "matched"
@@ -101,6 +102,7 @@ class HealSetup:
     prompt_seed: int = 0
     identity: dict | None = None
     use_cache: bool = True
+    heldout: object = None
 
 
 def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSetup | None = None,
@@ -110,12 +112,12 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
     the texts and evaluator of ``setup`` (:class:`HealSetup`).  ``hooks.progress(done, total, message)``: units are
     training updates plus one per evaluation; ``hooks.should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted`
     (training resumes on the next call).  ``selection``: how ``removed`` was chosen (recorded).  ``keep_states``: a
-    dict that receives the two adapter states (for export).  ``shared``: a dict kept across calls with the same
-    model, texts and recipe (training text, fingerprint, memo, adapters: the control trains once;
-    :func:`swapkl.healing.multi.heal_curves`)."""
+    dict that receives the two adapter states (for export; the ``kd`` control's is ``{}``: it is the base itself).
+    ``shared``: a dict kept across calls with the same model, texts and recipe (training text, fingerprint, memo,
+    adapters, teacher: the control trains once; :func:`swapkl.healing.multi.heal_curves`)."""
     setup = setup if setup is not None else HealSetup()
     hooks = hooks if hooks is not None else RunHooks()
-    corpus, identity, use_cache = setup.corpus, setup.identity, setup.use_cache
+    corpus, identity, use_cache, heldout = setup.corpus, setup.identity, setup.use_cache, setup.heldout
     progress, should_stop = hooks.progress, hooks.should_stop
     t0 = time.perf_counter()
     recipe.validate()
@@ -126,61 +128,176 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
     ev = E.get_evaluator(setup.evaluator)
     arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",
                        "use an evaluator whose window is at most {limit} tokens")
-    ids = E.eval_ids(corpus, tokenizer, ev)
+    texts = _texts(corpus, heldout, tokenizer, ev)
     shared = shared if shared is not None else {}
     if "text" not in shared:
         shared["text"] = training_text(model, tokenizer, corpus, recipe, setup.train_path, setup.scoring_corpus,
                                        setup.prompts, setup.tokens, setup.prompt_seed)
-        shared["fingerprint"] = TR.model_fingerprint(model)
-    memo = shared.setdefault("memo", disk_memo(identity, kl=False) if use_cache else EvalMemo())
+    memo = _session(shared, model, identity, use_cache)
     tt, fp = shared["text"], shared["fingerprint"]
-    key = _eval_key(corpus, ev)
-    total = 2 * recipe.steps + 4
-    done = {"n": 0}
+    teacher = _teacher(shared, model, recipe, fp, use_cache)
+    ticks = _Ticks(progress, 2 * recipe.steps + 4 * len(texts))
 
-    def tick(msg, k=1):
-        done["n"] += k
-        if progress is not None:
-            progress(min(done["n"], total), total, msg)
+    def measure(role, rem, make, suffix=""):
+        built = []  # the model, built on the first evaluation the memo does not have
 
-    def evaluate(m):
-        return E.evaluate_ppl(m, ids, ev.window, ev.stride, ev.drop_first_target, should_stop=should_stop)
+        def once():
+            if not built:
+                built.append(make())
+            return built[0]
 
-    res = {"base": memo.get(key, (), lambda: evaluate(model))}
-    tick(f"base PPL {res['base'].ppl:.4g}")
-    res["pruned"] = memo.get(key, removed, lambda: evaluate(pruned_copy(model, removed)))
-    tick(f"pruned PPL {res['pruned'].ppl:.4g}")
+        for name, (key, ids) in texts.items():
+            res[name][role] = memo.get(key + suffix, rem, lambda ids=ids: E.evaluate_ppl(
+                once(), ids, ev.window, ev.stride, ev.drop_first_target, should_stop=should_stop))
+            ticks.tick(f"{role} PPL {res[name][role].ppl:.4g}" + ("" if name == "eval" else f" ({name})"))
+
+    res = {name: {} for name in texts}
+    measure("base", (), lambda: model)
+    measure("pruned", removed, lambda: pruned_copy(model, removed))
     states, training = {}, {}
     for role, rem in (("healed", removed), ("base_finetuned", [])):
+        if role == "base_finetuned" and recipe.objective == "kd":  # the KD control is the identity: no training
+            states[role], training[role] = {}, _kd_control(res, ticks.tick, recipe.steps + len(texts))
+            continue
         folder = TR.heal_dir(fp, rem, recipe, tt.key) if use_cache else None
-        base_done = done["n"]
-
-        def step_progress(step, steps, msg, role=role, base_done=base_done):
-            done["n"] = base_done + step
-            if progress is not None:
-                progress(done["n"], total, f"{role}: {msg}")
-
-        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, step_progress, should_stop)
+        kw = {"teacher": teacher} if teacher is not None else {}
+        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, ticks.training(role), should_stop,
+                                  **kw)
         states[role], training[role] = _trained(shared, (fp, tuple(rem), recipe.key(), tt.key), train)
-        done["n"] = base_done + recipe.steps
-        hkey = f"{key}|heal:{fp}:{recipe.key()}:{tt.key}"
-        res[role] = memo.get(hkey, rem, lambda rem=rem, role=role: evaluate(
-            TR.healed_model(model, rem, recipe, states[role])))
-        tick(f"{role} PPL {res[role].ppl:.4g}")
+        ticks.trained(recipe.steps)
+        measure(role, rem, lambda rem=rem, role=role: TR.healed_model(model, rem, recipe, states[role]),
+                f"|heal:{fp}:{recipe.key()}:{tt.key}")
+    if teacher is not None:
+        training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe))
     if keep_states is not None:
         keep_states.update(states)
+    ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
+    return _result(removed, res, training, tt, _contract(ident, fp, ev, corpus, recipe), recipe, heldout,
+                   selection, time.perf_counter() - t0)
+
+
+class _Ticks:
+    """A heal's progress, ``progress(done, total, message)``: units are training updates plus one per evaluation."""
+
+    def __init__(self, progress: Callable | None, total: int):
+        self.progress, self.total, self.done, self.start = progress, total, 0, 0
+
+    def tick(self, msg: str, k: int = 1) -> None:
+        self.done += k
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total, msg)
+
+    def training(self, role: str) -> Callable:
+        """The ``progress`` of :func:`~swapkl.healing.train.train` for ``role``: its step k is unit start + k."""
+        self.start = self.done
+
+        def step(k, steps, msg):
+            self.done = self.start + k
+            if self.progress is not None:
+                self.progress(self.done, self.total, f"{role}: {msg}")
+        return step
+
+    def trained(self, steps: int) -> None:
+        """After a training (or its cached adapter): all its ``steps`` units done."""
+        self.done = self.start + steps
+
+
+def _session(shared: dict, model, identity, use_cache: bool) -> EvalMemo:
+    """The session's weights fingerprint and evaluation memo (set once per ``shared``); returns the memo."""
+    if "fingerprint" not in shared:
+        shared["fingerprint"] = TR.model_fingerprint(model)
+    return shared.setdefault("memo", disk_memo(identity, kl=False) if use_cache else EvalMemo())
+
+
+def _texts(corpus, heldout, tokenizer, ev) -> dict:
+    """``{name: (memo text key, token ids)}`` of the evaluation windows and, with ``heldout``, the held-out text."""
+    texts = {"eval": (_eval_key(corpus, ev), E.eval_ids(corpus, tokenizer, ev))}
+    if heldout is not None:
+        texts["held_out"] = (f"heldout:{heldout.sha256}:{ev.max_words}:{ev.window}:{ev.stride}:"
+                             f"{ev.drop_first_target}", heldout_ids(heldout, tokenizer, ev))
+    return texts
+
+
+def _kd_control(res: dict, tick: Callable, units: int) -> dict:
+    """The ``kd`` control: the base's evaluations stand for the fine-tuned base's (module constant's note)."""
+    for r in res.values():
+        r["base_finetuned"] = r["base"]
+    tick("base_finetuned: the base itself (distilling the base toward itself is the identity)", units)
+    return dict(KD_CONTROL_STATS)
+
+
+def _result(removed, res: dict, training: dict, tt, contract: dict, recipe: Recipe, heldout, selection, seconds):
+    cmp = {name: _compared(r) for name, r in res.items()}
+    c, r0 = cmp["eval"], res["eval"]
+    return HealResult(removed=removed, ppl=c["ppl"], ppl_ci=c["ppl_ci"], delta_pct=c["delta_pct"],
+                      recovered=c["recovered"], recovered_ci=c["recovered_ci"], recipe=recipe.to_dict(),
+                      training=training, contract=contract, seconds=seconds, selection=selection or {"given": removed},
+                      train_text=dict(tt.description, label=_text_label(tt.description), key=tt.key),
+                      windows={"counts": r0["base"].counts.tolist(), **{r: r0[r].nll.tolist() for r in ROLES}},
+                      held_out=_held_out(heldout, cmp.get("held_out"), res.get("held_out")),
+                      notes=[KD_CONTROL_NOTE] if recipe.objective == "kd" else [])
+
+
+#: what a ``kd`` heal says about its control (the fine-tuned base)
+KD_CONTROL_NOTE = ("the control of a kd heal is the unpruned base itself: distilling the base toward itself is the "
+                   "identity (zero loss, zero gradient), so 'fine-tuned base' = base")
+KD_CONTROL_STATS = {"identity": True, "note": KD_CONTROL_NOTE, "steps": 0, "seconds": 0.0, "loss_first": 0.0,
+                    "loss_last": 0.0, "losses": [], "trainable_params": 0, "cached": False, "resumed_from": 0}
+
+
+def heldout_ids(corpus, tokenizer, ev):
+    """Token ids (1-D) of a second-domain text for held-out perplexity: its first ``ev.max_words`` words, the
+    whole text when shorter (no part of it is trained on, scored or calibrated on, unlike the evaluation corpus,
+    so it has no regions).  Raises :class:`SwapklError` when it is shorter than one evaluation window."""
+    import torch
+
+    ids = torch.as_tensor(tokenizer(" ".join(corpus.words[:ev.max_words]))["input_ids"], dtype=torch.long).reshape(-1)
+    if ids.numel() < ev.window:
+        raise SwapklError(f"held-out text '{corpus.name}' gives {ids.numel()} tokens, fewer than one "
+                          f"{ev.window}-token evaluation window")
+    return ids
+
+
+def _compared(res: dict) -> dict:
     for role in ROLES:
         if not (res[role].counts == res["base"].counts).all():
             raise SwapklError("internal: the four evaluations are not on the same windows")
-    cmp = compare({r: res[r].nll for r in ROLES}, res["base"].counts)
-    ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
-    tt_desc = dict(tt.description, label=_text_label(tt.description), key=tt.key)
-    contract = _contract(ident, fp, ev, corpus, recipe)
-    return HealResult(removed=removed, ppl=cmp["ppl"], ppl_ci=cmp["ppl_ci"], delta_pct=cmp["delta_pct"],
-                      recovered=cmp["recovered"], recovered_ci=cmp["recovered_ci"], recipe=recipe.to_dict(),
-                      training=training, train_text=tt_desc, contract=contract, seconds=time.perf_counter() - t0,
-                      selection=selection or {"given": removed},
-                      windows={"counts": res["base"].counts.tolist(), **{r: res[r].nll.tolist() for r in ROLES}})
+    return compare({r: res[r].nll for r in ROLES}, res["base"].counts)
+
+
+def _held_out(corpus, cmp: dict | None, res: dict | None) -> dict:
+    if corpus is None:
+        return {}
+    return {"corpus": corpus.describe(), "label": corpus.label, "ppl": cmp["ppl"], "ppl_ci": cmp["ppl_ci"],
+            "delta_pct": cmp["delta_pct"], "recovered": cmp["recovered"], "recovered_ci": cmp["recovered_ci"],
+            "windows": {"counts": res["base"].counts.tolist(), **{r: res[r].nll.tolist() for r in ROLES}}}
+
+
+def _teacher(shared: dict, model, recipe: Recipe, fp: str, use_cache: bool):
+    """The run's top-k teacher (one per session and (T, k)), on disk under the heal cache unless ``use_cache`` is
+    off; None for the ``lm`` objective."""
+    if not recipe.distills:
+        return None
+    from swapkl.healing.teacher import Teacher, teacher_dir
+
+    key = ("teacher", recipe.temperature, recipe.top_k)
+    if key not in shared:
+        folder = teacher_dir(fp, recipe.temperature, recipe.top_k) if use_cache else None
+        shared[key] = Teacher(model, recipe.temperature, recipe.top_k, folder)
+    return shared[key]
+
+
+def _topk_check(model, removed, chunks, recipe: Recipe) -> dict:
+    """:func:`swapkl.healing.teacher.check_topk` of the pruned model against the teacher on the first two chunks."""
+    import torch
+
+    from swapkl.healing.teacher import check_topk
+
+    x = chunks[:2].to(next(model.parameters()).device)
+    with torch.no_grad():
+        t = model(input_ids=x, use_cache=False).logits
+        s = pruned_copy(model, removed)(input_ids=x, use_cache=False).logits
+    return check_topk(t, s, recipe.temperature, recipe.top_k)
 
 
 def _contract(ident: dict, fp: str, ev, corpus, recipe: Recipe) -> dict:
@@ -208,11 +325,26 @@ def _text_label(d: dict) -> str:
             f"{d.get('calib_reserve_words')} calibration words, scoring prompts excluded)")
 
 
+class WorseHealError(SwapklError):
+    """A healed model measured worse than the pruned model it heals, refused at export (docs/healing.md)."""
+
+
+def check_gate(result: HealResult | None, force: bool = False) -> None:
+    """The gate before any export: raise :class:`WorseHealError` (one line) when ``result`` says the healed model's
+    perplexity is above the pruned model's (:meth:`HealResult.worse`) and ``force`` is off."""
+    line = result.gate_line() if result is not None else None
+    if line and not force:
+        raise WorseHealError(f"{line}; not exported (--force exports it anyway)")
+
+
 def export_healed(model, removed, recipe: Recipe, state: dict, out, tokenizer=None, identity: dict | None = None,
-                  force: bool = False, record: dict | None = None) -> Path:
-    """Write the merged healed model (LoRA folded into the weights) to ``out`` as a Hugging Face folder with
-    ``swapkl_heal.json``, and the adapter alone as a peft folder in ``out/adapter/``.  ``out`` is checked like
-    ``prune --out`` (never the source folder; a non-empty one only with ``force``)."""
+                  force: bool = False, record: dict | None = None, result: HealResult | None = None) -> Path:
+    """Write the merged healed model (LoRA folded into the weights; ``last-k``: the trained tensors in place) to
+    ``out`` as a Hugging Face folder with ``swapkl_heal.json``, and the LoRA adapter alone as a peft folder in
+    ``out/adapter/``.  ``result``: the heal's measurement, gated first (:func:`check_gate`: nothing is written
+    for a heal that made the model worse unless ``force``).  ``out`` is checked like ``prune --out`` (never the
+    source folder; a non-empty one only with ``force``)."""
+    check_gate(result, force)
     out = check_output_dir(out, "--out", force=force, protected=source_folders(model, identity),
                            force_hint="--force")
     L = arch.locate(model).num_layers

@@ -10,11 +10,19 @@ from swapkl.errors import ContractError
 MAX_STEPS = 100_000
 MAX_RANK = 1024
 SCHEDULES = ("constant", "cosine")
+#: what the loss is: the language-modelling loss, the forward KL from the unpruned teacher, or their mix
+OBJECTIVES = ("lm", "kd", "kd+lm")
+#: what is trained: LoRA on every linear layer of the kept blocks, or the last k kept blocks and lm_head in full
+PARTS = ("lora", "last-k")
+#: the settings each objective / part does not read: left out of the key, so an ``lm`` LoRA heal keeps the key
+#: it had before objectives and parts existed, and a ``kd`` heal never shares an ``lm`` heal's folder
+_UNUSED = {"lm": ("temperature", "kd_weight", "top_k"), "kd": ("kd_weight",), "kd+lm": (),
+           "lora": ("last_k",), "last-k": ("rank", "alpha", "dropout", "qlora")}
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A LoRA fine-tune.
+    """A healing fine-tune (docs/healing.md).
 
     * ``steps`` optimizer updates of ``batch`` sequences of ``seq_len`` tokens (no gradient accumulation);
     * LoRA of rank ``rank``, ``alpha`` (scale alpha/rank), ``dropout`` on every linear layer of the kept blocks;
@@ -22,7 +30,12 @@ class Recipe:
     * ``seed``: LoRA initialisation, batch order and dropout;
     * ``checkpoint_every``: a resumable checkpoint every k steps (not part of the key: it does not change the
       weights);
-    * ``qlora``: 4-bit base weights through bitsandbytes (CUDA only).
+    * ``qlora``: 4-bit base weights through bitsandbytes (CUDA only);
+    * ``objective`` (:data:`OBJECTIVES`): ``lm`` (next-token cross-entropy), ``kd`` (forward KL from the unpruned
+      model to the student at every position, both at ``temperature`` T, times T²; the teacher as top-``top_k``
+      log-probabilities + the tail mass, :mod:`swapkl.healing.teacher`), ``kd+lm``: ``kd_weight`` × KD +
+      (1 − ``kd_weight``) × LM;
+    * ``part`` (:data:`PARTS`): ``lora``, or ``last-k``: the last ``last_k`` kept blocks and lm_head in full.
     """
 
     steps: int = 200
@@ -38,6 +51,12 @@ class Recipe:
     seed: int = 0
     qlora: bool = False
     checkpoint_every: int = field(default=50, compare=False)
+    objective: str = "lm"
+    temperature: float = 1.0
+    kd_weight: float = 0.5
+    top_k: int = 64
+    part: str = "lora"
+    last_k: int = 3
 
     def validate(self) -> Recipe:
         """Raise :class:`ContractError` (one line) for an impossible setting; return self."""
@@ -61,6 +80,16 @@ class Recipe:
         need(isinstance(self.seed, int) and self.seed >= 0, f"--seed must be a non-negative integer (got {self.seed})")
         need(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1,
              f"checkpoint interval must be >= 1 step (got {self.checkpoint_every})")
+        need(self.objective in OBJECTIVES, f"--objective must be one of {', '.join(OBJECTIVES)} (got {self.objective})")
+        need(0.0 < self.temperature <= 100.0, f"--temperature must be in (0, 100] (got {self.temperature})")
+        need(0.0 <= self.kd_weight <= 1.0, f"--kd-weight must be in [0, 1] (got {self.kd_weight})")
+        need(isinstance(self.top_k, int) and 1 <= self.top_k <= 1_000_000, f"--top-k must be 1..1000000 "
+             f"(got {self.top_k})")
+        if self.part == "bridge":
+            need(False, "--train bridge needs the linear-bridge repair, which is not built yet; use lora or last-k")
+        need(self.part in PARTS, f"--train must be one of {', '.join(PARTS)} (got {self.part})")
+        need(isinstance(self.last_k, int) and 1 <= self.last_k <= 1024, f"--k must be 1..1024 (got {self.last_k})")
+        need(not (self.qlora and self.part != "lora"), "--qlora trains LoRA on 4-bit weights; it needs --train lora")
         return self
 
     @property
@@ -83,20 +112,40 @@ class Recipe:
         d = asdict(self)
         d["tokens_seen"] = self.tokens_seen
         d["optimizer"] = "AdamW(0.9, 0.999, eps 1e-8)"
-        d["target"] = "every linear layer of the kept blocks"
+        d["target"] = ("every linear layer of the kept blocks" if self.part == "lora" else
+                       f"the last {self.last_k} kept blocks and lm_head, in full")
         return d
 
     def key(self) -> str:
-        """Hash of the settings that determine the weights (``checkpoint_every`` excluded)."""
+        """Hash of the settings that determine the weights: ``checkpoint_every`` and the settings the objective and
+        the trained part do not read are left out (:data:`_UNUSED`), as are ``objective`` ``lm`` and ``part``
+        ``lora``, the defaults, so an LM LoRA heal keeps its key."""
         d = asdict(self)
-        d.pop("checkpoint_every")
+        for k in ("checkpoint_every", *_UNUSED[self.objective], *_UNUSED[self.part]):
+            d.pop(k)
+        if self.objective == "lm":
+            d.pop("objective")
+        if self.part == "lora":
+            d.pop("part")
         return stable_hash(d)[:20]
 
+    @property
+    def distills(self) -> bool:
+        """True when the loss has a KD term (a teacher is needed)."""
+        return self.objective != "lm"
+
     def describe(self) -> str:
-        """One line for captions: ``LoRA r8 α16, 200 steps × 4 × 128 tok, lr 1e-3, seed 0``."""
+        """One line for captions: ``LoRA r8 α16, 200 steps × 4 × 128 tok, lr 1e-3, seed 0`` (then the objective
+        when it is not ``lm``: ``, KD T 2 top-64`` or ``, KD 0.5 + LM 0.5 T 2 top-64``)."""
         q = "QLoRA" if self.qlora else "LoRA"
-        return (f"{q} r{self.rank} α{self.alpha:g}, {self.steps} steps × {self.batch} × {self.seq_len} tok, "
-                f"lr {self.lr:g}, seed {self.seed}")
+        what = f"{q} r{self.rank} α{self.alpha:g}" if self.part == "lora" else f"last {self.last_k} blocks + lm_head"
+        line = (f"{what}, {self.steps} steps × {self.batch} × {self.seq_len} tok, lr {self.lr:g}, seed {self.seed}")
+        kd = f"T {self.temperature:g} top-{self.top_k}"
+        if self.objective == "kd":
+            line += f", KD {kd}"
+        elif self.objective == "kd+lm":
+            line += f", KD {self.kd_weight:g} + LM {1 - self.kd_weight:g} {kd}"
+        return line
 
     @classmethod
     def from_dict(cls, d: dict) -> Recipe:

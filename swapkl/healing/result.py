@@ -52,7 +52,8 @@ def compare(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> d
 
     deltas = {"pruned_vs_base": delta("pruned", "base"), "healed_vs_base": delta("healed", "base"),
               "base_finetuned_vs_base": delta("base_finetuned", "base"),
-              "healed_vs_base_finetuned": delta("healed", "base_finetuned")}
+              "healed_vs_base_finetuned": delta("healed", "base_finetuned"),
+              "healed_vs_pruned": delta("healed", "pruned")}
     rec = recovered_share(ppl)
     rec_ci = None
     if rec is not None:
@@ -90,6 +91,25 @@ class HealResult:
     notes: list = field(default_factory=list)
     #: task accuracy after healing (:func:`swapkl.healing.tasks.heal_task_accuracy`), when asked for
     tasks: dict = field(default_factory=dict)
+    #: the four models on a second text domain no run trained on: ``corpus``, ``label``, ``ppl``, ``ppl_ci``,
+    #: ``delta_pct``, ``recovered`` (+ CI), ``windows`` (as above), when asked for
+    held_out: dict = field(default_factory=dict)
+
+    def worse(self) -> list[str]:
+        """The gate: one phrase per text on which the healed model's perplexity is above the pruned model's with
+        the paired CI of ``healed_vs_pruned`` above 0 (the evaluation windows, the held-out domain); [] when the
+        heal made nothing worse (or the result predates the comparison)."""
+        out = []
+        for what, d in (("evaluation", self.delta_pct), ("held-out", (self.held_out or {}).get("delta_pct"))):
+            x = (d or {}).get("healed_vs_pruned")
+            if x and x["ci"][0] > 0:
+                out.append(f"{what} PPL {x['value']:+.4g} % [{x['ci'][0]:+.4g}, {x['ci'][1]:+.4g}] vs the pruned model")
+        return out
+
+    def gate_line(self) -> str | None:
+        """One line when :meth:`worse` finds a text, else None."""
+        w = self.worse()
+        return ("the healed model is worse than the pruned model it heals: " + "; ".join(w)) if w else None
 
     def provenance(self) -> Provenance:
         c = self.contract

@@ -71,6 +71,9 @@ def adapter_states(model, hc: HealCurves, recipe: Recipe, adapters: dict | None 
         raise SwapklError("this model is not the one these healed curves were healed from (weights fingerprint)")
     out = {}
     for rem in heal_sets(hc):
+        if not rem and recipe.objective == "kd":  # the kd control is the base itself: nothing was trained
+            out[set_key(rem)] = {}
+            continue
         hit = (adapters or {}).get((fp, tuple(rem), rk, tk))
         if hit is None:
             cached = TR.read_cached(TR.heal_dir(fp, rem, recipe, tk), TR.ADAPTER_KIND, recipe)

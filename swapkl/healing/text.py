@@ -110,18 +110,19 @@ def _shingles(words, n: int = SHINGLE_WORDS) -> set:
     return {hash(tuple(words[i:i + n])) for i in range(0, max(0, len(words) - n + 1))}
 
 
-def check_file_disjoint(train: corpora.Corpus, others: list[tuple[str, corpora.Corpus]]) -> None:
+def check_file_disjoint(train: corpora.Corpus, others: list[tuple[str, corpora.Corpus]],
+                        flag: str = "--train-text") -> None:
     """Refuse a training corpus that is one of ``others`` (``(role, corpus)``: the evaluation text, the scoring
-    corpus) by path or content, or shares a passage of :data:`SHINGLE_WORDS` words with one of them."""
+    corpus) by path or content, or shares a passage of :data:`SHINGLE_WORDS` words with one of them (the held-out
+    text of ``flag`` ``--heldout-text`` is checked the same way against the evaluation and training texts)."""
     tp = Path(train.name).expanduser()
     for role, other in others:
         op = Path(other.name).expanduser()
         if tp.exists() and op.exists() and tp.resolve() == op.resolve():
-            raise TrainTextError(f"--train-text {train.name} is the {role} ({other.label}); give a training text "
-                                 "disjoint from it")
+            raise TrainTextError(f"{flag} {train.name} is the {role} ({other.label}); give a text disjoint from it")
         if train.sha256 == other.sha256:
-            raise TrainTextError(f"--train-text {train.name} has the same content as the {role} ({other.label}); "
-                                 "give a training text disjoint from it")
+            raise TrainTextError(f"{flag} {train.name} has the same content as the {role} ({other.label}); "
+                                 "give a text disjoint from it")
         theirs = _shingles(other.words)
         words = train.words
         for i in range(0, max(0, len(words) - SHINGLE_WORDS + 1)):
@@ -129,8 +130,8 @@ def check_file_disjoint(train: corpora.Corpus, others: list[tuple[str, corpora.C
                 where = "evaluation region" if other.split_point and _in_eval(other, words[i:i + SHINGLE_WORDS]) \
                     else "prompt region"
                 raise TrainTextError(
-                    f"--train-text {train.name} overlaps the {role} ({other.label}, its {where}) at word {i}: "
-                    f"'{' '.join(words[i:i + 6])} ...'; give a training text disjoint from it")
+                    f"{flag} {train.name} overlaps the {role} ({other.label}, its {where}) at word {i}: "
+                    f"'{' '.join(words[i:i + 6])} ...'; give a text disjoint from it")
 
 
 def _in_eval(corpus, passage) -> bool:

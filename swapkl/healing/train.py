@@ -1,8 +1,12 @@
-"""The LoRA training loop of a heal: deterministic for a seed, resumable, cached.
+"""The training loop of a heal: deterministic for a seed, resumable, cached.
 
-* LoRA through ``peft`` (``LoraConfig`` + ``get_peft_model``) on every linear layer of the kept blocks, on a
-  *private* copy of the (pruned) model: its own tensors, so the caller's model never changes (peft freezes the
-  base weights and ``merge_and_unload`` writes into them).
+* What is trained (``recipe.part``), always on a *private* copy of the (pruned) model: its own tensors, so the
+  caller's model never changes.  ``lora``: LoRA through ``peft`` (``LoraConfig`` + ``get_peft_model``) on every
+  linear layer of the kept blocks (peft freezes the base weights and ``merge_and_unload`` writes into them);
+  ``last-k``: the last k kept blocks and lm_head in full, everything else frozen (with tied embeddings lm_head
+  *is* the input embedding matrix, and it is trained).  The "adapter" below is the trained tensors either way.
+* The loss (``recipe.objective``): the LM loss, or the KD loss against the unpruned model's top-k teacher
+  (:mod:`swapkl.healing.teacher`), or their mix.
 * Determinism: the LoRA initialisation runs under ``torch.manual_seed(seed)`` (the global RNG state is restored
   afterwards); the batch of update ``s`` is a pure function of (seed, s) (:func:`batch_indices`); dropout draws
   from the RNG seeded with ``seed + 1`` whose state goes into every checkpoint.
@@ -85,6 +89,35 @@ def lora_model(model: torch.nn.Module, recipe: Recipe):
         return get_peft_model(model, cfg)
 
 
+def last_k_model(model: torch.nn.Module, k: int) -> torch.nn.Module:
+    """``model`` (changed in place: pass a private copy) with every parameter frozen except those of its last
+    ``k`` blocks and of lm_head (the output embedding; with tied embeddings, the shared matrix)."""
+    blocks = arch.locate(model).blocks
+    if k > len(blocks):
+        raise ContractError(f"--k {k} is more than the {len(blocks)} blocks the pruned model keeps")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in blocks[len(blocks) - k:].parameters():
+        p.requires_grad_(True)
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ContractError("--train last-k trains lm_head, and this model has no output embedding to train")
+    head.weight.requires_grad_(True)
+    return model
+
+
+def trainable_model(model: torch.nn.Module, removed, recipe: Recipe) -> torch.nn.Module:
+    """The model that trains: a private copy of ``model`` without ``removed``, with the recipe's trained part
+    (LoRA, QLoRA on CUDA, or the last k blocks and lm_head)."""
+    if recipe.part == "last-k":
+        return last_k_model(private_copy(model, removed), recipe.last_k)
+    if recipe.qlora:  # the 4-bit base on CUDA (swapkl.healing.qlora); the adapter merges into full precision
+        from swapkl.healing.qlora import quantized_copy
+
+        return lora_model(quantized_copy(model, removed), recipe)
+    return lora_model(private_copy(model, removed), recipe)
+
+
 def trainable(pm) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
 
@@ -165,24 +198,41 @@ def _write_checkpoint(folder: Path, step: int, pm, opt, losses: list, recipe: Re
 
 
 # ------------------------------------------------------------------------------------------------ training
+def loss_of(pm, x: torch.Tensor, recipe: Recipe, teacher=None) -> torch.Tensor:
+    """The recipe's loss on the batch ``x`` ((B, T) ids): LM (next-token cross-entropy, mean over the B (T − 1)
+    predicted tokens), KD (:func:`swapkl.healing.teacher.kd_loss` against ``teacher.batch(x)``), or
+    ``kd_weight`` KD + (1 − ``kd_weight``) LM."""
+    if recipe.objective == "lm":
+        return pm(input_ids=x, labels=x, use_cache=False).loss
+    from swapkl.healing.teacher import kd_loss
+
+    logits = pm(input_ids=x, use_cache=False).logits
+    kd = kd_loss(logits, teacher.batch(x), recipe.temperature)
+    if recipe.objective == "kd":
+        return kd
+    lm = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), x[:, 1:].flatten())
+    return recipe.kd_weight * kd + (1.0 - recipe.kd_weight) * lm
+
+
 def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe, folder: Path | None = None,
-          progress: Callable | None = None, should_stop: Callable | None = None) -> tuple[dict, dict]:
-    """Train the recipe's LoRA on a private copy of ``model`` without ``removed`` over ``chunks`` ((N, T) ids).
+          progress: Callable | None = None, should_stop: Callable | None = None, teacher=None) -> tuple[dict, dict]:
+    """Train the recipe's part (LoRA or the last k blocks) on a private copy of ``model`` without ``removed``
+    over ``chunks`` ((N, T) ids) with the recipe's objective.
 
     Returns (adapter state {name: tensor}, stats).  With ``folder``: a finished adapter there is returned at once
     (``stats["cached"]``); else training resumes from its last checkpoint, writes one every
     ``recipe.checkpoint_every`` updates, and stores the finished adapter.  ``progress(step, steps, message)``
     after every update; ``should_stop()`` before each: a checkpoint is written, then
-    :class:`~swapkl.errors.ComputeInterrupted`."""
+    :class:`~swapkl.errors.ComputeInterrupted`.  ``teacher``: a :class:`swapkl.healing.teacher.Teacher` for the
+    KD objectives (default: the unpruned ``model``'s, in memory)."""
     recipe.validate()
     if folder is not None and (hit := read_cached(folder, ADAPTER_KIND, recipe)) is not None:
         return hit[1], dict(hit[0]["stats"], cached=True)
-    if recipe.qlora:  # the 4-bit base on CUDA (swapkl.healing.qlora); the adapter merges into full precision
-        from swapkl.healing.qlora import quantized_copy
+    if recipe.distills and teacher is None:
+        from swapkl.healing.teacher import Teacher
 
-        pm = lora_model(quantized_copy(model, removed), recipe)
-    else:
-        pm = lora_model(private_copy(model, removed), recipe)
+        teacher = Teacher(model, recipe.temperature, recipe.top_k)
+    pm = trainable_model(model, removed, recipe)
     dev = next(p for _, p in trainable(pm)).device
     params = [p for _, p in trainable(pm)]
     # fused: one kernel for all LoRA tensors (CPU and CUDA); the textbook loop's per-tensor update is slower
@@ -207,7 +257,7 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
             for g in opt.param_groups:
                 g["lr"] = recipe.lr_at(step)
             x = chunks[batch_indices(step, len(chunks), recipe.batch, recipe.seed)].to(dev)
-            loss = pm(input_ids=x, labels=x, use_cache=False).loss
+            loss = loss_of(pm, x, recipe, teacher)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -222,7 +272,10 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
     stats = {"steps": recipe.steps, "resumed_from": start, "seconds": seconds,
              "tokens_per_s": trained * recipe.batch * recipe.seq_len / seconds if trained and seconds > 0 else None,
              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-             "losses": losses, "trainable_params": sum(p.numel() for p in params), "cached": False}
+             "losses": losses, "trainable_params": sum(p.numel() for p in params), "cached": False,
+             "objective": recipe.objective, "trained": recipe.to_dict()["target"]}
+    if teacher is not None:
+        stats["teacher_chunks_computed"] = teacher.computed
     state = adapter_state(pm)
     if folder is not None:
         sha = _save_tensors(folder, "adapter.pt", state)
@@ -238,7 +291,18 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
 
 def healed_model(model: torch.nn.Module, removed, recipe: Recipe, state: dict, adapter_dir: Path | None = None):
     """The healed model: a private copy of ``model`` without ``removed``, the adapter ``state`` loaded and merged
-    into its weights (``merge_and_unload``).  ``adapter_dir``: also save the adapter alone there (peft folder)."""
+    into its weights (``merge_and_unload``; ``last-k``: the trained tensors loaded in place).  ``adapter_dir``:
+    also save the LoRA adapter alone there (peft folder; nothing for ``last-k``, whose tensors are the model's).
+    The ``kd`` control (no layer removed, empty ``state``) is a copy of the base: distilling toward itself is the
+    identity, so it is never trained."""
+    if recipe.objective == "kd" and not list(removed) and not state:
+        return private_copy(model, []).eval()
+    if recipe.part == "last-k":
+        m = last_k_model(private_copy(model, removed), recipe.last_k)
+        load_adapter_state(m, state)
+        for p in m.parameters():
+            p.requires_grad_(True)
+        return m.eval()
     pm = lora_model(private_copy(model, removed), recipe)
     load_adapter_state(pm, state)
     if adapter_dir is not None:
