@@ -81,12 +81,24 @@ def fresh_servers(tmp_path, launcher, names):
         yield urls
 
 
-def first_visit(drv, url: str, address: str, heading: str, seconds: float = 120) -> dict:
-    """Open ``url + address`` and wait until the app's navigation and the page's heading are drawn under app.py
-    (its sidebar; on the Start page also its inputs); returns what the page shows (``STATE_JS``).  Fails with the
-    last state seen."""
+def open_tabs(drv, addresses: list[str]) -> list[str]:
+    """Open each full address in a tab of its own (the first in the current one), all before any is checked, so the
+    servers draw their first pages at the same time; returns the tabs' window handles, in order."""
+    handles = []
+    for k, address in enumerate(addresses):
+        if k:
+            drv.switch_to.new_window("tab")
+        drv.get(address)
+        handles.append(drv.current_window_handle)
+    return handles
+
+
+def drawn(drv, handle: str, address: str, heading: str, seconds: float = 120) -> dict:
+    """Switch to the tab ``handle`` (that opened ``address``) and wait until the app's navigation and the page's
+    heading are drawn under app.py (its sidebar; on the Start page also its inputs); returns what the page shows
+    (``STATE_JS``).  Fails with the last state seen, and a screenshot."""
+    drv.switch_to.window(handle)
     start = heading == ADDRESSES[0][2]
-    drv.get(url + address)
     deadline = time.time() + seconds
     while True:
         state = drv.execute_script(STATE_JS)
@@ -109,8 +121,9 @@ def test_every_address_as_a_fresh_servers_first_visit(way, tmp_path, browser):
     t0 = time.time()
     with fresh_servers(tmp_path, LAUNCHERS[way], [name for name, _, _ in ADDRESSES]) as urls:
         started = time.time() - t0
-        for name, address, heading in ADDRESSES:
-            state = first_visit(browser, urls[name], address, heading)
+        tabs = open_tabs(browser, [urls[name] + address for name, address, _ in ADDRESSES])
+        for tab, (name, address, heading) in zip(tabs, ADDRESSES):
+            state = drawn(browser, tab, address, heading)
             shown = urlsplit(state["url"])
             want = urlsplit(address)
             assert shown.path == want.path, (address, state["url"])
