@@ -36,7 +36,7 @@ def discovery_off() -> None:
 def discovery_on() -> bool:
     """Whether Streamlit still runs pages by folder discovery in this process (the flag ``app.py``'s
     ``st.navigation`` clears)."""
-    return bool(PagesManager.uses_pages_directory)
+    return bool(getattr(PagesManager, "uses_pages_directory", False))  # a Streamlit without the old mode: off
 
 
 def app_navigation() -> None:
