@@ -5,7 +5,7 @@ live progress and the summary (the lead figure, the regime verdict with its evid
 recommended removal with its export, best pairs per protocol, gap statistics).  Other pages, registered below with
 ``st.navigation`` and their URLs: ``pages/heatmaps.py`` (/heatmaps), ``pages/curves.py`` (/curves: removal curves
 with the task-accuracy, healing and recommendation panels), ``pages/trajectory.py`` (/trajectory),
-``pages/evidence.py`` (/evidence).  What they share is in ``pages/common.py`` and its helper modules
+``pages/evidence.py`` (/evidence).  What they share is in ``dashboard/common.py`` and its helper modules
 (docs/architecture.md).  All computation runs in the library through :class:`swapkl.jobs.JobManager` (one per
 server, held by ``st.cache_resource``); pages only draw.
 """
@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import streamlit as st  # noqa: E402
 
-from pages import common, linked  # noqa: E402
+from dashboard import common, linked  # noqa: E402
 from swapkl.errors import SwapklError  # noqa: E402
 
 
@@ -137,9 +137,9 @@ def evidence_line(job) -> None:
 
 
 def summary_view(job) -> None:
-    """The first view (below the progress line that :func:`pages.common.live` draws): the lead figure (depth profile for adjacent pairs, else the heatmaps), the
+    """The first view (below the progress line that :func:`dashboard.common.live` draws): the lead figure (depth profile for adjacent pairs, else the heatmaps), the
     regime verdict with its evidence, best pairs and the gap statistics.  Everything derived from the result is
-    memoised on the result's content (:func:`pages.common.memo`), so a poll that finds nothing new only
+    memoised on the result's content (:func:`dashboard.common.memo`), so a poll that finds nothing new only
     redraws the progress bar's text."""
     from swapkl import views as plots
 

@@ -6,7 +6,8 @@ building torch._dynamo's classes): done inside a running server, it stalled ever
 over a second while a room of visitors arrived -- and it raced the first job's own imports.  Here it happens
 before the server listens, in the main thread, behind the one import lock (:mod:`swapkl.heavy`); the imported
 modules' objects are then frozen out of the garbage collector's sight.  The page's own warm-up then finds
-everything imported.
+everything imported.  Streamlit's discovery of the ``pages/`` folder is turned off before the first visit
+(:mod:`dashboard.navigation`): every address, the first of a fresh server included, runs ``app.py``'s navigation.
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def main() -> None:
         import_job_modules()
     gc.freeze()
     from streamlit.web import cli
+
+    from dashboard.navigation import discovery_off
+
+    discovery_off()  # pages/ holds pages, not Streamlit's folder of discovered pages: app.py's navigation lists them
 
     sys.argv = ["streamlit", "run", str(HERE / "app.py"), *sys.argv[1:]]
     sys.exit(cli.main())

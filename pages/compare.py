@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from dashboard import common
 from swapkl.compare.figures import agreement_rows, side_by_side, transfer_rows
 from swapkl.errors import SwapklError
 from swapkl.jobs import comparisons as C
@@ -15,6 +15,7 @@ from swapkl.views.captions import contract_caption
 from swapkl.views.links import selected_pair
 from swapkl.views.scores import pair_distribution
 
+common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
 st.title("Compare")
 st.caption("Does a redundancy ranking computed on one checkpoint hold on another? Pick two finished analyses (computed "
            "here, or opened from score files or bundles on the Start page or below), scored under the same contract.")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common, heal_panel, linked, recommend_panel, tasks_panel
+from dashboard import common, heal_panel, linked, recommend_panel, tasks_panel
 from swapkl import views
 from swapkl.jobs.exports import curve_export, curve_export_methods
 
+common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
 st.title("Removal curves")
 job = common.need_result()
 
@@ -40,7 +41,7 @@ def body(job) -> None:
     fig_key = rk + (tuple(shown), bands, full)
     fig = common.memo("curves", fig_key, lambda: views.removal_curves(curves, methods=shown, bands=bands, full_range=full))
     fig = heal_panel.overlay(fig, job, fig_key)  # the session's healed curves, dashed
-    linked.removal_chart(job, fig, curves, "cv_main")  # a clicked point marks its removed layers (pages/linked.py)
+    linked.removal_chart(job, fig, curves, "cv_main")  # a clicked point marks its removed layers (dashboard/linked.py)
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")
     if curves.delta_ratio:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from dashboard import common
 from swapkl.errors import SwapklError
 from swapkl.jobs.contents import content_key
 from swapkl.jobs.exports import evidence_export
 from swapkl.jobs.forms import evidence_request
 
+common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
 st.title("Evidence")
 st.caption("Which layer signal to believe on this checkpoint, and how firmly: the cost of removing each layer "
            "alone on held-out text (disjoint from the scoring prompts and the calibration text), how well each "

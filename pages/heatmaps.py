@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common, linked
+from dashboard import common, linked
 from swapkl import views
 
+common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
 st.title("Heatmaps")
 job = common.need_result()
 

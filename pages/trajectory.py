@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from dashboard import common
 from swapkl import views
 from swapkl.contract import Contract
 from swapkl.errors import SwapklError
@@ -14,6 +14,7 @@ from swapkl.jobs import TrajectoryRequest
 from swapkl.jobs.defaults import default_trajectory_list
 from swapkl.jobs.forms import trajectory_request
 
+common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
 st.title("Training trajectory")
 st.caption("How the replacement / interchange gap evolves over training. One checkpoint list per model: hub "
            "revisions (`EleutherAI/pythia-160m@step0, @step1000, @step143000`) or a folder of checkpoints "

@@ -136,7 +136,7 @@ def cache(tmp_path, monkeypatch, stories_path):
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     st.cache_resource.clear()
     yield tmp_path / "cache"
-    from pages import common
+    from dashboard import common
 
     common.manager().shutdown()
     st.cache_resource.clear()

@@ -15,7 +15,7 @@ from app_util import APP, ROOT, STORIES_REL, TIMEOUT
 
 
 def _manager():
-    from pages import common
+    from dashboard import common
 
     return common.manager()
 
@@ -171,7 +171,7 @@ def test_compute_stories_all_pages(cache):
     assert reloaded.config.num_hidden_layers == 5 - len(curves.methods["replacement"][0]["removed"])
 
     # downloads carry the contract
-    from pages import common
+    from dashboard import common
 
     payload = common.result_json(job)
     assert payload["result"]["contract"]["pairs"] == "gap:2" and payload["curves"]["budget"] == 2
@@ -276,7 +276,7 @@ def test_trajectory_page(cache, tmp_path, stories_path):
 
 
 def test_demo_report_download(cache):
-    from pages import common
+    from dashboard import common
 
     at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=0)
     job = _compute(at)

@@ -17,7 +17,7 @@ from tests.test_compare import synthetic
 def test_the_compare_page_draws_both_protocols_and_the_agreement(cache):
     from streamlit.testing.v1 import AppTest
 
-    from pages import common
+    from dashboard import common
     from swapkl.compare.agreement import rank_agreement
 
     a, b = synthetic(seed=0, noise=0.05), synthetic(seed=1, noise=0.05)
@@ -56,7 +56,7 @@ def test_the_compare_page_draws_both_protocols_and_the_agreement(cache):
 def test_the_address_bar_picks_the_analyses_and_a_different_depth_is_one_error(cache):
     from streamlit.testing.v1 import AppTest
 
-    from pages import common
+    from dashboard import common
 
     m = common.manager()
     j6 = m.open_files(synthetic(seed=0).to_json().encode())

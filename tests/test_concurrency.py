@@ -233,6 +233,6 @@ def test_the_page_says_when_the_server_is_busy_and_queues_nothing(cache, monkeyp
     assert not at.exception
     assert any("the server is busy" in e.value and "Try again in a few minutes" in e.value for e in at.error), \
         [e.value for e in at.error]
-    from pages import common
+    from dashboard import common
 
     assert common.manager().jobs() == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app_util import APP, STORIES_REL, TIMEOUT
+from app_util import APP, STORIES_REL, TIMEOUT, switch_page
 from swapkl.contract import Contract
 from swapkl.jobs import EvidenceRequest, JobManager, request_key
 from swapkl.jobs.policy import Policy, PolicyError
@@ -69,7 +69,7 @@ def test_evidence_page_renders_three_figures(cache, evidence_job):
     nothing is computed twice here) → three figures, headline, caption → the start page carries the headline."""
     from streamlit.testing.v1 import AppTest
 
-    from pages import common
+    from dashboard import common
     from swapkl.jobs import SnapshotStore
 
     _, _, job = evidence_job
@@ -126,7 +126,7 @@ def test_evidence_page_renders_three_figures(cache, evidence_job):
     assert record["removed"] == sorted(d["stability"]["bi_prompts"]["2"]["set"])
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 5 - 2
     # back on the start page, the verdict carries the headline
-    at.switch_page("app.py").run()
+    switch_page(at, "app.py").run()
     assert not at.exception, at.exception
     assert any("How far to trust it" in m.value and d["headline"] in m.value for m in at.markdown)
     # the one-click report holds the session's finished evidence: three more figures
@@ -152,6 +152,6 @@ def test_demo_mode_evidence_page_offers_the_allow_list_only(cache, monkeypatch):
     assert not [t for t in at.text_input if t.key == "w_ev_model"]  # no typed checkpoint
     assert at.selectbox(key="w_ev_model").options == ["default", STORIES_REL]
     assert at.number_input(key="w_ev_boot").max == 100 and at.number_input(key="w_ev_budget").max == 6
-    from pages import common
+    from dashboard import common
 
     assert common.manager().jobs() == []

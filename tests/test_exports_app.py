@@ -23,7 +23,7 @@ def _run_job(at, budget: int = 1):
     at.run()
     at.button(key="compute").click().run()
     assert not at.exception, at.exception
-    from pages import common
+    from dashboard import common
 
     job = common.manager().get(at.session_state["job_analysis"])
     assert job is not None and job.wait(180) and job.status == "done", job.summary()

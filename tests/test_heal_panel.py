@@ -103,7 +103,7 @@ def _panel_app():
     import json
     import os
 
-    from pages import heal_panel
+    from dashboard import heal_panel
     from swapkl.healing.curves import HealCurves
     from swapkl.jobs import HealRequest, Job
 
@@ -113,7 +113,7 @@ def _panel_app():
 
 
 def _demo_widgets_app():
-    from pages import heal_panel
+    from dashboard import heal_panel
     from swapkl.jobs.policy import Policy
 
     r = heal_panel._recipe_widgets(Policy(demo=True, max_heal_steps=20, max_heal_rank=4))
@@ -158,7 +158,7 @@ def test_curves_page_heals_through_the_job_system(cache):
     from streamlit.testing.v1 import AppTest
 
     from app_util import APP, TIMEOUT
-    from pages import common
+    from dashboard import common
     from swapkl.views.report import figure_count
     from tests.test_app import _choose_stories, _compute
 

@@ -304,7 +304,7 @@ def _panel_app():
     import json
     import os
 
-    from pages import heal_panel
+    from dashboard import heal_panel
     from swapkl.healing.curves import HealCurves
     from swapkl.jobs import HealRequest, Job
 
@@ -334,7 +334,7 @@ def test_panel_draws_the_dashed_task_curves(run, tmp_path, monkeypatch):
 def _demo_task_widgets_app():
     import streamlit as st
 
-    from pages import tasks_panel
+    from dashboard import tasks_panel
     from swapkl.jobs.policy import Policy
 
     pol = Policy(demo=True, tasks=("tinystories_mc",), task_include_path="tests/fixtures/tasks", max_task_limit=30)

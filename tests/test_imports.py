@@ -1,6 +1,8 @@
 """Module structure: every module imports, the import graph of the library and the dashboard (``swapkl/``,
-``pages/``, ``app.py``; top-level and deferred imports alike) has no cycle and goes downward only
-(docs/architecture.md: the dashboard may import the library, never the reverse), the torch-free modules stay
+``dashboard/``, ``pages/``, ``app.py``; top-level and deferred imports alike) has no cycle and goes downward only
+(docs/architecture.md: the dashboard may import the library, never the reverse; within the dashboard, pages and
+``app.py`` import the helper modules of ``dashboard/``, nothing imports a page, and the helpers that
+``dashboard.common`` gathers never import it), ``pages/`` holds only the pages ``app.py`` registers, the torch-free modules stay
 torch-free, no module, class or function grows past its size limit, the method registry lists methods without
 importing them, and a new removal method is one file."""
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,8 +22,8 @@ import swapkl
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "swapkl"
-#: the top-level names of the graph: the library, the dashboard's helper modules and pages, the dashboard's entry
-DASHBOARD = ("pages", "app")
+#: the top-level names of the dashboard in the graph: its helper modules, its pages, its entry
+DASHBOARD = ("dashboard", "pages", "app")
 
 #: the modules that import torch at module level; every other module must import without it (the CLI's --help,
 #: the method registry and the dashboard's first paint import them) and defers torch-based imports into functions
@@ -39,12 +42,12 @@ MODULE_LINES = 400
 
 
 def _modules(root: Path | None = None, dashboard: bool = True) -> dict[str, Path]:
-    """``{dotted name: file}`` of every module of ``swapkl/`` and, with ``dashboard``, of ``pages/`` and ``app.py``
-    (under ``root``, default: this checkout)."""
+    """``{dotted name: file}`` of every module of ``swapkl/`` and, with ``dashboard``, of ``dashboard/``, ``pages/``
+    and ``app.py`` (under ``root``, default: this checkout)."""
     root = root or ROOT
     files = sorted((root / "swapkl").rglob("*.py"))
     if dashboard:
-        files += sorted((root / "pages").glob("*.py")) + [root / "app.py"]
+        files += sorted((root / "dashboard").glob("*.py")) + sorted((root / "pages").glob("*.py")) + [root / "app.py"]
     out = {}
     for p in files:
         parts = list(p.relative_to(root).with_suffix("").parts)
@@ -55,7 +58,7 @@ def _modules(root: Path | None = None, dashboard: bool = True) -> dict[str, Path
 
 
 def _imported(mod: str, path: Path, node: ast.Import | ast.ImportFrom, known) -> list[str]:
-    """The modules of the graph (``swapkl``, ``pages``, ``app``) one import statement loads (relative imports resolved; ``from swapkl import x`` is the
+    """The modules of the graph (``swapkl``, ``dashboard``, ``pages``, ``app``) one import statement loads (relative imports resolved; ``from swapkl import x`` is the
     submodule ``swapkl.x`` when there is one, else the package)."""
     if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
@@ -163,26 +166,26 @@ def test_find_cycle_reports_the_path():
 def test_import_graph_has_no_cycle():
     graph = import_graph()
     assert "swapkl.store" in graph["swapkl.model.gguf"]  # deferred and top-level imports both count
-    assert "pages.common" in graph["app"] and "swapkl.jobs" in graph["pages.session"]  # the dashboard is graphed
-    assert "pages.common" in graph["pages.heatmaps"]
+    assert "dashboard.common" in graph["app"] and "swapkl.jobs" in graph["dashboard.session"]  # the dashboard is graphed
+    assert "dashboard.common" in graph["pages.heatmaps"]
     assert cyclic_components(graph) == [], "import cycles: " + "; ".join(
         " -> ".join(c) for c in [find_cycle({v: graph[v] & set(comp) for v in comp}) for comp in cyclic_components(graph)])
 
 
 #: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
-#: its own (the dashboard -- pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
+#: its own (the dashboard -- dashboard/, pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
 #: one tier do not import each other.
-LAYERS = (("commands", "pages"), ("jobs",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory"), ("scoring", "surgery"), ("model",), ("",))
+LAYERS = (("commands", "dashboard"), ("jobs",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory"), ("scoring", "surgery"), ("model",), ("",))
 #: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
 ENTRY_POINT = "swapkl.__main__"
 
 
 def package_of(mod: str) -> str:
     """The package of the layout a module belongs to (``""`` for the root modules: errors, contract, store, schema;
-    ``"pages"`` for the dashboard: pages/ and app.py)."""
+    ``"dashboard"`` for the dashboard: dashboard/, pages/ and app.py)."""
     parts = mod.split(".")
     if parts[0] in DASHBOARD:
-        return "pages"
+        return "dashboard"
     tops = {p for tier in LAYERS for p in tier}
     return parts[1] if len(parts) > 1 and parts[1] in tops else ""
 
@@ -201,8 +204,8 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
             same = package_of(dep) == package_of(mod)
             if not same and (tier_of(dep) < tier_of(mod) or (tier_of(dep) == tier_of(mod) and package_of(dep))):
                 bad.append(f"{mod} -> {dep}")
-            elif package_of(dep) == "jobs" and package_of(mod) not in ("jobs", "pages"):
-                bad.append(f"{mod} -> {dep} (only jobs/ and pages/ use the dashboard backend)")
+            elif package_of(dep) == "jobs" and package_of(mod) not in ("jobs", "dashboard"):
+                bad.append(f"{mod} -> {dep} (only jobs/ and the dashboard use the dashboard backend)")
     return bad
 
 
@@ -213,9 +216,9 @@ def test_imports_go_downward_only():
     assert upward_imports({"swapkl.commands.score": {"swapkl.jobs"}})
     assert not upward_imports({"swapkl.views.scores": {"swapkl.scoring.results", "swapkl.contract"}})
     # the dashboard imports the library (jobs/ included), the library never imports the dashboard
-    assert not upward_imports({"pages.common": {"swapkl.jobs", "swapkl.views"}, "app": {"pages.common", "swapkl.errors"}})
-    assert upward_imports({"swapkl.jobs.manager": {"pages.session"}}) == ["swapkl.jobs.manager -> pages.session"]
-    assert upward_imports({"swapkl.views.report": {"app"}}) and upward_imports({"pages.common": {"swapkl.commands.cli"}})
+    assert not upward_imports({"dashboard.common": {"swapkl.jobs", "swapkl.views"}, "app": {"dashboard.common", "swapkl.errors"}})
+    assert upward_imports({"swapkl.jobs.manager": {"dashboard.session"}}) == ["swapkl.jobs.manager -> dashboard.session"]
+    assert upward_imports({"swapkl.views.report": {"app"}}) and upward_imports({"dashboard.common": {"swapkl.commands.cli"}})
     bad = upward_imports(import_graph())
     assert not bad, "imports against the layer order (docs/architecture.md):\n" + "\n".join(bad)
 
@@ -225,6 +228,76 @@ def test_the_library_never_imports_the_dashboard():
     found = [f"{m} -> {d}" for m, deps in graph.items() if m.startswith("swapkl") for d in deps
              if d.split(".")[0] in DASHBOARD]
     assert not found, found
+
+
+#: the module of the dashboard that gathers the shared helpers for the pages (``from dashboard import common``)
+GATHERING = "dashboard.common"
+
+
+def dashboard_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks the dashboard's own rule, as ``"a -> b (why)"``: pages (``pages.*``) and the entry
+    (``app``) are run by Streamlit and imported by nothing; the helper modules that :data:`GATHERING` gathers never
+    import it (the pages and the panels do)."""
+    gathered = {d for d in graph.get(GATHERING, ()) if d.startswith("dashboard.")}
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            if dep == "app" or dep.startswith("pages."):
+                bad.append(f"{mod} -> {dep} (a page or the entry is run by Streamlit, never imported)")
+            elif dep == GATHERING and mod in gathered:
+                bad.append(f"{mod} -> {dep} (a helper module that {GATHERING} gathers never imports it)")
+    return bad
+
+
+def test_dashboard_helpers_import_the_library_and_each_other_never_a_page():
+    graph = import_graph()
+    assert "dashboard.session" in graph[GATHERING] and GATHERING in graph["dashboard.heal_panel"]
+    assert not dashboard_imports({GATHERING: {"dashboard.session"}, "dashboard.session": {"swapkl.jobs"},
+                                  "dashboard.heal_panel": {GATHERING, "dashboard.tasks_panel"},
+                                  "pages.curves": {GATHERING, "dashboard.heal_panel"}, "app": {GATHERING}})
+    assert dashboard_imports({GATHERING: {"dashboard.session"}, "dashboard.session": {GATHERING}}) == [
+        f"dashboard.session -> {GATHERING} (a helper module that {GATHERING} gathers never imports it)"]
+    assert dashboard_imports({"dashboard.linked": {"pages.heatmaps"}, "pages.curves": {"app"}}) == [
+        "dashboard.linked -> pages.heatmaps (a page or the entry is run by Streamlit, never imported)",
+        "pages.curves -> app (a page or the entry is run by Streamlit, never imported)"]
+    bad = dashboard_imports(graph)
+    assert not bad, "imports against the dashboard's rule (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def registered_pages(app_source: str) -> list[str]:
+    """The page files ``app.py``'s ``st.navigation`` list registers (``st.Page(str(HERE / "pages" / "<name>.py"),
+    ...)``), as ``pages/<name>.py``, in order."""
+    return [f"pages/{n}.py" for n in re.findall(r'HERE / "pages" / "(\w+)\.py"', app_source)]
+
+
+def first_call(body: list[ast.stmt]) -> str | None:
+    """The dotted name of the first statement of ``body`` that is not a docstring or an import, when it is a bare
+    call (``common.app_navigation()`` -> ``"common.app_navigation"``); else None."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return ast.unparse(node.value.func)
+        return None
+    return None
+
+
+def test_pages_holds_only_the_pages_app_registers_and_each_hands_over_to_app_navigation_first():
+    assert registered_pages('st.Page(str(HERE / "pages" / "heatmaps.py"), url_path="heatmaps"), '
+                            'st.Page(str(HERE / "pages" / "compare.py"))') == ["pages/heatmaps.py", "pages/compare.py"]
+    assert first_call(ast.parse('"""doc"""\nimport x\nfrom y import z\ncommon.app_navigation()\nst.title("A")').body) \
+        == "common.app_navigation"
+    assert first_call(ast.parse('import x\nst.title("A")\ncommon.app_navigation()').body) == "st.title"
+    assert first_call(ast.parse('x = 1\ncommon.app_navigation()').body) is None
+    app = (ROOT / "app.py").read_text(encoding="utf-8")
+    pages = registered_pages(app)
+    assert len(pages) == 5 and "pages/compare.py" in pages
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").iterdir() if p.name != "__pycache__")
+    # Streamlit lists every file of pages/ as a page when it discovers the folder: a helper there becomes an address
+    assert files == sorted(pages), f"pages/ holds only the pages app.py registers (helpers go to dashboard/): {files}"
+    for page in pages:  # a fresh server's first visit may run the file without app.py: it hands over first
+        assert first_call(ast.parse((ROOT / page).read_text(encoding="utf-8")).body) == "common.app_navigation", page
 
 
 def test_no_library_module_imports_streamlit():
@@ -238,7 +311,7 @@ def test_no_library_module_imports_streamlit():
             else:
                 continue
             found += [mod for n in names if n.split(".")[0] == "streamlit"]
-    assert not found, f"streamlit is for pages/ and app.py only: {found}"
+    assert not found, f"streamlit is for dashboard/, pages/ and app.py only: {found}"
 
 
 def test_registry_lists_methods_without_importing_them():
@@ -280,8 +353,8 @@ def test_only_the_torch_modules_import_torch():
 
 
 def _sizes() -> dict[str, tuple[str, int]]:
-    """``{qualified name: ("class" | "function", lines)}`` for every class and function of ``swapkl/``, ``pages/``
-    and ``app.py``."""
+    """``{qualified name: ("class" | "function", lines)}`` for every class and function of ``swapkl/``,
+    ``dashboard/``, ``pages/`` and ``app.py``."""
     out = {}
     for mod, path in _modules().items():
 
@@ -300,7 +373,7 @@ def _oversized() -> dict[str, int]:
 
 
 def _module_lines() -> dict[str, int]:
-    """Lines of every module of ``swapkl/``, ``pages/`` and ``app.py`` (relative paths)."""
+    """Lines of every module of ``swapkl/``, ``dashboard/``, ``pages/`` and ``app.py`` (relative paths)."""
     return {str(f.relative_to(ROOT)): len(f.read_text(encoding="utf-8").splitlines()) for f in _modules().values()}
 
 

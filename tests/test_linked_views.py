@@ -1,4 +1,4 @@
-"""Linked views (swapkl.views.links, pages/linked.py): heatmap cells are clickable (a transparent marker per scored
+"""Linked views (swapkl.views.links, dashboard/linked.py): heatmap cells are clickable (a transparent marker per scored
 cell, on its heatmap's axes), a click names its pair, a click on a removal curve names that method's removal set at
 that n, and the set's layers are marked on heatmaps (row and column bands) and on the depth profile; on the dashboard
 (AppTest on stories260K) a simulated cell or depth-profile click opens the Heatmaps page's drill-down on exactly that
@@ -13,7 +13,7 @@ import pytest
 from swapkl import views
 from swapkl.views import links
 from swapkl.removal.plan import RemovalPlan, RunHooks
-from tests.app_util import APP, TIMEOUT
+from tests.app_util import APP, TIMEOUT, switch_page
 from tests.test_compare import synthetic
 
 
@@ -178,7 +178,7 @@ def _drill_down(at, res) -> tuple[int, int, list]:
 
 
 def test_clicking_a_heatmap_cell_opens_the_drill_down_on_that_pair(cache, stories_parts):
-    from pages import common
+    from dashboard import common
 
     res = stories_parts[0]
     job = common.manager().open_files(res.to_json().encode())
@@ -203,7 +203,7 @@ def test_clicking_a_heatmap_cell_opens_the_drill_down_on_that_pair(cache, storie
 
 
 def test_clicking_a_depth_profile_point_opens_its_pair(cache, stories_parts):
-    from pages import common
+    from dashboard import common
 
     adj = stories_parts[2]
     job = common.manager().open_files(adj.to_json().encode())
@@ -215,7 +215,7 @@ def test_clicking_a_depth_profile_point_opens_its_pair(cache, stories_parts):
 
 
 def test_clicking_a_curve_point_marks_exactly_its_removed_layers(cache, stories_parts):
-    from pages import common
+    from dashboard import common
     from swapkl.compare.bundle import make_bundle
 
     res, curves, _ = stories_parts
@@ -241,7 +241,7 @@ def test_clicking_a_curve_point_marks_exactly_its_removed_layers(cache, stories_
         assert f"{method}-guided removal at n = {n}" in text and "{" + ", ".join(map(str, removed)) + "}" in text
         # the Heatmaps page and the Start page's lead figure show the same marks
         for page in ("pages/heatmaps.py", "app.py"):
-            at.switch_page(page).run()
+            switch_page(at, page).run()
             assert not at.exception, at.exception
             hm = _charts(at)[0]
             assert sorted(round((s["x0"] + s["x1"]) / 2) for s in hm["layout"]["shapes"]

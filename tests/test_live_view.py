@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 def _live_app():
     import streamlit as st
 
-    from pages import live_view
+    from dashboard import live_view
     from swapkl.jobs import AnalysisRequest, Job
 
     job = st.session_state.setdefault("test_job", Job("live-test", AnalysisRequest()))  # queued: it runs
@@ -21,7 +21,7 @@ def _live_app():
 
 
 def test_view_cost_is_per_session_and_logged_once(cache, caplog):
-    from pages import live_view
+    from dashboard import live_view
 
     assert not hasattr(live_view, "VIEW_COST")
     a = AppTest.from_function(_live_app, default_timeout=60).run()

@@ -184,7 +184,7 @@ def test_recommend_cli_rule_flags_bad_input(stories_path, capsys, monkeypatch, t
 def _panel_app():
     import os
 
-    from pages import recommend_panel
+    from dashboard import recommend_panel
     from swapkl.removal.curves import CurvesResult
 
     recommend_panel.section(CurvesResult.from_json(os.environ["SWAPKL_TEST_CURVES"]))

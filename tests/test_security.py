@@ -46,7 +46,7 @@ def test_demo_mode_offers_no_typed_path_and_refuses_a_crafted_link(demo):
     assert any("at most 4096 prompt tokens" in e.value for e in at.error)
     assert at.button(key="compute").disabled
     # a request the widgets cannot build (a typed path) is refused by the policy in the library call too
-    from pages import common
+    from dashboard import common
     from swapkl.jobs import AnalysisRequest
     from swapkl.jobs.policy import PolicyError
 
@@ -64,7 +64,7 @@ def test_demo_trajectory_list_is_checked(demo):
     at.button(key="compute_traj").click().run()
     assert not at.exception
     assert any("offers only these checkpoints" in e.value for e in at.error), [e.value for e in at.error]
-    from pages import common
+    from dashboard import common
 
     assert common.manager().jobs() == []
 
@@ -77,7 +77,7 @@ def test_demo_export_only_below_cache_exports(demo, tmp_path):
     at.number_input(key="w_budget").set_value(1)
     at.run()
     at.button(key="compute").click().run()
-    from pages import common
+    from dashboard import common
 
     job = common.manager().get(at.session_state["job_analysis"])
     assert job is not None and job.wait(180) and job.status == "done", job.summary()
@@ -138,7 +138,7 @@ def test_jobs_per_session_are_bounded(cache):
 def test_an_opened_file_is_private_to_its_session(cache, stories_path, tmp_path):
     from swapkl.scoring.score import score
     from swapkl.model.checkpoints import load_checkpoint
-    from pages import common
+    from dashboard import common
 
     ck = load_checkpoint(str(stories_path), device="cpu")
     res = score(ck, Contract(pairs="adjacent", prompts=3, tokens=8, device="cpu"))

@@ -259,7 +259,7 @@ def _panel_app():
     import json
     import os
 
-    from pages import tasks_panel
+    from dashboard import tasks_panel
     from swapkl.jobs import Job, TasksRequest
     from swapkl.removal.tasks import TasksResult
 
@@ -269,7 +269,7 @@ def _panel_app():
 
 
 def _demo_widgets_app():
-    from pages import tasks_panel
+    from dashboard import tasks_panel
     from swapkl.jobs.policy import Policy
 
     tasks_panel._widgets(Policy(demo=True, tasks=("tinystories_mc", "arc_easy"), max_task_limit=30))

@@ -50,7 +50,7 @@ def test_attention_analysis_on_stories(cache):
     assert any(forms.SUBLAYER_NOTE == x.value for x in at.info)
     assert "unit attention" in at.code[0].value
     at.button(key="compute").click().run()
-    from pages import common
+    from dashboard import common
 
     job = common.manager().get(at.session_state["job_analysis"])
     assert job.wait(180), job.summary()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages.session import ROOT, policy
+from dashboard.session import ROOT, policy
 from swapkl.contract import UNITS, Contract
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, defaults

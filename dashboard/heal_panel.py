@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common, tasks_panel
+from dashboard import common, tasks_panel
 from swapkl.errors import SwapklError
 from swapkl.healing import figures as hf
 from swapkl.healing import task_figures as htf

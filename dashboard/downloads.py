@@ -6,7 +6,7 @@ import json
 
 import streamlit as st
 
-from pages.current import current_job
+from dashboard.current import current_job
 from swapkl import views
 from swapkl.jobs.reports import bundle_json, evidence_done, report_html
 from swapkl.views.captions import safe_name

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.session import manager, policy
+from dashboard.session import manager, policy
 from swapkl.errors import SwapklError
 from swapkl.jobs import Job
 from swapkl.jobs.exports import SAVED_HOW, demo_model_ref, export_formats, export_identity, export_name

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from dashboard import common
 from swapkl import views
 from swapkl.errors import SwapklError
 from swapkl.removal.recommend import Recommendation

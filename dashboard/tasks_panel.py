@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from dashboard import common
 from swapkl.jobs.contents import content_key
 from swapkl.jobs.forms import curves_analysis, few_shot, task_list, tasks_request
 from swapkl.views import tasks as tv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages.session import manager, policy, session_id
+from dashboard.session import manager, policy, session_id
 from swapkl.errors import SwapklError
 from swapkl.jobs import Job
 

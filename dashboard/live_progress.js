@@ -1,4 +1,4 @@
-// swapkl's live progress line (a Streamlit components.v2 component; see pages/live_view.py `live`).
+// swapkl's live progress line (a Streamlit components.v2 component; see dashboard/live_view.py `live`).
 // Polls the running job's small progress file (`data.url`, served from the app's static folder) and redraws
 // only this bar -- no Streamlit script run, so following a job costs the server and this page nothing.
 // When the job has something new for this page (the parts in `data.watch` changed -- the first result at once,

@@ -9,7 +9,7 @@ import time
 
 import streamlit as st
 
-from pages.session import POLL_S, ROOT, manager, streamlit_session
+from dashboard.session import POLL_S, ROOT, manager, streamlit_session
 from swapkl.jobs import Job, fmt_s
 from swapkl.jobs.contents import has_content
 
@@ -39,7 +39,7 @@ _LIVE_CSS = """
 @st.cache_resource(show_spinner=False)
 def live_component():
     return st.components.v2.component("swapkl_live_progress", html="", css=_LIVE_CSS,
-                                      js=(ROOT / "pages" / "live_progress.js").read_text(encoding="utf-8"))
+                                      js=(ROOT / "dashboard" / "live_progress.js").read_text(encoding="utf-8"))
 
 
 def browser_polls(job: Job) -> bool:
@@ -85,7 +85,7 @@ def live(job: Job | None, body, key: str, watch: tuple = ("result", "curves", "t
     script run at all.  When the job has something new for this page (one of the parts in ``watch`` changed,
     the first result at once, when a step of the job ends, else at most every ``MIN_REDRAW_S`` seconds) or ends,
     the component triggers one rerun, which draws ``body`` anew (its figures and statistics are memoised on the
-    content, :func:`pages.figures.memo`).  Without static serving, a fragment polls the server instead (same
+    content, :func:`dashboard.figures.memo`).  Without static serving, a fragment polls the server instead (same
     redraw rule)."""
     if job is None:
         return

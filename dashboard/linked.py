@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages.figures import memo, result_key
+from dashboard.figures import memo, result_key
 from swapkl import views
 from swapkl.views import links
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages.current import current_job
-from pages.downloads import report_button
-from pages.session import manager, session_id
+from dashboard.current import current_job
+from dashboard.downloads import report_button
+from dashboard.session import manager, session_id
 from swapkl.jobs.forms import request_caption
 
 
