@@ -1,0 +1,111 @@
+"""The streamed least-squares fit of a bridge: normal equations accumulated in float64, solved with a ridge.
+
+A bridge maps rows ``x`` (D features) to targets ``y`` (D features) by ``y ≈ x W``.  Calibration activations arrive
+in batches ([n, D] each); :class:`NormalEquations` adds ``XᵀX`` and ``XᵀY`` (and the sums the residual needs) in
+float64 and forgets the batch, so the memory of a fit is O(D²) whatever the number of calibration tokens.
+
+The solve is ``W = (XᵀX + εI)⁻¹ XᵀY`` with ``ε = ridge · trace(XᵀX) / D`` (``ridge`` is relative to the mean
+eigenvalue, so one setting suits every model's activation scale; ``ridge=0`` is plain least squares and a
+rank-deficient ``XᵀX`` is refused in one line).  The residual form of docs/method.md ("Linear bridge") fits
+``Δ = Y − X`` and returns ``W = I + (XᵀX + εI)⁻¹ XᵀΔ``, which is the same matrix (``XᵀΔ = XᵀY − XᵀX``) up to the ridge
+pulling towards the identity instead of towards zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from swapkl.errors import SwapklError
+
+#: the default relative ridge: ε = DEFAULT_RIDGE · trace(XᵀX) / D
+DEFAULT_RIDGE = 1e-4
+
+
+class FitError(SwapklError):
+    """A bridge that cannot be fitted (no calibration rows, a singular system without a ridge)."""
+
+
+@dataclass
+class FitResult:
+    """A solved bridge: ``W`` [D, D] float64 (``y ≈ x W``), the absolute ε used, the number of calibration rows,
+    and the fit residual: ``residual`` = ‖XW − Y‖²_F / ‖Y − X‖²_F on the calibration rows (1.0: no better than
+    the identity, i.e. than removing the span; 0: exact), ``mse`` = ‖XW − Y‖²_F / (rows · D)."""
+
+    W: np.ndarray
+    eps: float
+    ridge: float
+    rows: int
+    residual: float
+    mse: float
+    toward: str
+
+    def summary(self) -> dict:
+        return {"eps": self.eps, "ridge": self.ridge, "tokens": self.rows, "residual": self.residual,
+                "mse": self.mse, "toward": self.toward}
+
+
+class NormalEquations:
+    """``XᵀX``, ``XᵀY``, ``YᵀY`` (trace), ``XᵀY`` and ``XᵀX`` traces, accumulated in float64 over batches.
+
+    :meth:`add` takes ``x`` and ``y`` of shape [..., D] (torch tensors or numpy arrays, any float dtype; the leading
+    dimensions are flattened into rows)."""
+
+    def __init__(self, dim: int):
+        self.dim = int(dim)
+        self.xtx = np.zeros((dim, dim), dtype=np.float64)
+        self.xty = np.zeros((dim, dim), dtype=np.float64)
+        self.yty_trace = 0.0
+        self.rows = 0
+
+    def add(self, x, y) -> None:
+        x, y = _rows(x, self.dim), _rows(y, self.dim)
+        if x.shape != y.shape:
+            raise FitError(f"calibration inputs {x.shape} and targets {y.shape} differ in shape")
+        self.xtx += x.T @ x
+        self.xty += x.T @ y
+        self.yty_trace += float(np.einsum("ij,ij->", y, y))
+        self.rows += x.shape[0]
+
+    def solve(self, ridge: float = DEFAULT_RIDGE, toward: str = "zero") -> FitResult:
+        """The ridge solution.  ``toward="zero"``: ``W = (XᵀX+εI)⁻¹XᵀY`` (ReplaceMe's least squares);
+        ``toward="identity"``: ``W = I + (XᵀX+εI)⁻¹Xᵀ(Y−X)`` (the residual form).  Equal at ``ridge=0``."""
+        if self.rows == 0:
+            raise FitError("no calibration rows were added: the bridge has nothing to fit")
+        if ridge < 0 or not np.isfinite(ridge):
+            raise FitError(f"the ridge must be a finite number >= 0 (got {ridge})")
+        D = self.dim
+        eps = float(ridge) * float(np.trace(self.xtx)) / D
+        a = self.xtx + eps * np.eye(D)
+        b = self.xty if toward == "zero" else self.xty - self.xtx
+        if ridge == 0:
+            ev = np.linalg.eigvalsh(self.xtx)
+            if ev[0] <= ev[-1] * D * np.finfo(np.float64).eps:
+                rank = int((ev > ev[-1] * D * np.finfo(np.float64).eps).sum())
+                raise FitError(f"XᵀX is rank-deficient (rank {rank} of {D}, from {self.rows} calibration rows): "
+                               "use a ridge > 0 or more calibration tokens")
+        try:
+            c = np.linalg.cholesky(a)
+            sol = np.linalg.solve(c.T, np.linalg.solve(c, b))
+        except np.linalg.LinAlgError:
+            raise FitError(f"XᵀX + εI is not positive definite (ε = {eps:.3g}): use a larger ridge") from None
+        W = sol if toward == "zero" else np.eye(D) + sol
+        return FitResult(W, eps, float(ridge), self.rows, *self._residual(W), toward)
+
+    def _residual(self, W: np.ndarray) -> tuple[float, float]:
+        """(‖XW−Y‖² / ‖X−Y‖², ‖XW−Y‖² / (rows·D)) from the accumulated sums:
+        ‖XW−Y‖² = tr(WᵀXᵀXW) − 2 tr(WᵀXᵀY) + tr(YᵀY)."""
+        err = float(np.einsum("ij,ij->", W, self.xtx @ W) - 2 * np.einsum("ij,ij->", W, self.xty) + self.yty_trace)
+        base = float(np.trace(self.xtx) - 2 * np.trace(self.xty) + self.yty_trace)
+        err = max(err, 0.0)
+        return (err / base if base > 0 else 0.0), err / (self.rows * self.dim)
+
+
+def _rows(a, dim: int) -> np.ndarray:
+    """``a`` [..., dim] as a float64 numpy array [rows, dim]."""
+    if hasattr(a, "detach"):
+        a = a.detach().to("cpu").double().numpy()
+    a = np.asarray(a, dtype=np.float64)
+    if a.shape[-1] != dim:
+        raise FitError(f"calibration activations have {a.shape[-1]} features, the bridge {dim}")
+    return a.reshape(-1, dim)
