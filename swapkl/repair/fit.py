@@ -46,38 +46,50 @@ class FitResult:
 
 
 class NormalEquations:
-    """``XᵀX``, ``XᵀY``, ``YᵀY`` (trace), ``XᵀY`` and ``XᵀX`` traces, accumulated in float64 over batches.
+    """``XᵀX`` (shared) and, per target ``t``, ``XᵀY_t`` and ``tr(Y_tᵀY_t)``, accumulated in float64 over batches.
 
-    :meth:`add` takes ``x`` and ``y`` of shape [..., D] (torch tensors or numpy arrays, any float dtype; the leading
-    dimensions are flattened into rows)."""
+    Several bridges with the same input ``X`` (spans that start at the same block and end at different blocks)
+    share one ``XᵀX``: ``targets`` is how many.  :meth:`add` takes ``x`` and ``y`` (or a list of ``targets`` ys) of
+    shape [..., D] (torch tensors or numpy arrays, any float dtype; leading dimensions are flattened into rows)."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, targets: int = 1):
         self.dim = int(dim)
         self.xtx = np.zeros((dim, dim), dtype=np.float64)
-        self.xty = np.zeros((dim, dim), dtype=np.float64)
-        self.yty_trace = 0.0
+        self.xty = [np.zeros((dim, dim), dtype=np.float64) for _ in range(targets)]
+        self.yty_trace = [0.0] * targets
         self.rows = 0
 
     def add(self, x, y) -> None:
-        x, y = _rows(x, self.dim), _rows(y, self.dim)
-        if x.shape != y.shape:
-            raise FitError(f"calibration inputs {x.shape} and targets {y.shape} differ in shape")
+        ys = y if isinstance(y, (list, tuple)) else [y]
+        if len(ys) != len(self.xty):
+            raise FitError(f"{len(ys)} targets given, the fit has {len(self.xty)}")
+        x = _rows(x, self.dim)
+        for t, yt in enumerate(ys):
+            yt = _rows(yt, self.dim)
+            if x.shape != yt.shape:
+                raise FitError(f"calibration inputs {x.shape} and targets {yt.shape} differ in shape")
+            self.xty[t] += x.T @ yt
+            self.yty_trace[t] += float(np.einsum("ij,ij->", yt, yt))
         self.xtx += x.T @ x
-        self.xty += x.T @ y
-        self.yty_trace += float(np.einsum("ij,ij->", y, y))
         self.rows += x.shape[0]
 
-    def solve(self, ridge: float = DEFAULT_RIDGE, toward: str = "zero") -> FitResult:
-        """The ridge solution.  ``toward="zero"``: ``W = (XᵀX+εI)⁻¹XᵀY`` (ReplaceMe's least squares);
-        ``toward="identity"``: ``W = I + (XᵀX+εI)⁻¹Xᵀ(Y−X)`` (the residual form).  Equal at ``ridge=0``."""
+    def nbytes(self) -> int:
+        return self.xtx.nbytes * (1 + len(self.xty))
+
+    def solve(self, ridge: float = DEFAULT_RIDGE, toward: str = "zero", target: int = 0) -> FitResult:
+        """The ridge solution for ``target``.  ``toward="zero"``: ``W = (XᵀX+εI)⁻¹XᵀY`` (ReplaceMe's least
+        squares); ``toward="identity"``: ``W = I + (XᵀX+εI)⁻¹Xᵀ(Y−X)`` (the residual form).  Equal at ``ridge=0``."""
         if self.rows == 0:
             raise FitError("no calibration rows were added: the bridge has nothing to fit")
         if ridge < 0 or not np.isfinite(ridge):
             raise FitError(f"the ridge must be a finite number >= 0 (got {ridge})")
+        if toward not in ("zero", "identity"):
+            raise FitError(f"a bridge is pulled toward 'zero' or 'identity', not {toward!r}")
         D = self.dim
         eps = float(ridge) * float(np.trace(self.xtx)) / D
         a = self.xtx + eps * np.eye(D)
-        b = self.xty if toward == "zero" else self.xty - self.xtx
+        xty = self.xty[target]
+        b = xty if toward == "zero" else xty - self.xtx
         if ridge == 0:
             ev = np.linalg.eigvalsh(self.xtx)
             if ev[0] <= ev[-1] * D * np.finfo(np.float64).eps:
@@ -90,13 +102,14 @@ class NormalEquations:
         except np.linalg.LinAlgError:
             raise FitError(f"XᵀX + εI is not positive definite (ε = {eps:.3g}): use a larger ridge") from None
         W = sol if toward == "zero" else np.eye(D) + sol
-        return FitResult(W, eps, float(ridge), self.rows, *self._residual(W), toward)
+        return FitResult(W, eps, float(ridge), self.rows, *self._residual(W, target), toward)
 
-    def _residual(self, W: np.ndarray) -> tuple[float, float]:
+    def _residual(self, W: np.ndarray, t: int) -> tuple[float, float]:
         """(‖XW−Y‖² / ‖X−Y‖², ‖XW−Y‖² / (rows·D)) from the accumulated sums:
         ‖XW−Y‖² = tr(WᵀXᵀXW) − 2 tr(WᵀXᵀY) + tr(YᵀY)."""
-        err = float(np.einsum("ij,ij->", W, self.xtx @ W) - 2 * np.einsum("ij,ij->", W, self.xty) + self.yty_trace)
-        base = float(np.trace(self.xtx) - 2 * np.trace(self.xty) + self.yty_trace)
+        xty, yty = self.xty[t], self.yty_trace[t]
+        err = float(np.einsum("ij,ij->", W, self.xtx @ W) - 2 * np.einsum("ij,ij->", W, xty) + yty)
+        base = float(np.trace(self.xtx) - 2 * np.trace(xty) + yty)
         err = max(err, 0.0)
         return (err / base if base > 0 else 0.0), err / (self.rows * self.dim)
 

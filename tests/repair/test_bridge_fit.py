@@ -70,3 +70,14 @@ def test_bad_inputs():
         ne.add(np.zeros((3, 5)), np.zeros((3, 5)))
     with pytest.raises(FitError, match="differ in shape"):
         ne.add(np.zeros((3, 4)), np.zeros((2, 4)))
+
+
+def test_targets_share_one_gram():
+    x, y = _data(seed=2)
+    y2 = np.tanh(y)
+    ne = NormalEquations(x.shape[1], targets=2)
+    ne.add(x[:100], [y[:100], y2[:100]])
+    ne.add(torch.from_numpy(x[100:]), [y[100:], torch.from_numpy(y2[100:])])
+    for t, yt in enumerate((y, y2)):
+        np.testing.assert_allclose(ne.solve(0.0, target=t).W, np.linalg.lstsq(x, yt, rcond=None)[0], rtol=1e-8,
+                                   atol=1e-10)
