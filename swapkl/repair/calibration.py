@@ -87,9 +87,10 @@ def check_disjoint(spans, prompt_windows, corpus=None) -> None:
                 raise RegionError(f"calibration window [{b}, {e}) overlaps scoring prompt window [{pb}, {pb + n})")
 
 
-def _capture(model: torch.nn.Module, slots: set[int], projs: set[int]):
-    """A private module tree of ``model`` whose hooks record block inputs ``h[s]`` (slot ``L``: the last block's
-    output) for ``slots`` and the MLP output projection's output ``m[k]`` of blocks ``projs`` into the returned dict."""
+def capture_tree(model: torch.nn.Module, slots: set[int], projs: set[int]):
+    """``(run, got)``: ``run(ids)`` runs a private module tree of ``model`` (no head, ``use_cache=False``) whose hooks
+    record into the dict ``got`` the block inputs ``("h", s)`` (slot ``L``: the last block's output) for ``slots`` and
+    the MLP output projection's output ``("m", k)`` of blocks ``projs``, and stop the forward after the last of them."""
     tree = pruned_copy(model, [])
     loc = arch.locate(tree)
     L = loc.num_layers
@@ -112,8 +113,25 @@ def _capture(model: torch.nn.Module, slots: set[int], projs: set[int]):
             loc.blocks[L - 1].register_forward_hook(post(("h", L)))
     for k in projs:
         arch.get_path(loc.blocks[k], loc.family.mlp_out).register_forward_hook(post(("m", k)))
+    stop = max([*slots, *(k + 1 for k in projs)], default=L)
+    if stop < L:  # nothing after this block is read: the forward stops there
+
+        def halt(mod, args, kwargs):
+            raise _Enough
+
+        loc.blocks[stop].register_forward_pre_hook(halt, with_kwargs=True)
     backbone = arch.get_path(tree, loc.family.blocks.rsplit(".", 1)[0])
-    return backbone, got
+
+    def run(ids: torch.Tensor) -> None:
+        try:
+            backbone(input_ids=ids, use_cache=False)
+        except _Enough:
+            pass
+    return run, got
+
+
+class _Enough(Exception):
+    """Stops a calibration forward once every activation it needs is read."""
 
 
 def _passes(spans_by_start: dict, dim: int, budget_bytes: int) -> list[list[int]]:
@@ -155,9 +173,9 @@ def fit_bridges(model: torch.nn.Module, calib: CalibrationText, spans, form: str
     for group in _passes(by_start, dim, budget_bytes):
         eqs = {i: NormalEquations(dim, len(by_start[i])) for i in group}
         slots = {s for i in group for s in (i, *by_start[i])}
-        backbone, got = _capture(model, slots, {i - 1 for i in group} if form == "folded" else set())
+        run, got = capture_tree(model, slots, {i - 1 for i in group} if form == "folded" else set())
         for a in range(0, calib.ids.shape[0], batch_rows):
-            backbone(input_ids=calib.ids[a:a + batch_rows].to(dev), use_cache=False)
+            run(calib.ids[a:a + batch_rows].to(dev))
             for i in group:
                 hi = got[("h", i)].double()
                 if form == "residual":

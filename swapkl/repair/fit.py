@@ -2,7 +2,7 @@
 
 A bridge maps rows ``x`` (D features) to targets ``y`` (D features) by ``y ≈ x W``.  Calibration activations arrive
 in batches ([n, D] each); :class:`NormalEquations` adds ``XᵀX`` and ``XᵀY`` (and the sums the residual needs) in
-float64 and forgets the batch, so the memory of a fit is O(D²) whatever the number of calibration tokens.
+float64 (torch, on the activations' device) and forgets the batch, so the memory of a fit is O(D²) whatever the number of calibration tokens.
 
 The solve is ``W = (XᵀX + εI)⁻¹ XᵀY`` with ``ε = ridge · trace(XᵀX) / D`` (``ridge`` is relative to the mean
 eigenvalue, so one setting suits every model's activation scale; ``ridge=0`` is plain least squares and a
@@ -54,27 +54,40 @@ class NormalEquations:
 
     def __init__(self, dim: int, targets: int = 1):
         self.dim = int(dim)
-        self.xtx = np.zeros((dim, dim), dtype=np.float64)
-        self.xty = [np.zeros((dim, dim), dtype=np.float64) for _ in range(targets)]
+        self.targets = int(targets)
+        self._xtx = None  # torch float64 [D, D] on the activations' device, made at the first add
+        self._xty: list = []
         self.yty_trace = [0.0] * targets
         self.rows = 0
 
     def add(self, x, y) -> None:
+        import torch
+
         ys = y if isinstance(y, (list, tuple)) else [y]
-        if len(ys) != len(self.xty):
-            raise FitError(f"{len(ys)} targets given, the fit has {len(self.xty)}")
+        if len(ys) != self.targets:
+            raise FitError(f"{len(ys)} targets given, the fit has {self.targets}")
         x = _rows(x, self.dim)
+        if self._xtx is None:
+            self._xtx = torch.zeros(self.dim, self.dim, dtype=torch.float64, device=x.device)
+            self._xty = [torch.zeros_like(self._xtx) for _ in range(self.targets)]
         for t, yt in enumerate(ys):
-            yt = _rows(yt, self.dim)
+            yt = _rows(yt, self.dim).to(x.device)
             if x.shape != yt.shape:
-                raise FitError(f"calibration inputs {x.shape} and targets {yt.shape} differ in shape")
-            self.xty[t] += x.T @ yt
-            self.yty_trace[t] += float(np.einsum("ij,ij->", yt, yt))
-        self.xtx += x.T @ x
+                raise FitError(f"calibration inputs {tuple(x.shape)} and targets {tuple(yt.shape)} differ in shape")
+            self._xty[t].addmm_(x.T, yt)
+            self.yty_trace[t] += float((yt * yt).sum())
+        self._xtx.addmm_(x.T, x)
         self.rows += x.shape[0]
 
+    @property
+    def xtx(self) -> np.ndarray:
+        return self._xtx.cpu().numpy() if self._xtx is not None else np.zeros((self.dim, self.dim))
+
+    def xty(self, target: int = 0) -> np.ndarray:
+        return self._xty[target].cpu().numpy() if self._xty else np.zeros((self.dim, self.dim))
+
     def nbytes(self) -> int:
-        return self.xtx.nbytes * (1 + len(self.xty))
+        return 8 * self.dim * self.dim * (1 + self.targets)
 
     def solve(self, ridge: float = DEFAULT_RIDGE, toward: str = "zero", target: int = 0) -> FitResult:
         """The ridge solution for ``target``.  ``toward="zero"``: ``W = (XᵀX+εI)⁻¹XᵀY`` (ReplaceMe's least
@@ -86,12 +99,12 @@ class NormalEquations:
         if toward not in ("zero", "identity"):
             raise FitError(f"a bridge is pulled toward 'zero' or 'identity', not {toward!r}")
         D = self.dim
-        eps = float(ridge) * float(np.trace(self.xtx)) / D
-        a = self.xtx + eps * np.eye(D)
-        xty = self.xty[target]
-        b = xty if toward == "zero" else xty - self.xtx
+        xtx, xty = self.xtx, self.xty(target)
+        eps = float(ridge) * float(np.trace(xtx)) / D
+        a = xtx + eps * np.eye(D)
+        b = xty if toward == "zero" else xty - xtx
         if ridge == 0:
-            ev = np.linalg.eigvalsh(self.xtx)
+            ev = np.linalg.eigvalsh(xtx)
             if ev[0] <= ev[-1] * D * np.finfo(np.float64).eps:
                 rank = int((ev > ev[-1] * D * np.finfo(np.float64).eps).sum())
                 raise FitError(f"XᵀX is rank-deficient (rank {rank} of {D}, from {self.rows} calibration rows): "
@@ -102,23 +115,23 @@ class NormalEquations:
         except np.linalg.LinAlgError:
             raise FitError(f"XᵀX + εI is not positive definite (ε = {eps:.3g}): use a larger ridge") from None
         W = sol if toward == "zero" else np.eye(D) + sol
-        return FitResult(W, eps, float(ridge), self.rows, *self._residual(W, target), toward)
+        return FitResult(W, eps, float(ridge), self.rows, *self._residual(W, xtx, xty, self.yty_trace[target]), toward)
 
-    def _residual(self, W: np.ndarray, t: int) -> tuple[float, float]:
+    def _residual(self, W: np.ndarray, xtx: np.ndarray, xty: np.ndarray, yty: float) -> tuple[float, float]:
         """(‖XW−Y‖² / ‖X−Y‖², ‖XW−Y‖² / (rows·D)) from the accumulated sums:
         ‖XW−Y‖² = tr(WᵀXᵀXW) − 2 tr(WᵀXᵀY) + tr(YᵀY)."""
-        xty, yty = self.xty[t], self.yty_trace[t]
-        err = float(np.einsum("ij,ij->", W, self.xtx @ W) - 2 * np.einsum("ij,ij->", W, xty) + yty)
-        base = float(np.trace(self.xtx) - 2 * np.trace(xty) + yty)
+        err = float(np.einsum("ij,ij->", W, xtx @ W) - 2 * np.einsum("ij,ij->", W, xty) + yty)
+        base = float(np.trace(xtx) - 2 * np.trace(xty) + yty)
         err = max(err, 0.0)
         return (err / base if base > 0 else 0.0), err / (self.rows * self.dim)
 
 
-def _rows(a, dim: int) -> np.ndarray:
-    """``a`` [..., dim] as a float64 numpy array [rows, dim]."""
-    if hasattr(a, "detach"):
-        a = a.detach().to("cpu").double().numpy()
-    a = np.asarray(a, dtype=np.float64)
+def _rows(a, dim: int):
+    """``a`` [..., dim] (a torch tensor or anything numpy reads) as a float64 torch tensor [rows, dim], on the device
+    it was on (the sums are made there: a GPU's activations never come back to the CPU)."""
+    import torch
+
+    a = a.detach() if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a, dtype=np.float64))
     if a.shape[-1] != dim:
         raise FitError(f"calibration activations have {a.shape[-1]} features, the bridge {dim}")
-    return a.reshape(-1, dim)
+    return a.reshape(-1, dim).double()
