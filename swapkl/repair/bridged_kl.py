@@ -106,6 +106,22 @@ class BridgedResult:
                 "identity": self.identity, "calibration": self.calibration, "meta": self.meta,
                 "spans": [{"span": [i, j], **v} for (i, j), v in sorted(self.spans.items())]}
 
+    def to_json(self, path=None) -> str:
+        """Strict JSON (atomic write to ``path`` when given)."""
+        from swapkl.store import dump_json
+
+        return dump_json(self.to_dict(), path)
+
+    def rows(self) -> list[dict]:
+        """One row per span, shortest first: bridged and raw mean KL with their 95 % prompt-bootstrap CIs, the form
+        and the fit residual."""
+        out = []
+        for s in sorted(self.spans, key=lambda s: (s[1] - s[0], s[0])):
+            fit = self.spans[s].get("fit", {})
+            out.append({"span": list(s), "bridged": self.mean(s), "bridged_ci": self.ci(s), "raw": self.mean(s, "raw"),
+                        "raw_ci": self.ci(s, "raw"), "form": fit.get("form"), "residual": fit.get("residual")})
+        return out
+
     @classmethod
     def from_dict(cls, d: dict) -> BridgedResult:
         if not isinstance(d, dict) or d.get("format") != FORMAT:

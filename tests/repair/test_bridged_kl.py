@@ -88,3 +88,15 @@ def test_shards_split_the_spans(stories, cache_dir):
     b = bridged_scores(stories, contract, settings, shard=(1, 2), use_cache=False)
     assert not set(a.spans) & set(b.spans)
     assert set(a.spans) | set(b.spans) == set(bridge_spans(contract, stories.num_layers))
+
+
+def test_bridge_cli(cli, stories_path, tmp_path):
+    out = tmp_path / "b.json"
+    rc, so, se = cli("bridge", stories_path, "--prompts", "2", "--tokens", "16", "--calib-tokens", "256",
+                     "--calib-window", "32", "--form", "residual", "--device", "cpu", "--json", out)
+    assert rc == 0, se
+    res = BridgedResult.from_dict(__import__("json").loads(out.read_text()))
+    assert "bridge form=residual calib=256 tokens" in so
+    assert f"{res.mean((1, 2)):.4f} [" in so and len(res.spans) == len(bridge_spans(Contract(), 5))
+    rc, so, se = cli("bridge", stories_path, "--unit", "mlp", "--device", "cpu")
+    assert rc != 0 and "whole blocks only" in se
