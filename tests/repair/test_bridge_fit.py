@@ -81,3 +81,29 @@ def test_targets_share_one_gram():
     for t, yt in enumerate((y, y2)):
         np.testing.assert_allclose(ne.solve(0.0, target=t).W, np.linalg.lstsq(x, yt, rcond=None)[0], rtol=1e-8,
                                    atol=1e-10)
+
+
+def test_fit_streams_batches_and_its_state_does_not_grow(monkeypatch):
+    """The fit never sees more than one batch of activations at once, and what it keeps is O(d²) whatever the
+    number of calibration tokens (bench/bridge_fit.py measures the resident memory on the default model)."""
+    from conftest import tiny_model
+    from swapkl.repair import fit as F
+    from swapkl.repair.calibration import CalibrationText, fit_bridges
+
+    seen, kept = [], []
+    real_add = F.NormalEquations.add
+
+    def add(self, x, y):
+        seen.append(x.shape[0] * x.shape[1])
+        real_add(self, x, y)
+        kept.append(sum(t.numel() for t in [self._xtx, *self._xty]))
+
+    monkeypatch.setattr(F.NormalEquations, "add", add)
+    model = tiny_model("llama")
+    for windows in (4, 16):
+        ids = torch.randint(1, 96, (windows, 16), generator=torch.Generator().manual_seed(windows))
+        fit_bridges(model, CalibrationText(ids, [], {}), [(1, 3)], "folded", batch_rows=2)
+        assert max(seen) == 2 * 16 and len(seen) == windows // 2
+        assert set(kept) == {2 * 32 * 32}
+        seen.clear()
+        kept.clear()
