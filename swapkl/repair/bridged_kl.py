@@ -16,7 +16,7 @@ import numpy as np
 
 from swapkl import __version__
 from swapkl.contract import Contract, stable_hash
-from swapkl.errors import ContractError, SwapklError
+from swapkl.errors import ContractError
 from swapkl.repair.bridge import NoExactFold, check_form, fold_target
 from swapkl.repair.calibration import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOW, calibration_text, fit_bridges
 from swapkl.repair.fit import DEFAULT_RIDGE
@@ -124,12 +124,20 @@ class BridgedResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> BridgedResult:
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise SwapklError(f"not a bridged swap-KL result (format {FORMAT})")
+        """Validated first (:func:`swapkl.schema.bridged.bridged_result`: one line naming the first problem)."""
+        from swapkl.schema.bridged import bridged_result
+
+        d = bridged_result(d)
         spans = {(int(s["span"][0]), int(s["span"][1])): {k: v for k, v in s.items() if k != "span"}
                  for s in d["spans"]}
         return cls(int(d["num_layers"]), spans, d["contract"], d["settings"], d.get("identity", {}),
                    d.get("calibration", {}), d.get("meta", {}))
+
+    @classmethod
+    def from_json(cls, path) -> BridgedResult:
+        from swapkl.schema.text import read_json_file
+
+        return cls.from_dict(read_json_file(path, "bridged swap-KL file"))
 
 
 def _entry_dir(checkpoint, contract: Contract, corpus, settings: BridgeSettings, digest: str):
