@@ -39,11 +39,17 @@ def test_no_exact_fold_writes_nothing(tmp_path):
 
     from swapkl.errors import SwapklError
 
+    import transformers as tf
+
+    torch.manual_seed(0)
+    opt = tf.OPTForCausalLM(tf.OPTConfig(num_hidden_layers=3, hidden_size=32, ffn_dim=64, num_attention_heads=4,
+                                         vocab_size=96, word_embed_proj_dim=32, max_position_embeddings=64)).eval()
     model = tiny_model("llama")
-    for br, why in ((Bridge(0, 1, "folded", None), "starts at block 0"),
-                    (Bridge(1, 2, "residual", None), "residual form")):
+    for m, br, why in ((model, Bridge(0, 1, "folded", None), "starts at block 0"),
+                       (model, Bridge(1, 2, "residual", None), "residual form"),
+                       (opt, Bridge(1, 2, "folded", None), "generic:opt family names no MLP output projection")):
         with pytest.raises(SwapklError, match=why) as e:
-            save_bridged(model, [br], tmp_path / "m")
+            save_bridged(m, [br], tmp_path / "m")
         assert "\n" not in str(e.value)
         assert not (tmp_path / "m").exists()
 
