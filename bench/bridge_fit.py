@@ -6,7 +6,8 @@ Each size runs in a fresh process: the built-in SmolLM2-135M (float32, CPU) is l
 from the default corpus (WikiText-2's prompt region minus the default contract's scoring prompts), then
 :func:`swapkl.repair.calibration.fit_bridges` fits the span's bridge.  Reported per size: wall seconds, CPU seconds
 (``time.process_time``: every thread of the process), and the peak resident memory during the fit above the resident
-memory just before it (sampled every 5 ms from /proc/self/statm), in MiB.  The streamed fit holds the float64 normal
+memory just before it (sampled every 5 ms from /proc/self/statm), in MiB, after one warm-up forward of a batch (the
+weights are mapped lazily by the load: without it the first forward's paging-in of ~0.5 GB of weights is counted).  The streamed fit holds the float64 normal
 equations (2·d² · 8 bytes) and one batch of activations, so the peak should not grow with the calibration size.
 """
 from __future__ import annotations
@@ -39,6 +40,10 @@ def one(tokens: int, span: tuple[int, int], form: str) -> dict:
     contract = Contract()
     corpus, prompts, _ = contract_prompts(ck, contract)
     calib = calibration_text(ck.tokenizer, corpus, prompts.description, contract.tokens, tokens, 256, 0)
+    import torch
+
+    with torch.inference_mode():  # page in the weights (a safetensors load maps them lazily) and warm the allocator
+        ck.model(input_ids=calib.ids[:4], use_cache=False)
     peak, stop = [rss()], threading.Event()
 
     def sample():
