@@ -4,6 +4,7 @@ source) instead, and ``--from RESULT.json --method M --n N`` for the set a curve
 from __future__ import annotations
 
 from swapkl.commands.common import add_model_args, add_unit_arg, load_from_args, model_inputs
+from swapkl.commands.prune_repair import add_repair_args, check_repair_args
 from swapkl.errors import SwapklError
 from swapkl.surgery.exports import FILE_SUFFIX, FORMATS, check_format
 from swapkl.surgery.outputs import check_file_out, check_output_dir
@@ -70,6 +71,7 @@ def register(sub) -> None:
     p.add_argument("--verify", action="store_true",
                    help="reload what was written and check it: the logits (hf, gguf) or the kept layers (mergekit)")
     add_unit_arg(p)
+    add_repair_args(p)
     p.set_defaults(func=run)
 
 
@@ -101,6 +103,7 @@ def _check_args(a) -> None:
     if a.remove is None and a.merge is None and a.from_file is None:
         raise SwapklError("give --remove LAYERS, --merge GROUPS or --from RESULT.json")
     check_format(a.format, merge=a.merge)
+    check_repair_args(a)
     if (a.unit or "block") != "block" and (a.merge is not None or a.format == "mergekit"):
         raise SwapklError(f"--unit {a.unit} exports as a Hugging Face folder or a GGUF (--format hf|gguf) without "
                           "--merge (a mergekit YAML cannot zero a sublayer)")
@@ -152,6 +155,10 @@ def _run_hf(a) -> int:
                               f"{merge['removed']}")
         remove = merge["removed"]
     remove = validate_remove(remove, ck.num_layers)
+    if a.repair == "bridge":
+        from swapkl.commands.prune_repair import run_repair
+
+        return run_repair(a, ck, remove)
     out = save_pruned(ck.model, remove, a.out, tokenizer=ck.tokenizer, identity=ck.identity, force=a.force,
                       merge=merge)
     kept = [i for i in range(ck.num_layers) if i not in remove]

@@ -31,19 +31,20 @@ def save_and_verify(a, ck, remove) -> int:
     return 0
 
 
-def verify_reload(out, ck, reference, differs: str, equals: str) -> float:
+def verify_reload(out, ck, reference, differs: str, equals: str, rel: float | None = None) -> float:
     """Reload the saved folder ``out`` with stock ``transformers`` (no custom code) and compare its logits on one
     sentence with ``reference`` (the model in memory it should equal): a :class:`SwapklError` ``"{differs} (max
-    |Δlogit| …)"`` above 1e-5, else one line ``"verified: {equals} …"``.  Returns the max |Δlogit|."""
+    |Δlogit| …)"`` above 1e-5 (with ``rel``: above ``rel`` × the reference's max |logit|, for new weights computed in
+    another order), else one line ``"verified: {equals} …"``.  Returns the max |Δlogit|."""
     import torch  # deferred: the CLI's --help must not
     from transformers import AutoModelForCausalLM
 
     re = AutoModelForCausalLM.from_pretrained(out, dtype=next(ck.model.parameters()).dtype).to(ck.device).eval()
     x = ck.tokenizer("The quick brown fox jumps over the lazy dog.", return_tensors="pt")["input_ids"].to(ck.device)
     with torch.no_grad():
-        err = float((reference(input_ids=x, use_cache=False).logits - re(input_ids=x, use_cache=False).logits)
-                    .abs().max())
-    if err > 1e-5:
+        want = reference(input_ids=x, use_cache=False).logits
+        err = float((want - re(input_ids=x, use_cache=False).logits).abs().max())
+    if err > (1e-5 if rel is None else rel * float(want.abs().max())):
         raise SwapklError(f"{differs} (max |Δlogit| {err:.3g})")
     print(f"verified: {equals} (max |Δlogit| {err:.1e})")
     return err

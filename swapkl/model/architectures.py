@@ -45,6 +45,12 @@ class Family:
     # the sublayer layout (a key of swapkl.model.units.LAYOUTS): where attention and MLP units live in a block;
     # None for a listed family = no sublayer units; a generic family tries every layout (validated on the model)
     units: str | None = None
+    # the linear bridge's fold (docs/repair.md): the MLP output projection inside a block ("" = no exact fold known),
+    # its weight layout ("linear": [out, in], y = x Wᵀ + b; "conv1d": [in, out], y = x W + b), and a norm applied after
+    # it before the residual add (Gemma's sandwich norm: "" = none), which makes the fold inexact
+    mlp_out: str = ""
+    mlp_out_layout: str = "linear"
+    post_mlp_norm: str = ""
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -55,7 +61,7 @@ FAMILIES: tuple[Family, ...] = (
         final_norm="model.norm",
         embed="model.embed_tokens",
         layer_idx_attrs=("self_attn.layer_idx", "layer_idx"),
-        units="pre-norm",
+        units="pre-norm", mlp_out="mlp.down_proj",
         notes="Llama / Mistral / Qwen2 / Qwen3 / SmolLM (SmolLM1-2 are Llama): pre-norm, rotary, RMSNorm.",
     ),
     Family(
@@ -65,7 +71,7 @@ FAMILIES: tuple[Family, ...] = (
         final_norm="gpt_neox.final_layer_norm",
         embed="gpt_neox.embed_in",
         layer_idx_attrs=("attention.layer_idx", "layer_idx"),
-        units="gpt-neox",
+        units="gpt-neox", mlp_out="mlp.dense_4h_to_h",
         notes="GPT-NeoX / Pythia: parallel residual, partial rotary.",
     ),
     Family(
@@ -77,7 +83,7 @@ FAMILIES: tuple[Family, ...] = (
         layer_idx_attrs=("attn.layer_idx", "layer_idx"),
         num_layers_keys=("n_layer", "num_hidden_layers"),
         context_keys=("n_positions", "n_ctx", "max_position_embeddings"),
-        units="gpt2",
+        units="gpt2", mlp_out="mlp.c_proj", mlp_out_layout="conv1d",
         notes="GPT-2: learned positions, LayerNorm; scale_attn_by_inverse_layer_idx follows the slot.",
     ),
 )

@@ -1,0 +1,109 @@
+"""``swapkl prune MODEL --remove 3,4 --repair bridge --out DIR``: the removed span(s) replaced by a linear bridge
+fitted on calibration text and folded into block i−1's MLP output projection (docs/repair.md), saved as an ordinary
+Hugging Face folder with ``swapkl_bridge.json`` beside it; ``--max-ppl-increase P`` refuses (exit 1, nothing written)
+a bridged model whose held-out ΔPPL is above P %; ``--verify`` reloads it with stock transformers."""
+from __future__ import annotations
+
+from swapkl.errors import SwapklError
+
+# Deferred imports: torch and the torch-based swapkl modules are imported by run_repair(), not at import time.
+
+
+def add_repair_args(p) -> None:
+    g = p.add_argument_group("repair (--repair bridge)")
+    g.add_argument("--repair", default="none", choices=["none", "bridge"],
+                   help="bridge: replace each removed span by a linear map fitted on calibration text, folded into "
+                        "the MLP before it (ReplaceMe); the export stays an ordinary checkpoint")
+    g.add_argument("--form", default="folded", choices=["folded", "residual"],
+                   help="the bridge form; only folded exports (residual is for 'swapkl bridge')")
+    g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
+    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
+    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
+    g.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    g.add_argument("--max-ppl-increase", type=float, default=None, metavar="P",
+                   help="refuse (exit 1, write nothing) when the bridged model's held-out ΔPPL is above P %%")
+    g.add_argument("--evaluator", default="matched", choices=["matched", "standard"], help="held-out evaluator")
+    g.add_argument("--max-words", type=int, default=None, help="override the evaluator's word count (labelled)")
+    g.add_argument("--eval-text", default=None, help="evaluation corpus (default: the automatic corpus)")
+
+
+def check_repair_args(a) -> None:
+    """Refusals that need no model."""
+    if a.repair == "none":
+        if a.max_ppl_increase is not None:
+            raise SwapklError("--max-ppl-increase goes with --repair bridge")
+        return
+    if a.merge is not None or a.format != "hf" or (a.unit or "block") != "block":
+        raise SwapklError("--repair bridge removes whole blocks and exports a Hugging Face folder (--format hf, no "
+                          "--merge, --unit block)")
+    if a.form != "folded":
+        raise SwapklError("--repair bridge exports the folded form only (the residual form is no ordinary "
+                          "checkpoint); use --form folded")
+
+
+def settings_of(a):
+    from swapkl.repair.bridged_kl import BridgeSettings
+
+    kw = {k: v for k, v in (("calib_tokens", a.calib_tokens), ("calib_window", a.calib_window),
+                            ("ridge", a.ridge)) if v is not None}
+    return BridgeSettings(form=a.form, calib_seed=a.calib_seed, **kw)
+
+
+def run_repair(a, ck, remove) -> int:
+    """Fit, evaluate, gate, save and verify the bridged export of ``remove`` on the loaded checkpoint ``ck``."""
+    from swapkl.commands.common import evaluator_and_corpus
+    from swapkl.commands.prune_units import verify_reload
+    from swapkl.contract import Contract
+    from swapkl.removal.evaluate import delta_pct, eval_ids, evaluate_ppl
+    from swapkl.repair.bridge import bridged_model, spans_of
+    from swapkl.repair.calibration import calibration_text, fit_bridges
+    from swapkl.repair.export import BRIDGE_FILE, check_foldable, save_bridged
+    from swapkl.scoring.prompts import make_prompts
+    from swapkl.surgery.blocks import pruned_copy, validate_remove
+
+    settings = settings_of(a)
+    ev, corpus = evaluator_and_corpus(a)
+    remove = validate_remove(remove, ck.num_layers)
+    spans = spans_of(remove)
+    check_foldable(ck.model, [_probe(s) for s in spans])  # one line, before any work
+    scoring = Contract()  # the calibration text avoids the default contract's scoring prompts
+    prompts = make_prompts(ck.tokenizer, corpus, scoring.prompts, scoring.tokens, scoring.seed, scoring.bos)
+    calib = calibration_text(ck.tokenizer, corpus, prompts.description, scoring.tokens, settings.calib_tokens,
+                             settings.calib_window, settings.calib_seed)
+    fits = fit_bridges(ck.model, calib, spans, "folded", settings.ridge)
+    bridges = [fits[s] for s in spans]
+    ids = eval_ids(corpus, ck.tokenizer, ev)
+    ppl = {}
+    for name, model in (("base", ck.model), ("raw", pruned_copy(ck.model, remove)),
+                        ("bridged", bridged_model(ck.model, bridges))):
+        ppl[name] = evaluate_ppl(model, ids, ev.window, ev.stride, ev.drop_first_target)
+    d_raw, d_bridged = delta_pct(ppl["raw"], ppl["base"]), delta_pct(ppl["bridged"], ppl["base"])
+    print(f"held-out ΔPPL ({ev.name}, {corpus.label}): without a bridge {d_raw:+.2f} %, bridged {d_bridged:+.2f} % "
+          f"(PPL {ppl['base'].ppl:.3f} → {ppl['bridged'].ppl:.3f})")
+    if a.max_ppl_increase is not None and d_bridged > a.max_ppl_increase:
+        raise SwapklError(f"the bridged model's held-out ΔPPL is {d_bridged:+.2f} %, above --max-ppl-increase "
+                          f"{a.max_ppl_increase:g} %: nothing written")
+    prov = {"contract": {"bridge": settings.to_dict(), "calibration": {k: v for k, v in calib.description.items()
+                                                                         if k != "window_starts"},
+                         "scoring_prompts_avoided": scoring.to_dict(), "evaluator": ev.to_dict(),
+                         "eval_text": corpus.label},
+            "heldout": {"ppl_base": ppl["base"].ppl, "ppl_raw": ppl["raw"].ppl, "ppl_bridged": ppl["bridged"].ppl,
+                        "delta_ppl_pct_raw": d_raw, "delta_ppl_pct_bridged": d_bridged},
+            "source": ck.identity}
+    out = save_bridged(ck.model, bridges, a.out, ck.tokenizer, ck.identity, prov)
+    for b in bridges:
+        print(f"bridge over layers {b.start}..{b.end - 1}: folded into layer {b.start - 1}'s MLP output projection, "
+              f"{b.fit['tokens']} calibration tokens, ε {b.fit['eps']:.3g}, fit residual {b.fit['residual']:.3f}")
+    print(f"saved {out}: removed layers {remove}, {ck.num_layers - len(remove)} of {ck.num_layers} kept; "
+          f"provenance in {BRIDGE_FILE}")
+    if a.verify:
+        verify_reload(out, ck, bridged_model(ck.model, bridges), "the reloaded folder differs from swapkl's bridged "
+                      "model", "the reloaded folder's logits equal swapkl's bridged model", rel=1e-4)
+    return 0
+
+
+def _probe(span):
+    """A placeholder folded bridge of ``span`` (for the refusal check before any fit)."""
+    from swapkl.repair.bridge import Bridge
+
+    return Bridge(span[0], span[1], "folded", None)
