@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from skip_gate import pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  (CI's rule)
+from support.skip_gate import pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  (CI's rule)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -19,7 +20,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(int(os.environ.get("SWAPKL_TEST_THREADS", "1")))
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures"
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+# Tests live in one folder per concern (tests/scoring, tests/removal, ...; no __init__.py, basenames unique across
+# the tree) and a few import a helper from another folder's test module (``from test_removal import scores5``): every
+# test folder is importable by basename, whichever subset pytest collects and in whichever order.
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 STORIES = FIXTURES / "models" / "stories260K"
 WIKITEXT = FIXTURES / "data" / "wikitext-2-raw" / "wiki.test.raw"
 # The automatic corpus of every test (and of the CLI subprocesses and servers the tests start, which inherit the
@@ -83,7 +91,7 @@ def wikitext_path() -> Path:
 @pytest.fixture
 def browser(tmp_path):
     """A headless Chromium (browser tests only: their module calls ``browser_util.need_browser()`` first)."""
-    from browser_util import chrome_session
+    from support.browser_util import chrome_session
 
     with chrome_session(tmp_path) as drv:
         yield drv
@@ -92,7 +100,7 @@ def browser(tmp_path):
 @pytest.fixture
 def fresh_url(tmp_path):
     """The URL of a fresh dashboard server of this tree (offline, empty cache under ``tmp_path``)."""
-    from browser_util import fresh_server
+    from support.browser_util import fresh_server
 
     with fresh_server(tmp_path) as url:
         yield url
