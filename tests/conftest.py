@@ -36,6 +36,24 @@ os.environ.setdefault("SWAPKL_CORPUS", str(WIKITEXT))
 # The dashboard's "Local folder" choices include the shipped models (swapkl.jobs.defaults.local_model_folders).
 os.environ.setdefault("SWAPKL_MODEL_DIRS", str(FIXTURES / "models"))
 
+#: the opt-in gate of the tests marked ``slow`` (CI sets it: .ci/run)
+SLOW_ENV = "SWAPKL_SLOW_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers by folder and the slow gate.  Every test of ``tests/browser/`` drives Chromium against a served app:
+    ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless ``$SWAPKL_SLOW_TESTS`` is 1,
+    with the reason and the variable that runs it (``-m "not slow"`` deselects them instead)."""
+    run_slow = os.environ.get(SLOW_ENV) == "1"
+    for item in items:
+        if item.path.parent.name == "browser":
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.server)
+        slow = item.get_closest_marker("slow")
+        if slow is not None and not run_slow:
+            item.add_marker(pytest.mark.skip(reason=f"{slow.kwargs.get('reason', 'a slow test')}: {SLOW_ENV}=1"))
+
+
 FAMILY_NAMES = ("llama", "qwen3", "gpt_neox", "gpt2")
 
 

@@ -161,6 +161,7 @@ def test_an_opened_file_is_private_to_its_session(cache, stories_path, tmp_path)
     assert not a.exception and any("Done" in s.value for s in a.success)
 
 
+@pytest.mark.server
 def test_default_server_listens_on_loopback_only(tmp_path, stories_path):
     """The shipped .streamlit/config.toml binds the server to 127.0.0.1: read the kernel's socket table (no
     traffic is sent to any non-loopback address)."""

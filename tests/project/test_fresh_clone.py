@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import site
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.browser_util import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_readme_commands_are_what_ci_and_this_test_run():
@@ -42,12 +36,13 @@ def clone(tmp_path):
     return dest
 
 
+@pytest.mark.server
 def test_fresh_clone_run_sh_serves_the_default_dashboard(clone, tmp_path):
     """With no virtual environment active (as on a stock Debian/Ubuntu python3, PEP 668), run.sh makes
     ``.venv`` in the clone, says so, installs into it and serves the app with its python.  The venv reuses the
     packages already installed here (SWAPKL_VENV_ARGS="--system-site-packages --without-pip": the system's pip
     and setuptools serve it, and pip --no-index proves nothing is downloaded) so the test does not copy torch."""
-    port = _free_port()
+    port = free_port()
     # the venv is made by the interpreter running these tests (PYTHON), not python3 from PATH; when that
     # interpreter is itself a virtual environment's, its packages are not the base's "system site packages", so
     # they are put on the path as well

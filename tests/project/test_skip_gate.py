@@ -24,7 +24,7 @@ pytest.importorskip("no_such_package_here")
 '''
 
 
-def _pytest(tmp_path, files: dict, gate: bool):
+def _pytest(tmp_path, files: dict, gate: bool, *extra: str):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     env = dict(os.environ, PYTHONPATH=str(TESTS))
@@ -32,7 +32,7 @@ def _pytest(tmp_path, files: dict, gate: bool):
     if gate:
         env["SWAPKL_FAIL_ON_SKIP"] = "1"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "support.skip_gate", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                           "--rootdir", str(tmp_path), *extra, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -52,3 +52,21 @@ def test_any_other_skip_fails_ci_and_is_named(tmp_path):
     assert "test_browser_x" not in bad.stdout.split("does not accept")[1]
     # outside CI the same run passes (skips are reported as usual)
     assert _pytest(tmp_path, files, False).returncode == 0
+
+
+def test_the_gate_judges_the_skips_of_parallel_workers(tmp_path):
+    """Under pytest-xdist (the README's ``-n`` run) the skips happen in the workers: the controller still names each
+    one CI does not accept, once, and fails; the browser skip still passes."""
+    files = {"test_browser_x.py": BROWSER, "test_other.py": OTHER, "test_module.py": MODULE,
+             "test_fine.py": "def test_a():\n    assert True\n"}
+    bad = _pytest(tmp_path, files, True, "-n", "2", "-p", "xdist")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "2 test(s) skipped for a reason CI does not accept" in bad.stdout
+    assert bad.stdout.count("SKIPPED test_other.py::test_opt_in: reads the 98 MB default GGUF") == 1
+    assert bad.stdout.count("SKIPPED test_module.py: could not import 'no_such_package_here'") == 1
+    assert "test_browser_x" not in bad.stdout.split("does not accept")[1]
+    (tmp_path / "ok").mkdir()
+    ok = _pytest(tmp_path / "ok", {"test_browser_x.py": BROWSER, "test_fine.py": "def test_a():\n    assert True\n"},
+                 True, "-n", "2", "-p", "xdist")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "1 passed, 1 skipped" in ok.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,29 @@ def need_browser():
     pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium)")
 
 
+#: the ports free_port draws from: below the kernel's ephemeral range (32768-60999 on Linux), so no outgoing
+#: connection takes one between the probe and the server's bind; one slice per pytest-xdist worker
+PORTS, PORTS_PER_WORKER = range(20000, 32000), 750
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of 127.0.0.1 that nothing listens on, for a server the caller starts next.  Drawn at random from this
+    pytest-xdist worker's own slice of :data:`PORTS` (gw0: 20000-20749, gw1: 20750-21499, ...; outside xdist the
+    whole range), so two workers never pick the same port between one's probe and its server's bind -- and a test
+    never reaches a neighbour's server on "its" port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    ports = PORTS
+    if worker.startswith("gw") and worker[2:].isdigit():
+        start = PORTS.start + PORTS_PER_WORKER * (int(worker[2:]) % (len(PORTS) // PORTS_PER_WORKER))
+        ports = range(start, start + PORTS_PER_WORKER)
+    for port in random.sample(ports, len(ports)):  # every port of the slice, in random order
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 @contextlib.contextmanager

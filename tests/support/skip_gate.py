@@ -1,7 +1,8 @@
 """CI's rule on skipped tests (issue 31): with ``SWAPKL_FAIL_ON_SKIP=1`` (set by ``.ci/run``) a test skipped for any
 reason but the one allowed -- the browser tests on a machine without Debian's Chromium (``browser_util.need_browser``)
 -- fails the run (exit 1) and is listed with its reason, so a missing fixture, package or opt-in cannot hide behind
-a green run.  Hooks imported by ``conftest.py`` (and usable alone: ``pytest -p skip_gate``)."""
+a green run.  Hooks imported by ``conftest.py`` (and usable alone: ``pytest -p support.skip_gate``, ``tests/`` on
+``sys.path``); the same under ``pytest -n N`` (pytest-xdist)."""
 from __future__ import annotations
 
 import os
@@ -30,7 +31,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if os.environ.get(ENV) != "1":
+    # Under pytest-xdist a worker's skips reach the controller's hooks above (xdist replays every test report and
+    # each skipped collection report there), so the controller alone judges; a worker says nothing.
+    if os.environ.get(ENV) != "1" or hasattr(session.config, "workerinput"):
         return
     bad = [(node, why) for node, why in _SKIPPED if not why.startswith(ALLOWED)]
     if not bad:

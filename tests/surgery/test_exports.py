@@ -5,7 +5,6 @@ written by tests/support/gguf_tiny.py; the one on the built-in default (98 MB) r
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
@@ -274,7 +273,7 @@ def test_llama_quantize_command():
     assert cmd == "llama-quantize --prune-layers 3,7 '/m/My Model.gguf' /o/out.gguf COPY"
 
 
-@pytest.mark.skipif(os.environ.get("SWAPKL_SLOW_TESTS") != "1", reason="reads the 98 MB default GGUF: SWAPKL_SLOW_TESTS=1")
+@pytest.mark.slow(reason="reads the 98 MB default GGUF")
 def test_pruned_default_gguf_round_trip(tmp_path):
     """The built-in SmolLM2-135M-Instruct Q4_1 GGUF minus layers 3 and 17, read back by transformers."""
     from swapkl.model.builtin import default_gguf_path

@@ -40,7 +40,6 @@ llama-cpp-python missing is a failure with the install line, not a skip (CI buil
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -176,7 +175,7 @@ def test_llamacpp_tokenizes_the_stories_gguf_like_transformers(llama_cpp, source
     assert text.startswith(", there was a little girl named Lily."), text
 
 
-@pytest.mark.skipif(os.environ.get("SWAPKL_SLOW_TESTS") != "1", reason="reads the 98 MB default GGUF: SWAPKL_SLOW_TESTS=1")
+@pytest.mark.slow(reason="reads the 98 MB default GGUF")
 def test_llamacpp_runs_the_pruned_default_gguf(llama_cpp, tmp_path):
     """The built-in SmolLM2-135M-Instruct Q4_1 GGUF minus blocks 3 and 17 in llama.cpp, on 64 tokens of WikiText-2.
     Thirty layers of 8-bit activations make llama.cpp and transformers differ by ~3 % of the largest logit already on
