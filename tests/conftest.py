@@ -41,7 +41,7 @@ SLOW_ENV = "SWAPKL_SLOW_TESTS"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Markers by folder and the slow gate.  Every test of ``tests/browser/`` drives Chromium against a served app:
+    """Markers by folder, the slow gate and the order of files.  Every test of ``tests/browser/`` drives Chromium against a served app:
     ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless ``$SWAPKL_SLOW_TESTS`` is 1,
     with the reason and the variable that runs it (``-m "not slow"`` deselects them instead)."""
     run_slow = os.environ.get(SLOW_ENV) == "1"
@@ -52,6 +52,12 @@ def pytest_collection_modifyitems(config, items):
         slow = item.get_closest_marker("slow")
         if slow is not None and not run_slow:
             item.add_marker(pytest.mark.skip(reason=f"{slow.kwargs.get('reason', 'a slow test')}: {SLOW_ENV}=1"))
+    # The files that hold the long tests (a server, a browser, a slow test that runs) go first, each file still whole
+    # and in its own order: under ``-n N --dist loadfile --no-loadscope-reorder`` (README) the workers start on them
+    # and fill the rest of the time with the many short files, instead of ending on a lone browser test.
+    first = {item.path for item in items if item.get_closest_marker("server") is not None
+             or (run_slow and item.get_closest_marker("slow") is not None)}
+    items.sort(key=lambda item: item.path not in first)
 
 
 FAMILY_NAMES = ("llama", "qwen3", "gpt_neox", "gpt2")
