@@ -41,9 +41,9 @@ SLOW_ENV = "SWAPKL_SLOW_TESTS"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Markers by folder, the slow gate and the order of files.  Every test of ``tests/browser/`` drives Chromium against a served app:
-    ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless ``$SWAPKL_SLOW_TESTS`` is 1,
-    with the reason and the variable that runs it (``-m "not slow"`` deselects them instead)."""
+    """Markers by folder, the slow gate and the order of files.  Every test of ``tests/browser/`` drives Chromium
+    against a served app: ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless
+    ``$SWAPKL_SLOW_TESTS`` is 1, with the reason and the variable that runs it (``-m "not slow"`` deselects it)."""
     run_slow = os.environ.get(SLOW_ENV) == "1"
     for item in items:
         if item.path.parent.name == "browser":
