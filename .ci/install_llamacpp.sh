@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama-cpp-python, for tests/test_gguf_llamacpp.py (the pruned GGUF run by llama.cpp, the program GGUF users run).
+# llama-cpp-python, for tests/surgery/test_gguf_llamacpp.py (the pruned GGUF run by llama.cpp, the program GGUF users run).
 # PyPI has only its source (76 MB): pip compiles the vendored llama.cpp with cmake and the C/C++ compiler, and
 # pip's wheel cache does not persist across CI runs, so this compiles every time.  The flags build the CPU backend
 # only (AVX2/FMA/F16C baseline instead of -march=native, no BLAS) and leave out what the Python binding never

@@ -27,5 +27,5 @@ for row in r["table"]:
 print("rehearsal: smoke all_pass", r["all_pass"], "complete", r["complete"])
 sys.exit(0 if r["all_pass"] and r["complete"] else 1)
 EOF
-"$PY" -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_kl_impls.py tests/test_units_scoring.py \
-  tests/test_distributed.py tests/test_memory_model.py tests/test_oom_messages.py tests/test_gpu_check.py 2>&1 | tail -1
+"$PY" -m pytest -q -p no:cacheprovider tests/scoring/test_engine.py tests/scoring/test_kl_impls.py tests/scoring/test_units_scoring.py \
+  tests/scoring/test_distributed.py tests/scoring/test_memory_model.py tests/scoring/test_oom_messages.py tests/scoring/test_gpu_check.py 2>&1 | tail -1

@@ -5,7 +5,7 @@
 Writes the pruned GGUF with ``prune_gguf`` (what ``prune default --format gguf`` does), then on the same token ids
 (the first ``--tokens`` tokens of the shipped WikiText-2 test text, BOS-free as the tokenizer gives them):
 
-* llama.cpp (llama-cpp-python, one thread, F32 KV cache, no flash attention: tests/llamacpp_util.py) against
+* llama.cpp (llama-cpp-python, one thread, F32 KV cache, no flash attention: tests/support/llamacpp_util.py) against
   transformers, on the unpruned source (the control) and on the pruned file (transformers' own load of the pruned
   GGUF, and swapkl's ``pruned_copy`` of the source): max and mean |Δlogit|, and how often the top-1 token agrees;
 * greedy generation of ``--greedy`` tokens after a prompt by both (llama.cpp's sampler at temperature 0, HF by
@@ -13,7 +13,7 @@ Writes the pruned GGUF with ``prune_gguf`` (what ``prune default --format gguf``
 
 The tokenizer is transformers' reading of the GGUF; llama.cpp's own tokenization of the prompt is printed beside it.
 Slow on a shared CPU (transformers dequantises the 98 MB file twice, ~20 s each); the tiny-GGUF and stories260K
-checks of the same code run in tests/test_gguf_llamacpp.py.
+checks of the same code run in tests/surgery/test_gguf_llamacpp.py.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from llamacpp_util import hf_greedy, hf_logits, llamacpp_greedy, llamacpp_logits, load_llamacpp  # noqa: E402
+from support.llamacpp_util import hf_greedy, hf_logits, llamacpp_greedy, llamacpp_logits, load_llamacpp  # noqa: E402
 
 PROMPT = "The capital of France is"
 

@@ -3,7 +3,7 @@ code), measured here and printed as one JSON object, each next to the limit its 
 
     HF_HUB_OFFLINE=1 python bench/timings.py [--json bench/results/timings.json] [--skip-default]
 
-* ``demo_tiny_s``: the demo trajectory's TINY run of tests/test_demo_trajectory.py (was: < 20 s);
+* ``demo_tiny_s``: the demo trajectory's TINY run of tests/trajectory/test_demo_trajectory.py (was: < 20 s);
 * ``demo_budget``: a demo run with a 5 s budget and no step cap: its ``seconds_total`` and the overrun (was: < 5 +
   2 s; the test now runs the planner on a virtual clock);
 * ``gguf_tiny_export_load_s``: transformers loading the pruned tiny Llama GGUF the export writes (was: < 60 s);
@@ -56,7 +56,7 @@ def demo(tmp: Path) -> dict:
 
 
 def gguf_export(tmp: Path, repeat: int) -> dict:
-    from gguf_tiny import write_tiny_llama_gguf
+    from support.gguf_tiny import write_tiny_llama_gguf
     from transformers import AutoModelForCausalLM
 
     from swapkl.surgery.gguf_prune import prune_gguf

@@ -8,7 +8,7 @@ conversion is not counted), and K headless Chromium visitors that open the page 
 every default and press Compute.  Printed per K: wall time from the first page open to the last Done, and its
 ratio to K = 1; ``/_stcore/health`` latency (median, maximum) polled every 0.25 s throughout; peak resident
 memory of the server's process tree; the number of computations the server ran (one, shared, when every visitor
-keeps the defaults) and of model loads.  Needs chromium, chromedriver and selenium (tests/browser_util.py).
+keeps the defaults) and of model loads.  Needs chromium, chromedriver and selenium (tests/support/browser_util.py).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser_util import free_port  # noqa: E402
-from visitors import Visitor, computations, room  # noqa: E402
+from support.browser_util import free_port  # noqa: E402
+from support.visitors import Visitor, computations, room  # noqa: E402
 
 
 def venv_env(env: dict) -> dict:

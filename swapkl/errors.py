@@ -29,7 +29,7 @@ class MissingDependency(SwapklError):
 
 
 #: the optional features of ``pyproject.toml``'s ``[project.optional-dependencies]``: extra -> {module imported:
-#: distribution to install}.  tests/test_packaging.py checks this table against pyproject and every import.
+#: distribution to install}.  tests/project/test_packaging.py checks this table against pyproject and every import.
 EXTRAS = {
     "tasks": {"lm_eval": "lm-eval"},
     "heal": {"peft": "peft"},

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from skip_gate import pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  (CI's rule)
+from support.skip_gate import pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  (CI's rule)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -19,7 +20,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(int(os.environ.get("SWAPKL_TEST_THREADS", "1")))
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures"
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+# Tests live in one folder per concern (tests/scoring, tests/removal, ...; no __init__.py, basenames unique across
+# the tree) and a few import a helper from another folder's test module (``from test_removal import scores5``): every
+# test folder is importable by basename, whichever subset pytest collects and in whichever order.
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 STORIES = FIXTURES / "models" / "stories260K"
 WIKITEXT = FIXTURES / "data" / "wikitext-2-raw" / "wiki.test.raw"
 # The automatic corpus of every test (and of the CLI subprocesses and servers the tests start, which inherit the
@@ -27,6 +35,30 @@ WIKITEXT = FIXTURES / "data" / "wikitext-2-raw" / "wiki.test.raw"
 os.environ.setdefault("SWAPKL_CORPUS", str(WIKITEXT))
 # The dashboard's "Local folder" choices include the shipped models (swapkl.jobs.defaults.local_model_folders).
 os.environ.setdefault("SWAPKL_MODEL_DIRS", str(FIXTURES / "models"))
+
+#: the opt-in gate of the tests marked ``slow`` (CI sets it: .ci/run)
+SLOW_ENV = "SWAPKL_SLOW_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers by folder, the slow gate and the order of files.  Every test of ``tests/browser/`` drives Chromium
+    against a served app: ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless
+    ``$SWAPKL_SLOW_TESTS`` is 1, with the reason and the variable that runs it (``-m "not slow"`` deselects it)."""
+    run_slow = os.environ.get(SLOW_ENV) == "1"
+    for item in items:
+        if item.path.parent.name == "browser":
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.server)
+        slow = item.get_closest_marker("slow")
+        if slow is not None and not run_slow:
+            item.add_marker(pytest.mark.skip(reason=f"{slow.kwargs.get('reason', 'a slow test')}: {SLOW_ENV}=1"))
+    # The files that hold the long tests (a server, a browser, a slow test that runs) go first, each file still whole
+    # and in its own order: under ``-n N --dist loadfile --no-loadscope-reorder`` (README) the workers start on them
+    # and fill the rest of the time with the many short files, instead of ending on a lone browser test.
+    first = {item.path for item in items if item.get_closest_marker("server") is not None
+             or (run_slow and item.get_closest_marker("slow") is not None)}
+    items.sort(key=lambda item: item.path not in first)
+
 
 FAMILY_NAMES = ("llama", "qwen3", "gpt_neox", "gpt2")
 
@@ -83,7 +115,7 @@ def wikitext_path() -> Path:
 @pytest.fixture
 def browser(tmp_path):
     """A headless Chromium (browser tests only: their module calls ``browser_util.need_browser()`` first)."""
-    from browser_util import chrome_session
+    from support.browser_util import chrome_session
 
     with chrome_session(tmp_path) as drv:
         yield drv
@@ -92,7 +124,7 @@ def browser(tmp_path):
 @pytest.fixture
 def fresh_url(tmp_path):
     """The URL of a fresh dashboard server of this tree (offline, empty cache under ``tmp_path``)."""
-    from browser_util import fresh_server
+    from support.browser_util import fresh_server
 
     with fresh_server(tmp_path) as url:
         yield url

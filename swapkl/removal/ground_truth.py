@@ -12,7 +12,7 @@ those of the plain evaluation.  Per-layer config lists (``layer_types``) are cut
 
 Each result is a :class:`swapkl.removal.evaluate.PPLResult` with per-window NLL and KL(base ‖ pruned) sums, the
 same numbers :func:`swapkl.removal.evaluate.evaluate_ppl` gives for ``pruned_copy(model, [ℓ])`` with a base
-reference (to float tolerance; tests/test_ground_truth.py).  Cost per window: one base pass (L blocks) plus
+reference (to float tolerance; tests/removal/test_ground_truth.py).  Cost per window: one base pass (L blocks) plus
 Σ_ℓ (L-1-ℓ) = L(L-1)/2 blocks, against L(L-1) for L independent evaluations (≈ 0.5× plus the heads).
 
 :func:`ground_truth` wraps it with the removal memo (:class:`swapkl.removal.memo.EvalMemo`, entries written through

@@ -9,7 +9,7 @@ starts removing at, per batch (keyed by the batch's token ids); a variant's priv
 0..f-1 replaced (on that copy only) by a function that returns the stored state for a known batch -- only blocks
 after f, the final norm and the head run -- and falls back to the blocks themselves for a batch it does not know
 (the plain path, bit for bit).  The stored states are bounded (``budget_bytes``); past the bound, batches are not
-recorded and their variants run in full.  Equality with the plain path: ``tests/test_tasks_prefix.py``.
+recorded and their variants run in full.  Equality with the plain path: ``tests/removal/test_tasks_prefix.py``.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from browser_util import ARTIFACTS, ROOT, free_port, need_browser, screenshot, served, streamlit_cmd
+from support.browser_util import ARTIFACTS, ROOT, free_port, need_browser, screenshot, served, streamlit_cmd
 
 need_browser()
 

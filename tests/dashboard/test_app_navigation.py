@@ -8,7 +8,7 @@ import pytest
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from app_util import APP, TIMEOUT
+from support.app_util import APP, TIMEOUT
 
 #: each page file, its heading
 PAGES = [("pages/heatmaps.py", "Heatmaps"), ("pages/curves.py", "Removal curves"),

@@ -18,7 +18,7 @@ from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
 from swapkl.scoring.corpora import from_file, from_text
 from swapkl.surgery.blocks import pruned_copy
-from tests.conftest import tiny_model
+from conftest import tiny_model
 
 EV = Evaluator("tiny", 300, 128, 64)
 HELDOUT = "tests/fixtures/data/heldout/american-speeches.txt"

@@ -1,14 +1,14 @@
 """The folded bridged export of stories260K, written as a GGUF the way llama.cpp's converter writes one
 (tests/gguf_from_hf.py), runs in llama.cpp like swapkl's bridged model: max |Δlogit| within the llama.cpp test's F32
-tolerance (3e-5 of the largest logit, tests/test_gguf_llamacpp.py), far from the same cut without a bridge, and
+tolerance (3e-5 of the largest logit, tests/surgery/test_gguf_llamacpp.py), far from the same cut without a bridge, and
 llama.cpp's greedy tokens are the bridged model's."""
 import shutil
 
 import numpy as np
 import pytest
 
-from gguf_from_hf import write_llama_folder_gguf
-from llamacpp_util import INSTALL_HINT, hf_greedy, hf_logits, llamacpp_greedy, llamacpp_logits, load_llamacpp
+from support.gguf_from_hf import write_llama_folder_gguf
+from support.llamacpp_util import INSTALL_HINT, hf_greedy, hf_logits, llamacpp_greedy, llamacpp_logits, load_llamacpp
 from swapkl.repair.bridge import bridged_model
 from swapkl.repair.calibration import CalibrationText, fit_bridges
 from swapkl.repair.export import save_bridged

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridge_plain import plain_bridged, plain_kl
+from support.bridge_plain import plain_bridged, plain_kl
 from swapkl.contract import Contract
 from swapkl.repair.bridge import Bridge
 from swapkl.repair.bridged_kl import BridgeSettings, BridgedResult, bridge_spans, bridged_scores

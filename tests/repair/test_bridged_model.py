@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridge_plain import plain_bridged, plain_kl
+from support.bridge_plain import plain_bridged, plain_kl
 from conftest import tiny_model
 from swapkl.model import architectures as arch
 from swapkl.repair.bridge import Bridge, NoExactFold, bridged_model, spans_of

@@ -1,0 +1,191 @@
+"""Healed curves in the dashboard: the HealRequest job (runs through the job system with progress, is snapshotted and
+served from the snapshot without the model), the demo policy's bounds on a hostile request, and the Healing panel
+(AppTest: the dashed healed curves equal the result's numbers, the headline, the downloads; demo widgets bounded).
+stories260K, a tiny recipe."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swapkl.contract import Contract
+from swapkl.healing.recipe import Recipe
+from swapkl.jobs import HealRequest
+from swapkl.jobs.policy import Policy, PolicyError
+from swapkl.removal.evaluate import Evaluator
+
+EV = Evaluator("tiny", 300, 128, 64)
+TINY = Recipe(steps=2, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1)
+
+
+def test_demo_policy_bounds_heal_requests():
+    demo = Policy(demo=True, models=("default",), max_budget=4, max_heal_steps=50, max_heal_tokens=51_200,
+                  max_heal_rank=16, max_heal_sets=8)
+    ok = HealRequest(model="default", methods=("interchange", "replacement"), ns=(1, 2),
+                     recipe=Recipe(steps=50, rank=8, seq_len=128, batch=8))
+    demo.check_request(ok)
+    bad = {
+        "too many steps": (dict(recipe=Recipe(steps=10_000, seq_len=8, batch=1)), "at most 50 steps"),
+        "too many tokens": (dict(recipe=Recipe(steps=50, seq_len=512, batch=16)), "at most 51200 tokens"),
+        "a big rank": (dict(recipe=Recipe(steps=10, rank=512)), "rank at most 16"),
+        "QLoRA": (dict(recipe=Recipe(steps=10, qlora=True)), "QLoRA"),
+        "n past the budget": (dict(ns=(1, 9)), "at most 4 layers"),
+        "too many sets": (dict(methods=("interchange", "replacement", "bi"), ns=(1, 2, 3)), "at most 8 sets"),
+        "a seeded method": (dict(methods=("random",)), "not 'random'"),
+        "a merging method": (dict(methods=("laco",)), "not 'laco'"),
+        "an unknown method": (dict(methods=("../../etc",)), "not '../../etc'"),
+        "a visitor's evaluator": (dict(evaluator=Evaluator("big", 10**9, 512, 256)), "own evaluator"),
+        "a model off the list": (dict(model="/etc"), "offers only"),
+        "no method": (dict(methods=()), "at least one method"),
+    }
+    for why, (change, msg) in bad.items():
+        req = HealRequest(**(ok.to_dict() | {"contract": ok.contract} | change))
+        with pytest.raises(PolicyError, match=msg):
+            demo.check_request(req)
+            pytest.fail(why)
+    Policy(demo=False).check_request(HealRequest(recipe=Recipe(steps=10_000)))  # a local user: no bound
+    env = Policy.from_env({"SWAPKL_DEMO": "1", "SWAPKL_DEMO_MAX_HEAL_STEPS": "20",
+                           "SWAPKL_DEMO_MAX_HEAL_TOKENS": "1000"}, config_file="/nonexistent.toml")
+    assert (env.max_heal_steps, env.max_heal_tokens) == (20, 1000)
+
+
+def test_request_key_and_bad_recipe(stories_path):
+    from swapkl.errors import SwapklError
+    from swapkl.jobs import request_key
+
+    s = str(stories_path)
+    a = HealRequest(model=s, recipe=TINY)
+    assert a.to_dict()["recipe"]["steps"] == 2 and a.recipe_obj() == TINY
+    assert request_key(a) == request_key(HealRequest(model=s, recipe=TINY.__dict__))
+    assert request_key(a) != request_key(HealRequest(model=s, recipe=Recipe(steps=3, rank=2, seq_len=32)))
+    with pytest.raises(SwapklError, match="--steps"):
+        HealRequest(recipe={"steps": -1})
+
+
+@pytest.fixture(scope="module")
+def heal_job(stories_path, tmp_path_factory):
+    """One heal job through a JobManager (private cache): interchange and replacement at n = 1."""
+    from swapkl.jobs import DONE, JobManager
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SWAPKL_CACHE", str(tmp_path_factory.mktemp("heal-cache")))
+    req = HealRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), ns=(1,), recipe=TINY,
+                      evaluator=EV, spacing=0)
+    m = JobManager()
+    try:
+        job = m.submit(req)
+        assert job.wait(600), job.summary()
+        assert job.status == DONE, job.error
+        yield job, req, mp
+    finally:
+        m.shutdown()
+        mp.undo()
+
+
+def test_heal_job_runs_publishes_and_is_snapshotted(heal_job):
+    from swapkl.jobs import DONE, JobManager
+
+    job, req, _ = heal_job
+    hc = job.heal
+    assert set(hc.methods) == {"interchange", "replacement"} and [c["n"] for c in hc.comparisons] == [1]
+    assert hc.recipe["steps"] == 2 and job.result is not None and job.updates["heal"] >= 2  # partial + final
+    p = job.progress()
+    assert (p.step, p.steps) == (3, 3) and p.done == p.total
+    m2 = JobManager(loader=lambda *a, **k: pytest.fail("a cached request must not load the model"))
+    try:
+        j2 = m2.submit(req)
+        assert j2.status == DONE and j2.from_snapshot and j2.heal.to_dict() == hc.to_dict()
+    finally:
+        m2.shutdown()
+
+
+def _panel_app():
+    import json
+    import os
+
+    from dashboard import heal_panel
+    from swapkl.healing.curves import HealCurves
+    from swapkl.jobs import HealRequest, Job
+
+    job = Job("heal-panel-test", HealRequest())
+    job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
+    heal_panel.body(job)
+
+
+def _demo_widgets_app():
+    from dashboard import heal_panel
+    from swapkl.jobs.policy import Policy
+
+    r = heal_panel._recipe_widgets(Policy(demo=True, max_heal_steps=20, max_heal_rank=4))
+    import streamlit as st
+
+    st.write(f"recipe {r.steps} {r.rank}")
+
+
+def test_panel_draws_dashed_healed_curves_headline_and_downloads(heal_job, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    hc = heal_job[0].heal
+    f = tmp_path / "heal.json"
+    hc.to_json(f)
+    monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    (chart,) = at.get("plotly_chart")
+    fig = json.loads(chart.proto.spec)
+    healed = [t for t in fig["data"] if t["meta"]["kind"] == "healed"]
+    assert healed and all(t["line"]["dash"] == "dash" for t in healed)
+    for t in healed:
+        entries = hc.methods[t["meta"]["method"]]
+        assert t["y"] == [e["delta_pct"][t["meta"]["delta"]]["value"] for e in entries]
+    assert hc.recipe_line() in fig["layout"]["meta"]["contract"]
+    assert any(hc.headline[1:30] in m.value for m in at.markdown)
+    assert len(at.get("download_button")) == 3
+
+
+def test_demo_recipe_widgets_stop_at_the_policy():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_demo_widgets_app, default_timeout=30).run()
+    assert not at.exception, at.exception
+    assert at.number_input(key="w_heal_steps").max == 20 and at.number_input(key="w_heal_rank").max == 4
+
+
+def test_curves_page_heals_through_the_job_system(cache):
+    """The whole path in the app: an analysis on stories260K, then the Healing panel's Heal button on the curves
+    page runs a heal job; the page's removal-curves figure gets the dashed healed curves (the job's numbers), the
+    panel its figure and headline, and the one-click report the healing section."""
+    from streamlit.testing.v1 import AppTest
+
+    from support.app_util import APP, TIMEOUT
+    from dashboard import common
+    from swapkl.views.report import figure_count
+    from test_app import _choose_stories, _compute
+
+    at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=1)
+    job = _compute(at)
+    at.switch_page("pages/curves.py").run()
+    assert not at.exception, at.exception
+    at.number_input(key="w_heal_steps").set_value(2)
+    at.number_input(key="w_heal_batch").set_value(2)
+    at.selectbox(key="w_heal_seq").set_value(64)
+    at.button(key="heal_start").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    hjob = common.manager().get(at.session_state["job_heal"])
+    assert hjob.request.kind == "heal" and hjob.request.recipe["steps"] == 2 and hjob.request.ns == (1,)
+    assert hjob.wait(300), hjob.summary()
+    assert hjob.status == "done", hjob.error
+    at.run()
+    assert not at.exception, at.exception
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    main = charts[0]
+    dashed = {t["meta"]["method"]: t for t in main["data"] if isinstance(t.get("meta"), dict)
+              and t["meta"].get("kind") == "healed"}
+    assert set(dashed) == {"replacement", "interchange"}
+    for m, t in dashed.items():
+        assert t["y"] == [e["delta_pct"]["healed_vs_base"]["value"] for e in hjob.heal.methods[m]]
+    assert "healed: LoRA r8" in main["layout"]["meta"]["contract"]
+    assert any(c["layout"].get("meta", {}).get("healed") for c in charts[1:])  # the panel's own figure
+    plain = common.report_html(job, None)
+    html = common.report_html(job, None, hjob)
+    assert figure_count(html) == figure_count(plain) + 1 and "Healing after removal" in html

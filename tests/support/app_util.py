@@ -1,0 +1,20 @@
+"""What the AppTest suites (test_app.py, test_security.py) share: the app's path, the model they compute on and the
+run timeout (their ``cache`` fixture, a private cache and a fresh job manager, is in conftest.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = str(ROOT / "app.py")
+STORIES_REL = "tests/fixtures/models/stories260K"
+TIMEOUT = 60
+
+
+def switch_page(at, page: str):
+    """``at.switch_page(page)``, where ``"app.py"`` is the Start page: ``app.py``'s navigation's default page, a
+    function, which ``AppTest.switch_page`` (files only) cannot name; an empty page request runs the default page,
+    as the root URL does.  Returns ``at`` (call ``.run()``)."""
+    if page != "app.py":
+        return at.switch_page(page)
+    at._page_hash = at._finished_page_script_hash = ""  # AppTest's page request; "" = the navigation's default
+    return at
