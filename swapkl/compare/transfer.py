@@ -30,6 +30,7 @@ def transfer(ck_b, a, b, budget: int, evaluator="matched", corpus=None, *, spaci
     from swapkl.removal import evaluate as E  # deferred: pulls torch
     from swapkl.removal.checks import check_scores
     from swapkl.removal.curves import CurvesRun
+    from swapkl.removal.plan import RemovalPlan, RunHooks
 
     check_comparable(a, b)
     if budget < 1:
@@ -37,17 +38,18 @@ def transfer(ck_b, a, b, budget: int, evaluator="matched", corpus=None, *, spaci
     scores_b = {p: matrix(b, p) for p in PROTOCOLS}
     check_scores(scores_b, ck_b.num_layers, b.identity, ck_b.identity,
                  what="B's scores are for another model than the B checkpoint")
-    run = CurvesRun(ck_b.model, ck_b.tokenizer, scores_b, budget, list(PROTOCOLS), evaluator, corpus, progress,
-                    should_stop, spacing=spacing, exclude_boundary=True, candidates=None, partners=None, seeds=[],
-                    kl=False, memo=memo, identity=ck_b.identity, eval_ids=eval_ids, batch_size=batch_size,
-                    method_params=None)
+    plan = RemovalPlan(budget=budget, methods=PROTOCOLS, spacing=spacing, evaluator=evaluator, kl=False,
+                       batch_size=batch_size)
+    run = CurvesRun(ck_b.model, ck_b.tokenizer, scores_b, plan,
+                    RunHooks(progress=progress, should_stop=should_stop, memo=memo, identity=ck_b.identity,
+                             corpus=corpus, eval_ids=eval_ids))
     curves_b = run.run()
     base = run.baseline
     out = {"budget": budget, "evaluator": run.ev.to_dict(), "corpus": curves_b.corpus, "spacing": spacing,
            "baseline_ppl": base.ppl, "baseline_ppl_ci": list(base.ci()), "n_windows": int(len(base.counts)),
            "protocols": {}, "notes": list(curves_b.notes)}
     for protocol in PROTOCOLS:
-        sets_a = chosen_sets(a, protocol, budget, spacing, run.cands)
+        sets_a = chosen_sets(a, protocol, budget, spacing, run.checked.candidates)
         rows = []
         for entry in curves_b.methods.get(protocol, []):
             n = entry["n"]

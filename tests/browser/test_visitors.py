@@ -55,8 +55,10 @@ def test_a_room_of_visitors(tmp_path, stories_path):
         assert by["A-stays"].done is not None, by["A-stays"].error
         assert by["B"].done is not None, by["B"].error
         assert by["A-leaves"].left is not None and by["C-leaves"].left is not None
-        # B was queued behind A and was told so
-        assert any(re.search(r"queued: \d computations? ahead", t) for t in by["B"].lines), by["B"].lines
+        # whichever of A and B reached the one computation slot second was queued and told so (A's visitors open
+        # the page first, but which Compute click lands first depends on the machine's load)
+        told = [v.name for v in room2 if any(re.search(r"queued: \d computations? ahead", t) for t in v.lines)]
+        assert {"A-stays", "B"} & set(told), [(v.name, v.lines) for v in room2]
         text = log.read_text(encoding="utf-8")
         assert text.count("cancelled, nobody waits for it") == 1, text[-3000:]   # C: its only visitor left
         assert computations(log) in (3, 4)                 # A and B ran (C only if it started before the cancel)
