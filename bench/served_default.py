@@ -187,6 +187,17 @@ def click_compute(drv) -> None:
     el.click()
 
 
+def _curves_drawn(drv) -> bool:
+    """Whether the removal-curves figure is on the page (a figure redrawn while it is read counts as not yet)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return any("ΔPPL after layer removal" in e.text for e in drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot"))
+    except StaleElementReferenceException:
+        return False
+
+
 def served_cold(cache: Path, tmp: Path) -> dict:
     srv = Server(cache, tmp / "served.log")
     drv, svc = browser(tmp / "chrome1")
@@ -223,8 +234,7 @@ def served_cold(cache: Path, tmp: Path) -> dict:
 
         drv.find_element(By.XPATH, "//span[normalize-space(.)='Removal curves']").click()
         t = time.perf_counter()
-        while time.perf_counter() - t < 60 and not any(
-                "ΔPPL after layer removal" in e.text for e in drv.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")):
+        while time.perf_counter() - t < 60 and not _curves_drawn(drv):
             time.sleep(0.25)
         time.sleep(1.0)
         drv.save_screenshot(str(ART / "removal-curves.png"))
