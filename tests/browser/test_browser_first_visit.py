@@ -28,9 +28,11 @@ need_browser()
 #: app.py's navigation as the sidebar shows it: (label, address path), in order
 APP_NAVIGATION = [("Start", "/"), ("Heatmaps", "/heatmaps"), ("Removal curves", "/curves"),
                   ("Training trajectory", "/trajectory"), ("Evidence", "/evidence"), ("Compare", "/compare")]
+#: the prompt count the Start page's shared link carries
+START_PROMPTS = "7"
 #: one fresh server each: (name, address opened first, the page's heading); the Start page's shared link sets the
 #: prompt count, which its "Prompts P" input then shows
-ADDRESSES = [("start", "/?prompts=7", "swapkl — protocol-aware layer redundancy"),
+ADDRESSES = [("start", f"/?prompts={START_PROMPTS}", "swapkl — protocol-aware layer redundancy"),
              ("heatmaps", "/heatmaps?pair=1-2", "Heatmaps"),
              ("curves", "/curves", "Removal curves"),
              ("trajectory", "/trajectory", "Training trajectory"),
@@ -95,15 +97,16 @@ def open_tabs(drv, addresses: list[str]) -> list[str]:
 
 def drawn(drv, handle: str, address: str, heading: str, seconds: float = 120) -> dict:
     """Switch to the tab ``handle`` (that opened ``address``) and wait until the app's navigation and the page's
-    heading are drawn under app.py (its sidebar; on the Start page also its inputs); returns what the page shows
-    (``STATE_JS``).  Fails with the last state seen, and a screenshot."""
+    heading are drawn under app.py (its sidebar; on the Start page also its prompt input, holding the link's count:
+    Streamlit may first mount the input at its minimum and then apply the session's value); returns what the page
+    shows (``STATE_JS``).  Fails with the last state seen, and a screenshot."""
     drv.switch_to.window(handle)
     start = heading == ADDRESSES[0][2]
     deadline = time.time() + seconds
     while True:
         state = drv.execute_script(STATE_JS)
         if state["nav"] == [list(x) for x in APP_NAVIGATION] and heading in state["headings"] \
-                and "Current analysis" in state["sidebar"] and (state["prompts"] is not None or not start):
+                and "Current analysis" in state["sidebar"] and (state["prompts"] == START_PROMPTS or not start):
             return state
         if time.time() > deadline:
             screenshot(drv, ARTIFACTS, f"first-visit-{urlsplit(address).path.strip('/') or 'start'}.png")
@@ -130,6 +133,6 @@ def test_every_address_as_a_fresh_servers_first_visit(way, tmp_path, browser):
             assert parse_qs(shown.query) == parse_qs(want.query), (address, state["url"])  # the query is kept
             assert not any("common" in label or "panel" in label for label, _ in state["nav"])
             if name == "start":  # the Start page read the shared link's query: its prompt count fills the input
-                assert state["prompts"] == "7", state
+                assert state["prompts"] == START_PROMPTS, state
     print(f"{way}: {len(ADDRESSES)} fresh servers started in {started:.0f} s; "
           f"all first visits checked in {time.time() - t0:.0f} s")  # a figure for the log, not a limit

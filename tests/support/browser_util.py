@@ -118,17 +118,31 @@ def _retry_stale(fn, tries: int = 5):
             time.sleep(0.3)
 
 
+def click_clear(drv, find, seconds: float = 60):
+    """Click the element ``find()`` returns, scrolled to the middle of the window first; again (found afresh) while
+    Streamlit redraws it (stale) or another element still covers it (a block being laid out, a toast), until
+    ``seconds`` have passed.  Returns the element clicked."""
+    from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
+
+    deadline = time.time() + seconds
+    while True:
+        try:
+            el = find()
+            drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+            el.click()
+            return el
+        except (ElementClickInterceptedException, StaleElementReferenceException):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def click_text(drv, wait, text: str, tag: str = "*"):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
 
-    def go():
-        el = wait.until(EC.element_to_be_clickable((By.XPATH, f"//{tag}[normalize-space(.)='{text}']")))
-        drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
-        el.click()
-        return el
-
-    return _retry_stale(go)
+    return click_clear(drv, lambda: wait.until(
+        EC.element_to_be_clickable((By.XPATH, f"//{tag}[normalize-space(.)='{text}']"))))
 
 
 def set_number(drv, wait, label: str, value: int):
@@ -211,8 +225,8 @@ def upload_and_open(drv, wait, expander: str, files: list[Path]) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
 
-    wait.until(EC.presence_of_element_located((By.XPATH, f"//*[contains(text(), '{expander}')]"))).click()
+    click_clear(drv, lambda: wait.until(EC.presence_of_element_located((By.XPATH, f"//*[contains(text(), '{expander}')]"))))
     box = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
     box.send_keys("\n".join(str(f) for f in files))
     wait.until(EC.presence_of_element_located((By.XPATH, f"//*[contains(text(), '{Path(files[-1]).name}')]")))
-    wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))).click()
+    click_clear(drv, lambda: wait.until(EC.element_to_be_clickable((By.XPATH, "//button[.//p[text()='Open']]"))))

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support.browser_util import chrome
+from support.browser_util import chrome, click_clear
 
 # the page's state in one cheap script call (no XPath over the whole document: the drivers' polling must not
 # load the machine they measure)
@@ -35,9 +35,7 @@ return {
 def click_button(drv, text: str) -> None:
     from selenium.webdriver.common.by import By
 
-    el = drv.find_element(By.XPATH, f"//button[.//p[normalize-space(.)='{text}']]")
-    drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
-    el.click()
+    click_clear(drv, lambda: drv.find_element(By.XPATH, f"//button[.//p[normalize-space(.)='{text}']]"))
 
 
 @dataclass
