@@ -16,8 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # Tiny models run as fast on one intra-op thread as on two, and two spinning OpenMP threads collapse (10-150x
-# slower) whenever another process shares the 2 cores (CLI subprocesses, the browser test's server).
-torch.set_num_threads(int(os.environ.get("SWAPKL_TEST_THREADS", "1")))
+# slower) whenever another process shares the cores: the README's command runs three workers on this machine's two.
+# One intra-op thread here and in every process a test starts (CLI subprocesses, torchrun ranks, the dashboard
+# servers, which inherit the environment).
+_THREADS = os.environ.get("SWAPKL_TEST_THREADS", "1")
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, _THREADS)
+torch.set_num_threads(int(_THREADS))
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
