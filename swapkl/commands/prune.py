@@ -118,8 +118,11 @@ def _check_args(a) -> None:
 def run(a) -> int:
     _check_args(a)
     if a.format == "gguf":
-        from swapkl.commands.prune_formats import run_gguf
+        from swapkl.commands.prune_formats import gguf_of, run_gguf
 
+        if a.repair == "bridge":  # the fit needs the model: a GGUF source (refused here otherwise), then as hf
+            gguf_of(a)
+            return _run_hf(a)
         return run_gguf(a, _removal)
     if a.format == "mergekit":
         from swapkl.commands.prune_formats import run_mergekit

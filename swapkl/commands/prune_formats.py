@@ -11,7 +11,7 @@ from swapkl.surgery.exports import ExportError
 VERIFY_TEXT = "The quick brown fox jumps over the lazy dog."
 
 
-def _gguf_of(a) -> tuple[Path, dict]:
+def gguf_of(a) -> tuple[Path, dict]:
     """The GGUF file ``a.model`` names (a ``.gguf`` file or the built-in default) and its identity, without
     loading the model; anything else cannot be exported as a GGUF."""
     from swapkl.model.checkpoints import parse_spec  # deferred: pulls torch; the CLI's --help must not
@@ -34,7 +34,7 @@ def run_gguf(a, removal) -> int:
     from swapkl.surgery.exports import export_gguf
     from swapkl.surgery.gguf_prune import gguf_layout
 
-    src, ident = _gguf_of(a)
+    src, ident = gguf_of(a)
     if a.from_file is not None:
         remove, _ = removal(a, gguf_layout(src)["block_count"], ident)
     else:

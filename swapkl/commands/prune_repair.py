@@ -33,12 +33,18 @@ def check_repair_args(a) -> None:
         if a.max_ppl_increase is not None:
             raise SwapklError("--max-ppl-increase goes with --repair bridge")
         return
-    if a.merge is not None or a.format != "hf" or (a.unit or "block") != "block":
-        raise SwapklError("--repair bridge removes whole blocks and exports a Hugging Face folder (--format hf, no "
-                          "--merge, --unit block)")
+    if a.merge is not None or a.format not in ("hf", "gguf") or (a.unit or "block") != "block":
+        raise SwapklError("--repair bridge removes whole blocks and exports a Hugging Face folder or, from a GGUF "
+                          "source, a GGUF (--format hf|gguf, no --merge, --unit block)")
     if a.form != "folded":
         raise SwapklError("--repair bridge exports the folded form only (the residual form is no ordinary "
                           "checkpoint); use --form folded")
+    if a.remove is not None:  # before the model loads (the family's own refusals need it)
+        from swapkl.commands.prune import parse_layers
+        from swapkl.repair.bridge import check_fold_start, spans_of
+
+        for start, _ in spans_of(parse_layers(a.remove)):
+            check_fold_start(start)
 
 
 def settings_of(a):
@@ -90,6 +96,8 @@ def run_repair(a, ck, remove) -> int:
             "heldout": {"ppl_base": ppl["base"].ppl, "ppl_raw": ppl["raw"].ppl, "ppl_bridged": ppl["bridged"].ppl,
                         "delta_ppl_pct_raw": d_raw, "delta_ppl_pct_bridged": d_bridged},
             "source": ck.identity}
+    if a.format == "gguf":
+        return _save_gguf(a, ck, bridges, prov)
     out = save_bridged(ck.model, bridges, a.out, ck.tokenizer, ck.identity, prov)
     for b in bridges:
         print(f"bridge over layers {b.start}..{b.end - 1}: folded into layer {b.start - 1}'s MLP output projection, "
@@ -99,6 +107,38 @@ def run_repair(a, ck, remove) -> int:
     if a.verify:
         verify_reload(out, ck, bridged_model(ck.model, bridges), "the reloaded folder differs from swapkl's bridged "
                       "model", "the reloaded folder's logits equal swapkl's bridged model", rel=1e-4)
+    return 0
+
+
+def _save_gguf(a, ck, bridges, prov) -> int:
+    """The bridged model as a GGUF of the GGUF source (:func:`swapkl.repair.export.save_bridged_gguf`), verified
+    with transformers' own GGUF reader against swapkl's bridged model when asked."""
+    from swapkl.commands.common import model_inputs
+    from swapkl.commands.prune_formats import gguf_of
+    from swapkl.repair.export import save_bridged_gguf
+
+    src, _ = gguf_of(a)
+    rep = save_bridged_gguf(ck.model, bridges, src, a.out, force=a.force, inputs=model_inputs(a), provenance=prov)
+    print(f"saved {rep['path']}: removed layers {rep['removed']}, {rep['num_layers_after']} of "
+          f"{rep['num_layers_before']} kept; the bridges folded into {', '.join(rep['replaced'])} (F32), every other "
+          f"tensor copied as it is; provenance in {rep['provenance']}")
+    if a.verify:
+        import torch
+
+        from swapkl.commands.prune_formats import VERIFY_TEXT
+        from swapkl.model.gguf import load_gguf
+        from swapkl.repair.bridge import bridged_model
+
+        reread, _ = load_gguf(rep["path"], with_tokenizer=False)
+        x = ck.tokenizer(VERIFY_TEXT, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            ref = bridged_model(ck.model, bridges)(input_ids=x.to(ck.device), use_cache=False).logits.float().cpu()
+            got = reread(input_ids=x, use_cache=False).logits.float()
+        rel = float((ref - got).abs().max() / ref.abs().max().clamp_min(1e-12))
+        if rel > 1e-4:
+            raise SwapklError(f"the bridged GGUF differs from swapkl's bridged model (relative max |Δlogit| {rel:.3g})")
+        print(f"verified: transformers reads the GGUF with swapkl's bridged model's logits (relative max |Δlogit| "
+              f"{rel:.1e})")
     return 0
 
 

@@ -64,14 +64,19 @@ def check_form(form: str) -> str:
     return form
 
 
-def fold_target(model: torch.nn.Module, start: int) -> torch.nn.Module:
-    """The module the folded form of a span starting at block ``start`` maps: block ``start − 1``'s MLP output
-    projection.  Raises :class:`NoExactFold` (one line) where no exact fold exists."""
-    loc = arch.locate(model)
-    fam = loc.family
+def check_fold_start(start: int) -> None:
+    """Raise :class:`NoExactFold` (one line) for a span that starts at block 0: no MLP before it to fold into."""
     if start == 0:
         raise NoExactFold("the span starts at block 0: there is no MLP before it to fold the bridge into; "
                           "use --form residual")
+
+
+def fold_target(model: torch.nn.Module, start: int) -> torch.nn.Module:
+    """The module the folded form of a span starting at block ``start`` maps: block ``start − 1``'s MLP output
+    projection.  Raises :class:`NoExactFold` (one line) where no exact fold exists."""
+    check_fold_start(start)
+    loc = arch.locate(model)
+    fam = loc.family
     if fam.post_mlp_norm:
         raise NoExactFold(f"the {fam.name} family applies a norm ({fam.post_mlp_norm}) after the MLP output "
                           "projection: a linear map cannot be folded into it exactly; use --form residual")

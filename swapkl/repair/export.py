@@ -1,10 +1,15 @@
-"""The folded bridged model as an ordinary Hugging Face checkpoint (docs/repair.md "Export").
+"""The folded bridged model as an ordinary Hugging Face checkpoint or GGUF file (docs/repair.md "Export").
 
 Only the folded form is a checkpoint of the same family (its bridges live in block i−1's MLP output projection);
 a residual bridge, a span from block 0 or a family without an exact fold is refused in one line before anything is
 written.  The folder holds the ``save_pretrained`` files, the tokenizer, ``swapkl_prune.json`` (the removal record,
 with the bridges) and :data:`BRIDGE_FILE`, the provenance: the contract, the set, each bridge's fit (form, tokens,
 ε, residual) and the held-out ΔPPL raw and bridged.  Everything is written in one atomic folder replacement.
+
+A GGUF source (the built-in default, a ``.gguf`` file) exports as a GGUF too (:func:`save_bridged_gguf`): the
+source's blocks are copied as they are (quantised ones byte for byte, :func:`swapkl.surgery.gguf_prune.prune_gguf`)
+except each bridge's folded MLP output projection, written in F32; the provenance goes beside the file
+(``OUT.gguf.swapkl_bridge.json``).
 """
 from __future__ import annotations
 
@@ -57,3 +62,48 @@ def save_bridged(model, bridges: list[Bridge], out: str | os.PathLike, tokenizer
         atomic_write_text(folder / BRIDGE_FILE, json.dumps(prov, indent=2, default=str))
 
     return write_model_folder(out, write)
+
+
+#: llama.cpp's name of a block's MLP output projection, in every family swapkl supports
+GGUF_MLP_OUT = "ffn_down"
+
+
+def gguf_bridge_tensors(model, bridges: list[Bridge]) -> dict:
+    """``{GGUF tensor name: float32 array}``: each folded bridge's projection of block ``start − 1`` (weight
+    [out, in] as GGUF stores it, whatever the Hugging Face layout; bias when present), named in the *source* file's
+    block numbering.  ``model`` is the GGUF source as loaded (its dequantised weights)."""
+    check_foldable(model, bridges)
+    from swapkl.repair.bridge import folded_weights
+
+    fam = arch.locate(model).family
+    out = {}
+    for b in bridges:
+        for name, t in folded_weights(fold_target(model, b.start), fam.mlp_out_layout, b.W).items():
+            a = t.detach().float().cpu().numpy()
+            out[f"blk.{b.start - 1}.{GGUF_MLP_OUT}.{name}"] = a.T if name == "weight" and \
+                fam.mlp_out_layout == "conv1d" else a
+    return out
+
+
+def gguf_provenance_path(out: str | os.PathLike) -> Path:
+    """Where the provenance of a bridged GGUF goes: beside it, ``OUT.gguf.swapkl_bridge.json``."""
+    out = Path(out)
+    return out.with_name(f"{out.name}.{BRIDGE_FILE}")
+
+
+def save_bridged_gguf(model, bridges: list[Bridge], src: str | os.PathLike, out: str | os.PathLike, *,
+                      force: bool = False, inputs=(), provenance: dict | None = None) -> dict:
+    """Write the GGUF ``src`` with the bridges' spans removed and their folded projections in place (the file
+    checked by :func:`swapkl.surgery.gguf_prune.prune_gguf`), then its provenance beside it; returns prune_gguf's
+    report with ``provenance`` (the sidecar's path) added."""
+    from swapkl.surgery.gguf_prune import prune_gguf
+
+    replace = gguf_bridge_tensors(model, bridges)
+    removed = sorted(k for b in bridges for k in range(b.start, b.end))
+    rep = prune_gguf(src, removed, out, force=force, inputs=inputs, replace=replace)
+    fits = [b.summary() for b in bridges]
+    prov = {"format": FORMAT, "file": Path(rep["path"]).name, "removed": removed, "bridges": fits,
+            "replaced_tensors": rep["replaced"], **(provenance or {}), "swapkl_version": __version__}
+    side = gguf_provenance_path(rep["path"])
+    atomic_write_text(side, json.dumps(prov, indent=2, default=str))
+    return {**rep, "provenance": str(side)}

@@ -41,6 +41,20 @@ _REFUSED_KEYS = ("nextn_predict_layers", "full_attention_interval")
 GGUF_UNIT_OUT = dict(zip(SUBLAYERS, ("attn_output", "ffn_down")))  # attention, mlp
 
 
+class _Replaced:
+    """A tensor of the source written as the float32 array ``data`` instead (type F32, same logical shape)."""
+
+    def __init__(self, t, data, name: str):
+        import gguf
+        import numpy as np
+
+        shape = tuple(int(x) for x in reversed(t.shape))  # the reader's shape is GGML's ne, fastest axis first
+        self.data = np.ascontiguousarray(data, dtype=np.float32)
+        if self.data.shape != shape:
+            raise GGUFError(f"the replacement of {name} has shape {self.data.shape}, the GGUF tensor {shape}")
+        self.tensor_type = gguf.GGMLQuantizationType.F32
+
+
 class _Zeroed:
     """A tensor of the source written as zero bytes of the same type and shape: zero for every GGML type (float
     types; quantised blocks whose scales are zero dequantise to zero)."""
@@ -103,14 +117,17 @@ def _new_metadata(reader, arch: str, n_old: int, kept: list[int]) -> dict:
 
 
 def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.PathLike, force: bool = False,
-               inputs: Iterable = (), force_hint: str = "--force", zero_units: Iterable = ()) -> dict:
+               inputs: Iterable = (), force_hint: str = "--force", zero_units: Iterable = (),
+               replace: dict | None = None) -> dict:
     """Write ``src`` with blocks ``remove`` (0-based) deleted to the file ``out`` (see the module docstring).
 
     ``out`` must end in ``.gguf``, may not be ``src`` or another of ``inputs``, and an existing file is replaced
     only when ``force``.  ``zero_units``: ``(layer, "attention" | "mlp")`` items (old layer indices) whose output
     projection (:data:`GGUF_UNIT_OUT`) is written as zeros, which skips that residual sublayer; llama.cpp still
-    computes it.  Returns ``{"path", "arch", "removed", "kept", "num_layers_before",
-    "num_layers_after", "tensors", "trimmed_keys"}``.  Raises :class:`GGUFError` (bad source),
+    computes it.  ``replace``: ``{source tensor name: float32 array}`` written as F32 in place of that tensor (same
+    logical shape, numpy order: rows = output features), e.g. a linear bridge folded into a kept block's MLP output
+    projection (:mod:`swapkl.repair.export`).  Returns ``{"path", "arch", "removed", "kept", "num_layers_before",
+    "num_layers_after", "tensors", "trimmed_keys", "replaced"}``.  Raises :class:`GGUFError` (bad source),
     :class:`~swapkl.surgery.removal_set.PruneError` (impossible set), :class:`~swapkl.errors.OutputPathError`."""
     p = check_gguf_file(src)
     dest = check_file_out(out, GGUF_SUFFIXES, "a pruned GGUF", force=force, inputs=[p, *inputs], force_hint=force_hint)
@@ -129,6 +146,9 @@ def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.Path
             raise GGUFError(f"the GGUF file has no {u} output projection for block {layer} "
                             f"(blk.{layer}.{GGUF_UNIT_OUT.get(u, '?')}.weight); cannot zero that sublayer")
     zeroed = {f"blk.{layer}.{GGUF_UNIT_OUT[u]}.{x}" for layer, u in zero for x in ("weight", "bias")}
+    replace = dict(replace or {})
+    if missing := sorted(set(replace) - names):
+        raise GGUFError(f"the GGUF file has no tensor {missing[0]} to replace")
     changed = _new_metadata(reader, arch, n_old, kept)
     tensors = []
     for t in reader.tensors:
@@ -137,13 +157,18 @@ def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.Path
             if t.name.startswith("per_layer_"):
                 raise GGUFError(f"the GGUF file has a global per-layer tensor {t.name}; swapkl cannot remove blocks "
                                 "from this model")
+            if t.name in replace:
+                raise GGUFError(f"tensor {t.name} is outside the blocks: only a block's tensor can be replaced")
             tensors.append((t.name, t))
             continue
         old = int(m.group(1))
         if old >= n_old:
             raise GGUFError(f"tensor {t.name} names block {old}, but block_count is {n_old}")
+        if t.name in replace and old not in new_index:
+            raise GGUFError(f"tensor {t.name} belongs to a removed block: it cannot be replaced")
         if old in new_index:
-            tensors.append((f"blk.{new_index[old]}.{m.group(2)}", _Zeroed(t) if t.name in zeroed else t))
+            new = _Replaced(t, replace[t.name], t.name) if t.name in replace else _Zeroed(t) if t.name in zeroed else t
+            tensors.append((f"blk.{new_index[old]}.{m.group(2)}", new))
     from swapkl.store import file_sha256
 
     extra = {"swapkl.removed_layers": (rem, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32),
@@ -158,7 +183,7 @@ def prune_gguf(src: str | os.PathLike, remove: Iterable[int], out: str | os.Path
     return {"path": str(dest), "arch": arch, "removed": rem, "kept": kept, "num_layers_before": n_old,
             "num_layers_after": len(kept), "tensors": len(tensors),
             "trimmed_keys": sorted(k for k, v in changed.items() if isinstance(v, list)),
-            "zeroed_units": [[layer, u] for layer, u in sorted(zero)]}
+            "zeroed_units": [[layer, u] for layer, u in sorted(zero)], "replaced": sorted(replace)}
 
 
 def _write(reader, dest: Path, arch: str, changed: dict, extra: dict, tensors: list) -> None:
