@@ -122,3 +122,30 @@ def test_bridged_gguf_refusals(cli, sources, stories_path, tmp_path):
                      "--out", out, *CALIB, *EVAL)
     assert rc == 2 and "block 0" in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists() and not list(tmp_path.glob("x.gguf*"))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_a_quantised_tensor_is_replaced_by_f32_of_its_shape(tmp_path, qtype):
+    """The default's ``ffn_down`` is Q4_1: its replacement is written in F32 with the logical shape (not the
+    quantised bytes' shape), and transformers reads exactly the replacement; a wrong shape, a tensor of a removed
+    block and one outside the blocks are refused."""
+    from transformers import AutoModelForCausalLM
+
+    from support.gguf_tiny import FFN, HIDDEN, write_tiny_llama_gguf
+    from swapkl.model.gguf import GGUFError
+    from swapkl.surgery.gguf_prune import prune_gguf
+
+    src = write_tiny_llama_gguf(tmp_path / "tiny.gguf", qtype=qtype)
+    new = np.random.default_rng(1).standard_normal((HIDDEN, FFN)).astype(np.float32)
+    rep = prune_gguf(src, [2], tmp_path / "out.gguf", replace={"blk.1.ffn_down.weight": new})
+    assert rep["replaced"] == ["blk.1.ffn_down.weight"]
+    typ, data = _tensors(rep["path"])["blk.1.ffn_down.weight"]
+    assert typ == 0 and np.array_equal(data, new)
+    assert _tensors(rep["path"])["blk.2.ffn_down.weight"][0] == _tensors(src)["blk.3.ffn_down.weight"][0] != 0
+    m = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="out.gguf", dtype=torch.float32)
+    assert torch.equal(m.model.layers[1].mlp.down_proj.weight, torch.from_numpy(new))
+    for bad, msg in (({"blk.1.ffn_down.weight": new.T}, "shape"), ({"blk.2.ffn_down.weight": new}, "removed block"),
+                     ({"output_norm.weight": new}, "outside the blocks"), ({"blk.9.nope": new}, "no tensor")):
+        with pytest.raises(GGUFError, match=msg):
+            prune_gguf(src, [2], tmp_path / "bad.gguf", replace=bad)
+        assert not (tmp_path / "bad.gguf").exists()
