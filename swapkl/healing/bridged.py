@@ -55,6 +55,15 @@ class HealBridge:
                 "fits": {f"{b.start}-{b.end}": b.summary() for b in self.bridges}, "forms": dict(self.forms)}
 
 
+class BridgedState(dict):
+    """A heal's trained state ``{name: tensor}`` (LoRA, or LoRA and bridge matrices) with the ``bridges`` the heal
+    started from (what :func:`swapkl.healing.heal.export_healed` needs to rebuild the healed model)."""
+
+    def __init__(self, state: dict, bridges):
+        super().__init__(state)
+        self.bridges = tuple(bridges)
+
+
 def settings_of(bridge: dict | None):
     """:class:`~swapkl.repair.bridged_kl.BridgeSettings` from a dict of its fields ({} or None: the defaults)."""
     from swapkl.repair.bridged_kl import BridgeSettings

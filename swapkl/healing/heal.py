@@ -183,7 +183,7 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
     if teacher is not None:
         training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe))
     if keep_states is not None:
-        keep_states.update(states, **({"bridges": hb.bridges} if hb is not None else {}))
+        keep_states.update(states, **({"healed": B.BridgedState(states["healed"], hb.bridges)} if hb else {}))
     ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
     out = _result(removed, res, training, tt, _contract(ident, fp, ev, corpus, recipe), recipe, heldout,
                   selection, time.perf_counter() - t0)
@@ -335,8 +335,9 @@ def _text_label(d: dict) -> str:
     c = d.get("corpus") or {}
     if d.get("source") == "file":
         return f"{c.get('label', '?')} (whole file, {d.get('chunks')} chunks of {d.get('seq_len')} tokens)"
+    bridge = ", bridge calibration windows" if d.get("bridge_calibration_windows") else ""
     return (f"{c.get('label', '?')}, training region ({d.get('chunks')} chunks of {d.get('seq_len')} tokens after "
-            f"{d.get('calib_reserve_words')} calibration words, scoring prompts excluded)")
+            f"{d.get('calib_reserve_words')} calibration words, scoring prompts{bridge} excluded)")
 
 
 class WorseHealError(SwapklError):
@@ -352,15 +353,16 @@ def check_gate(result: HealResult | None, force: bool = False) -> None:
 
 
 def export_healed(model, removed, recipe: Recipe, state: dict, out, tokenizer=None, identity: dict | None = None,
-                  force: bool = False, record: dict | None = None, result: HealResult | None = None,
-                  bridges=None) -> Path:
+                  force: bool = False, record: dict | None = None, result: HealResult | None = None) -> Path:
     """Write the merged healed model (LoRA folded into the weights; ``last-k``: the trained tensors in place) to
     ``out`` as a Hugging Face folder with ``swapkl_heal.json``, and the LoRA adapter alone as a peft folder in
     ``out/adapter/``.  ``result``: the heal's measurement, gated first (:func:`check_gate`: nothing is written
     for a heal that made the model worse unless ``force``).  ``out`` is checked like ``prune --out`` (never the
-    source folder; a non-empty one only with ``force``).  ``bridges``: the heal started from the bridged model
-    (folded bridges only: :func:`swapkl.healing.bridged.check_exportable`)."""
+    source folder; a non-empty one only with ``force``).  A ``--repair bridge`` heal's ``state`` is a
+    :class:`swapkl.healing.bridged.BridgedState` (its ``bridges``: folded ones only,
+    :func:`swapkl.healing.bridged.check_exportable`)."""
     check_gate(result, force)
+    bridges = getattr(state, "bridges", None)
     B.check_exportable(bridges)
     out = check_output_dir(out, "--out", force=force, protected=source_folders(model, identity),
                            force_hint="--force")

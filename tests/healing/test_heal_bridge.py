@@ -50,13 +50,13 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
     r0 = Recipe(steps=0, seq_len=32)
     setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False, repair="bridge", bridge=BRIDGE)
     r = heal(stories.model, stories.tokenizer, [2], r0, setup, keep_states=ks)
-    (b,) = ks["bridges"]
+    (b,) = ks["healed"].bridges
     assert (b.start, b.end, b.form) == (2, 3, "folded")
     # the fit is the plain one on the same calibration text
     calib = B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)
     assert np.array_equal(b.W, fit_bridges(stories.model, calib, [(2, 3)], "folded")[(2, 3)].W)
     x = _chunks(n=2, t=30, vocab=500)
-    healed = TR.healed_model(stories.model, [2], r0, ks["healed"], bridges=ks["bridges"])
+    healed = TR.healed_model(stories.model, [2], r0, ks["healed"], bridges=ks["healed"].bridges)
     assert torch.equal(_logits(healed, x), _logits(bridged_model(stories.model, [b]), x))
     rows = r.repair["eval"]["rows"]
     plain = evaluate_ppl(bridged_model(stories.model, [b]), eval_ids(small_corpus, stories.tokenizer, EV), EV.window,
@@ -160,8 +160,8 @@ def test_folded_bridge_training_exports_an_ordinary_checkpoint(stories, tmp_path
     br = _bridges(stories.model, [(2, 3)], "folded")
     r = Recipe(steps=2, rank=2, seq_len=24, batch=2, part="bridge", lr=1e-2, warmup=0)
     state, _ = TR.train(stories.model, [2], _chunks(vocab=500), r, bridges=br)
-    out = export_healed(stories.model, [2], r, state, tmp_path / "healed", stories.tokenizer, stories.identity,
-                        bridges=br)
+    out = export_healed(stories.model, [2], r, B.BridgedState(state, br), tmp_path / "healed", stories.tokenizer,
+                        stories.identity)
     x = _chunks(n=2, t=30, seed=2, vocab=500)
     mine = _logits(TR.healed_model(stories.model, [2], r, state, bridges=br), x)
     again = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -171,10 +171,50 @@ def test_folded_bridge_training_exports_an_ordinary_checkpoint(stories, tmp_path
     torch.testing.assert_close(_logits(unmerged.eval(), x), mine, rtol=1e-4, atol=1e-4)  # the fold is exact
     res = _bridges(stories.model, [(2, 3)], "residual")
     with pytest.raises(SwapklError, match="residual form.*--form folded"):
-        export_healed(stories.model, [2], r, state, tmp_path / "r", stories.tokenizer, stories.identity, bridges=res)
+        export_healed(stories.model, [2], r, B.BridgedState(state, res), tmp_path / "r", stories.tokenizer,
+                      stories.identity)
 
 
 def test_train_bridge_needs_the_repair(stories, small_corpus):
     with pytest.raises(SwapklError, match="--train bridge .* needs --repair bridge"):
         heal(stories.model, stories.tokenizer, [2], Recipe(steps=0, seq_len=32, part="bridge"),
              HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False))
+
+
+# ----------------------------------------------------------------------------------------- the command
+def test_cli_refusals(stories_path, capsys, tmp_path):
+    from test_heal import _main_error
+
+    m = stories_path
+    for args, pattern in ((("--train", "bridge"), "needs --repair bridge"),
+                          (("--calib-tokens", "512"), "go with --repair bridge"),
+                          (("--repair", "bridge", "--form", "residual", "--out", tmp_path / "o"), "--form folded"),
+                          (("--repair", "bridge", "--calib-tokens", "8", "--calib-window", "64"), "--calib-tokens")):
+        line = _main_error(capsys, "heal", m, "--removed", "2", *args)
+        assert pattern in line, (args, line)
+
+
+def test_cli_heal_after_a_bridge(stories_path, small_corpus, tmp_path, cache_dir, capsys):
+    import json
+
+    from swapkl.commands.cli import main
+
+    text = tmp_path / "eval.txt"
+    text.write_text(" ".join(small_corpus.words))
+    out, js = tmp_path / "healed", tmp_path / "h.json"
+    args = ["heal", str(stories_path), "--removed", "2", "--steps", "2", "--seq-len", "32", "--batch", "2",
+            "--eval-text", str(text), "--max-words", "300", "--repair", "bridge", "--train", "bridge",
+            "--calib-tokens", "512", "--calib-window", "64", "--out", str(out), "--json", str(js)]
+    assert main(args) == 0
+    stdout = capsys.readouterr().out
+    d = json.loads(js.read_text())
+    assert d["repair"]["settings"] == {"form": "folded", "calib_tokens": 512, "calib_window": 64, "calib_seed": 0,
+                                       "ridge": d["repair"]["settings"]["ridge"]}
+    assert d["repair"]["trainable_bridge_params"] == 64 * 64  # stories260K: d = 64, one span
+    per_block = d["training"]["base_finetuned"]["trainable_params"] // 5  # the control: LoRA on 5 blocks
+    assert d["training"]["healed"]["trainable_params"] == 4 * per_block + 64 ** 2  # LoRA on the 4 kept + Σ d²
+    for label in ("raw cut", "bridged (before training)", "healed"):
+        assert f"ΔPPL {label}" in stdout
+    assert "the bridge alone recovers" in stdout and "+ bridge W" in stdout
+    assert (out / "model.safetensors").is_file() and not (out / "adapter").exists()
+    assert "swapkl_bridge" not in (out / "model.safetensors").read_bytes().decode("latin-1")
