@@ -159,8 +159,6 @@ def _check_args(a):
             raise SwapklError(f"--n: {e}") from None
         if len(a.methods) * len(a.ns) > 1 and a.out:
             raise SwapklError("--out exports one healed set: give one method and one n (or --removed)")
-        if len(a.methods) * len(a.ns) > 1 and a.heldout_text:
-            raise SwapklError("--heldout-text measures one healed set: give one method and one n (or --removed)")
     recipe = recipe_from_args(a)
     a.bridge = bridge_from_args(a)
     heal_tasks.check_args(a)
@@ -368,6 +366,13 @@ def render_curves(hc) -> str:
             d = e["delta_pct"]
             lines.append(f"  {m:<12} n={e['n']} {e['removed']}: ΔPPL before {ci(d['pruned_vs_base'])} %, healed vs "
                          f"base {ci(d['healed_vs_base'])} %, vs fine-tuned base {ci(d['healed_vs_base_finetuned'])} %")
+            if e.get("bridged"):
+                lines.append(f"  {'':<12} bridged before training {ci(e['bridged']['delta_pct'])} % vs base")
+            if e.get("held_out"):
+                h = e["held_out"]
+                lines.append(f"  {'':<12} held-out ({h['label']}): raw {ci(h['raw']['delta_pct'])} %"
+                             + (f", bridged {ci(h['bridged']['delta_pct'])} %" if h.get("bridged") else "")
+                             + f", healed {ci(h['healed']['delta_pct'])} % vs base")
     for c in hc.comparisons:
         lines.append(f"  n={c['n']}: {c['sentence']}")
     if hc.headline:
