@@ -181,7 +181,7 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
         measure(role, rem, lambda rem=rem, role=role, br=br: TR.healed_model(model, rem, recipe, states[role],
                                                                               bridges=br), f"|heal:{fp}:{recipe.key()}:{tkey}")
     if teacher is not None:
-        training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe))
+        training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe, hb))
     if keep_states is not None:
         keep_states.update(states, **({"healed": B.BridgedState(states["healed"], hb.bridges)} if hb else {}))
     ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
@@ -301,8 +301,9 @@ def _teacher(shared: dict, model, recipe: Recipe, fp: str, use_cache: bool):
     return shared[key]
 
 
-def _topk_check(model, removed, chunks, recipe: Recipe) -> dict:
-    """:func:`swapkl.healing.teacher.check_topk` of the pruned model against the teacher on the first two chunks."""
+def _topk_check(model, removed, chunks, recipe: Recipe, hb=None) -> dict:
+    """:func:`swapkl.healing.teacher.check_topk` of the student's start (the pruned model, or with ``hb`` the bridged
+    one) against the teacher on the first two chunks."""
     import torch
 
     from swapkl.healing.teacher import check_topk
@@ -310,7 +311,8 @@ def _topk_check(model, removed, chunks, recipe: Recipe) -> dict:
     x = chunks[:2].to(next(model.parameters()).device)
     with torch.no_grad():
         t = model(input_ids=x, use_cache=False).logits
-        s = pruned_copy(model, removed)(input_ids=x, use_cache=False).logits
+        start = bridged_model(model, list(hb.bridges)) if hb is not None else pruned_copy(model, removed)
+        s = start(input_ids=x, use_cache=False).logits
     return check_topk(t, s, recipe.temperature, recipe.top_k)
 
 

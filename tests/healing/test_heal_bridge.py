@@ -218,3 +218,22 @@ def test_cli_heal_after_a_bridge(stories_path, small_corpus, tmp_path, cache_dir
     assert "the bridge alone recovers" in stdout and "+ bridge W" in stdout
     assert (out / "model.safetensors").is_file() and not (out / "adapter").exists()
     assert "swapkl_bridge" not in (out / "model.safetensors").read_bytes().decode("latin-1")
+
+
+def test_kd_heal_after_a_bridge_checks_its_teacher_against_the_bridged_start(stories, small_corpus):
+    from swapkl.healing.teacher import check_topk
+
+    r = Recipe(steps=1, rank=2, seq_len=32, batch=2, objective="kd", top_k=16, part="bridge")
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False, repair="bridge", bridge=BRIDGE)
+    ks = {}
+    res = heal(stories.model, stories.tokenizer, [2], r, setup, keep_states=ks)
+    chk = res.training["healed"]["kd_topk_check"]
+    from swapkl.healing.heal import training_text
+
+    tt = training_text(stories.model, stories.tokenizer, small_corpus, r,
+                       avoid=B.avoid_windows(B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)))
+    x = tt.chunks[:2]
+    want = check_topk(_logits(stories.model, x), _logits(bridged_model(stories.model, list(ks["healed"].bridges)), x),
+                      r.temperature, r.top_k)
+    assert chk == want
+    assert res.ppl["base_finetuned"] == res.ppl["base"]  # the kd control is the base itself, repair or not

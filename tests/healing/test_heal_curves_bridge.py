@@ -97,3 +97,22 @@ def test_without_a_repair_the_bridged_point_is_none():
     assert p["bridged"] is None and p["bridge"] is None and p["held_out"] is None
     assert p["raw"] == {"ppl": 20.0, "ppl_ci": [19, 21], "delta_pct": {"value": 100.0}}
     assert p["healed"]["ppl"] == 15.0
+
+
+def test_cli_healed_curves_with_held_out_text_and_a_bridge(stories_path, wikitext_path, tmp_path, cache_dir, capsys):
+    import json
+
+    from swapkl.commands.cli import main
+
+    text = tmp_path / "eval.txt"
+    text.write_text(" ".join(from_file(wikitext_path).words[:12_000]))
+    js = tmp_path / "hc.json"
+    assert main(["heal", str(stories_path), "--method", "bi,angular", "--n", "1", "--steps", "1", "--seq-len", "32",
+                 "--batch", "2", "--eval-text", str(text), "--max-words", "300", "--heldout-text", HELDOUT,
+                 "--repair", "bridge", "--calib-tokens", "512", "--calib-window", "64", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    d = json.loads(js.read_text())
+    for m in ("bi", "angular"):
+        (e,) = d["methods"][m]
+        assert e["held_out"]["bridged"]["ppl"] > 0 and e["bridged"]["ppl"] > 0
+    assert "bridged before training" in out and "held-out (" in out
