@@ -7,6 +7,7 @@ registry), :func:`export_healed` writes the merged healed model and its adapter.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -171,15 +172,17 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
             states[role], training[role] = {}, _kd_control(res, ticks.tick, recipe.steps + len(texts))
             continue
         br = hb.bridges if hb is not None and rem else None
+        # the control has no bridge: its --train bridge recipe is the LoRA one (same weights, shared adapter)
+        rec = recipe if rem or recipe.part != "bridge" else dataclasses.replace(recipe, part="lora")
         tkey = tt.key + (f":bridge:{hb.key()}" if br else "")
-        folder = TR.heal_dir(fp, rem, recipe, tkey) if use_cache else None
+        folder = TR.heal_dir(fp, rem, rec, tkey) if use_cache else None
         kw = {"teacher": teacher} if teacher is not None else {}
-        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, ticks.training(role), should_stop,
+        train = functools.partial(TR.train, model, rem, tt.chunks, rec, folder, ticks.training(role), should_stop,
                                   **kw, **({"bridges": br} if br else {}))
-        states[role], training[role] = _trained(shared, (fp, tuple(rem), recipe.key(), tkey), train)
+        states[role], training[role] = _trained(shared, (fp, tuple(rem), rec.key(), tkey), train)
         ticks.trained(recipe.steps)
-        measure(role, rem, lambda rem=rem, role=role, br=br: TR.healed_model(model, rem, recipe, states[role],
-                                                                              bridges=br), f"|heal:{fp}:{recipe.key()}:{tkey}")
+        measure(role, rem, lambda rem=rem, role=role, br=br, rec=rec: TR.healed_model(
+            model, rem, rec, states[role], bridges=br), f"|heal:{fp}:{rec.key()}:{tkey}")
     if teacher is not None:
         training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe, hb))
     if keep_states is not None:

@@ -212,6 +212,7 @@ def test_cli_heal_after_a_bridge(stories_path, small_corpus, tmp_path, cache_dir
                                        "ridge": d["repair"]["settings"]["ridge"]}
     assert d["repair"]["trainable_bridge_params"] == 64 * 64  # stories260K: d = 64, one span
     per_block = d["training"]["base_finetuned"]["trainable_params"] // 5  # the control: LoRA on 5 blocks
+    assert d["training"]["base_finetuned"]["trained"] == "every linear layer of the kept blocks"  # no bridge there
     assert d["training"]["healed"]["trainable_params"] == 4 * per_block + 64 ** 2  # LoRA on the 4 kept + Σ d²
     for label in ("raw cut", "bridged (before training)", "healed"):
         assert f"ΔPPL {label}" in stdout
