@@ -116,3 +116,15 @@ def test_cli_healed_curves_with_held_out_text_and_a_bridge(stories_path, wikitex
         (e,) = d["methods"][m]
         assert e["held_out"]["bridged"]["ppl"] > 0 and e["bridged"]["ppl"] > 0
     assert "bridged before training" in out and "held-out (" in out
+
+
+def test_the_report_figure_draws_the_bridged_start(run):
+    from swapkl.healing.figures import heal_figure
+
+    hc = run[0]
+    fig = heal_figure(hc)
+    bridged = [t for t in fig.data if (t.meta or {}).get("kind") == "bridged"]
+    assert {t.meta["method"] for t in bridged} == {"interchange", "replacement"}
+    for t in bridged:
+        (e,) = hc.methods[t.meta["method"]]
+        assert list(t.y) == [e["bridged"]["delta_pct"]["value"]] and t.line.dash == "dot"
