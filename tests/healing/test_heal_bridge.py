@@ -238,3 +238,22 @@ def test_kd_heal_after_a_bridge_checks_its_teacher_against_the_bridged_start(sto
                       r.temperature, r.top_k)
     assert chk == want
     assert res.ppl["base_finetuned"] == res.ppl["base"]  # the kd control is the base itself, repair or not
+
+
+def test_an_interrupted_bridged_heal_resumes_to_the_uninterrupted_result(stories, small_corpus, tmp_path, monkeypatch):
+    from swapkl.removal.plan import RunHooks
+
+    r = Recipe(steps=4, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, checkpoint_every=2, part="bridge")
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity, repair="bridge", bridge=BRIDGE)
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "a"))
+    ref = heal(stories.model, stories.tokenizer, [2], r, setup)
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "b"))
+    seen = []  # stop once the healed model's third update is done
+
+    def progress(d, t, msg):
+        seen.append("healed: step 3/" in msg)
+    with pytest.raises(ComputeInterrupted, match="step 3"):
+        heal(stories.model, stories.tokenizer, [2], r, setup, RunHooks(progress=progress, should_stop=lambda: any(seen)))
+    got = heal(stories.model, stories.tokenizer, [2], r, setup)
+    assert got.training["healed"]["resumed_from"] == 3 and got.ppl == ref.ppl
+    assert got.repair["eval"]["rows"] == ref.repair["eval"]["rows"]
