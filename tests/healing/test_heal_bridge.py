@@ -257,3 +257,23 @@ def test_an_interrupted_bridged_heal_resumes_to_the_uninterrupted_result(stories
     got = heal(stories.model, stories.tokenizer, [2], r, setup)
     assert got.training["healed"]["resumed_from"] == 3 and got.ppl == ref.ppl
     assert got.repair["eval"]["rows"] == ref.repair["eval"]["rows"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])  # Linear and GPT-2 Conv1D projections
+def test_two_spans_of_mixed_forms_train_together(kind):
+    from swapkl.repair.bridged_kl import span_forms
+
+    model = tiny_model(kind, num_layers=5)
+    spans = [(0, 1), (3, 5)]  # block 0 has no MLP before it: residual; [3, 5) runs to the end: folded into block 2
+    forms = span_forms(model, spans, "folded")
+    assert [forms[s][0] for s in spans] == ["residual", "folded"]
+    br = [_bridges(model, [s], forms[s][0])[0] for s in spans]
+    for part, extra in (("lora", 0), ("bridge", 2 * 32 * 32), ("last-k", None)):
+        r = Recipe(steps=0, rank=2, seq_len=24, batch=2, part=part, last_k=1)
+        state, stats = TR.train(model, [0, 3, 4], _chunks(), r, bridges=br)
+        if extra is not None:
+            lora = sum(p.numel() for _, p in TR.trainable(TR.trainable_model(model, [0, 3, 4], Recipe(rank=2))))
+            assert stats["trainable_params"] == lora + extra
+        x = _chunks(n=2, t=20, seed=4)
+        torch.testing.assert_close(_logits(TR.healed_model(model, [0, 3, 4], r, state, bridges=br), x),
+                                   _logits(bridged_model(model, br), x), rtol=1e-5, atol=1e-5)
