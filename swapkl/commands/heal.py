@@ -47,11 +47,13 @@ def register(sub) -> None:
                    help="kd+lm: the KD term's weight w, loss = w KD + (1 - w) LM (default %(default)s)")
     r.add_argument("--top-k", type=int, default=d.top_k,
                    help="teacher tokens kept per position, the rest as one tail bucket (default %(default)s)")
-    r.add_argument("--train", default=d.part, dest="part", metavar="{lora,last-k}",
-                   help="what is trained: lora, or last-k (the last --k kept blocks and lm_head in full) "
+    r.add_argument("--train", default=d.part, dest="part", metavar="{lora,last-k,bridge}",
+                   help="what is trained: lora, last-k (the last --k kept blocks and lm_head in full), or bridge "
+                        "(LoRA and the bridge matrices, from their least-squares fit; needs --repair bridge) "
                         "(default %(default)s)")
     r.add_argument("--k", type=int, default=d.last_k, dest="last_k", metavar="K",
                    help="--train last-k: how many of the last kept blocks (default %(default)s)")
+    _add_repair_args(p)
     p.add_argument("--train-text", default=None, metavar="FILE",
                    help="training text (default: the training region of the evaluation corpus); refused when it "
                         "overlaps the evaluation text or the scoring corpus")
@@ -76,6 +78,39 @@ def register(sub) -> None:
     heal_tasks.register_args(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
+
+
+def _add_repair_args(p) -> None:
+    g = p.add_argument_group("repair before healing (--repair bridge)")
+    g.add_argument("--repair", default="none", choices=["none", "bridge"],
+                   help="bridge: the heal starts from the bridged model (each removed span replaced by a linear map "
+                        "fitted on calibration text kept out of the training text) (default %(default)s)")
+    g.add_argument("--form", default="folded", choices=["folded", "residual"],
+                   help="the bridge form (default folded: exports as an ordinary checkpoint; residual refuses --out)")
+    g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
+    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
+    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
+    g.add_argument("--ridge", type=float, default=None, help="relative ridge of the fit (default 1e-4)")
+
+
+def bridge_from_args(a) -> dict | None:
+    """The ``HealSetup.bridge`` dict of the flags (checked: one line for a bad setting); None without a repair.
+    Refuses bridge flags without ``--repair bridge`` and ``--train bridge`` without it."""
+    given = {k: v for k, v in (("calib_tokens", a.calib_tokens), ("calib_window", a.calib_window),
+                               ("ridge", a.ridge)) if v is not None}
+    if a.repair == "none":
+        if a.part == "bridge":
+            raise SwapklError("--train bridge trains the bridge matrices: it needs --repair bridge")
+        if given or a.form != "folded" or a.calib_seed != 0:
+            raise SwapklError("--form, --calib-tokens, --calib-window, --calib-seed and --ridge go with --repair bridge")
+        return None
+    if a.out and a.form == "residual":
+        raise SwapklError("a residual bridge is no ordinary checkpoint: --out needs --form folded")
+    if a.tasks is not None:
+        raise SwapklError("--tasks does not combine with --repair bridge yet")
+    from swapkl.healing.bridged import settings_of
+
+    return settings_of(dict(given, form=a.form, calib_seed=a.calib_seed)).to_dict()
 
 
 def parse_removed(s: str) -> list[int]:
@@ -124,9 +159,8 @@ def _check_args(a):
             raise SwapklError(f"--n: {e}") from None
         if len(a.methods) * len(a.ns) > 1 and a.out:
             raise SwapklError("--out exports one healed set: give one method and one n (or --removed)")
-        if len(a.methods) * len(a.ns) > 1 and a.heldout_text:
-            raise SwapklError("--heldout-text measures one healed set: give one method and one n (or --removed)")
     recipe = recipe_from_args(a)
+    a.bridge = bridge_from_args(a)
     heal_tasks.check_args(a)
     check_outputs(a, {"--json": a.json}, inputs=[a.train_text, a.eval_text, a.heldout_text])
     if a.out:
@@ -214,7 +248,7 @@ def _setup(a, ck, corpus, ev):
 
     return HealSetup(corpus=corpus, evaluator=ev, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
                      prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
-                     heldout=getattr(a, "heldout", None))
+                     heldout=getattr(a, "heldout", None), repair=a.repair, bridge=getattr(a, "bridge", None))
 
 
 def _select(a, ck, corpus, ev):
@@ -262,6 +296,7 @@ def render(r) -> str:
         lines.append(f"  ΔPPL {what:<27} {x['value']:+8.1f} % [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
                      + ("  tie" if x["tie"] else ""))
     lines.append(r.headline())
+    lines.extend(_bridge_lines(r.repair))
     lines.extend(_held_out_lines(r.held_out))
     parts = []
     for k, v in r.training.items():
@@ -281,6 +316,29 @@ def render(r) -> str:
     if r.tasks:
         lines.append(heal_tasks.render(r.tasks))
     return "\n".join(lines)
+
+
+def _bridge_lines(rep: dict) -> list[str]:
+    """A heal after a bridge: ΔPPL vs base of the raw cut, the bridged model (before training) and the healed model,
+    per text, and the bridge's recovered share (none without a repair)."""
+    if not rep:
+        return []
+    s = rep["settings"]
+    out = [f"bridge ({s['form']}, {rep['calibration'].get('tokens')} calibration tokens, seed {s['calib_seed']}"
+           + (f", {rep['trainable_bridge_params']:,} trained bridge parameters" if rep.get("trainable_bridge_params")
+              else "") + "):"]
+    for name, what in (("eval", "evaluation"), ("held_out", "held-out")):
+        if name not in rep:
+            continue
+        for row, label in (("raw", "raw cut"), ("bridged", "bridged (before training)"), ("healed", "healed")):
+            x = rep[name]["rows"][row]["delta_pct"]
+            out.append(f"  ΔPPL {label:<26} vs base ({what}) {x['value']:+8.1f} % [{x['ci'][0]:+.1f}, "
+                       f"{x['ci'][1]:+.1f}]  PPL {rep[name]['rows'][row]['ppl']:.4g}")
+        rb, ci = rep[name]["recovered_by_bridge"], rep[name]["recovered_by_bridge_ci"]
+        if rb is not None and ci:
+            out.append(f"  the bridge alone recovers {100 * rb:.0f} % [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}] of the "
+                       f"removal damage ({what})")
+    return out
 
 
 def _held_out_lines(h: dict) -> list[str]:
@@ -308,6 +366,13 @@ def render_curves(hc) -> str:
             d = e["delta_pct"]
             lines.append(f"  {m:<12} n={e['n']} {e['removed']}: ΔPPL before {ci(d['pruned_vs_base'])} %, healed vs "
                          f"base {ci(d['healed_vs_base'])} %, vs fine-tuned base {ci(d['healed_vs_base_finetuned'])} %")
+            if e.get("bridged"):
+                lines.append(f"  {'':<12} bridged before training {ci(e['bridged']['delta_pct'])} % vs base")
+            if e.get("held_out"):
+                h = e["held_out"]
+                lines.append(f"  {'':<12} held-out ({h['label']}): raw {ci(h['raw']['delta_pct'])} %"
+                             + (f", bridged {ci(h['bridged']['delta_pct'])} %" if h.get("bridged") else "")
+                             + f", healed {ci(h['healed']['delta_pct'])} % vs base")
     for c in hc.comparisons:
         lines.append(f"  n={c['n']}: {c['sentence']}")
     if hc.headline:

@@ -31,6 +31,35 @@ def method_label(m: str) -> str:
     return M.label(m)
 
 
+def _point(row: dict) -> dict:
+    return {"ppl": row["ppl"], "ppl_ci": row["ppl_ci"], "delta_pct": row["delta_pct"]}
+
+
+def points(h: dict) -> dict:
+    """The keys a healed-curves entry adds for one heal ``h`` (a ``HealResult`` dict): ``raw``, ``bridged`` and
+    ``healed``, each ``{"ppl", "ppl_ci", "delta_pct": {"value", "ci", "tie"}}`` (ΔPPL % vs the base, paired CI over
+    the evaluation windows; ``bridged`` is None without ``--repair bridge``), ``bridge`` (the bridge alone:
+    ``bridged_vs_pruned``, ``healed_vs_bridged``, ``recovered_by_bridge`` + CI; None without a repair) and
+    ``held_out`` (None without a held-out text, else the heal's held-out ``ppl``, ``ppl_ci``, ``delta_pct``,
+    ``recovered`` + CI, with its own ``raw`` / ``bridged`` / ``healed`` points)."""
+    def three(ppl, ci, d, rep):
+        if rep:
+            return {k: _point(rep["rows"][k]) for k in ("raw", "bridged", "healed")}
+        return {"raw": {"ppl": ppl["pruned"], "ppl_ci": ci["pruned"], "delta_pct": d["pruned_vs_base"]},
+                "bridged": None, "healed": {"ppl": ppl["healed"], "ppl_ci": ci["healed"], "delta_pct": d["healed_vs_base"]}}
+
+    rep = h.get("repair") or {}
+    ev = rep.get("eval")
+    out = dict(three(h["ppl"], h["ppl_ci"], h["delta_pct"], ev), held_out=None,
+               bridge={k: ev[k] for k in ("bridged_vs_pruned", "healed_vs_bridged", "recovered_by_bridge",
+                                          "recovered_by_bridge_ci")} if ev else None)
+    ho = h.get("held_out") or {}
+    if ho:
+        out["held_out"] = dict({k: v for k, v in ho.items() if k != "windows"},
+                               **three(ho["ppl"], ho["ppl_ci"], ho["delta_pct"], rep.get("held_out")))
+    return out
+
+
 def default_pair(methods) -> tuple[str, str] | None:
     """The two methods compared: interchange vs replacement when both are healed, else the first two."""
     ms = list(methods)
@@ -41,7 +70,8 @@ def default_pair(methods) -> tuple[str, str] | None:
 
 @dataclass
 class HealCurves:
-    """``methods``: ``{method: [entry per n]}`` (entry: ``n`` and :data:`ENTRY_KEYS` of the heal); ``pair``: the
+    """``methods``: ``{method: [entry per n]}`` (entry: ``n``, :data:`ENTRY_KEYS` of the heal and :func:`points`:
+    ``raw`` / ``bridged`` / ``healed`` ΔPPL points, ``bridge``, ``held_out``); ``pair``: the
     two methods compared (A, B) or None; ``comparisons``: per n healed by both, ``{"n", "a", "b", "same_set",
     "diff" (:func:`swapkl.healing.compare.paired_difference`, None for equal sets), "sentence"}``; ``headline``:
     the sentence at the largest n where the two sets differ; ``recipe``, ``contract``, ``train_text``: shared by
@@ -75,7 +105,7 @@ class HealCurves:
         for m, n, h in heals:
             if h["recipe"] != first["recipe"] or h["windows"]["counts"] != w0["counts"]:
                 raise SwapklError("healed curves need one recipe and the same evaluation windows for every set")
-            methods.setdefault(m, []).append({"n": int(n), **{k: h.get(k) for k in ENTRY_KEYS}})
+            methods.setdefault(m, []).append({"n": int(n), **{k: h.get(k) for k in ENTRY_KEYS}, **points(h)})
             windows["sets"][set_key(h["removed"])] = {"pruned": h["windows"]["pruned"],
                                                       "healed": h["windows"]["healed"]}
         for v in methods.values():

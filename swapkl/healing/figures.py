@@ -27,14 +27,16 @@ def caption(hc) -> str:
 
 
 def _err(entries, key):
-    vals = [e["delta_pct"][key] for e in entries]
+    """Error bars of ``e["delta_pct"][key]`` per entry (``key`` None: ``e["delta_pct"]`` itself)."""
+    vals = [e["delta_pct"][key] if key is not None else e["delta_pct"] for e in entries]
     return {"type": "data", "symmetric": False, "array": [v["ci"][1] - v["value"] for v in vals],
             "arrayminus": [v["value"] - v["ci"][0] for v in vals], "thickness": 1}
 
 
 def healed_traces(hc, key: str = "healed_vs_base", methods=None, before: bool = False) -> list:
     """One dashed trace per method: its healed ΔPPL % (``key`` of ``delta_pct``) vs n with the paired CI as error
-    bars (``meta``: method and kind ``healed``); with ``before``, also the solid pre-healing curve."""
+    bars (``meta``: method and kind ``healed``); with ``before``, also the solid pre-healing curve and, after a
+    ``--repair bridge`` heal, the dotted bridged one (kind ``bridged``: the bridged model before training)."""
     import plotly.graph_objects as go
 
     hc = as_curves(hc)
@@ -50,6 +52,14 @@ def healed_traces(hc, key: str = "healed_vs_base", methods=None, before: bool = 
                                   error_y=_err(entries, "pruned_vs_base"), mode="lines+markers",
                                   name=f"{method_label(m)} (before healing)", line={"color": color, "width": 2},
                                   legendgroup=m, meta={"method": m, "kind": "before"}))
+            bridged = [e for e in entries if e.get("bridged")]
+            if bridged:  # a --repair bridge heal: the bridged start, before healing (dotted)
+                out.append(go.Scatter(x=[e["n"] for e in bridged],
+                                      y=[e["bridged"]["delta_pct"]["value"] for e in bridged],
+                                      error_y=_err([e["bridged"] for e in bridged], None), mode="lines+markers",
+                                      name=f"{method_label(m)} bridged (before healing)",
+                                      line={"color": color, "width": 2, "dash": "dot"}, marker={"symbol": "square"},
+                                      legendgroup=m, meta={"method": m, "kind": "bridged"}))
         out.append(go.Scatter(x=x, y=[e["delta_pct"][key]["value"] for e in entries], error_y=_err(entries, key),
                               mode="lines+markers", name=f"{method_label(m)} healed",
                               line={"color": color, "width": 2, "dash": "dash"}, marker={"symbol": "diamond"},

@@ -7,6 +7,7 @@ registry), :func:`export_healed` writes the merged healed model and its adapter.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -16,6 +17,7 @@ from typing import Callable, Sequence
 
 from swapkl import __version__
 from swapkl.errors import SwapklError
+from swapkl.healing import bridged as B
 from swapkl.healing import text as T
 from swapkl.healing import train as TR
 from swapkl.healing.recipe import Recipe
@@ -26,6 +28,7 @@ from swapkl.removal import methods as M
 from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.removal.plan import RunHooks
 from swapkl.removal.selection import default_candidates
+from swapkl.repair.bridge import bridged_model
 from swapkl.scoring.corpora import load_corpus
 from swapkl.store import atomic_write_text
 from swapkl.surgery.blocks import pruned_copy, validate_remove
@@ -71,16 +74,17 @@ def check_qlora(recipe: Recipe) -> None:
 
 
 def training_text(model, tokenizer, corpus, recipe: Recipe, train_path=None, scoring_corpus=None,
-                  prompts: int = 16, tokens: int = 64, prompt_seed: int = 0) -> T.TrainText:
-    """The training text (the corpus's training region, or the file ``train_path`` checked against the
-    evaluation corpus and the scoring corpus) after checking the model's context fits ``recipe.seq_len``."""
+                  prompts: int = 16, tokens: int = 64, prompt_seed: int = 0, avoid=()) -> T.TrainText:
+    """The training text (the corpus's training region minus the ``avoid`` windows, or the file ``train_path``
+    checked against the evaluation corpus and the scoring corpus) after checking the model's context fits
+    ``recipe.seq_len``."""
     arch.check_context(model, recipe.seq_len, f"--seq-len {recipe.seq_len}", "use --seq-len {limit} or less")
     if train_path:
         others = [("evaluation text", corpus)]
         if scoring_corpus is not None and scoring_corpus.sha256 != corpus.sha256:
             others.append(("scoring corpus", scoring_corpus))
         return T.file_train_text(train_path, tokenizer, recipe.seq_len, others)
-    return T.corpus_train_text(corpus, tokenizer, recipe.seq_len, prompts, tokens, prompt_seed)
+    return T.corpus_train_text(corpus, tokenizer, recipe.seq_len, prompts, tokens, prompt_seed, avoid)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,9 @@ class HealSetup:
     ``scoring_corpus`` and its ``prompts`` × ``tokens`` from ``prompt_seed`` (kept out of the training text),
     ``identity`` (names the weights: the disk memo and the result), ``use_cache`` (the evaluation memo and the
     adapters on disk) and ``heldout``: a corpus of a second text domain that no run trains on
-    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``)."""
+    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``); ``repair``: ``none`` or
+    ``bridge`` (the heal starts from the bridged model, :mod:`swapkl.healing.bridged`) with ``bridge``, a dict of
+    :class:`~swapkl.repair.bridged_kl.BridgeSettings` fields (None or {}: the defaults)."""
 
     corpus: object = None
     evaluator: object = "matched"
@@ -103,6 +109,8 @@ class HealSetup:
     identity: dict | None = None
     use_cache: bool = True
     heldout: object = None
+    repair: str = "none"
+    bridge: dict | None = None
 
 
 def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSetup | None = None,
@@ -130,13 +138,15 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
                        "use an evaluator whose window is at most {limit} tokens")
     texts = _texts(corpus, heldout, tokenizer, ev)
     shared = shared if shared is not None else {}
+    hb = B.prepare(shared, model, tokenizer, corpus, removed, recipe, setup)
     if "text" not in shared:
         shared["text"] = training_text(model, tokenizer, corpus, recipe, setup.train_path, setup.scoring_corpus,
-                                       setup.prompts, setup.tokens, setup.prompt_seed)
+                                       setup.prompts, setup.tokens, setup.prompt_seed,
+                                       B.avoid_windows(shared["calib"]) if hb is not None else ())
     memo = _session(shared, model, identity, use_cache)
     tt, fp = shared["text"], shared["fingerprint"]
     teacher = _teacher(shared, model, recipe, fp, use_cache)
-    ticks = _Ticks(progress, 2 * recipe.steps + 4 * len(texts))
+    ticks = _Ticks(progress, 2 * recipe.steps + (4 + (hb is not None)) * len(texts))
 
     def measure(role, rem, make, suffix=""):
         built = []  # the model, built on the first evaluation the memo does not have
@@ -154,26 +164,33 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
     res = {name: {} for name in texts}
     measure("base", (), lambda: model)
     measure("pruned", removed, lambda: pruned_copy(model, removed))
+    if hb is not None:  # the bridged model before any training: what the heal starts from
+        measure("bridged", removed, lambda: bridged_model(model, list(hb.bridges)), f"|bridge:{fp}:{hb.key()}")
     states, training = {}, {}
     for role, rem in (("healed", removed), ("base_finetuned", [])):
         if role == "base_finetuned" and recipe.objective == "kd":  # the KD control is the identity: no training
             states[role], training[role] = {}, _kd_control(res, ticks.tick, recipe.steps + len(texts))
             continue
-        folder = TR.heal_dir(fp, rem, recipe, tt.key) if use_cache else None
+        br = hb.bridges if hb is not None and rem else None
+        # the control has no bridge: its --train bridge recipe is the LoRA one (same weights, shared adapter)
+        rec = recipe if rem or recipe.part != "bridge" else dataclasses.replace(recipe, part="lora")
+        tkey = tt.key + (f":bridge:{hb.key()}" if br else "")
+        folder = TR.heal_dir(fp, rem, rec, tkey) if use_cache else None
         kw = {"teacher": teacher} if teacher is not None else {}
-        train = functools.partial(TR.train, model, rem, tt.chunks, recipe, folder, ticks.training(role), should_stop,
-                                  **kw)
-        states[role], training[role] = _trained(shared, (fp, tuple(rem), recipe.key(), tt.key), train)
+        train = functools.partial(TR.train, model, rem, tt.chunks, rec, folder, ticks.training(role), should_stop,
+                                  **kw, **({"bridges": br} if br else {}))
+        states[role], training[role] = _trained(shared, (fp, tuple(rem), rec.key(), tkey), train)
         ticks.trained(recipe.steps)
-        measure(role, rem, lambda rem=rem, role=role: TR.healed_model(model, rem, recipe, states[role]),
-                f"|heal:{fp}:{recipe.key()}:{tt.key}")
+        measure(role, rem, lambda rem=rem, role=role, br=br, rec=rec: TR.healed_model(
+            model, rem, rec, states[role], bridges=br), f"|heal:{fp}:{rec.key()}:{tkey}")
     if teacher is not None:
-        training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe))
+        training["healed"] = dict(training["healed"], kd_topk_check=_topk_check(model, removed, tt.chunks, recipe, hb))
     if keep_states is not None:
-        keep_states.update(states)
+        keep_states.update(states, **({"healed": B.BridgedState(states["healed"], hb.bridges)} if hb else {}))
     ident = identity or {"name_or_path": getattr(model, "name_or_path", None), "num_layers": L}
-    return _result(removed, res, training, tt, _contract(ident, fp, ev, corpus, recipe), recipe, heldout,
-                   selection, time.perf_counter() - t0)
+    out = _result(removed, res, training, tt, _contract(ident, fp, ev, corpus, recipe), recipe, heldout,
+                  selection, time.perf_counter() - t0)
+    return B.record(out, hb, res) if hb is not None else out
 
 
 class _Ticks:
@@ -287,8 +304,9 @@ def _teacher(shared: dict, model, recipe: Recipe, fp: str, use_cache: bool):
     return shared[key]
 
 
-def _topk_check(model, removed, chunks, recipe: Recipe) -> dict:
-    """:func:`swapkl.healing.teacher.check_topk` of the pruned model against the teacher on the first two chunks."""
+def _topk_check(model, removed, chunks, recipe: Recipe, hb=None) -> dict:
+    """:func:`swapkl.healing.teacher.check_topk` of the student's start (the pruned model, or with ``hb`` the bridged
+    one) against the teacher on the first two chunks."""
     import torch
 
     from swapkl.healing.teacher import check_topk
@@ -296,7 +314,8 @@ def _topk_check(model, removed, chunks, recipe: Recipe) -> dict:
     x = chunks[:2].to(next(model.parameters()).device)
     with torch.no_grad():
         t = model(input_ids=x, use_cache=False).logits
-        s = pruned_copy(model, removed)(input_ids=x, use_cache=False).logits
+        start = bridged_model(model, list(hb.bridges)) if hb is not None else pruned_copy(model, removed)
+        s = start(input_ids=x, use_cache=False).logits
     return check_topk(t, s, recipe.temperature, recipe.top_k)
 
 
@@ -321,8 +340,9 @@ def _text_label(d: dict) -> str:
     c = d.get("corpus") or {}
     if d.get("source") == "file":
         return f"{c.get('label', '?')} (whole file, {d.get('chunks')} chunks of {d.get('seq_len')} tokens)"
+    bridge = ", bridge calibration windows" if d.get("bridge_calibration_windows") else ""
     return (f"{c.get('label', '?')}, training region ({d.get('chunks')} chunks of {d.get('seq_len')} tokens after "
-            f"{d.get('calib_reserve_words')} calibration words, scoring prompts excluded)")
+            f"{d.get('calib_reserve_words')} calibration words, scoring prompts{bridge} excluded)")
 
 
 class WorseHealError(SwapklError):
@@ -343,8 +363,12 @@ def export_healed(model, removed, recipe: Recipe, state: dict, out, tokenizer=No
     ``out`` as a Hugging Face folder with ``swapkl_heal.json``, and the LoRA adapter alone as a peft folder in
     ``out/adapter/``.  ``result``: the heal's measurement, gated first (:func:`check_gate`: nothing is written
     for a heal that made the model worse unless ``force``).  ``out`` is checked like ``prune --out`` (never the
-    source folder; a non-empty one only with ``force``)."""
+    source folder; a non-empty one only with ``force``).  A ``--repair bridge`` heal's ``state`` is a
+    :class:`swapkl.healing.bridged.BridgedState` (its ``bridges``: folded ones only,
+    :func:`swapkl.healing.bridged.check_exportable`)."""
     check_gate(result, force)
+    bridges = getattr(state, "bridges", None)
+    B.check_exportable(bridges)
     out = check_output_dir(out, "--out", force=force, protected=source_folders(model, identity),
                            force_hint="--force")
     L = arch.locate(model).num_layers
@@ -352,7 +376,8 @@ def export_healed(model, removed, recipe: Recipe, state: dict, out, tokenizer=No
            "kept": [i for i in range(L) if i not in set(removed)], "recipe": recipe.to_dict(), **(record or {})}
 
     def write(folder: Path) -> None:
-        healed = TR.healed_model(model, removed, recipe, state, adapter_dir=folder / "adapter")
+        adapter = None if bridges and recipe.part == "bridge" else folder / "adapter"
+        healed = TR.healed_model(model, removed, recipe, state, adapter_dir=adapter, bridges=bridges)
         healed.save_pretrained(folder, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)

@@ -55,7 +55,8 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     """Heal, for each method of ``plan`` and each n in ``ns`` (within 1..``plan.budget``), the set that method chooses
     (:func:`~swapkl.healing.heal.chosen_set`, with ``scores`` for the guided methods and ``plan.spacing``), with
     ``recipe`` against one control, on the texts of ``setup`` (a :class:`~swapkl.healing.heal.HealSetup`; its
-    evaluator is the plan's), and compare ``pair`` (default: interchange vs replacement when both are asked) at each
+    evaluator is the plan's; its ``heldout`` text gives every point a held-out measurement; its ``repair``, or else
+    the plan's ``repair`` / ``bridge``, starts each heal from the bridged model), and compare ``pair`` (default: interchange vs replacement when both are asked) at each
     n.  ``hooks.progress(done, total, message)`` counts training updates and evaluations over the whole run;
     ``hooks.on_partial(HealCurves)`` after each heal; ``hooks.should_stop()`` →
     :class:`~swapkl.errors.ComputeInterrupted` (the heals done so far are cached).  ``shared``: a dict that receives
@@ -76,7 +77,7 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
         raise SwapklError(f"at most {MAX_SETS} heals in one run (methods × n); got {len(methods) * len(ns)}")
     if pair is not None and (len(pair) != 2 or any(m not in methods for m in pair)):
         raise SwapklError(f"the compared pair must be two of the healed methods ({', '.join(methods)})")
-    setup = dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan))
+    setup = _with_repair(dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan)), plan)
     if setup.corpus is None:
         setup = dataclasses.replace(setup, corpus=load_corpus())
     memo = disk_memo(setup.identity, kl=False) if setup.use_cache else EvalMemo()
@@ -85,7 +86,7 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     chosen = [(m, n, *chosen_set(model, tokenizer, m, n, scores, setup.corpus, setup.evaluator, spacing=plan.spacing,
                                  memo=memo, should_stop=hooks.should_stop)) for m in methods for n in ns]
     unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in chosen))
-    per = 2 * recipe.steps + 4
+    per = 2 * recipe.steps + (4 + (setup.repair == "bridge")) * (1 + (setup.heldout is not None))
     total = per * len(unique)
     heals, done_sets = [], {}
     for m, n, removed, sel in chosen:
@@ -107,6 +108,14 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     if hooks.progress is not None:
         hooks.progress(total, total, "healed curves finished")
     return HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0, notes=notes)
+
+
+def _with_repair(setup, plan):
+    """``setup`` with the plan's repair when the setup names none (``plan.repair`` / ``plan.bridge``, read with
+    defaults: plans without those fields heal without a repair)."""
+    if setup.repair == "none" and getattr(plan, "repair", "none") == "bridge":
+        return dataclasses.replace(setup, repair="bridge", bridge=dict(getattr(plan, "bridge", None) or {}))
+    return setup
 
 
 def _shared_sets(plan) -> list[tuple[str, str, int]]:

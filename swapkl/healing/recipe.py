@@ -12,12 +12,13 @@ MAX_RANK = 1024
 SCHEDULES = ("constant", "cosine")
 #: what the loss is: the language-modelling loss, the forward KL from the unpruned teacher, or their mix
 OBJECTIVES = ("lm", "kd", "kd+lm")
-#: what is trained: LoRA on every linear layer of the kept blocks, or the last k kept blocks and lm_head in full
-PARTS = ("lora", "last-k")
+#: what is trained: LoRA on every linear layer of the kept blocks, the last k kept blocks and lm_head in full, or
+#: LoRA together with the bridge matrices of a ``--repair bridge`` heal (one d×d W per removed span)
+PARTS = ("lora", "last-k", "bridge")
 #: the settings each objective / part does not read: left out of the key, so an ``lm`` LoRA heal keeps the key
 #: it had before objectives and parts existed, and a ``kd`` heal never shares an ``lm`` heal's folder
 _UNUSED = {"lm": ("temperature", "kd_weight", "top_k"), "kd": ("kd_weight",), "kd+lm": (),
-           "lora": ("last_k",), "last-k": ("rank", "alpha", "dropout", "qlora")}
+           "lora": ("last_k",), "last-k": ("rank", "alpha", "dropout", "qlora"), "bridge": ("last_k",)}
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class Recipe:
       model to the student at every position, both at ``temperature`` T, times T²; the teacher as top-``top_k``
       log-probabilities + the tail mass, :mod:`swapkl.healing.teacher`), ``kd+lm``: ``kd_weight`` × KD +
       (1 − ``kd_weight``) × LM;
-    * ``part`` (:data:`PARTS`): ``lora``, or ``last-k``: the last ``last_k`` kept blocks and lm_head in full.
+    * ``part`` (:data:`PARTS`): ``lora``, or ``last-k``: the last ``last_k`` kept blocks and lm_head in full, or
+      ``bridge``: LoRA and the bridge matrices W of a ``--repair bridge`` heal, trained from their least-squares fit
+      (:mod:`swapkl.healing.bridged`; the heal refuses it without the repair).
     """
 
     steps: int = 200
@@ -85,8 +88,6 @@ class Recipe:
         need(0.0 <= self.kd_weight <= 1.0, f"--kd-weight must be in [0, 1] (got {self.kd_weight})")
         need(isinstance(self.top_k, int) and 1 <= self.top_k <= 1_000_000, f"--top-k must be 1..1000000 "
              f"(got {self.top_k})")
-        if self.part == "bridge":
-            need(False, "--train bridge needs the linear-bridge repair, which is not built yet; use lora or last-k")
         need(self.part in PARTS, f"--train must be one of {', '.join(PARTS)} (got {self.part})")
         need(isinstance(self.last_k, int) and 1 <= self.last_k <= 1024, f"--k must be 1..1024 (got {self.last_k})")
         need(not (self.qlora and self.part != "lora"), "--qlora trains LoRA on 4-bit weights; it needs --train lora")
@@ -112,8 +113,10 @@ class Recipe:
         d = asdict(self)
         d["tokens_seen"] = self.tokens_seen
         d["optimizer"] = "AdamW(0.9, 0.999, eps 1e-8)"
-        d["target"] = ("every linear layer of the kept blocks" if self.part == "lora" else
-                       f"the last {self.last_k} kept blocks and lm_head, in full")
+        d["target"] = {"lora": "every linear layer of the kept blocks",
+                       "last-k": f"the last {self.last_k} kept blocks and lm_head, in full",
+                       "bridge": "every linear layer of the kept blocks and the bridge matrices W (one d×d per "
+                                 "removed span, from their least-squares fit)"}[self.part]
         return d
 
     def key(self) -> str:
@@ -138,7 +141,8 @@ class Recipe:
         """One line for captions: ``LoRA r8 α16, 200 steps × 4 × 128 tok, lr 1e-3, seed 0`` (then the objective
         when it is not ``lm``: ``, KD T 2 top-64`` or ``, KD 0.5 + LM 0.5 T 2 top-64``)."""
         q = "QLoRA" if self.qlora else "LoRA"
-        what = f"{q} r{self.rank} α{self.alpha:g}" if self.part == "lora" else f"last {self.last_k} blocks + lm_head"
+        what = f"last {self.last_k} blocks + lm_head" if self.part == "last-k" else f"{q} r{self.rank} α{self.alpha:g}"
+        what += " + bridge W" if self.part == "bridge" else ""
         line = (f"{what}, {self.steps} steps × {self.batch} × {self.seq_len} tok, lr {self.lr:g}, seed {self.seed}")
         kd = f"T {self.temperature:g} top-{self.top_k}"
         if self.objective == "kd":

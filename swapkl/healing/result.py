@@ -66,6 +66,38 @@ def compare(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> d
     return {"ppl": ppl, "ppl_ci": ci, "delta_pct": deltas, "recovered": rec, "recovered_ci": rec_ci}
 
 
+def compare_bridged(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict:
+    """The three rows of a heal that starts from a bridged model, from per-window NLL sums ``nll`` of ``base``,
+    ``pruned`` (the raw cut), ``bridged`` (before training) and ``healed`` ((W,) nats each, same windows) and
+    ``counts`` ((W,) tokens): ``rows`` = ``{"raw" | "bridged" | "healed": {"ppl", "ppl_ci", "delta_pct": {"value",
+    "ci", "tie"}}}`` (ΔPPL % vs base, paired CIs), ``bridged_vs_pruned`` and ``healed_vs_bridged`` (ΔPPL %, paired),
+    and ``recovered_by_bridge`` = 1 − (bridged − base) / (pruned − base) with its CI (no training: against the base
+    itself, not the fine-tuned one)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    nll = {r: np.asarray(v, dtype=np.float64) for r, v in nll.items()}
+    ppl = {r: float(np.exp(v.sum() / counts.sum())) for r, v in nll.items()}
+    boot = _boot(nll, counts, n_boot, seed)
+
+    def delta(a, b):
+        lo, hi = percentile_ci(100.0 * (boot[a] / boot[b] - 1.0))
+        return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": bool(lo <= 0.0 <= hi)}
+
+    rows = {name: {"ppl": ppl[r], "ppl_ci": percentile_ci(boot[r]), "delta_pct": delta(r, "base")}
+            for name, r in (("raw", "pruned"), ("bridged", "bridged"), ("healed", "healed"))}
+    damage = ppl["pruned"] - ppl["base"]
+    rec, rec_ci = None, None
+    if np.isfinite(damage) and abs(damage) >= 1e-12:
+        rec = float(1.0 - (ppl["bridged"] - ppl["base"]) / damage)
+        d = boot["pruned"] - boot["base"]
+        with np.errstate(all="ignore"):
+            vals = 1.0 - (boot["bridged"] - boot["base"]) / d
+        vals = vals[np.isfinite(vals) & (np.abs(d) > 1e-12)]
+        rec_ci = percentile_ci(vals) if vals.size else None
+    return {"rows": rows, "bridged_vs_pruned": delta("bridged", "pruned"),
+            "healed_vs_bridged": delta("healed", "bridged"), "recovered_by_bridge": rec,
+            "recovered_by_bridge_ci": rec_ci}
+
+
 @dataclass
 class HealResult:
     """One heal: ``removed`` (0-based slots of the base), ``ppl``/``ppl_ci`` per role (:data:`ROLES`),
@@ -94,6 +126,10 @@ class HealResult:
     #: the four models on a second text domain no run trained on: ``corpus``, ``label``, ``ppl``, ``ppl_ci``,
     #: ``delta_pct``, ``recovered`` (+ CI), ``windows`` (as above), when asked for
     held_out: dict = field(default_factory=dict)
+    #: a heal that started from a bridged model (``--repair bridge``): the bridge record (settings, calibration,
+    #: fits) and per text (``eval``, ``held_out``) the three rows raw cut / bridged / healed
+    #: (:func:`compare_bridged`); {} without a repair
+    repair: dict = field(default_factory=dict)
 
     def worse(self) -> list[str]:
         """The gate: one phrase per text on which the healed model's perplexity is above the pruned model's with
@@ -114,6 +150,10 @@ class HealResult:
     def provenance(self) -> Provenance:
         c = self.contract
         extra = [f"healing: {c.get('recipe_line', '')}", f"training text: {self.train_text.get('label', '?')}"]
+        if self.repair:
+            s, cal = self.repair.get("settings", {}), self.repair.get("calibration", {})
+            extra.append(f"repair: linear bridge ({s.get('form')}), fitted on {cal.get('tokens')} calibration tokens "
+                         f"(seed {s.get('calib_seed')}), disjoint from the training text")
         return Provenance(model=c.get("model"), contract={"corpus_label": c.get("corpus_label")},
                           evaluator=c.get("evaluator"), extra=tuple(extra))
 

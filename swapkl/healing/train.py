@@ -106,16 +106,35 @@ def last_k_model(model: torch.nn.Module, k: int) -> torch.nn.Module:
     return model
 
 
-def trainable_model(model: torch.nn.Module, removed, recipe: Recipe) -> torch.nn.Module:
-    """The model that trains: a private copy of ``model`` without ``removed``, with the recipe's trained part
-    (LoRA, QLoRA on CUDA, or the last k blocks and lm_head)."""
+def start_copy(model: torch.nn.Module, removed, bridges=None) -> torch.nn.Module:
+    """What a heal starts from, as a private copy: ``model`` without ``removed``, or with ``bridges`` (a
+    ``--repair bridge`` heal) the bridged model (:func:`swapkl.repair.bridge.bridged_model`; its constant maps)."""
+    if not bridges:
+        return private_copy(model, removed)
+    from swapkl.repair.bridge import bridged_model
+
+    return copy.deepcopy(bridged_model(model, list(bridges))).eval()
+
+
+def trainable_model(model: torch.nn.Module, removed, recipe: Recipe, bridges=None) -> torch.nn.Module:
+    """The model that trains: a private copy of ``model`` without ``removed`` (with ``bridges``: the bridged model),
+    with the recipe's trained part (LoRA, QLoRA on CUDA, the last k blocks and lm_head, or LoRA and the bridge
+    matrices: :func:`swapkl.healing.bridged.attach_maps`)."""
+    if recipe.part == "bridge" and bridges:
+        from swapkl.healing.bridged import attach_maps
+
+        pm = lora_model(private_copy(model, removed), recipe)
+        attach_maps(pm.get_base_model(), bridges, arch.locate(model).num_layers)
+        return pm
     if recipe.part == "last-k":
-        return last_k_model(private_copy(model, removed), recipe.last_k)
+        return last_k_model(start_copy(model, removed, bridges), recipe.last_k)
+    if recipe.qlora and bridges:
+        raise ContractError("--qlora does not combine with --repair bridge")
     if recipe.qlora:  # the 4-bit base on CUDA (swapkl.healing.qlora); the adapter merges into full precision
         from swapkl.healing.qlora import quantized_copy
 
         return lora_model(quantized_copy(model, removed), recipe)
-    return lora_model(private_copy(model, removed), recipe)
+    return lora_model(start_copy(model, removed, bridges), recipe)
 
 
 def trainable(pm) -> list[tuple[str, torch.nn.Parameter]]:
@@ -215,7 +234,8 @@ def loss_of(pm, x: torch.Tensor, recipe: Recipe, teacher=None) -> torch.Tensor:
 
 
 def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe, folder: Path | None = None,
-          progress: Callable | None = None, should_stop: Callable | None = None, teacher=None) -> tuple[dict, dict]:
+          progress: Callable | None = None, should_stop: Callable | None = None, teacher=None,
+          bridges=None) -> tuple[dict, dict]:
     """Train the recipe's part (LoRA or the last k blocks) on a private copy of ``model`` without ``removed``
     over ``chunks`` ((N, T) ids) with the recipe's objective.
 
@@ -224,7 +244,8 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
     ``recipe.checkpoint_every`` updates, and stores the finished adapter.  ``progress(step, steps, message)``
     after every update; ``should_stop()`` before each: a checkpoint is written, then
     :class:`~swapkl.errors.ComputeInterrupted`.  ``teacher``: a :class:`swapkl.healing.teacher.Teacher` for the
-    KD objectives (default: the unpruned ``model``'s, in memory)."""
+    KD objectives (default: the unpruned ``model``'s, in memory).  ``bridges``: a ``--repair bridge`` heal starts from
+    the bridged model (:func:`start_copy`; ``--train bridge`` trains the matrices too, their names in the state)."""
     recipe.validate()
     if folder is not None and (hit := read_cached(folder, ADAPTER_KIND, recipe)) is not None:
         return hit[1], dict(hit[0]["stats"], cached=True)
@@ -232,7 +253,7 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
         from swapkl.healing.teacher import Teacher
 
         teacher = Teacher(model, recipe.temperature, recipe.top_k)
-    pm = trainable_model(model, removed, recipe)
+    pm = trainable_model(model, removed, recipe, bridges)
     dev = next(p for _, p in trainable(pm)).device
     params = [p for _, p in trainable(pm)]
     # fused: one kernel for all LoRA tensors (CPU and CUDA); the textbook loop's per-tensor update is slower
@@ -289,21 +310,30 @@ def train(model: torch.nn.Module, removed, chunks: torch.Tensor, recipe: Recipe,
     return state, stats
 
 
-def healed_model(model: torch.nn.Module, removed, recipe: Recipe, state: dict, adapter_dir: Path | None = None):
+def healed_model(model: torch.nn.Module, removed, recipe: Recipe, state: dict, adapter_dir: Path | None = None,
+                 bridges=None):
     """The healed model: a private copy of ``model`` without ``removed``, the adapter ``state`` loaded and merged
     into its weights (``merge_and_unload``; ``last-k``: the trained tensors loaded in place).  ``adapter_dir``:
     also save the LoRA adapter alone there (peft folder; nothing for ``last-k``, whose tensors are the model's).
     The ``kd`` control (no layer removed, empty ``state``) is a copy of the base: distilling toward itself is the
-    identity, so it is never trained."""
+    identity, so it is never trained.  ``bridges``: the heal started from the bridged model; with ``--train bridge``
+    the trained matrices are folded into their projections (folded form) or stay hooked (residual form), and no
+    separate adapter is written (:func:`swapkl.healing.bridged.merge_with_maps`)."""
     if recipe.objective == "kd" and not list(removed) and not state:
         return private_copy(model, []).eval()
+    if recipe.part == "bridge" and bridges:
+        from swapkl.healing.bridged import merge_with_maps
+
+        pm = trainable_model(model, removed, recipe, bridges)
+        load_adapter_state(pm, state)
+        return merge_with_maps(pm, bridges, arch.locate(model).num_layers)
     if recipe.part == "last-k":
-        m = last_k_model(private_copy(model, removed), recipe.last_k)
+        m = last_k_model(start_copy(model, removed, bridges), recipe.last_k)
         load_adapter_state(m, state)
         for p in m.parameters():
             p.requires_grad_(True)
         return m.eval()
-    pm = lora_model(private_copy(model, removed), recipe)
+    pm = lora_model(start_copy(model, removed, bridges), recipe)
     load_adapter_state(pm, state)
     if adapter_dir is not None:
         pm.save_pretrained(str(adapter_dir))

@@ -204,11 +204,11 @@ def test_teacher_cache_reads_back_and_recomputes_a_damaged_file(tmp_path):
 def test_recipe_keys_objectives_and_parts():
     lm = Recipe()
     assert Recipe(temperature=3.0, top_k=5, last_k=1).key() == lm.key()  # unused settings do not split the key
-    keys = {Recipe(objective=o, part=p).key() for o in ("lm", "kd", "kd+lm") for p in ("lora", "last-k")}
-    assert len(keys) == 6
+    keys = {Recipe(objective=o, part=p).key() for o in ("lm", "kd", "kd+lm") for p in ("lora", "last-k", "bridge")}
+    assert len(keys) == 9
     assert Recipe(objective="kd", temperature=2.0).key() != Recipe(objective="kd").key()
     assert TR.heal_dir("f", [1], Recipe(objective="kd"), "t") != TR.heal_dir("f", [1], lm, "t")
-    for bad, msg in ((dict(part="bridge"), "not built yet"), (dict(objective="x"), "--objective"),
+    for bad, msg in ((dict(part="x"), "--train must be one of lora, last-k, bridge"), (dict(objective="x"), "--objective"),
                      (dict(part="last-k", qlora=True), "needs --train lora"), (dict(temperature=0.0), "--temperature"),
                      (dict(kd_weight=1.5), "--kd-weight"), (dict(top_k=0), "--top-k"), (dict(last_k=0), "--k")):
         with pytest.raises(ContractError, match=msg):

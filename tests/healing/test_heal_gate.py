@@ -107,7 +107,7 @@ def test_a_heal_that_makes_the_model_worse_is_not_exported(stories_path, eval_te
 
 
 def test_cli_refuses_bridge_and_bad_objectives_in_one_line(stories_path, capsys):
-    for args, pattern in ((("--train", "bridge"), "linear-bridge repair, which is not built yet"),
+    for args, pattern in ((("--train", "bridge"), "it needs --repair bridge"),
                           (("--objective", "kd", "--temperature", "0"), "--temperature"),
                           (("--train", "last-k", "--qlora"), "needs --train lora")):
         rc, _, err = _main(capsys, "heal", stories_path, "--removed", "1", *args)
