@@ -96,6 +96,7 @@ def run_curves(job: Job, ck, res) -> None:
     hooks = RunHooks(progress=job.tick, should_stop=job.should_stop, memo=memo, identity=ck.identity,
                      corpus=load_corpus(req.contract.corpus),
                      on_curve=lambda _name, partial: setattr(job, "curves", partial))
+    hooks.contract = req.contract  # the scoring contract whose prompts a bridge's calibration text avoids
     job.curves = removal_curves(ck.model, ck.tokenizer, scores, plan, hooks)
 
 
