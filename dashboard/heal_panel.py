@@ -18,33 +18,65 @@ from dashboard import common, tasks_panel
 from swapkl.errors import SwapklError
 from swapkl.healing import figures as hf
 from swapkl.healing import task_figures as htf
-from swapkl.healing.recipe import Recipe
+from swapkl.healing.recipe import OBJECTIVES, PARTS, Recipe
 from swapkl.jobs.contents import content_key
+from swapkl.jobs.exports import worse_heals
 from swapkl.jobs.forms import curves_analysis, heal_request, healable
 
 #: the panel's recipe when nobody changes it: small enough for a CPU (about a minute per set on stories260K)
 DEFAULT = Recipe(steps=30, rank=8, alpha=16.0, lr=2e-3, warmup=3, seq_len=128, batch=4)
+#: how the objectives and the trained parts read in the panel (the recipe's names: ``heal --objective / --train``)
+OBJECTIVE_LABELS = {"lm": "LM loss", "kd": "distillation (KD) from the unpruned model", "kd+lm": "KD + LM"}
+PART_LABELS = {"lora": "LoRA", "last-k": "last k blocks + lm_head"}
+
+
+def _objective_widgets() -> dict:
+    """The loss and the trained part -> the recipe's ``objective`` (with ``temperature`` for a KD term and
+    ``kd_weight`` for kd+lm), ``part`` and ``last_k`` (for last-k); the KD control note under a ``kd`` choice."""
+    c1, c2, c3, c4, c5 = st.columns(5)
+    objective = c1.selectbox("Objective", OBJECTIVES, format_func=OBJECTIVE_LABELS.get, key="w_heal_objective",
+                             help="heal --objective: the loss of the fine-tune")
+    out = {"objective": objective}
+    if objective != "lm":
+        out["temperature"] = float(c2.number_input("KD temperature T", 0.1, 100.0, DEFAULT.temperature,
+                                                   key="w_heal_temp"))
+    if objective == "kd+lm":
+        out["kd_weight"] = float(c3.number_input("KD weight w", 0.0, 1.0, DEFAULT.kd_weight, step=0.1,
+                                                 key="w_heal_kd_weight", help="loss = w KD + (1 − w) LM"))
+    out["part"] = c4.radio("Trained part", PARTS, format_func=PART_LABELS.get, key="w_heal_part",
+                           help="heal --train: LoRA on every linear layer of the kept blocks, or the last k kept "
+                                "blocks and lm_head in full")
+    if out["part"] == "last-k":
+        out["last_k"] = int(c5.number_input("k (last blocks)", 1, 1024, DEFAULT.last_k, key="w_heal_k"))
+    if objective == "kd":
+        from swapkl.healing.heal import KD_CONTROL_NOTE  # deferred: that module imports torch
+
+        st.info(f"Note: {KD_CONTROL_NOTE}.", icon=":material/info:")
+    return out
 
 
 def _recipe_widgets(pol) -> Recipe:
     """The recipe from the widgets (demo: the widgets stop at the policy's bounds)."""
+    how = _objective_widgets()
     c1, c2, c3, c4, c5 = st.columns(5)
     max_steps = pol.max_heal_steps if pol.demo else 100_000
     steps = int(c1.number_input("Steps", 0, max_steps, min(DEFAULT.steps, max_steps), key="w_heal_steps"))
     max_rank = pol.max_heal_rank if pol.demo else 1024
-    rank = int(c2.number_input("LoRA rank", 1, max_rank, min(DEFAULT.rank, max_rank), key="w_heal_rank"))
+    rank = int(c2.number_input("LoRA rank", 1, max_rank, min(DEFAULT.rank, max_rank), key="w_heal_rank",
+                               disabled=how["part"] != "lora"))
     lr = float(c3.number_input("Learning rate", 1e-5, 1.0, DEFAULT.lr, format="%.4g", key="w_heal_lr"))
     seq_len = int(c4.selectbox("Sequence length", [64, 128, 256, 512], index=1, key="w_heal_seq"))
     batch = int(c5.number_input("Batch", 1, 64 if not pol.demo else 16, DEFAULT.batch, key="w_heal_batch"))
     return Recipe(steps=steps, rank=rank, alpha=2.0 * rank, lr=lr, warmup=min(DEFAULT.warmup, steps),
-                  seq_len=seq_len, batch=batch)
+                  seq_len=seq_len, batch=batch, **how)
 
 
 def section(analysis_job) -> None:
     """The panel, below the removal curves of ``analysis_job`` (its model, contract, budget and methods)."""
     st.subheader("Healing after removal")
-    st.caption("Each method's set at each n, healed with a short LoRA fine-tune, against the control: the unpruned "
-               "base fine-tuned with the same recipe on the same text (so domain adaptation is not counted as "
+    st.caption("Each method's set at each n, healed with a short fine-tune (LoRA or the last k blocks; on the LM loss "
+               "or distilled from the unpruned model), against the control: the unpruned base fine-tuned with the "
+               "same recipe on the same text (so domain adaptation is not counted as "
                "healing), all on the same evaluation windows.")
     req = curves_analysis(analysis_job)
     if req is None:
@@ -115,6 +147,27 @@ def body(job) -> None:
         st.caption(f"contract: {htf.caption(hc.tasks)}")
     for note in hc.notes:
         st.caption(f"note: {note}")
+    worse = worse_heals(hc)
+    for (m, n), line in worse.items():  # the gate of an export (heal --out without --force)
+        st.error(f"{m}, n = {n}: {line}", icon=":material/trending_up:")
     if job.running:
         return
     common.downloads(fig, table, cap, hc.to_json(), "healed-curves", key="heal")
+    _export(job, worse)
+
+
+def _export(job, worse: dict) -> None:
+    """Export one healed model (merged Hugging Face folder, :func:`swapkl.jobs.heal_export.export_healed_model`):
+    a heal that made its model worse gets no button unless "export anyway" is ticked (``heal --force``)."""
+    hc = job.heal
+    st.markdown("**Export a healed model**")
+    c1, c2, c3 = st.columns([2, 1, 2])
+    m = c1.selectbox("method", list(hc.methods), key="w_heal_exp_method")
+    n = c2.selectbox("n", [e["n"] for e in hc.methods[m]], key="w_heal_exp_n")
+    force = False
+    if (m, n) in worse:
+        force = c3.checkbox("export anyway", key="w_heal_exp_force",
+                            help="the heal made this model worse than the pruned model; heal --force exports it anyway")
+        if not force:
+            return
+    common.export_healed_view(job, m, n, force)
