@@ -22,6 +22,7 @@ from swapkl.healing.recipe import OBJECTIVES, PARTS, Recipe
 from swapkl.jobs.contents import content_key
 from swapkl.jobs.exports import worse_heals
 from swapkl.jobs.forms import curves_analysis, heal_request, healable
+from swapkl.jobs.policy import DEMO_MAX_LAST_K
 
 #: the panel's recipe when nobody changes it: small enough for a CPU (about a minute per set on stories260K)
 DEFAULT = Recipe(steps=30, rank=8, alpha=16.0, lr=2e-3, warmup=3, seq_len=128, batch=4)
@@ -30,7 +31,7 @@ OBJECTIVE_LABELS = {"lm": "LM loss", "kd": "distillation (KD) from the unpruned 
 PART_LABELS = {"lora": "LoRA", "last-k": "last k blocks + lm_head"}
 
 
-def _objective_widgets() -> dict:
+def _objective_widgets(pol) -> dict:
     """The loss and the trained part -> the recipe's ``objective`` (with ``temperature`` for a KD term and
     ``kd_weight`` for kd+lm), ``part`` and ``last_k`` (for last-k); the KD control note under a ``kd`` choice."""
     c1, c2, c3, c4, c5 = st.columns(5)
@@ -47,7 +48,8 @@ def _objective_widgets() -> dict:
                            help="heal --train: LoRA on every linear layer of the kept blocks, or the last k kept "
                                 "blocks and lm_head in full")
     if out["part"] == "last-k":
-        out["last_k"] = int(c5.number_input("k (last blocks)", 1, 1024, DEFAULT.last_k, key="w_heal_k"))
+        top = DEMO_MAX_LAST_K if pol.demo else 1024
+        out["last_k"] = int(c5.number_input("k (last blocks)", 1, top, min(DEFAULT.last_k, top), key="w_heal_k"))
     if objective == "kd":
         from swapkl.healing.heal import KD_CONTROL_NOTE  # deferred: that module imports torch
 
@@ -57,7 +59,7 @@ def _objective_widgets() -> dict:
 
 def _recipe_widgets(pol) -> Recipe:
     """The recipe from the widgets (demo: the widgets stop at the policy's bounds)."""
-    how = _objective_widgets()
+    how = _objective_widgets(pol)
     c1, c2, c3, c4, c5 = st.columns(5)
     max_steps = pol.max_heal_steps if pol.demo else 100_000
     steps = int(c1.number_input("Steps", 0, max_steps, min(DEFAULT.steps, max_steps), key="w_heal_steps"))

@@ -13,7 +13,7 @@ from swapkl.jobs import AnalysisRequest, defaults
 from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
 from swapkl.jobs.forms import (BRIDGE_FORMS, BRIDGE_TOKENS, BRIDGE_TOKENS_RANGE, REPAIR_CHOICES, analysis_request,
                                query_params, query_settings, spec_source, unit_note)
-from swapkl.jobs.policy import Policy, PolicyError
+from swapkl.jobs.policy import DEMO_MAX_BRIDGE_TOKENS, Policy, PolicyError
 from swapkl.removal import methods as methods_registry
 
 SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
@@ -173,6 +173,8 @@ def repair_widgets() -> tuple[str, dict]:
     if repair == "none":
         return repair, {}
     lo, hi = BRIDGE_TOKENS_RANGE
+    if policy().demo:  # the widget stops at the demo server's bound (its policy refuses more)
+        hi = min(hi, DEMO_MAX_BRIDGE_TOKENS)
     if st.session_state.get("w_bridge_form") not in BRIDGE_FORMS:  # unset (a hidden widget's state is dropped)
         st.session_state["w_bridge_form"] = BRIDGE_FORMS[0]
     n = st.session_state.get("w_bridge_tokens")

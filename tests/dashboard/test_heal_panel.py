@@ -32,6 +32,7 @@ def test_demo_policy_bounds_heal_requests():
         "n past the budget": (dict(ns=(1, 9)), "at most 4 layers"),
         "too many sets": (dict(methods=("interchange", "replacement", "bi"), ns=(1, 2, 3)), "at most 8 sets"),
         "a seeded method": (dict(methods=("random",)), "not 'random'"),
+        "many blocks in full": (dict(recipe=Recipe(steps=10, part="last-k", last_k=12)), "last 4 blocks in full"),
         "a merging method": (dict(methods=("laco",)), "not 'laco'"),
         "an unknown method": (dict(methods=("../../etc",)), "not '../../etc'"),
         "a visitor's evaluator": (dict(evaluator=Evaluator("big", 10**9, 512, 256)), "own evaluator"),

@@ -136,3 +136,13 @@ def test_a_shared_link_sets_the_repair_and_a_hostile_one_is_ignored(cache):
     assert not at.exception
     assert at.selectbox(key="w_bridge_form").value == "folded"
     assert at.number_input(key="w_bridge_tokens").value == forms.BRIDGE_TOKENS
+
+
+def test_a_demo_server_bounds_the_bridges_calibration():
+    from swapkl.jobs.policy import DEMO_MAX_BRIDGE_TOKENS, Policy, PolicyError
+
+    demo = Policy(demo=True, models=("m",), max_budget=4)
+    demo.check_request(_req(bridge={"form": "folded", "calib_tokens": DEMO_MAX_BRIDGE_TOKENS}))
+    with pytest.raises(PolicyError, match=f"at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; 65536 asked"):
+        demo.check_request(_req(bridge={"form": "folded", "calib_tokens": 65536}))
+    Policy().check_request(_req(bridge={"form": "folded", "calib_tokens": 65536}))  # a local user: no bound
