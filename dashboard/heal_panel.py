@@ -15,6 +15,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import common, tasks_panel
+from swapkl import views
 from swapkl.errors import SwapklError
 from swapkl.healing import figures as hf
 from swapkl.healing import task_figures as htf
@@ -129,6 +130,9 @@ def body(job) -> None:
     rk = (content_key(hc),)
     fig = common.memo("heal_fig", rk, lambda: hf.heal_figure(hc))
     st.plotly_chart(fig, key="heal_main")
+    stages = common.memo("heal_stages", rk, lambda: views.healed_stages_figure(hc, hf.caption(hc)))
+    if stages is not None:  # a heal that started from the bridged model: raw, bridged and healed per method
+        st.plotly_chart(stages, key="heal_stages")
     table = common.memo("heal_table", rk, lambda: hf.heal_table(hc))
     st.dataframe(table, hide_index=True, key="heal_table")
     comp = common.memo("heal_comp", rk, lambda: hf.comparison_table(hc))

@@ -155,3 +155,47 @@ def repair_html(curves, caption: str) -> str:
             f"<p>{html_text(repair_caption(curves))}. Bridged − raw in percentage points of the baseline perplexity, "
             "paired over the same windows; tie when the 95 % CI includes 0.</p>"
             + html_table(tbl, caption, nd=2) + csv_link(tbl, caption, "repaired.csv", "download CSV"))
+
+
+# ============================================================================================ healed after a repair
+#: the stages of a heal that starts from a bridged model, and how each is drawn (one colour per method)
+STAGES = {"raw": "solid", "bridged": "dash", "healed": "dot"}
+
+
+def stage_value(v) -> float | None:
+    """ΔPPL % vs the base of one stage of a healed point: ``v["delta_pct"]["value"]`` (a row of
+    :func:`swapkl.healing.result.compare_bridged`), ``v["delta_pct"]`` or ``v`` when it is a number; None without."""
+    if isinstance(v, dict):
+        v = v.get("delta_pct")
+        v = v.get("value") if isinstance(v, dict) else v
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def healed_stages_figure(heal_curves, caption: str = ""):
+    """ΔPPL % (vs the base) against n of each method's raw cut, bridged model and healed model, when the healed
+    curves' points carry ``raw`` / ``bridged`` / ``healed`` (a heal started from the bridged model): one colour per
+    method, solid / dashed / dotted per stage, traces named ``"<label> <stage>"`` with ``meta = {"method", "stage"}``.
+    None when no point carries them (the healed curves are drawn as before)."""
+    import plotly.graph_objects as go
+
+    d = heal_curves if isinstance(heal_curves, dict) else heal_curves.to_dict()
+    methods = d.get("methods") or {}
+    if not any(stage_value(e.get(s)) is not None for v in methods.values() for e in v for s in STAGES):
+        return None
+    fig = go.Figure()
+    for k, m in enumerate(M.run_order(methods)):
+        col = _style(m, k)["color"]
+        for stage, dash in STAGES.items():
+            pts = [(int(e["n"]), stage_value(e.get(stage))) for e in methods[m]]
+            pts = [(n, y) for n, y in pts if y is not None]
+            if pts:
+                fig.add_trace(go.Scatter(x=[n for n, _ in pts], y=[y for _, y in pts], mode="lines+markers",
+                                         name=f"{M.label(m)} {stage}", legendgroup=m,
+                                         line={"color": col, "dash": dash, "width": 2}, meta={"method": m,
+                                                                                             "stage": stage}))
+    fig.add_hline(y=0, line={"color": "black", "width": 0.8})
+    fig.update_layout(xaxis_title="layers removed n", yaxis_title="ΔPPL (% of base)", height=420, width=760)
+    fig.update_xaxes(dtick=1)
+    from swapkl.views.captions import _stamp
+
+    return _stamp(fig, "Raw cut, bridged and healed", caption)

@@ -303,3 +303,24 @@ def test_a_healed_model_exports_and_a_worse_one_only_anyway(heal_job, tmp_path):
         assert not (tmp_path / "worse").exists()
     finally:
         m.shutdown()
+
+
+def test_healed_points_with_raw_bridged_healed_get_their_figure(heal_job, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    d = heal_job[0].heal.to_dict()
+    for entries in d["methods"].values():
+        for k, e in enumerate(entries):
+            e.update(raw={"delta_pct": {"value": 20.0 + k}}, bridged={"delta_pct": {"value": 9.0 + k}},
+                     healed={"delta_pct": {"value": 3.0 + k}})
+    f = tmp_path / "heal.json"
+    f.write_text(json.dumps(d))
+    monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    (stages,) = [f for f in figs if any((t.get("meta") or {}).get("stage") for t in f["data"])]
+    got = {(t["meta"]["method"], t["meta"]["stage"]): t["y"] for t in stages["data"] if t.get("meta")}
+    assert got == {(m, s): [v + k for k, _ in enumerate(d["methods"][m])] for m in d["methods"]
+                   for s, v in (("raw", 20.0), ("bridged", 9.0), ("healed", 3.0))}
+    # without these keys the panel draws one figure, as before (test_panel_draws_dashed_healed_curves_...)

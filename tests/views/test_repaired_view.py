@@ -101,3 +101,26 @@ def test_the_report_section_holds_the_table():
     assert "repaired.csv" in html
     d.pop("repaired")
     assert R.repair_html(d, "cap") == ""
+
+
+def _row(delta):
+    return {"ppl": 10 * (1 + delta / 100), "ppl_ci": [9, 11], "delta_pct": {"value": delta, "ci": [delta - 1, delta + 1],
+                                                                           "tie": False}}
+
+
+def test_healed_stages_are_drawn_per_method_only_when_the_points_carry_them():
+    hc = {"methods": {"replacement": [{"n": 1, "raw": _row(12.0), "bridged": _row(6.0), "healed": _row(2.5)},
+                                      {"n": 2, "raw": _row(30.0), "bridged": _row(14.0), "healed": _row(5.0)}],
+                      "interchange": [{"n": 1, "raw": _row(10.0), "bridged": _row(4.0), "healed": 1.0}]}}
+    fig = R.healed_stages_figure(hc, "cap").to_plotly_json()
+    traces = {(t["meta"]["method"], t["meta"]["stage"]): t for t in fig["data"] if isinstance(t.get("meta"), dict)}
+    assert len(traces) == 6
+    for (m, stage), t in traces.items():
+        want = [e[stage]["delta_pct"]["value"] if isinstance(e[stage], dict) else e[stage] for e in hc["methods"][m]]
+        assert list(t["y"]) == want and list(t["x"]) == [e["n"] for e in hc["methods"][m]]
+        assert t["line"]["dash"] == R.STAGES[stage]
+    assert traces[("replacement", "raw")]["line"]["color"] == traces[("replacement", "healed")]["line"]["color"]
+    assert traces[("replacement", "raw")]["line"]["color"] != traces[("interchange", "raw")]["line"]["color"]
+    assert fig["layout"]["meta"]["contract"] == "cap"
+    plain = {"methods": {"replacement": [{"n": 1, "delta_pct": {"healed_vs_base": {"value": 3.0}}}]}}
+    assert R.healed_stages_figure(plain) is None
