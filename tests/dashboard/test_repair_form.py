@@ -146,3 +146,34 @@ def test_a_demo_server_bounds_the_bridges_calibration():
     with pytest.raises(PolicyError, match=f"at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; 65536 asked"):
         demo.check_request(_req(bridge={"form": "folded", "calib_tokens": 65536}))
     Policy().check_request(_req(bridge={"form": "folded", "calib_tokens": 65536}))  # a local user: no bound
+
+
+def test_a_bridged_analysis_from_the_start_page_reaches_the_curves_page(cache):
+    """The whole path in the app on stories260K: the Start form with a linear bridge, Compute, and the curves page's
+    dashed bridged curves and table hold the job's numbers (once the plan knows the bridge; before, the form
+    refuses it in one line and nothing is computed)."""
+    import json
+
+    from dashboard import common
+    from swapkl.removal.plan import REPAIRS
+    from test_app import _choose_stories, _compute
+
+    at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=2)
+    at.radio(key="w_repair").set_value("bridge").run()
+    at.number_input(key="w_bridge_tokens").set_value(512).run()
+    assert not at.exception, at.exception
+    if "bridge" not in REPAIRS:
+        assert any("unknown repair 'bridge'" in e.value for e in at.error)
+        return
+    job = _compute(at)
+    assert job.request.repair == "bridge" and job.request.bridge == {"form": "folded", "calib_tokens": 512}
+    c = job.curves.to_dict()
+    assert set(c["repaired"]) == set(c["methods"]) and c["repair"]["settings"]["calib_tokens"] == 512
+    at.switch_page("pages/curves.py").run()
+    assert not at.exception, at.exception
+    main = json.loads(at.get("plotly_chart")[0].proto.spec)
+    dashed = {t["meta"]["method"]: t["y"] for t in main["data"] if (t.get("meta") or {}).get("repair") == "bridged"}
+    assert dashed == {m: [e["delta_pct"] for e in v] for m, v in c["repaired"].items()}
+    (table,) = [t for t in at.dataframe if "verdict" in t.value.columns]
+    assert list(table.value["bridged − raw (pp)"]) == [e["paired_delta_pct"] for m in dashed for e in c["repaired"][m]]
+    assert "repair: linear bridge (folded, 512 calibration tokens" in common.report_html(job, None)
