@@ -22,21 +22,23 @@ from swapkl.healing import task_figures as htf
 from swapkl.healing.recipe import OBJECTIVES, PARTS, Recipe
 from swapkl.jobs.contents import content_key
 from swapkl.jobs.exports import worse_heals
-from swapkl.jobs.forms import curves_analysis, heal_request, healable
+from swapkl.jobs.forms import curves_analysis, heal_parts, heal_request, healable
 from swapkl.jobs.policy import DEMO_MAX_LAST_K
 
 #: the panel's recipe when nobody changes it: small enough for a CPU (about a minute per set on stories260K)
 DEFAULT = Recipe(steps=30, rank=8, alpha=16.0, lr=2e-3, warmup=3, seq_len=128, batch=4)
 #: how the objectives and the trained parts read in the panel (the recipe's names: ``heal --objective / --train``)
 OBJECTIVE_LABELS = {"lm": "LM loss", "kd": "distillation (KD) from the unpruned model", "kd+lm": "KD + LM"}
-PART_LABELS = {"lora": "LoRA", "last-k": "last k blocks + lm_head"}
+PART_LABELS = {"lora": "LoRA", "last-k": "last k blocks + lm_head", "bridge": "LoRA + the bridge matrices"}
 
 
-def _objective_widgets(pol) -> dict:
+def _objective_widgets(pol, from_bridge: bool = False) -> dict:
     """The loss and the trained part -> the recipe's ``objective`` (with ``temperature`` for a KD term and
-    ``kd_weight`` for kd+lm), ``part`` and ``last_k`` (for last-k); the KD control note under a ``kd`` choice."""
+    ``kd_weight`` for kd+lm), ``part`` and ``last_k`` (for last-k; ``bridge`` only for a heal from the bridged
+    model); the KD control note under a ``kd`` choice."""
     c1, c2, c3, c4, c5 = st.columns(5)
-    objective = c1.selectbox("Objective", OBJECTIVES, format_func=OBJECTIVE_LABELS.get, key="w_heal_objective",
+    objective = c1.selectbox("Objective", OBJECTIVES, format_func=lambda o: OBJECTIVE_LABELS.get(o, o),
+                             key="w_heal_objective",
                              help="heal --objective: the loss of the fine-tune")
     out = {"objective": objective}
     if objective != "lm":
@@ -45,7 +47,10 @@ def _objective_widgets(pol) -> dict:
     if objective == "kd+lm":
         out["kd_weight"] = float(c3.number_input("KD weight w", 0.0, 1.0, DEFAULT.kd_weight, step=0.1,
                                                  key="w_heal_kd_weight", help="loss = w KD + (1 − w) LM"))
-    out["part"] = c4.radio("Trained part", PARTS, format_func=PART_LABELS.get, key="w_heal_part",
+    parts = heal_parts(PARTS, from_bridge)
+    if st.session_state.get("w_heal_part") not in parts:
+        st.session_state["w_heal_part"] = parts[0]
+    out["part"] = c4.radio("Trained part", parts, format_func=lambda p: PART_LABELS.get(p, p), key="w_heal_part",
                            help="heal --train: LoRA on every linear layer of the kept blocks, or the last k kept "
                                 "blocks and lm_head in full")
     if out["part"] == "last-k":
@@ -58,15 +63,15 @@ def _objective_widgets(pol) -> dict:
     return out
 
 
-def _recipe_widgets(pol) -> Recipe:
+def _recipe_widgets(pol, from_bridge: bool = False) -> Recipe:
     """The recipe from the widgets (demo: the widgets stop at the policy's bounds)."""
-    how = _objective_widgets(pol)
+    how = _objective_widgets(pol, from_bridge)
     c1, c2, c3, c4, c5 = st.columns(5)
     max_steps = pol.max_heal_steps if pol.demo else 100_000
     steps = int(c1.number_input("Steps", 0, max_steps, min(DEFAULT.steps, max_steps), key="w_heal_steps"))
     max_rank = pol.max_heal_rank if pol.demo else 1024
     rank = int(c2.number_input("LoRA rank", 1, max_rank, min(DEFAULT.rank, max_rank), key="w_heal_rank",
-                               disabled=how["part"] != "lora"))
+                               disabled=how["part"] == "last-k"))
     lr = float(c3.number_input("Learning rate", 1e-5, 1.0, DEFAULT.lr, format="%.4g", key="w_heal_lr"))
     seq_len = int(c4.selectbox("Sequence length", [64, 128, 256, 512], index=1, key="w_heal_seq"))
     batch = int(c5.number_input("Batch", 1, 64 if not pol.demo else 16, DEFAULT.batch, key="w_heal_batch"))
@@ -93,7 +98,10 @@ def section(analysis_job) -> None:
                              key="w_heal_methods")
     top = min(req.budget, pol.max_budget) if pol.demo else req.budget
     lo, hi = (c2.slider("n (layers removed)", 1, top, (1, min(2, top)), key="w_heal_n") if top > 1 else (1, 1))
-    recipe = _recipe_widgets(pol)
+    from_bridge = req.repair != "none" and st.checkbox(
+        "Start from the bridged model", value=True, key="w_heal_from_bridge",
+        help="the analysis repairs each cut with a linear bridge: heal the bridged model (heal --repair bridge)")
+    recipe = _recipe_widgets(pol, from_bridge)
     bound = f"; this server allows {pol.max_heal_tokens}" if pol.demo else ""
     st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control{bound})")
     tasks, limit, shots, include = (), None, None, None
@@ -101,7 +109,8 @@ def section(analysis_job) -> None:
         tasks, limit, shots, include = tasks_panel._widgets(pol, "w_heal_tasks")
     if st.button("Heal", key="heal_start", disabled=not methods):
         try:
-            hreq = heal_request(req, methods, range(lo, hi + 1), recipe, pol.demo, tasks, limit, shots, include)
+            hreq = heal_request(req, methods, range(lo, hi + 1), recipe, pol.demo, tasks, limit, shots, include,
+                                from_bridge)
         except SwapklError as e:
             st.error(str(e), icon=":material/block:")
         else:

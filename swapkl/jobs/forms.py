@@ -128,15 +128,35 @@ def tasks_request(base: AnalysisRequest, tasks, limit: int | None, shots: int | 
 
 
 def heal_request(base: AnalysisRequest, methods, ns, recipe, demo: bool, tasks=(), limit: int | None = None,
-                 shots: int | None = None, include: str | None = None) -> HealRequest:
+                 shots: int | None = None, include: str | None = None, from_bridge: bool = False) -> HealRequest:
     """Healing of ``methods``' sets at each n of ``ns`` for the analysis ``base`` with ``recipe``; a demo server
-    heals on its own evaluator (the analysis's evaluator is a local choice); the task folder only with tasks."""
+    heals on its own evaluator (the analysis's evaluator is a local choice); the task folder only with tasks.
+    ``from_bridge``: the heals start from the bridged model of ``base``'s repair (:func:`heal_repairs`: refused in
+    one line where the healing package cannot)."""
+    repair = base.repair if from_bridge else "none"
+    if repair != "none" and not heal_repairs():
+        raise SwapklError("healing from a bridged model needs a healing package that takes the repair "
+                          "(HealSetup.repair); untick 'start from the bridged model'")
     req = HealRequest(model=base.model, revision=base.revision, contract=base.contract, methods=tuple(methods),
                       ns=tuple(ns), recipe=recipe, evaluator=None if demo else base.evaluator, tasks=tuple(tasks),
-                      limit=limit, num_fewshot=shots, include_path=include if tasks else None)
+                      limit=limit, num_fewshot=shots, include_path=include if tasks else None, repair=repair,
+                      bridge=base.bridge if repair != "none" else None)
     if req.methods and req.ns:
         req.removal_plan()  # the plan's checks refuse a bad request here, in one line
     return req
+
+
+def heal_repairs() -> bool:
+    """Whether a heal can start from a bridged model here (``HealSetup`` has the ``repair`` field)."""
+    from swapkl.healing.heal import HealSetup  # deferred: that module imports torch
+
+    return "repair" in HealSetup.__dataclass_fields__
+
+
+def heal_parts(parts, from_bridge: bool) -> list[str]:
+    """The trained parts the panel offers: ``bridge`` (the bridge matrices with LoRA) only for a heal that starts
+    from the bridged model."""
+    return [p for p in parts if p != "bridge" or from_bridge]
 
 
 def healable(methods) -> list[str]:

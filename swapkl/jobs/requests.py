@@ -236,7 +236,9 @@ class HealRequest:
     :class:`~swapkl.healing.recipe.Recipe` dict) against one control, on the removal evaluator ``evaluator``.
     Demo mode bounds the steps, tokens, rank and n (:func:`swapkl.jobs.policy.check_heal`).  With ``tasks``: also
     lm-eval task accuracy of the fine-tuned base and each healed model (:mod:`swapkl.healing.tasks`; ``limit``,
-    ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way)."""
+    ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way).  ``repair``
+    ``"bridge"``: every heal starts from the bridged model (the linear bridge of ``bridge``'s settings in place of
+    each removed span, ``HealSetup(repair=..., bridge=...)``), as ``heal --repair bridge``."""
 
     model: str = "default"
     revision: str | None = None
@@ -251,9 +253,14 @@ class HealRequest:
     num_fewshot: int | None = None
     include_path: str | None = None
     kind: str = "heal"
+    repair: str = "none"
+    bridge: Any = None
 
     def __post_init__(self):
         from swapkl.healing.recipe import Recipe
+
+        object.__setattr__(self, "repair", str(self.repair or "none"))
+        object.__setattr__(self, "bridge", dict(self.bridge or {}) if self.repair != "none" else {})
 
         object.__setattr__(self, "model", str(self.model).strip())
         object.__setattr__(self, "revision", (str(self.revision).strip() or None) if self.revision else None)
@@ -280,13 +287,19 @@ class HealRequest:
                 "contract": self.contract.to_dict(), "methods": list(self.methods), "ns": list(self.ns),
                 "recipe": dict(self.recipe), "evaluator": self.evaluator, "spacing": self.spacing,
                 **({"tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
-                    "include_path": self.include_path} if self.tasks or self.include_path else {})}
+                    "include_path": self.include_path} if self.tasks or self.include_path else {}),
+                **({"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {})}
+
+    def setup_fields(self) -> dict:
+        """The repair's keyword arguments of the heal's ``HealSetup`` (``{}`` without a repair)."""
+        return {"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {}
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         tasks = f" · tasks {', '.join(self.tasks)}" if self.tasks else ""
+        rep = " · from the bridged model" if self.repair != "none" else ""
         return (f"healing: {m} · {', '.join(self.methods)} · n = {', '.join(map(str, self.ns))} · "
-                f"{self.recipe_obj().describe()}{tasks}")
+                f"{self.recipe_obj().describe()}{rep}{tasks}")
 
 
 def quick_fingerprint(model: str, revision: str | None = None) -> str:

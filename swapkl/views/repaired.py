@@ -171,6 +171,15 @@ def stage_value(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def stage_of(entry: dict, stage: str) -> float | None:
+    """ΔPPL % of ``stage`` at one healed point: its ``stage`` key, else its heal's repair record
+    (``entry["repair"]["eval"]["rows"][stage]``); None without."""
+    v = entry.get(stage)
+    if v is None:
+        v = (((entry.get("repair") or {}).get("eval") or {}).get("rows") or {}).get(stage)
+    return stage_value(v)
+
+
 def healed_stages_figure(heal_curves, caption: str = ""):
     """ΔPPL % (vs the base) against n of each method's raw cut, bridged model and healed model, when the healed
     curves' points carry ``raw`` / ``bridged`` / ``healed`` (a heal started from the bridged model): one colour per
@@ -180,13 +189,13 @@ def healed_stages_figure(heal_curves, caption: str = ""):
 
     d = heal_curves if isinstance(heal_curves, dict) else heal_curves.to_dict()
     methods = d.get("methods") or {}
-    if not any(stage_value(e.get(s)) is not None for v in methods.values() for e in v for s in STAGES):
+    if not any(stage_of(e, s) is not None for v in methods.values() for e in v for s in STAGES):
         return None
     fig = go.Figure()
     for k, m in enumerate(M.run_order(methods)):
         col = _style(m, k)["color"]
         for stage, dash in STAGES.items():
-            pts = [(int(e["n"]), stage_value(e.get(stage))) for e in methods[m]]
+            pts = [(int(e["n"]), stage_of(e, stage)) for e in methods[m]]
             pts = [(n, y) for n, y in pts if y is not None]
             if pts:
                 fig.add_trace(go.Scatter(x=[n for n, _ in pts], y=[y for _, y in pts], mode="lines+markers",

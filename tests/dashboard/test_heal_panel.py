@@ -324,3 +324,41 @@ def test_healed_points_with_raw_bridged_healed_get_their_figure(heal_job, tmp_pa
     assert got == {(m, s): [v + k for k, _ in enumerate(d["methods"][m])] for m in d["methods"]
                    for s, v in (("raw", 20.0), ("bridged", 9.0), ("healed", 3.0))}
     # without these keys the panel draws one figure, as before (test_panel_draws_dashed_healed_curves_...)
+
+
+def _bridged_section_app():
+    from dashboard import heal_panel
+    from swapkl.jobs import AnalysisRequest, Job
+
+    heal_panel.section(Job("heal-bridged-test", AnalysisRequest(
+        model="default", budget=2, methods=("replacement", "interchange"), repair="bridge",
+        bridge={"form": "residual", "calib_tokens": 1024})))
+
+
+def test_a_repaired_analysis_heals_from_its_bridged_model(cache, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from swapkl.healing.recipe import PARTS
+    from swapkl.jobs.forms import heal_repairs
+
+    asked = []
+    monkeypatch.setattr("dashboard.common.start", asked.append)
+    at = AppTest.from_function(_bridged_section_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert at.checkbox(key="w_heal_from_bridge").value is True
+    from dashboard.heal_panel import PART_LABELS
+
+    # "bridge" too, where the recipe knows it
+    assert at.radio(key="w_heal_part").options == [PART_LABELS[p] for p in PARTS]
+    at.button(key="heal_start").click().run()
+    if heal_repairs():
+        assert (asked[-1].repair, asked[-1].bridge) == ("bridge", {"form": "residual", "calib_tokens": 1024})
+        assert asked[-1].setup_fields() == {"repair": "bridge", "bridge": {"form": "residual", "calib_tokens": 1024}}
+    else:  # this build's healing cannot start from a bridge: one line, nothing started
+        assert not asked and [e.value for e in at.error] == [
+            "healing from a bridged model needs a healing package that takes the repair (HealSetup.repair); untick "
+            "'start from the bridged model'"]
+    at.checkbox(key="w_heal_from_bridge").uncheck().run()
+    assert PART_LABELS["bridge"] not in at.radio(key="w_heal_part").options
+    at.button(key="heal_start").click().run()
+    assert asked[-1].repair == "none" and asked[-1].setup_fields() == {} and "repair" not in asked[-1].to_dict()

@@ -124,3 +124,10 @@ def test_healed_stages_are_drawn_per_method_only_when_the_points_carry_them():
     assert fig["layout"]["meta"]["contract"] == "cap"
     plain = {"methods": {"replacement": [{"n": 1, "delta_pct": {"healed_vs_base": {"value": 3.0}}}]}}
     assert R.healed_stages_figure(plain) is None
+
+
+def test_a_heals_repair_record_gives_the_stages_too():
+    rows = {"raw": _row(12.0), "bridged": _row(6.0), "healed": _row(2.5)}
+    e = {"n": 1, "repair": {"kind": "bridge", "eval": {"rows": rows}}}
+    assert [R.stage_of(e, s) for s in R.STAGES] == [12.0, 6.0, 2.5]
+    assert R.stage_of({"n": 1}, "raw") is None and R.stage_value(True) is None and R.stage_value("3") is None
