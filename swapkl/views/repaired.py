@@ -182,14 +182,15 @@ def stage_of(entry: dict, stage: str) -> float | None:
 
 def healed_stages_figure(heal_curves, caption: str = ""):
     """ΔPPL % (vs the base) against n of each method's raw cut, bridged model and healed model, when the healed
-    curves' points carry ``raw`` / ``bridged`` / ``healed`` (a heal started from the bridged model): one colour per
-    method, solid / dashed / dotted per stage, traces named ``"<label> <stage>"`` with ``meta = {"method", "stage"}``.
-    None when no point carries them (the healed curves are drawn as before)."""
+    curves' points carry a ``bridged`` value beside ``raw`` / ``healed`` (a heal started from the bridged model): one
+    colour per method, solid / dashed / dotted per stage, traces named ``"<label> <stage>"`` with
+    ``meta = {"method", "stage"}``.  None when no point has a bridged value (the healed curves figure already shows
+    the raw cut and the healed model)."""
     import plotly.graph_objects as go
 
     d = heal_curves if isinstance(heal_curves, dict) else heal_curves.to_dict()
     methods = d.get("methods") or {}
-    if not any(stage_of(e, s) is not None for v in methods.values() for e in v for s in STAGES):
+    if not any(stage_of(e, "bridged") is not None for v in methods.values() for e in v):
         return None
     fig = go.Figure()
     for k, m in enumerate(M.run_order(methods)):

@@ -362,3 +362,36 @@ def test_a_repaired_analysis_heals_from_its_bridged_model(cache, monkeypatch):
     assert PART_LABELS["bridge"] not in at.radio(key="w_heal_part").options
     at.button(key="heal_start").click().run()
     assert asked[-1].repair == "none" and asked[-1].setup_fields() == {} and "repair" not in asked[-1].to_dict()
+
+
+def test_a_heal_from_the_bridged_model_runs_draws_its_stages_and_exports(stories_path, tmp_path, monkeypatch):
+    """Where the healing package takes the repair: a repaired analysis's heal through the job system starts from
+    the bridged model, the stages figure holds its raw / bridged / healed points, and the healed model exports
+    (folded bridge).  Before, the request is refused in one line."""
+    from swapkl import views
+    from swapkl.errors import SwapklError
+    from swapkl.jobs import DONE, AnalysisRequest, JobManager, forms
+    from swapkl.jobs.heal_export import export_healed_model
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    base = AnalysisRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), budget=1,
+                           methods=("interchange",), evaluator=EV, repair="bridge",
+                           bridge={"form": "folded", "calib_tokens": 512})
+    if not forms.heal_repairs():
+        with pytest.raises(SwapklError, match="healing from a bridged model needs"):
+            forms.heal_request(base, ["interchange"], [1], TINY, False, from_bridge=True)
+        return
+    m = JobManager()
+    try:
+        job = m.submit(forms.heal_request(base, ["interchange"], [1], TINY, False, from_bridge=True))
+        assert job.wait(600), job.summary()
+        assert job.status == DONE, job.error
+        d = job.heal.to_dict()
+        e = d["methods"]["interchange"][0]
+        fig = views.healed_stages_figure(d)
+        got = {t.meta["stage"]: list(t.y) for t in fig.data if t.meta}
+        assert got == {s: [e[s]["delta_pct"]["value"]] for s in ("raw", "bridged", "healed")}
+        out = export_healed_model(m, job, "interchange", 1, tmp_path / "healed")
+        assert json.loads((out / "swapkl_heal.json").read_text())["removed"] == e["removed"]
+    finally:
+        m.shutdown()

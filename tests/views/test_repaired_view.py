@@ -124,6 +124,8 @@ def test_healed_stages_are_drawn_per_method_only_when_the_points_carry_them():
     assert fig["layout"]["meta"]["contract"] == "cap"
     plain = {"methods": {"replacement": [{"n": 1, "delta_pct": {"healed_vs_base": {"value": 3.0}}}]}}
     assert R.healed_stages_figure(plain) is None
+    no_bridge = {"methods": {"replacement": [{"n": 1, "raw": _row(12.0), "bridged": None, "healed": _row(2.5)}]}}
+    assert R.healed_stages_figure(no_bridge) is None  # without a repair the healed figure already shows both
 
 
 def test_a_heals_repair_record_gives_the_stages_too():
