@@ -22,7 +22,7 @@ from swapkl.healing import task_figures as htf
 from swapkl.healing.recipe import OBJECTIVES, PARTS, Recipe
 from swapkl.jobs.contents import content_key
 from swapkl.jobs.exports import worse_heals
-from swapkl.jobs.forms import curves_analysis, heal_parts, heal_request, healable
+from swapkl.jobs.forms import curves_analysis, heal_parts, heal_repairs, heal_request, healable
 from swapkl.jobs.policy import DEMO_MAX_LAST_K
 
 #: the panel's recipe when nobody changes it: small enough for a CPU (about a minute per set on stories260K)
@@ -98,9 +98,11 @@ def section(analysis_job) -> None:
                              key="w_heal_methods")
     top = min(req.budget, pol.max_budget) if pol.demo else req.budget
     lo, hi = (c2.slider("n (layers removed)", 1, top, (1, min(2, top)), key="w_heal_n") if top > 1 else (1, 1))
+    can = req.repair != "none" and heal_repairs()  # this build's healing can start from a bridge
     from_bridge = req.repair != "none" and st.checkbox(
-        "Start from the bridged model", value=True, key="w_heal_from_bridge",
-        help="the analysis repairs each cut with a linear bridge: heal the bridged model (heal --repair bridge)")
+        "Start from the bridged model", value=can, key="w_heal_from_bridge", disabled=not can,
+        help="the analysis repairs each cut with a linear bridge: heal the bridged model (heal --repair bridge)"
+        if can else "this build's healing cannot start from a bridged model yet")
     recipe = _recipe_widgets(pol, from_bridge)
     bound = f"; this server allows {pol.max_heal_tokens}" if pol.demo else ""
     st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control{bound})")

@@ -343,22 +343,20 @@ def test_a_repaired_analysis_heals_from_its_bridged_model(cache, monkeypatch):
 
     asked = []
     monkeypatch.setattr("dashboard.common.start", asked.append)
-    at = AppTest.from_function(_bridged_section_app, default_timeout=60).run()
-    assert not at.exception, at.exception
-    assert at.checkbox(key="w_heal_from_bridge").value is True
     from dashboard.heal_panel import PART_LABELS
 
-    # "bridge" too, where the recipe knows it
-    assert at.radio(key="w_heal_part").options == [PART_LABELS[p] for p in PARTS]
-    at.button(key="heal_start").click().run()
+    at = AppTest.from_function(_bridged_section_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    box = at.checkbox(key="w_heal_from_bridge")
     if heal_repairs():
+        assert box.value is True and not box.disabled
+        assert at.radio(key="w_heal_part").options == [PART_LABELS[p] for p in PARTS]  # the bridge is offered
+        at.button(key="heal_start").click().run()
         assert (asked[-1].repair, asked[-1].bridge) == ("bridge", {"form": "residual", "calib_tokens": 1024})
         assert asked[-1].setup_fields() == {"repair": "bridge", "bridge": {"form": "residual", "calib_tokens": 1024}}
-    else:  # this build's healing cannot start from a bridge: one line, nothing started
-        assert not asked and [e.value for e in at.error] == [
-            "healing from a bridged model needs a healing package that takes the repair (HealSetup.repair); untick "
-            "'start from the bridged model'"]
-    at.checkbox(key="w_heal_from_bridge").uncheck().run()
+        at.checkbox(key="w_heal_from_bridge").uncheck().run()
+    else:  # this build's healing cannot start from a bridge: the box is off and cannot be ticked
+        assert box.value is False and box.disabled
     assert PART_LABELS["bridge"] not in at.radio(key="w_heal_part").options
     at.button(key="heal_start").click().run()
     assert asked[-1].repair == "none" and asked[-1].setup_fields() == {} and "repair" not in asked[-1].to_dict()
