@@ -61,7 +61,8 @@ def analysis_request(spec: str, revision: str | None, contract: Contract, budget
         raise SwapklError("choose a checkpoint")
     if contract.unit != BLOCK:
         methods = tuple(M.for_unit(methods, contract.unit))
-    bridge = bridge_settings(repair, **(bridge or {}))
+    b = dict(bridge or {})
+    bridge = bridge_settings(repair, b.get("form", BRIDGE_FORMS[0]), b.get("calib_tokens", BRIDGE_TOKENS))
     if repair != "none" and contract.unit != BLOCK and budget:
         raise SwapklError(f"a linear bridge replaces removed blocks; unit {contract.unit} removes sublayers")
     req = AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,

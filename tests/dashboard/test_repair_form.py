@@ -62,6 +62,7 @@ def test_the_plan_takes_the_bridge_when_this_build_has_it():
     ("bridge", {"form": "folded", "calib_tokens": 10**9}, "got 1000000000"),
     ("bridge", {"form": "folded", "calib_tokens": "8192; rm"}, "calibration tokens must be an integer"),
     ("bridge", {"form": "folded", "calib_tokens": True}, "calibration tokens must be an integer"),
+    ("bridge", {"form": "folded", "calib_tokens": 512.5, "exec": "x"}, "calibration tokens must be an integer"),
 ])
 def test_a_hostile_repair_is_refused_in_one_line(repair, bridge, words):
     with pytest.raises(SwapklError, match=words) as e:
