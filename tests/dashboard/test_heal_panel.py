@@ -311,8 +311,9 @@ def test_healed_points_with_raw_bridged_healed_get_their_figure(heal_job, tmp_pa
     d = heal_job[0].heal.to_dict()
     for entries in d["methods"].values():
         for k, e in enumerate(entries):
-            e.update(raw={"delta_pct": {"value": 20.0 + k}}, bridged={"delta_pct": {"value": 9.0 + k}},
-                     healed={"delta_pct": {"value": 3.0 + k}})
+            row = lambda v: {"ppl": 10 + v / 10, "ppl_ci": [9.0, 12.0],  # a row of healing.result.compare_bridged
+                             "delta_pct": {"value": v, "ci": [v - 1, v + 1], "tie": False}}
+            e.update(raw=row(20.0 + k), bridged=row(9.0 + k), healed=row(3.0 + k))
     f = tmp_path / "heal.json"
     f.write_text(json.dumps(d))
     monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
