@@ -288,6 +288,7 @@ def check_heal(self: Policy, request) -> None:
         raise PolicyError(f"this demo server allows LoRA rank at most {self.max_heal_rank}; {r['rank']} asked")
     if r.get("qlora"):
         raise PolicyError("this demo server has no QLoRA (it needs CUDA and bitsandbytes)")
+    check_repair(request)  # a heal from the bridged model fits the same bridge
     if r.get("part") == "last-k" and int(r.get("last_k") or 0) > DEMO_MAX_LAST_K:
         raise PolicyError(f"this demo server trains at most the last {DEMO_MAX_LAST_K} blocks in full; "
                           f"k = {r['last_k']} asked")
@@ -298,8 +299,8 @@ def check_heal(self: Policy, request) -> None:
 
 
 def check_repair(request) -> None:
-    """An analysis's repair after removal in demo mode: at most :data:`DEMO_MAX_BRIDGE_TOKENS` calibration tokens
-    (the fit streams them through the model; every setting is checked again by the plan)."""
+    """An analysis's (or a heal's) repair after removal in demo mode: at most :data:`DEMO_MAX_BRIDGE_TOKENS`
+    calibration tokens (the fit streams them through the model; every setting is checked again by the plan)."""
     tokens = (getattr(request, "bridge", None) or {}).get("calib_tokens")
     if getattr(request, "repair", "none") != "none" and tokens is not None and int(tokens) > DEMO_MAX_BRIDGE_TOKENS:
         raise PolicyError(f"this demo server fits a bridge on at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; "

@@ -147,6 +147,14 @@ def test_a_demo_server_bounds_the_bridges_calibration():
     with pytest.raises(PolicyError, match=f"at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; 65536 asked"):
         demo.check_request(_req(bridge={"form": "folded", "calib_tokens": 65536}))
     Policy().check_request(_req(bridge={"form": "folded", "calib_tokens": 65536}))  # a local user: no bound
+    from swapkl.healing.recipe import Recipe
+    from swapkl.jobs import HealRequest
+
+    heal = HealRequest(model="m", methods=("interchange",), ns=(1,), recipe=Recipe(steps=10), repair="bridge",
+                       bridge={"form": "folded", "calib_tokens": 65536})
+    demo.check_request(HealRequest(**{k: v for k, v in vars(heal).items() if k not in ("repair", "bridge")}))
+    with pytest.raises(PolicyError, match="at most 16384 calibration tokens"):
+        demo.check_request(heal)
 
 
 def test_a_bridged_analysis_from_the_start_page_reaches_the_curves_page(cache):
