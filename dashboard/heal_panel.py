@@ -141,7 +141,8 @@ def body(job) -> None:
     rk = (content_key(hc),)
     fig = common.memo("heal_fig", rk, lambda: hf.heal_figure(hc))
     st.plotly_chart(fig, key="heal_main")
-    stages = common.memo("heal_stages", rk, lambda: views.healed_stages_figure(hc, hf.caption(hc)))
+    stages = None if views.draws_bridged(fig) else common.memo(
+        "heal_stages", rk, lambda: views.healed_stages_figure(hc, hf.caption(hc)))
     if stages is not None:  # a heal that started from the bridged model: raw, bridged and healed per method
         st.plotly_chart(stages, key="heal_stages")
     table = common.memo("heal_table", rk, lambda: hf.heal_table(hc))

@@ -180,6 +180,12 @@ def stage_of(entry: dict, stage: str) -> float | None:
     return stage_value(v)
 
 
+def draws_bridged(fig) -> bool:
+    """Whether a healed-curves figure already draws the bridged stage (a trace with ``meta.kind == "bridged"``), so
+    the stages figure would repeat it."""
+    return any(isinstance(t.meta, dict) and t.meta.get("kind") == "bridged" for t in fig.data)
+
+
 def healed_stages_figure(heal_curves, caption: str = ""):
     """ΔPPL % (vs the base) against n of each method's raw cut, bridged model and healed model, when the healed
     curves' points carry a ``bridged`` value beside ``raw`` / ``healed`` (a heal started from the bridged model): one

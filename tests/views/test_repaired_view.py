@@ -133,3 +133,12 @@ def test_a_heals_repair_record_gives_the_stages_too():
     e = {"n": 1, "repair": {"kind": "bridge", "eval": {"rows": rows}}}
     assert [R.stage_of(e, s) for s in R.STAGES] == [12.0, 6.0, 2.5]
     assert R.stage_of({"n": 1}, "raw") is None and R.stage_value(True) is None and R.stage_value("3") is None
+
+
+def test_a_figure_that_draws_the_bridged_stage_is_known():
+    import plotly.graph_objects as go
+
+    fig = go.Figure([go.Scatter(x=[1], y=[2], meta={"method": "bi", "kind": "healed"})])
+    assert not R.draws_bridged(fig)
+    fig.add_trace(go.Scatter(x=[1], y=[3], meta={"method": "bi", "kind": "bridged"}))
+    assert R.draws_bridged(fig)
