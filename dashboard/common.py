@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dashboard.current import current_job, find, need_result, start
 from dashboard.downloads import download_figure, download_json, download_table, downloads, report_button
-from dashboard.export_view import export_view
+from dashboard.export_view import export_healed_view, export_view
 from dashboard.figures import lead_figure, memo, result_key
 from dashboard.live_view import live, progress_view
 from dashboard.navigation import app_navigation
@@ -30,7 +30,7 @@ from swapkl.jobs.reports import evidence_done, job_sections, report_html, result
 from swapkl.views.captions import safe_name
 
 __all__ = ["POLL_S", "app_navigation", "current_job", "download_figure", "download_json", "download_table", "downloads",
-           "evidence_done", "export_view", "find", "job_sections", "job_verdict", "keep_widget_state", "lead_figure",
+           "evidence_done", "export_healed_view", "export_view", "find", "job_sections", "job_verdict", "keep_widget_state", "lead_figure",
            "live", "manager", "memo", "need_result", "policy", "progress_view", "report_button", "report_html",
            "request_caption", "request_from_widgets", "result_json", "result_key", "safe_name", "session_id",
            "set_query", "sidebar", "start", "streamlit_session"]

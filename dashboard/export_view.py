@@ -67,3 +67,33 @@ def _saved(done: str, fmt: str, demo: bool, key: str) -> None:
     else:
         st.download_button(f"⬇ {Path(done).name}", data=lambda: Path(done).read_bytes(), file_name=Path(done).name,
                            mime="application/octet-stream", key=f"dl_{key}", on_click="ignore")
+
+
+def export_healed_view(job: Job, method: str, n: int, anyway: bool = False) -> None:
+    """Export the healed model of ``method`` at ``n`` of the heal job ``job`` as a merged Hugging Face folder
+    (:func:`swapkl.jobs.heal_export.export_healed_model`; ``anyway``: the user ticked "export anyway" for a heal that
+    made its model worse).  Where it goes as in :func:`export_view`: a typed folder locally, the server's
+    ``exports/`` in demo mode (then offered as a zip)."""
+    from swapkl.jobs.heal_export import export_healed_model, healed_export_name
+    from swapkl.store import cache_root
+
+    pol = policy()
+    name = healed_export_name(job, method, n)
+    if pol.demo:
+        out = pol.export_dir(name, cache_root())
+        replace = out.exists()
+    else:
+        out = st.text_input("output folder", value=str(cache_root() / "exports" / name), key=f"w_heal_exp_out_{name}")
+        replace = st.checkbox("replace an existing export there", key="w_heal_exp_replace")
+    if st.button(f"Export healed model ({method}, n = {n})", key="heal_export"):
+        try:
+            with st.spinner("healing from the cache and saving…"):
+                path = export_healed_model(manager(), job, method, n, out, replace=replace, anyway=anyway)
+            st.session_state["_export_heal_export"] = str(path)
+        except SwapklError as e:
+            st.error(str(e))
+        except Exception as e:  # shown, the app keeps working
+            st.error(f"export failed: {type(e).__name__}: {e}")
+    done = st.session_state.get("_export_heal_export")
+    if done and Path(done).name == Path(out).name:
+        _saved(done, "hf", pol.demo, "heal_export")

@@ -11,8 +11,9 @@ from swapkl.contract import UNITS, Contract
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, defaults
 from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
-from swapkl.jobs.forms import analysis_request, query_params, query_settings, spec_source, unit_note
-from swapkl.jobs.policy import Policy, PolicyError
+from swapkl.jobs.forms import (BRIDGE_FORMS, BRIDGE_TOKENS, BRIDGE_TOKENS_RANGE, REPAIR_CHOICES, analysis_request,
+                               query_params, query_settings, spec_source, unit_note)
+from swapkl.jobs.policy import DEMO_MAX_BRIDGE_TOKENS, Policy, PolicyError
 from swapkl.removal import methods as methods_registry
 
 SOURCES = ("Built-in default (SmolLM2-135M-Instruct)", "Hugging Face hub", "Local folder", "GGUF file")
@@ -40,7 +41,8 @@ def init_defaults() -> None:
          "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
          "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
          "w_seed": c.seed, "w_unit": c.unit, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
-         "w_methods": list(methods_registry.default_set("dashboard"))}
+         "w_methods": list(methods_registry.default_set("dashboard")), "w_repair": "none",
+         "w_bridge_form": BRIDGE_FORMS[0], "w_bridge_tokens": BRIDGE_TOKENS}
     q = st.query_params
     pol = policy()
     if pol.demo:
@@ -158,6 +160,33 @@ def removal_widgets(device: str) -> tuple[int, tuple, dict]:
     return int(budget), tuple(methods), evs[ev_name].to_dict()
 
 
+def repair_widgets() -> tuple[str, dict]:
+    """The repair after removal -> (``repair``, the bridge's widget values ``{"form", "calib_tokens"}``, ``{}``
+    without one); :func:`swapkl.jobs.forms.bridge_settings` checks them."""
+    if st.session_state.get("w_repair") not in REPAIR_CHOICES:
+        st.session_state["w_repair"] = "none"
+    c1, c2, c3 = st.columns([2, 1, 1])
+    repair = c1.radio("Repair after removal", list(REPAIR_CHOICES), format_func=REPAIR_CHOICES.get, key="w_repair",
+                      horizontal=True, help="linear bridge: a least-squares linear map fitted on calibration text in "
+                                            "place of each removed span of blocks, no training (docs/repair.md); the "
+                                            "curves are drawn raw and bridged")
+    if repair == "none":
+        return repair, {}
+    lo, hi = BRIDGE_TOKENS_RANGE
+    if policy().demo:  # the widget stops at the demo server's bound (its policy refuses more)
+        hi = min(hi, DEMO_MAX_BRIDGE_TOKENS)
+    if st.session_state.get("w_bridge_form") not in BRIDGE_FORMS:  # unset (a hidden widget's state is dropped)
+        st.session_state["w_bridge_form"] = BRIDGE_FORMS[0]
+    n = st.session_state.get("w_bridge_tokens")
+    if isinstance(n, bool) or not isinstance(n, int) or not lo <= n <= hi:
+        st.session_state["w_bridge_tokens"] = BRIDGE_TOKENS
+    form = c2.selectbox("Bridge form", BRIDGE_FORMS, key="w_bridge_form",
+                        help="folded: into the MLP output projection before the span (an ordinary checkpoint; "
+                             "residual where no exact fold exists); residual: on the residual stream")
+    tokens = c3.number_input("Calibration tokens", lo, hi, key="w_bridge_tokens", step=1024)
+    return repair, {"form": form, "calib_tokens": int(tokens)}
+
+
 def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
     """The start page's three sections of widgets -> (request, None) or (None, the error to show)."""
     init_defaults()
@@ -169,10 +198,11 @@ def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
         st.info(unit_note(contract))
     st.subheader("3 · Layer budget")
     budget, methods, ev = removal_widgets(contract.device if contract else "auto")
+    repair, bridge = repair_widgets()
     if err:
         return None, err
     try:
-        return analysis_request(spec, rev, contract, budget, methods, ev), None
+        return analysis_request(spec, rev, contract, budget, methods, ev, repair, bridge), None
     except SwapklError as e:
         return None, str(e)
 

@@ -20,6 +20,27 @@ def _units_axis(curves, rk, shown) -> None:
     st.caption(views.units_axis_caption(curves))
 
 
+def _repair(curves, rk, shown, cap) -> None:
+    """Raw vs bridged ΔPPL % per n with the paired CI (tie when it includes 0), when the curves were repaired."""
+    table = common.memo("repair_table", rk + (tuple(shown),), lambda: views.repair_table(curves, shown))
+    if not len(table):
+        return
+    st.subheader("After repair: raw vs bridged")
+    st.caption(views.repair_caption(curves) + ". Dashed: bridged; bridged − raw in percentage points of the baseline "
+               "perplexity, paired over the same windows; tie when the 95 % CI includes 0.")
+    st.dataframe(table, hide_index=True, key="cv_repair")
+    common.download_table(table, cap, "repaired-curves", key="dl_repair")
+
+
+def _figure(job, rk, shown, bands, full, cap):
+    """The ΔPPL figure: raw curves, each bridged one dashed over its raw one (a repaired run), the session's healed
+    curves dashed on it."""
+    fig_key = rk + (tuple(shown), bands, full)
+    fig = common.memo("curves", fig_key, lambda: views.with_bridged(views.removal_curves(
+        job.curves, methods=shown, bands=bands, full_range=full, caption=cap), job.curves, shown))
+    return heal_panel.overlay(fig, job, fig_key)
+
+
 def body(job) -> None:
     curves = job.curves
     if curves is None or not curves.methods:
@@ -28,7 +49,7 @@ def body(job) -> None:
         else:
             st.info("The curves appear here as each method finishes (guided methods first).")
         return
-    cap = views.contract_caption(curves)
+    cap = views.curves_caption(curves)  # with the repair (form, calibration tokens, ε) when there is one
     st.caption(f"contract: {cap}")
     methods = list(curves.methods)
     c1, c2, c3 = st.columns([3, 1, 1])
@@ -38,9 +59,7 @@ def body(job) -> None:
                      help="off: the y axis fits the deterministic curves; seeded baselines above it are marked at "
                           "the top edge with their values")
     rk = common.result_key(job)
-    fig_key = rk + (tuple(shown), bands, full)
-    fig = common.memo("curves", fig_key, lambda: views.removal_curves(curves, methods=shown, bands=bands, full_range=full))
-    fig = heal_panel.overlay(fig, job, fig_key)  # the session's healed curves, dashed
+    fig = _figure(job, rk, shown, bands, full, cap)
     linked.removal_chart(job, fig, curves, "cv_main")  # a clicked point marks its removed layers (dashboard/linked.py)
     if curves.verdict:
         st.caption(f"Verdict: {curves.verdict['sentence']}")
@@ -64,6 +83,7 @@ def body(job) -> None:
     for note in curves.notes:
         st.caption(f"note: {note}")
     _units_axis(curves, rk, shown)
+    _repair(curves, rk, shown, cap)
 
     if job.running:
         return

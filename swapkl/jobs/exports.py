@@ -2,7 +2,8 @@
 exports to (:func:`export_formats`), the name a server derives for an export (:func:`export_name`), the model a
 demo server's mergekit YAML names (:func:`demo_model_ref`), what to do with a saved export (:data:`SAVED_HOW`), and
 which removal set of a curves result or an evidence result is exported (:func:`curve_export`,
-:func:`evidence_export`).  The writing itself is :meth:`swapkl.jobs.JobManager.export_pruned`
+:func:`evidence_export`), and the gate before a healed model's export (:func:`heal_gate`, :func:`worse_heals`,
+:func:`heal_exportable`).  The writing itself is :meth:`swapkl.jobs.JobManager.export_pruned`
 (:mod:`swapkl.surgery.exports`)."""
 from __future__ import annotations
 
@@ -70,3 +71,30 @@ def evidence_export(evidence: dict, signal: str, n: int) -> list[int]:
     """The set a signal's rule chose for ``n`` on the full sample of an evidence result's dict (its stability
     table; the same set as ``swapkl prune --from evidence.json``), sorted."""
     return sorted(int(i) for i in evidence["stability"][signal][str(n)]["set"])
+
+
+def heal_gate(entry: dict) -> str | None:
+    """The gate before exporting a healed model, on one entry of healed curves (or a heal result's dict): one line
+    when the healed model's perplexity is above the pruned model's with the paired CI of ``healed_vs_pruned`` above
+    0, on the evaluation windows or the held-out domain (:meth:`swapkl.healing.result.HealResult.gate_line`,
+    the rule of ``heal --out`` without ``--force``), else None."""
+    worse = []
+    for what, d in (("evaluation", entry.get("delta_pct")), ("held-out", (entry.get("held_out") or {}).get("delta_pct"))):
+        x = (d or {}).get("healed_vs_pruned")
+        if x and x.get("ci") and x["ci"][0] is not None and x["ci"][0] > 0:
+            worse.append(f"{what} PPL {x['value']:+.4g} % [{x['ci'][0]:+.4g}, {x['ci'][1]:+.4g}] vs the pruned model")
+    return ("the healed model is worse than the pruned model it heals: " + "; ".join(worse)) if worse else None
+
+
+def worse_heals(heal_curves) -> dict:
+    """``{(method, n): gate line}`` for every heal of healed curves (:class:`~swapkl.healing.curves.HealCurves` or
+    its dict) that made its model worse (:func:`heal_gate`); {} when none did."""
+    methods = heal_curves["methods"] if isinstance(heal_curves, dict) else heal_curves.methods
+    return {(m, int(e["n"])): line for m, entries in methods.items() for e in entries
+            if (line := heal_gate(e)) is not None}
+
+
+def heal_exportable(heal_curves, method: str, n: int, force: bool = False) -> bool:
+    """Whether the export button of ``method``'s healed model at ``n`` is offered: always when the heal did not make
+    it worse, else only with ``force`` (the panel's "export anyway", like ``heal --force``)."""
+    return force or (method, int(n)) not in worse_heals(heal_curves)

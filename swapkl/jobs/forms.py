@@ -16,7 +16,17 @@ from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, 
 #: the contract fields and analysis settings a shared link carries, with their types
 QUERY_FIELDS = (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
                 ("device", str), ("aggregation", str), ("seed", int), ("budget", int), ("evaluator", str),
-                ("unit", str))
+                ("unit", str), ("repair", str), ("bridge_form", str), ("bridge_tokens", int))
+
+#: the Start form's repair choices with their labels (the plan's ``repair`` field; docs/repair.md)
+REPAIR_CHOICES = {"none": "none", "bridge": "linear bridge"}
+#: the bridge's forms (:data:`swapkl.repair.bridge.FORMS`, spelled here too: that module imports torch, the form
+#: must not; a test checks they agree)
+BRIDGE_FORMS = ("folded", "residual")
+#: calibration tokens of a bridge: the default, and the bounds the form accepts (the lower one is the calibration
+#: window, :data:`swapkl.repair.calibration.DEFAULT_CALIB_WINDOW`; the upper one keeps a fit within minutes on a CPU)
+BRIDGE_TOKENS = 8192
+BRIDGE_TOKENS_RANGE = (256, 1_048_576)
 
 #: what the start page says when a sublayer unit is chosen (the analysis then computes swap-KL only)
 SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublayer (with its norms) between layers, "
@@ -25,17 +35,38 @@ SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublaye
 
 
 # ============================================================================================ requests
-def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None
-                     ) -> AnalysisRequest:
+def bridge_settings(repair: str, form: str = "folded", calib_tokens=BRIDGE_TOKENS) -> dict:
+    """The Start form's repair -> the plan's ``bridge`` dict (``{"form", "calib_tokens"}``; ``{}`` without a repair).
+    A repair, form or token count outside :data:`REPAIR_CHOICES`, :data:`BRIDGE_FORMS` and
+    :data:`BRIDGE_TOKENS_RANGE` (an integer) is refused in one line (:class:`~swapkl.errors.SwapklError`)."""
+    if repair not in REPAIR_CHOICES:
+        raise SwapklError(f"unknown repair '{repair}'; choose one of: {', '.join(REPAIR_CHOICES)}")
+    if repair == "none":
+        return {}
+    if form not in BRIDGE_FORMS:
+        raise SwapklError(f"unknown bridge form '{form}'; choose one of: {', '.join(BRIDGE_FORMS)}")
+    lo, hi = BRIDGE_TOKENS_RANGE
+    if isinstance(calib_tokens, bool) or not isinstance(calib_tokens, int) or not lo <= calib_tokens <= hi:
+        raise SwapklError(f"calibration tokens must be an integer in {lo}..{hi} (got {calib_tokens!r})")
+    return {"form": form, "calib_tokens": int(calib_tokens)}
+
+
+def analysis_request(spec: str, revision: str | None, contract: Contract, budget: int, methods, evaluator: dict | None,
+                     repair: str = "none", bridge: dict | None = None) -> AnalysisRequest:
     """The start page's request; an empty checkpoint spec is refused.  A sublayer unit (attention, mlp) keeps only
     the methods that apply per unit (the registry's, :func:`swapkl.removal.methods.for_unit`; :data:`SUBLAYER_NOTE`); its removal plan is checked
-    here."""
+    here.  ``repair`` / ``bridge``: the repair after removal (:func:`bridge_settings` checks the bridge; a repair
+    needs whole blocks)."""
     if not spec:
         raise SwapklError("choose a checkpoint")
     if contract.unit != BLOCK:
         methods = tuple(M.for_unit(methods, contract.unit))
+    b = dict(bridge or {})
+    bridge = bridge_settings(repair, b.get("form", BRIDGE_FORMS[0]), b.get("calib_tokens", BRIDGE_TOKENS))
+    if repair != "none" and contract.unit != BLOCK and budget:
+        raise SwapklError(f"a linear bridge replaces removed blocks; unit {contract.unit} removes sublayers")
     req = AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
-                          evaluator=evaluator)
+                          evaluator=evaluator, repair=repair if budget else "none", bridge=bridge)
     if req.wants_curves:
         req.removal_plan()  # the plan's checks (budget, methods, unit) refuse a bad form here, in one line
     return req
@@ -98,15 +129,35 @@ def tasks_request(base: AnalysisRequest, tasks, limit: int | None, shots: int | 
 
 
 def heal_request(base: AnalysisRequest, methods, ns, recipe, demo: bool, tasks=(), limit: int | None = None,
-                 shots: int | None = None, include: str | None = None) -> HealRequest:
+                 shots: int | None = None, include: str | None = None, from_bridge: bool = False) -> HealRequest:
     """Healing of ``methods``' sets at each n of ``ns`` for the analysis ``base`` with ``recipe``; a demo server
-    heals on its own evaluator (the analysis's evaluator is a local choice); the task folder only with tasks."""
+    heals on its own evaluator (the analysis's evaluator is a local choice); the task folder only with tasks.
+    ``from_bridge``: the heals start from the bridged model of ``base``'s repair (:func:`heal_repairs`: refused in
+    one line where the healing package cannot)."""
+    repair = base.repair if from_bridge else "none"
+    if repair != "none" and not heal_repairs():
+        raise SwapklError("healing from a bridged model needs a healing package that takes the repair "
+                          "(HealSetup.repair); untick 'start from the bridged model'")
     req = HealRequest(model=base.model, revision=base.revision, contract=base.contract, methods=tuple(methods),
                       ns=tuple(ns), recipe=recipe, evaluator=None if demo else base.evaluator, tasks=tuple(tasks),
-                      limit=limit, num_fewshot=shots, include_path=include if tasks else None)
+                      limit=limit, num_fewshot=shots, include_path=include if tasks else None, repair=repair,
+                      bridge=base.bridge if repair != "none" else None)
     if req.methods and req.ns:
         req.removal_plan()  # the plan's checks refuse a bad request here, in one line
     return req
+
+
+def heal_repairs() -> bool:
+    """Whether a heal can start from a bridged model here (``HealSetup`` has the ``repair`` field)."""
+    from swapkl.healing.heal import HealSetup  # deferred: that module imports torch
+
+    return "repair" in HealSetup.__dataclass_fields__
+
+
+def heal_parts(parts, from_bridge: bool) -> list[str]:
+    """The trained parts the panel offers: ``bridge`` (the bridge matrices with LoRA) only for a heal that starts
+    from the bridged model."""
+    return [p for p in parts if p != "bridge" or from_bridge]
 
 
 def healable(methods) -> list[str]:
@@ -136,12 +187,16 @@ def query_params(req: AnalysisRequest) -> dict[str, str]:
         q["revision"] = req.revision
     if c.unit != "block":
         q["unit"] = c.unit
+    if req.repair != "none":
+        q.update(repair=req.repair, bridge_form=req.bridge.get("form", BRIDGE_FORMS[0]),
+                 bridge_tokens=req.bridge.get("calib_tokens", BRIDGE_TOKENS))
     return {k: str(v) for k, v in q.items()}
 
 
 def query_settings(query, offered_methods) -> dict:
     """The settings a shared link's query string carries, typed (:data:`QUERY_FIELDS`); a value that does not
-    convert is left out.  ``methods``: those among ``offered_methods``.  The model is read by :func:`spec_source`."""
+    convert, or a repair setting the form would refuse (:func:`bridge_settings`), is left out.  ``methods``: those
+    among ``offered_methods``.  The model is read by :func:`spec_source`."""
     out = {}
     for k, conv in QUERY_FIELDS:
         if k in query:
@@ -149,6 +204,13 @@ def query_settings(query, offered_methods) -> dict:
                 out[k] = conv(query[k])
             except (ValueError, TypeError):
                 pass
+    for k, args in (("repair", lambda v: (v,)), ("bridge_form", lambda v: ("bridge", v)),
+                    ("bridge_tokens", lambda v: ("bridge", BRIDGE_FORMS[0], v))):
+        try:
+            if k in out:
+                bridge_settings(*args(out[k]))
+        except SwapklError:
+            out.pop(k)
     if "methods" in query:
         out["methods"] = [m for m in str(query["methods"]).split(",") if m in offered_methods]
     return out
@@ -177,4 +239,8 @@ def request_caption(req) -> str:
                                  evaluator=req.evaluator if req.wants_curves else None)
     if req.wants_curves:
         cap += f"{views.SEP}budget {req.budget}{views.SEP}methods {', '.join(req.methods)}"
+        if getattr(req, "repair", "none") != "none":
+            b = req.bridge
+            cap += (f"{views.SEP}repair: {REPAIR_CHOICES.get(req.repair, req.repair)} ({b.get('form', BRIDGE_FORMS[0])}, "
+                    f"{b.get('calib_tokens', BRIDGE_TOKENS)} calibration tokens)")
     return cap

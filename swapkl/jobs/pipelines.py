@@ -96,6 +96,7 @@ def run_curves(job: Job, ck, res) -> None:
     hooks = RunHooks(progress=job.tick, should_stop=job.should_stop, memo=memo, identity=ck.identity,
                      corpus=load_corpus(req.contract.corpus),
                      on_curve=lambda _name, partial: setattr(job, "curves", partial))
+    hooks.contract = req.contract  # the scoring contract whose prompts a bridge's calibration text avoids
     job.curves = removal_curves(ck.model, ck.tokenizer, scores, plan, hooks)
 
 
@@ -192,7 +193,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
     shared: dict = {}
     plan = req.removal_plan()
     setup = HealSetup(corpus=load_corpus(c.corpus), prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed,
-                      identity=ck.identity)
+                      identity=ck.identity, **req.setup_fields())
     job.heal = heal_curves(ck.model, ck.tokenizer, scores, plan, req.ns, recipe, setup,
                            RunHooks(progress=job.tick, should_stop=job.should_stop,
                                     on_partial=lambda h: setattr(job, "heal", h)), shared=shared)

@@ -49,6 +49,9 @@ from swapkl.store import PROJECT_ROOT
 CONFIG_FILE = PROJECT_ROOT / ".streamlit" / "swapkl.toml"
 DEFAULT_ALIASES = ("default", "builtin")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+#: demo mode: calibration tokens of a bridge after removal, and the blocks a last-k heal trains in full, at most
+DEMO_MAX_BRIDGE_TOKENS = 16_384
+DEMO_MAX_LAST_K = 4
 
 
 class PolicyError(SwapklError):
@@ -172,6 +175,7 @@ class Policy:
             if request.budget > self.max_budget:
                 raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
                                   f"{request.budget} asked")
+            check_repair(request)
         elif request.kind in ("evidence", "tasks"):
             self.check_model(request.model, request.revision)
             if request.budget > self.max_budget:
@@ -284,10 +288,23 @@ def check_heal(self: Policy, request) -> None:
         raise PolicyError(f"this demo server allows LoRA rank at most {self.max_heal_rank}; {r['rank']} asked")
     if r.get("qlora"):
         raise PolicyError("this demo server has no QLoRA (it needs CUDA and bitsandbytes)")
+    check_repair(request)  # a heal from the bridged model fits the same bridge
+    if r.get("part") == "last-k" and int(r.get("last_k") or 0) > DEMO_MAX_LAST_K:
+        raise PolicyError(f"this demo server trains at most the last {DEMO_MAX_LAST_K} blocks in full; "
+                          f"k = {r['last_k']} asked")
     if request.evaluator is not None:
         raise PolicyError("this demo server evaluates healing with its own evaluator (matched)")
     if getattr(request, "tasks", ()) or getattr(request, "include_path", None) is not None:
         self.check_tasks(request)  # task accuracy after healing: the task panel's bounds
+
+
+def check_repair(request) -> None:
+    """An analysis's (or a heal's) repair after removal in demo mode: at most :data:`DEMO_MAX_BRIDGE_TOKENS`
+    calibration tokens (the fit streams them through the model; every setting is checked again by the plan)."""
+    tokens = (getattr(request, "bridge", None) or {}).get("calib_tokens")
+    if getattr(request, "repair", "none") != "none" and tokens is not None and int(tokens) > DEMO_MAX_BRIDGE_TOKENS:
+        raise PolicyError(f"this demo server fits a bridge on at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; "
+                          f"{tokens} asked")
 
 
 def _flag(v) -> bool:

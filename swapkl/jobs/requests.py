@@ -9,9 +9,10 @@ from typing import Any
 from swapkl import __version__
 from swapkl.model import builtin
 from swapkl.removal import methods as M
-from swapkl.removal.plan import RemovalPlan
+from swapkl.removal.plan import REPAIRS, RemovalPlan
 from swapkl.store import file_sha256, folder_fingerprint
 from swapkl.contract import BLOCK, Contract, stable_hash
+from swapkl.errors import ContractError
 from swapkl.trajectory.checkpoints import parse_checkpoints
 def _evaluator_dict(ev) -> dict | None:
     """An evaluator given as a name (``"matched"``), an :class:`~swapkl.removal.evaluate.Evaluator` or its dict -> dict."""
@@ -31,7 +32,12 @@ class AnalysisRequest:
     """One dashboard analysis: both protocols under ``contract``, then removal curves up to ``budget``.
 
     ``budget = 0`` or no ``methods`` skips the curves.  ``evaluator``: ``"matched"`` / ``"standard"``, an
-    :class:`~swapkl.removal.evaluate.Evaluator`, or its dict (stored as the dict)."""
+    :class:`~swapkl.removal.evaluate.Evaluator`, or its dict (stored as the dict).  ``repair``: what is done after
+    each removal (``"none"``, or ``"bridge"``: a linear bridge fitted in place of each removed span, the curves
+    drawn raw and bridged); ``bridge``: the bridge's settings (fields of
+    :class:`~swapkl.repair.bridged_kl.BridgeSettings`, e.g. ``{"form": "folded", "calib_tokens": 8192}``; ``{}``:
+    the defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Both reach the plan unchanged
+    (:meth:`plan_fields`)."""
 
     model: str = "default"
     revision: str | None = None
@@ -40,6 +46,8 @@ class AnalysisRequest:
     methods: tuple = field(default_factory=lambda: M.default_set("dashboard"))
     evaluator: Any = None
     kind: str = "analysis"
+    repair: str = "none"
+    bridge: Any = None
 
     def __post_init__(self):
         object.__setattr__(self, "model", str(self.model).strip())
@@ -47,31 +55,50 @@ class AnalysisRequest:
         object.__setattr__(self, "methods", tuple(m for m in self.methods if m))
         object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
         object.__setattr__(self, "budget", int(self.budget or 0))
+        object.__setattr__(self, "repair", str(self.repair or "none"))
+        object.__setattr__(self, "bridge", dict(self.bridge or {}) if self.repair != "none" else {})
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "model": self.model, "revision": self.revision,
-                "contract": self.contract.to_dict(), "budget": self.budget, "methods": list(self.methods),
-                "evaluator": self.evaluator}
+        """The request as JSON; the repair only when there is one (a request without repair keeps its job key)."""
+        d = {"kind": self.kind, "model": self.model, "revision": self.revision,
+             "contract": self.contract.to_dict(), "budget": self.budget, "methods": list(self.methods),
+             "evaluator": self.evaluator}
+        if self.repair != "none":
+            d.update(repair=self.repair, bridge=dict(self.bridge))
+        return d
 
     @property
     def wants_curves(self) -> bool:
         return self.budget > 0 and bool(self.methods)
 
-    def removal_plan(self) -> RemovalPlan:
-        """The removal plan of the curves (:class:`~swapkl.removal.plan.RemovalPlan`, checked: one-line errors):
-        ``budget``, the guided methods first (:func:`swapkl.removal.methods.run_order`; for a sublayer unit only the
-        methods that apply per unit, :func:`swapkl.removal.methods.for_unit`), the contract's unit and the evaluator."""
+    def plan_fields(self) -> dict:
+        """The keyword arguments of the removal plan: ``budget``, the guided methods first
+        (:func:`swapkl.removal.methods.run_order`; for a sublayer unit only the methods that apply per unit,
+        :func:`swapkl.removal.methods.for_unit`), the contract's unit, the evaluator, and -- only when there is one
+        -- the ``repair`` with its ``bridge`` settings (the plan's data contract)."""
         unit = getattr(self.contract, "unit", BLOCK)
         order = M.run_order(self.methods)
         if unit != BLOCK:  # a sublayer curve: the methods that apply per unit (the registry's data)
             order = M.for_unit(order, unit)
-        return RemovalPlan(budget=self.budget, methods=tuple(order), unit=unit, evaluator=self.evaluator or "matched")
+        out = {"budget": self.budget, "methods": tuple(order), "unit": unit, "evaluator": self.evaluator or "matched"}
+        if self.repair != "none":
+            out.update(repair=self.repair, bridge=dict(self.bridge))
+        return out
+
+    def removal_plan(self) -> RemovalPlan:
+        """The removal plan of the curves (:class:`~swapkl.removal.plan.RemovalPlan` of :meth:`plan_fields`,
+        checked: one-line errors, a repair this build's plan does not know included)."""
+        f = self.plan_fields()
+        if f.get("repair", "none") not in REPAIRS:
+            raise ContractError(f"unknown repair '{f['repair']}'; choose one of: {', '.join(REPAIRS)}")
+        return RemovalPlan(**f)
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         c = self.contract
         s = f"{m} · pairs {c.pairs} · {c.prompts}×{c.tokens}" + (f" · unit {c.unit}" if c.unit != "block" else "")
-        return s + (f" · budget {self.budget}" if self.wants_curves else "")
+        rep = f" · repair {self.repair}" if self.repair != "none" and self.wants_curves else ""
+        return s + (f" · budget {self.budget}" if self.wants_curves else "") + rep
 
 
 @dataclass(frozen=True)
@@ -209,7 +236,9 @@ class HealRequest:
     :class:`~swapkl.healing.recipe.Recipe` dict) against one control, on the removal evaluator ``evaluator``.
     Demo mode bounds the steps, tokens, rank and n (:func:`swapkl.jobs.policy.check_heal`).  With ``tasks``: also
     lm-eval task accuracy of the fine-tuned base and each healed model (:mod:`swapkl.healing.tasks`; ``limit``,
-    ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way)."""
+    ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way).  ``repair``
+    ``"bridge"``: every heal starts from the bridged model (the linear bridge of ``bridge``'s settings in place of
+    each removed span, ``HealSetup(repair=..., bridge=...)``), as ``heal --repair bridge``."""
 
     model: str = "default"
     revision: str | None = None
@@ -224,9 +253,14 @@ class HealRequest:
     num_fewshot: int | None = None
     include_path: str | None = None
     kind: str = "heal"
+    repair: str = "none"
+    bridge: Any = None
 
     def __post_init__(self):
         from swapkl.healing.recipe import Recipe
+
+        object.__setattr__(self, "repair", str(self.repair or "none"))
+        object.__setattr__(self, "bridge", dict(self.bridge or {}) if self.repair != "none" else {})
 
         object.__setattr__(self, "model", str(self.model).strip())
         object.__setattr__(self, "revision", (str(self.revision).strip() or None) if self.revision else None)
@@ -253,13 +287,19 @@ class HealRequest:
                 "contract": self.contract.to_dict(), "methods": list(self.methods), "ns": list(self.ns),
                 "recipe": dict(self.recipe), "evaluator": self.evaluator, "spacing": self.spacing,
                 **({"tasks": list(self.tasks), "limit": self.limit, "num_fewshot": self.num_fewshot,
-                    "include_path": self.include_path} if self.tasks or self.include_path else {})}
+                    "include_path": self.include_path} if self.tasks or self.include_path else {}),
+                **({"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {})}
+
+    def setup_fields(self) -> dict:
+        """The repair's keyword arguments of the heal's ``HealSetup`` (``{}`` without a repair)."""
+        return {"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {}
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         tasks = f" · tasks {', '.join(self.tasks)}" if self.tasks else ""
+        rep = " · from the bridged model" if self.repair != "none" else ""
         return (f"healing: {m} · {', '.join(self.methods)} · n = {', '.join(map(str, self.ns))} · "
-                f"{self.recipe_obj().describe()}{tasks}")
+                f"{self.recipe_obj().describe()}{rep}{tasks}")
 
 
 def quick_fingerprint(model: str, revision: str | None = None) -> str:

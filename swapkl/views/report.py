@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from swapkl import __version__, schema
-from swapkl.removal.curves import curves_provenance
 from swapkl.errors import SwapklError
 from swapkl.removal.recommend import Recommendation
 from swapkl.scoring.results import SwapResult
@@ -32,6 +31,7 @@ from swapkl.trajectory.compute import trajectory_provenance
 from swapkl.removal.verdict import regime_verdict
 from swapkl.views.captions import fmt_evaluator, contract_caption, csv_link, html_kv_table, html_number, html_table, html_text
 from swapkl.views.curves import kl_to_base_figure, removal_curves, removed_layers_table
+from swapkl.views.repaired import curves_caption, repair_html, with_bridged
 from swapkl.views.scores import gap_heatmap, heatmaps, top_pairs_table
 from swapkl.views.trajectory import trajectory_figures
 
@@ -252,7 +252,7 @@ def _curves_html(curves: dict, fig, caption: str) -> str:
            f"<p>Baseline perplexity {html_number(curves.get('baseline_ppl'), 3)}"
            + (f" [{html_number(curves['baseline_ppl_ci'][0], 3)}, {html_number(curves['baseline_ppl_ci'][1], 3)}]"
               if curves.get("baseline_ppl_ci") else "") + "; ΔPPL in % of the baseline.</p>",
-           fig(removal_curves(curves, caption=caption))]
+           fig(with_bridged(removal_curves(curves, caption=caption), curves)), repair_html(curves, caption)]
     tbl = removed_layers_table(curves)
     if len(tbl):
         out.append("<h3>Removed layers</h3>")
@@ -318,7 +318,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         raise SwapklError("nothing to report: give a score result, removal curves, a trajectory or a section")
     fig = _Figures()
     caption = contract_caption(result) if result is not None else (
-        contract_caption(curves_provenance(curves)) if curves is not None
+        curves_caption(curves) if curves is not None
         else contract_caption(trajectory_provenance(traj[0] or {})) if traj is not None else "")  # "": sections only
     if title is None:
         name = (result.identity.get("display") if result is not None else None) or (
@@ -347,7 +347,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
         parts.append(csv_link(top, caption, "top_pairs.csv", "download CSV") + " · " +
                      csv_link(result.pair_table(), caption, "pairs.csv", "all pairs with CIs (CSV)"))
     if curves is not None:
-        parts.append(_curves_html(curves, fig, contract_caption(curves_provenance(curves))))
+        parts.append(_curves_html(curves, fig, curves_caption(curves)))
         if "recommend" in (curves.get("methods") or {}):
             parts.append(_recommend_html(curves))
     if traj is not None:

@@ -32,6 +32,7 @@ def test_demo_policy_bounds_heal_requests():
         "n past the budget": (dict(ns=(1, 9)), "at most 4 layers"),
         "too many sets": (dict(methods=("interchange", "replacement", "bi"), ns=(1, 2, 3)), "at most 8 sets"),
         "a seeded method": (dict(methods=("random",)), "not 'random'"),
+        "many blocks in full": (dict(recipe=Recipe(steps=10, part="last-k", last_k=12)), "last 4 blocks in full"),
         "a merging method": (dict(methods=("laco",)), "not 'laco'"),
         "an unknown method": (dict(methods=("../../etc",)), "not '../../etc'"),
         "a visitor's evaluator": (dict(evaluator=Evaluator("big", 10**9, 512, 256)), "own evaluator"),
@@ -189,3 +190,217 @@ def test_curves_page_heals_through_the_job_system(cache):
     plain = common.report_html(job, None)
     html = common.report_html(job, None, hjob)
     assert figure_count(html) == figure_count(plain) + 1 and "Healing after removal" in html
+
+
+# ============================================================================================ objectives, the gate
+def _section_app():
+    from dashboard import heal_panel
+    from swapkl.jobs import AnalysisRequest, Job
+
+    heal_panel.section(Job("heal-section-test", AnalysisRequest(model="default", budget=2,
+                                                                methods=("replacement", "interchange"))))
+
+
+def test_the_panel_passes_objective_part_k_and_temperature_to_the_request(cache, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard.heal_panel import DEFAULT
+    from swapkl.healing.heal import KD_CONTROL_NOTE
+
+    asked = []
+    monkeypatch.setattr("dashboard.common.start", asked.append)
+    at = AppTest.from_function(_section_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="w_heal_objective").value == "lm" and at.radio(key="w_heal_part").value == "lora"
+    assert not any(KD_CONTROL_NOTE in i.value for i in at.info)
+    at.selectbox(key="w_heal_objective").set_value("kd").run()
+    assert any(KD_CONTROL_NOTE in i.value for i in at.info)  # the control of a kd heal is the base itself
+    at.number_input(key="w_heal_temp").set_value(2.0)
+    at.radio(key="w_heal_part").set_value("last-k").run()
+    at.number_input(key="w_heal_k").set_value(2)
+    at.button(key="heal_start").click().run()
+    assert not at.exception, at.exception
+    r = asked[-1].recipe_obj()
+    assert (r.objective, r.temperature, r.part, r.last_k) == ("kd", 2.0, "last-k", 2)
+    assert (r.steps, r.seq_len, r.batch) == (DEFAULT.steps, DEFAULT.seq_len, DEFAULT.batch)
+    at.selectbox(key="w_heal_objective").set_value("kd+lm").run()
+    assert not any(KD_CONTROL_NOTE in i.value for i in at.info)
+    at.number_input(key="w_heal_kd_weight").set_value(0.3)
+    at.radio(key="w_heal_part").set_value("lora").run()
+    at.button(key="heal_start").click().run()
+    r = asked[-1].recipe_obj()
+    assert (r.objective, r.temperature, r.kd_weight, r.part) == ("kd+lm", 2.0, 0.3, "lora")
+    assert asked[-1].to_dict()["recipe"]["objective"] == "kd+lm"
+
+
+def _gate_result(eval_ci, held_ci=None):
+    from swapkl.healing.result import HealResult
+
+    d = lambda ci: {"healed_vs_pruned": {"value": (ci[0] + ci[1]) / 2, "ci": list(ci), "tie": ci[0] <= 0 <= ci[1]}}
+    return HealResult(removed=[2], ppl={}, ppl_ci={}, delta_pct=d(eval_ci), recovered=None, recovered_ci=None,
+                      recipe={}, training={}, train_text={}, contract={}, seconds=0.0,
+                      held_out={"delta_pct": d(held_ci)} if held_ci else {})
+
+
+@pytest.mark.parametrize("eval_ci, held_ci", [((1.0, 3.0), None), ((-1.0, 3.0), None), ((-3.0, -1.0), (0.5, 2.0)),
+                                              ((0.2, 0.4), (0.5, 2.0)), ((-1.0, 1.0), (-2.0, 0.0))])
+def test_the_panels_gate_is_the_heal_results(eval_ci, held_ci):
+    from swapkl.jobs.exports import heal_exportable, heal_gate, worse_heals
+
+    r = _gate_result(eval_ci, held_ci)
+    entry = {"n": 1, "delta_pct": r.delta_pct, "held_out": r.held_out}
+    assert heal_gate(entry) == r.gate_line()
+    hc = {"methods": {"bi": [entry]}}
+    assert worse_heals(hc) == ({("bi", 1): r.gate_line()} if r.gate_line() else {})
+    assert heal_exportable(hc, "bi", 1) == (r.gate_line() is None) and heal_exportable(hc, "bi", 1, force=True)
+
+
+def _worse(hc):
+    """``hc`` with interchange's heal at n = 1 measured worse than its pruned model (paired CI above 0)."""
+    d = hc.to_dict()
+    e = d["methods"]["interchange"][0]
+    e["delta_pct"]["healed_vs_pruned"] = {"value": 4.0, "ci": [1.5, 6.5], "tie": False}
+    return d
+
+
+def test_a_worse_heal_is_marked_and_gets_no_export_button(heal_job, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    f = tmp_path / "heal.json"
+    f.write_text(json.dumps(_worse(heal_job[0].heal)))
+    monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    marks = [e.value for e in at.error]
+    assert marks == ["interchange, n = 1: the healed model is worse than the pruned model it heals: evaluation PPL "
+                     "+4 % [+1.5, +6.5] vs the pruned model"]
+    at.selectbox(key="w_heal_exp_method").set_value("interchange").run()
+    assert not [b for b in at.button if b.key == "heal_export"]  # no export button for the worse model
+    at.checkbox(key="w_heal_exp_force").check().run()
+    assert [b.label for b in at.button if b.key == "heal_export"] == ["Export healed model (interchange, n = 1)"]
+    at.selectbox(key="w_heal_exp_method").set_value("replacement").run()
+    assert not [c for c in at.checkbox if c.key == "w_heal_exp_force"]  # not worse: no box, the button as it is
+    assert [b for b in at.button if b.key == "heal_export"]
+
+
+def test_a_healed_model_exports_and_a_worse_one_only_anyway(heal_job, tmp_path):
+    from swapkl.errors import SwapklError
+    from swapkl.healing.curves import HealCurves
+    from swapkl.jobs import Job, JobManager
+    from swapkl.jobs.heal_export import export_healed_model
+
+    job, req, _ = heal_job
+    m = JobManager()
+    try:
+        out = export_healed_model(m, job, "replacement", 1, tmp_path / "healed")
+        rec = json.loads((out / "swapkl_heal.json").read_text())
+        assert rec["removed"] == job.heal.methods["replacement"][0]["removed"] and (out / "config.json").exists()
+        assert rec["recipe"]["steps"] == TINY.steps and (out / "adapter").is_dir()
+        worse = Job("worse-heal", req)
+        worse.done_from("test", heal=HealCurves.from_dict(_worse(job.heal)))
+        with pytest.raises(SwapklError, match="the healed model is worse .*; not exported \\(tick 'export anyway'"):
+            export_healed_model(m, worse, "interchange", 1, tmp_path / "worse")
+        assert not (tmp_path / "worse").exists()
+    finally:
+        m.shutdown()
+
+
+def test_healed_points_with_raw_bridged_healed_get_their_figure(heal_job, tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+    from streamlit.testing.v1 import AppTest
+
+    from swapkl import views
+
+    d = heal_job[0].heal.to_dict()
+    for entries in d["methods"].values():
+        for k, e in enumerate(entries):
+            row = lambda v: {"ppl": 10 + v / 10, "ppl_ci": [9.0, 12.0],  # a row of healing.result.compare_bridged
+                             "delta_pct": {"value": v, "ci": [v - 1, v + 1], "tie": False}}
+            e.update(raw=row(20.0 + k), bridged=row(9.0 + k), healed=row(3.0 + k))
+    f = tmp_path / "heal.json"
+    f.write_text(json.dumps(d))
+    monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
+    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    # the bridged stage is drawn once per method: in the stages figure, or in the healed-curves figure where that
+    # figure draws it itself (then the stages figure is left out)
+    bridged = [(t["meta"]["method"], t["y"]) for f in figs for t in f["data"] if isinstance(t.get("meta"), dict)
+               and "bridged" in (t["meta"].get("stage"), t["meta"].get("kind"))]
+    assert sorted(bridged) == sorted((m, [9.0 + k for k, _ in enumerate(v)]) for m, v in d["methods"].items())
+    stages = [f for f in figs if any((t.get("meta") or {}).get("stage") for t in f["data"])]
+    assert len(stages) == (0 if any(views.draws_bridged(go.Figure(f)) for f in figs) else 1)
+    for f in stages:
+        got = {(t["meta"]["method"], t["meta"]["stage"]): t["y"] for t in f["data"] if t.get("meta")}
+        assert got == {(m, s): [v + k for k, _ in enumerate(d["methods"][m])] for m in d["methods"]
+                       for s, v in (("raw", 20.0), ("bridged", 9.0), ("healed", 3.0))}
+    # without these keys the panel draws one figure, as before (test_panel_draws_dashed_healed_curves_...)
+
+
+def _bridged_section_app():
+    from dashboard import heal_panel
+    from swapkl.jobs import AnalysisRequest, Job
+
+    heal_panel.section(Job("heal-bridged-test", AnalysisRequest(
+        model="default", budget=2, methods=("replacement", "interchange"), repair="bridge",
+        bridge={"form": "residual", "calib_tokens": 1024})))
+
+
+def test_a_repaired_analysis_heals_from_its_bridged_model(cache, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from swapkl.healing.recipe import PARTS
+    from swapkl.jobs.forms import heal_repairs
+
+    asked = []
+    monkeypatch.setattr("dashboard.common.start", asked.append)
+    from dashboard.heal_panel import PART_LABELS
+
+    at = AppTest.from_function(_bridged_section_app, default_timeout=60).run()
+    assert not at.exception, at.exception
+    box = at.checkbox(key="w_heal_from_bridge")
+    if heal_repairs():
+        assert box.value is True and not box.disabled
+        assert at.radio(key="w_heal_part").options == [PART_LABELS[p] for p in PARTS]  # the bridge is offered
+        at.button(key="heal_start").click().run()
+        assert (asked[-1].repair, asked[-1].bridge) == ("bridge", {"form": "residual", "calib_tokens": 1024})
+        assert asked[-1].setup_fields() == {"repair": "bridge", "bridge": {"form": "residual", "calib_tokens": 1024}}
+        at.checkbox(key="w_heal_from_bridge").uncheck().run()
+    else:  # this build's healing cannot start from a bridge: the box is off and cannot be ticked
+        assert box.value is False and box.disabled
+    assert PART_LABELS["bridge"] not in at.radio(key="w_heal_part").options
+    at.button(key="heal_start").click().run()
+    assert asked[-1].repair == "none" and asked[-1].setup_fields() == {} and "repair" not in asked[-1].to_dict()
+
+
+def test_a_heal_from_the_bridged_model_runs_draws_its_stages_and_exports(stories_path, tmp_path, monkeypatch):
+    """Where the healing package takes the repair: a repaired analysis's heal through the job system starts from
+    the bridged model, the stages figure holds its raw / bridged / healed points, and the healed model exports
+    (folded bridge).  Before, the request is refused in one line."""
+    from swapkl import views
+    from swapkl.errors import SwapklError
+    from swapkl.jobs import DONE, AnalysisRequest, JobManager, forms
+    from swapkl.jobs.heal_export import export_healed_model
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    base = AnalysisRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), budget=1,
+                           methods=("interchange",), evaluator=EV, repair="bridge",
+                           bridge={"form": "folded", "calib_tokens": 512})
+    if not forms.heal_repairs():
+        with pytest.raises(SwapklError, match="healing from a bridged model needs"):
+            forms.heal_request(base, ["interchange"], [1], TINY, False, from_bridge=True)
+        return
+    m = JobManager()
+    try:
+        job = m.submit(forms.heal_request(base, ["interchange"], [1], TINY, False, from_bridge=True))
+        assert job.wait(600), job.summary()
+        assert job.status == DONE, job.error
+        d = job.heal.to_dict()
+        e = d["methods"]["interchange"][0]
+        fig = views.healed_stages_figure(d)
+        got = {t.meta["stage"]: list(t.y) for t in fig.data if t.meta}
+        assert got == {s: [e[s]["delta_pct"]["value"]] for s in ("raw", "bridged", "healed")}
+        out = export_healed_model(m, job, "interchange", 1, tmp_path / "healed")
+        assert json.loads((out / "swapkl_heal.json").read_text())["removed"] == e["removed"]
+    finally:
+        m.shutdown()
