@@ -1,6 +1,7 @@
 """The built-in default (SmolLM2-135M-Instruct, Q4_1 GGUF) pruned by swapkl and run by llama.cpp.
 
     python bench/llamacpp_default.py [--remove 3,17] [--tokens 64] [--greedy 16] [--json out.json]
+    python bench/llamacpp_default.py --repair bridge [--remove 20,21,22] [--calib-tokens 8192] [--max-words 1000]
 
 Writes the pruned GGUF with ``prune_gguf`` (what ``prune default --format gguf`` does), then on the same token ids
 (the first ``--tokens`` tokens of the shipped WikiText-2 test text, BOS-free as the tokenizer gives them):
@@ -10,6 +11,11 @@ Writes the pruned GGUF with ``prune_gguf`` (what ``prune default --format gguf``
   GGUF, and swapkl's ``pruned_copy`` of the source): max and mean |Δlogit|, and how often the top-1 token agrees;
 * greedy generation of ``--greedy`` tokens after a prompt by both (llama.cpp's sampler at temperature 0, HF by
   argmax with the whole prefix recomputed), with the top-1 / top-2 margin of each HF step.
+
+With ``--repair bridge`` the file is ``prune default --remove … --repair bridge --format gguf --verify`` (the span
+replaced by a linear bridge folded into block i−1's ``ffn_down``, docs/repair.md "GGUF"; ``--max-words`` shortens the
+command's held-out evaluation), compared with transformers' load of that file (which ``--verify`` checked against
+swapkl's bridged model) and with the raw cut (``pruned_copy``), which it must be far from.
 
 The tokenizer is transformers' reading of the GGUF; llama.cpp's own tokenization of the prompt is printed beside it.
 Slow on a shared CPU (transformers dequantises the 98 MB file twice, ~20 s each); the tiny-GGUF and stories260K
@@ -53,6 +59,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--json")
+    ap.add_argument("--repair", default="none", choices=["none", "bridge"])
+    ap.add_argument("--calib-tokens", type=int, default=8192)
+    ap.add_argument("--max-words", type=int, default=1000)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -66,7 +75,18 @@ def main(argv=None) -> dict:
     out: dict = {"model": src.name, "removed": removed, "settings": "llama.cpp: 1 thread, F32 KV cache, no flash attention"}
     with tempfile.TemporaryDirectory(prefix="swapkl-llamacpp-") as d:
         t0 = time.perf_counter()
-        pruned = Path(prune_gguf(src, removed, Path(d) / "pruned.gguf")["path"])
+        if a.repair == "bridge":
+            from swapkl.commands.cli import main as swapkl_main
+
+            pruned = Path(d) / "bridged.gguf"
+            args = ["prune", "default", "--remove", a.remove, "--repair", "bridge", "--format", "gguf", "--out",
+                    str(pruned), "--verify", "--calib-tokens", str(a.calib_tokens), "--max-words", str(a.max_words)]
+            if swapkl_main(args) != 0:
+                raise SystemExit("the bridged export failed")
+            out["command"] = "swapkl " + " ".join("OUT.gguf" if x == str(pruned) else x for x in args)
+            out["provenance"] = json.loads(Path(f"{pruned}.swapkl_bridge.json").read_text())["heldout"]
+        else:
+            pruned = Path(prune_gguf(src, removed, Path(d) / "pruned.gguf")["path"])
         out["prune_s"] = round(time.perf_counter() - t0, 1)
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         text = (ROOT / "tests/fixtures/data/wikitext-2-raw/wiki.test.raw").read_text()[:4000]
@@ -84,7 +104,8 @@ def main(argv=None) -> dict:
         out["llamacpp_s"] = round(time.perf_counter() - t0, 1)
         out["control_source"] = _compare(cpp_src, hf_logits(source, ids))
         out["pruned_vs_pruned_gguf"] = _compare(cpp, hf_logits(refs["pruned_gguf"], ids))
-        out["pruned_vs_pruned_copy"] = _compare(cpp, hf_logits(refs["pruned_copy"], ids))
+        out["pruned_vs_pruned_copy" if a.repair == "none" else "bridged_vs_raw_cut"] = _compare(
+            cpp, hf_logits(refs["pruned_copy"], ids))
         out["pruned_vs_unpruned_source"] = _compare(cpp, hf_logits(source, ids))
         for name, l_cpp, model in (("source", llm_src, source), ("pruned", llm, refs["pruned_gguf"])):
             hf_tokens, margins = hf_greedy(model, prompt, a.greedy)

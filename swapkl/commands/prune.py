@@ -103,7 +103,7 @@ def _check_args(a) -> None:
     if a.remove is None and a.merge is None and a.from_file is None:
         raise SwapklError("give --remove LAYERS, --merge GROUPS or --from RESULT.json")
     check_format(a.format, merge=a.merge)
-    check_repair_args(a)
+    check_repair_args(a, parse_layers(a.remove) if a.remove is not None else None)
     if (a.unit or "block") != "block" and (a.merge is not None or a.format == "mergekit"):
         raise SwapklError(f"--unit {a.unit} exports as a Hugging Face folder or a GGUF (--format hf|gguf) without "
                           "--merge (a mergekit YAML cannot zero a sublayer)")

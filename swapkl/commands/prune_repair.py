@@ -27,8 +27,9 @@ def add_repair_args(p) -> None:
     g.add_argument("--eval-text", default=None, help="evaluation corpus (default: the automatic corpus)")
 
 
-def check_repair_args(a) -> None:
-    """Refusals that need no model."""
+def check_repair_args(a, remove: list[int] | None = None) -> None:
+    """Refusals that need no model; ``remove``: the layers of ``--remove`` when given (a span from block 0 has no
+    MLP before it to fold into: refused here, before the model loads)."""
     if a.repair == "none":
         if a.max_ppl_increase is not None:
             raise SwapklError("--max-ppl-increase goes with --repair bridge")
@@ -39,11 +40,10 @@ def check_repair_args(a) -> None:
     if a.form != "folded":
         raise SwapklError("--repair bridge exports the folded form only (the residual form is no ordinary "
                           "checkpoint); use --form folded")
-    if a.remove is not None:  # before the model loads (the family's own refusals need it)
-        from swapkl.commands.prune import parse_layers
+    if remove:
         from swapkl.repair.bridge import check_fold_start, spans_of
 
-        for start, _ in spans_of(parse_layers(a.remove)):
+        for start, _ in spans_of(remove):
             check_fold_start(start)
 
 
