@@ -84,11 +84,13 @@ class Bridger:
         return [f"{i}..{j - 1}" for (i, j), (f, why) in sorted(self.forms.items()) if why]
 
     def summary(self) -> dict:
-        """``{"kind": "bridge", "settings", "calibration", "fits": {"i-j": fit summary}}`` (JSON-able)."""
+        """``{"kind": "bridge", "settings", "calibration", "scoring_prompts_avoided", "fits": {"i-j": fit summary,
+        its ``form_note`` (why residual, or None) and ``params_added`` (D² for a residual bridge, 0 folded)}}``."""
         cal = {k: v for k, v in self.calib.description.items() if k != "window_starts"}
         fits = {}
         for (i, j), b in sorted(self.fits.items()):
-            fits[f"{i}-{j}"] = b.summary() | {"form_note": self.forms.get((i, j), (None, None))[1]}
+            fits[f"{i}-{j}"] = b.summary() | {"form_note": self.forms.get((i, j), (None, None))[1],
+                                              "params_added": int(b.W.shape[0]) ** 2 if b.form == "residual" else 0}
         return {"kind": "bridge", "settings": self.settings.to_dict(), "calibration": cal,
                 "scoring_prompts_avoided": self.contract.to_dict(), "fits": fits}
 

@@ -204,3 +204,24 @@ def test_a_calibration_that_would_overlap_is_refused_before_any_evaluation(stori
         removal_curves(stories.model, stories.tokenizer, scores5(), plan,
                        RunHooks(corpus=corpus, memo=memo, contract=Contract(prompts=8, tokens=64)))
     assert "\n" not in str(e.value) and memo.misses == 0
+
+
+def test_common_axis_rows_hold_the_bridged_curves(runs):
+    from swapkl.surgery.sizes import params_removed
+    from swapkl.views.units import common_axis_rows
+
+    _raw, r, *_ = runs
+    rows = common_axis_rows([r])
+    bridged = [x for x in rows if x["method"].endswith("+bridge")]
+    assert len(bridged) == sum(len(v) for v in r.repaired.values())
+    for x in bridged:  # folded bridges add no parameters: the same share as the raw set
+        e = next(e for e in r.repaired[x["method"][:-len("+bridge")]] if e["n"] == x["n"])
+        assert x["delta_pct"] == e["delta_pct"]
+        want = 100.0 * params_removed(r.sizes, e["removed"]) / r.sizes["non_embedding"]
+        assert x["params_removed_pct"] == pytest.approx(want)
+    d = r.to_dict()
+    D = 64  # stories260K's hidden size: a residual bridge over 1..1 adds D² parameters back
+    d["repair"]["fits"]["1-2"] = dict(d["repair"]["fits"]["1-2"], form="residual", params_added=D * D)
+    x = next(x for x in common_axis_rows([d]) if x["method"] == "replacement+bridge" and x["removed"] == [1])
+    want = 100.0 * (params_removed(r.sizes, [1]) - D * D) / r.sizes["non_embedding"]
+    assert x["params_removed_pct"] == pytest.approx(want)
