@@ -225,3 +225,21 @@ def test_common_axis_rows_hold_the_bridged_curves(runs):
     x = next(x for x in common_axis_rows([d]) if x["method"] == "replacement+bridge" and x["removed"] == [1])
     want = 100.0 * (params_removed(r.sizes, [1]) - D * D) / r.sizes["non_embedding"]
     assert x["params_removed_pct"] == pytest.approx(want)
+
+
+def test_seeded_method_bridged_per_seed_and_averaged(stories, corpus):
+    plan = RemovalPlan(1, ["random"], evaluator=EV, seeds=range(5), repair="bridge", bridge=BRIDGE)
+    memo = EvalMemo()
+    r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=memo))
+    (e,) = r.repaired["random"]
+    key = next(k for k, _ in memo.store if "|bridge:" in k)
+    text_key = key.split("|bridge:")[0]
+    base = memo.store[(text_key, frozenset())]
+    whole = lambda res: 100.0 * (np.exp((res.nll.sum() - base.nll.sum()) / base.counts.sum()) - 1.0)
+    sets = [p["removed"] for p in r.methods["random"][0]["per_seed"]]
+    bridged = [whole(memo.store[(key, frozenset(s))]) for s in sets]
+    raw = [whole(memo.store[(text_key, frozenset(s))]) for s in sets]
+    assert e["delta_pct"] == pytest.approx(np.mean(bridged), rel=1e-9)
+    assert e["paired_delta_pct"] == pytest.approx(np.mean(bridged) - np.mean(raw), rel=1e-9)
+    assert e["paired_ci"] is None and e["removed"] is None and [p["removed"] for p in e["per_seed"]] == sets
+    assert CurvesResult.from_json(r.to_json()).repaired == json.loads(r.to_json())["repaired"]
