@@ -147,6 +147,33 @@ def evaluator_and_corpus(a, drop_first_target: bool | None = None):
     return ev, (load_corpus(a.eval_text) if a.eval_text else load_corpus())
 
 
+def add_bridge_args(p) -> None:
+    """``--repair none|bridge`` and the bridge's settings for a removal command (curves, recommend); the command's
+    ``--calib-tokens`` also sets the bridge's calibration tokens (docs/repair.md, "Removal with repair")."""
+    g = p.add_argument_group("repair (--repair bridge)")
+    g.add_argument("--repair", default="none", choices=["none", "bridge"],
+                   help="bridge: evaluate every set also with a linear bridge in place of each removed span "
+                        "(fitted on calibration text, no training), on the same windows, with the paired CI")
+    g.add_argument("--form", default=None, choices=["folded", "residual"],
+                   help="the bridge form (default folded: ReplaceMe's, into the MLP before the span; residual where "
+                        "no exact fold exists)")
+    g.add_argument("--calib-window", type=int, default=None, help="tokens per bridge calibration window (default 256)")
+    g.add_argument("--calib-seed", type=int, default=None, help="which bridge calibration windows are drawn (default 0)")
+    g.add_argument("--ridge", type=float, default=None, help="the bridge's relative ridge (default 1e-4)")
+
+
+def bridge_fields(a) -> dict:
+    """The plan fields ``repair`` and ``bridge`` of :func:`add_bridge_args`' flags (a bridge flag without
+    ``--repair bridge`` is refused by the plan in one line)."""
+    repair = getattr(a, "repair", None) or "none"
+    given = {"form": a.form, "calib_window": a.calib_window, "calib_seed": a.calib_seed, "ridge": a.ridge}
+    if repair == "bridge":
+        given["calib_tokens"] = getattr(a, "calib_tokens", None)
+    elif any(v is not None for v in given.values()):
+        raise SwapklError("--form, --calib-window, --calib-seed and --ridge go with --repair bridge")
+    return {"repair": repair, "bridge": {k: v for k, v in given.items() if v is not None}}
+
+
 def removal_plan(a, methods, **fields):
     """The :class:`~swapkl.removal.plan.RemovalPlan` of a removal command, built once from its arguments and
     checked here, before any model is loaded: ``--budget`` (and ``--spacing`` where the command has it) refused in
@@ -160,4 +187,7 @@ def removal_plan(a, methods, **fields):
             raise SwapklError(f"{flag} must be at least {lo} (got {v})")
     if getattr(a, "spacing", None) is not None:
         fields.setdefault("spacing", a.spacing)
+    if hasattr(a, "repair"):
+        for k, v in bridge_fields(a).items():
+            fields.setdefault(k, v)
     return RemovalPlan(budget=a.budget, methods=tuple(methods), **fields)

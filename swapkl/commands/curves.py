@@ -10,8 +10,9 @@ from swapkl.removal import curves as C
 from swapkl.removal.checks import check_evaluator_context, check_scores
 from swapkl.removal.curves import EvalMemo
 from swapkl.removal.plan import RunHooks
-from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
-                                    add_unit_arg, contract_from_args, emit, load_from_args, removal_plan)
+from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_bridge_args, add_contract_args,
+                                    add_model_args, check_outputs, add_unit_arg, contract_from_args, emit,
+                                    load_from_args, removal_plan)
 from swapkl.contract import check_unit
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
@@ -56,6 +57,7 @@ def register(sub) -> None:
                    help="write the common-axis figure (this run and every --with) as a self-contained HTML page")
     add_contract_args(p)
     add_unit_arg(p)
+    add_bridge_args(p)
     p.set_defaults(func=run)
 
 
@@ -101,7 +103,8 @@ def run(a) -> int:
 
     result = C.removal_curves(ck.model, ck.tokenizer, scores, plan,
                               RunHooks(progress=prog, identity=ck.identity, corpus=corpus,
-                                       memo=EvalMemo() if a.no_cache else None))
+                                       memo=EvalMemo() if a.no_cache else None,
+                                       contract=scoring_contract(a, loaded, plan)))
     result.notes.insert(0, src)
     if a.gains:
         from swapkl.removal.gains import curve_gains
@@ -138,6 +141,49 @@ def scores_for(a, ck, loaded, unit: str, progress) -> tuple[dict, str]:
     res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
     return ({"replacement": res.replacement(), "interchange": res.interchange()},
             f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})")
+
+
+def scoring_contract(a, loaded, plan):
+    """The contract whose scoring prompts a bridge's calibration text avoids (``--repair bridge``): the scores
+    file's, else the one the flags describe; None without a repair."""
+    if plan.repair != "bridge":
+        return None
+    from swapkl.contract import Contract
+
+    got = loaded[2] if loaded is not None else None
+    if isinstance(got, Contract):
+        return got
+    if isinstance(got, dict):
+        try:
+            return Contract.from_dict(got)
+        except (SwapklError, TypeError, ValueError):
+            pass
+    return contract_from_args(a)
+
+
+def repaired_lines(repaired: dict, methods: dict | None = None, repair: dict | None = None) -> list[str]:
+    """The raw and bridged ΔPPL % of every set side by side, with the paired difference (bridged − raw, points,
+    95 % CI over the same windows) and better / tie / worse (tie: the CI includes 0).  ``methods``: the raw curves
+    (else the raw ΔPPL is the bridged one minus the paired difference, the same formula)."""
+    if not repaired:
+        return []
+    from swapkl.removal.paired import word
+
+    st = (repair or {}).get("settings") or {}
+    out = [f"raw vs bridged (--repair bridge, {st.get('form', 'folded')} form, {st.get('calib_tokens', '?')} "
+           "calibration tokens); paired over the same windows: bridged − raw, points [95 % CI]",
+           f"  {'method':<16} {'n':>3}  {'removed':<16} {'raw ΔPPL %':>11} {'bridged ΔPPL %':>15}  "
+           f"{'bridged − raw [CI]':<28} verdict"]
+    for name, entries in repaired.items():
+        raw = {e["n"]: e for e in (methods or {}).get(name, [])}
+        for e in entries:
+            r = raw[e["n"]]["delta_pct"] if e["n"] in raw else e["delta_pct"] - e["paired_delta_pct"]
+            ci = e.get("paired_ci")
+            diff = f"{e['paired_delta_pct']:+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else " (mean of seeds)")
+            rem = e["removed"] if e.get("removed") is not None else "mean of seeds"
+            out.append(f"  {name:<16} {e['n']:>3}  {str(rem):<16} {r:>+11.1f} {e['delta_pct']:>+15.1f}  "
+                       f"{diff:<28} {word(ci) if ci else '-'}")
+    return out
 
 
 def _unit(a, loaded) -> str:
@@ -180,6 +226,7 @@ def render(r) -> str:
             f"n={x['n']}: {x['ratio']:.3f}" if x["ratio"] is not None else f"n={x['n']}: -" for x in r.delta_ratio))
     if r.verdict:
         lines.append(r.verdict["sentence"])
+    lines.extend(repaired_lines(r.repaired, r.methods, r.repair))
     if r.gains:
         st = r.gains.get("settings", {})
         lines.append(f"gains measured on {st.get('device')} ({st.get('dtype')}), context {st.get('context')} tokens + "

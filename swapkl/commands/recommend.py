@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (add_unit_arg, evaluator_and_corpus, ProgressPrinter, add_contract_args, add_model_args, check_outputs,
-                                    emit, load_from_args)
+from swapkl.commands.common import (add_unit_arg, evaluator_and_corpus, ProgressPrinter, add_bridge_args,
+                                    add_contract_args, add_model_args, bridge_fields, check_outputs, emit,
+                                    load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
-from swapkl.commands.curves import load_scores, scores_for, _unit as scores_unit
+from swapkl.commands.curves import load_scores, repaired_lines, scores_for, scoring_contract, _unit as scores_unit
 from swapkl.removal.plan import RunHooks
 from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOWS, DEFAULT_WIDTH, recommend,
                                       recommend_plan, search_params, SEED_METHODS)
@@ -59,6 +60,7 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true")
     add_contract_args(p)
     add_unit_arg(p)
+    add_bridge_args(p)
     p.set_defaults(func=run)
 
 
@@ -111,7 +113,7 @@ def run(a) -> int:
                            calib_windows=a.calib_windows, max_evals=max_evals, seeds=seeds,
                            constrained=a.constrained) | {"rule": a.rule, "calib_regions": a.calib_regions}
     plan = recommend_plan(a.budget, search, compare, spacing=a.spacing, kl=not a.no_kl, unit=unit,
-                          calib_tokens=a.calib_tokens)
+                          calib_tokens=a.calib_tokens, **bridge_fields(a))
     ck = load_from_args(a)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
     # the budget against the candidates the search uses (every layer, keep one; or the rule's with --constrained),
@@ -130,7 +132,7 @@ def run(a) -> int:
 
     rec = recommend(ck.model, ck.tokenizer, scores, plan.with_(evaluator=ev),
                     RunHooks(progress=prog, identity=ck.identity, corpus=corpus,
-                             memo=EvalMemo() if a.no_cache else None))
+                             memo=EvalMemo() if a.no_cache else None, contract=scoring_contract(a, loaded, plan)))
     return emit(a, rec, render)
 
 
@@ -154,6 +156,7 @@ def render(rec) -> str:
     for e in rec.entries:
         lines.append(rec.explain(e["n"]))
     lines.extend(paired_lines(rec))
+    lines.extend(repaired_lines(rec.repaired, {"recommend": rec.entries}, rec.repair))
     for n in rec.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

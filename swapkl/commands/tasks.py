@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (block_unit_only, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
-                                    load_from_args, removal_plan)
+from swapkl.commands.common import (block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
+                                    contract_from_args, emit, load_from_args, removal_plan)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
 from swapkl.removal import lmeval
@@ -39,7 +39,11 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds (>= 5)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--calib-tokens", type=int, default=None,
+                   help="calibration tokens of every method that reads calibration text and, with --repair bridge, "
+                        "of the bridge (default: each one's own)")
     add_contract_args(p)
+    add_bridge_args(p)
     p.set_defaults(func=run)
 
 
@@ -57,8 +61,9 @@ def _check_args(a):
             partners = int(partners)
         except ValueError:
             raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
+    # unknown methods, a bad budget or spacing and bad repair flags fail here
     plan = removal_plan(a, methods, exclude_boundary=not a.include_boundary, partners=partners,
-                        seeds=tuple(range(a.seeds)))  # unknown methods, a bad budget or spacing fail here
+                        seeds=tuple(range(a.seeds)), calib_tokens=a.calib_tokens)
     tasks = lmeval.parse_task_names(a.tasks)
     check_outputs(a, {"--json": a.json}, inputs=[a.scores])
     return plan, tasks
@@ -90,7 +95,9 @@ def run(a) -> int:
 
     settings = TaskSettings(tuple(tasks), include_path=include, limit=a.limit, num_fewshot=a.num_fewshot,
                             batch_size=a.batch_size, use_cache=not a.no_cache)
-    result = task_accuracy(ck.model, ck.tokenizer, scores, plan, settings, RunHooks(progress=prog, identity=ck.identity))
+    contract = contract_from_args(a) if plan.repair == "bridge" else None  # the prompts the bridge's text avoids
+    result = task_accuracy(ck.model, ck.tokenizer, scores, plan, settings,
+                           RunHooks(progress=prog, identity=ck.identity, contract=contract))
     if src:
         result.notes.insert(0, src)
     return emit(a, result, render)
@@ -137,6 +144,11 @@ def render(r) -> str:
                     val = e["metrics"].get(task, {}).get(metric)
                     err = e["stderr"].get(task, {}).get(metric)
                     lines.append(f"  {name:<12} n={e['n']:<3} {str(rem):<14} {_fmt(val, err)}")
+            for name, entries in (r.repaired or {}).items():  # --repair bridge: the bridged model beside the raw
+                for e in entries:
+                    val = e["metrics"].get(task, {}).get(metric)
+                    lines.append(f"  {name + '+bridge':<12} n={e['n']:<3} {str(e['removed']):<14} "
+                                 f"{_fmt(val, e['stderr'].get(task, {}).get(metric))}")
     for n in r.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

@@ -57,6 +57,10 @@ class CurvesResult:
     parameter counts (:func:`swapkl.surgery.sizes.unit_sizes`), the common x axis of block and sublayer curves;
     ``gains``: what each set gains, measured (:func:`swapkl.removal.gains.curve_gains`), when asked for;
     ``plan``: the :class:`~swapkl.removal.plan.RemovalPlan` the curves ran (:meth:`RemovalPlan.to_dict`).
+    ``repaired`` (``plan.repair == "bridge"``, else empty): per method, its curve with every set bridged, entries as in
+    ``methods`` plus ``paired_delta_pct``/``paired_ci`` (bridged − raw ΔPPL %, paired bootstrap over the same
+    windows); ``repair``: ``{"kind": "bridge", "settings", "calibration", "fits": {"i-j": fit}}`` or ``{}``
+    (:mod:`swapkl.removal.bridging`).
     """
 
     model: dict
@@ -79,6 +83,8 @@ class CurvesResult:
     sizes: dict = field(default_factory=dict)
     gains: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
+    repaired: dict = field(default_factory=dict)
+    repair: dict = field(default_factory=dict)
 
     def provenance(self) -> Provenance:
         """Model, corpus, evaluator, budget and spacing of these curves (:func:`curves_provenance`)."""
@@ -158,6 +164,11 @@ class CurvesRun:
         self._text()
         self._memo()
         self.planned = self.checked.expected_evaluations()
+        self.repair = None
+        if plan.repair == "bridge":  # the calibration text is built (and its disjointness asserted) before any work
+            from swapkl.removal.bridging import RepairedCurves
+
+            self.repair = RepairedCurves(self)
 
     def _text(self) -> None:
         """The evaluator, the corpus and the evaluation token ids (``self.ids``, 1-D LongTensor) with their memo key."""
@@ -268,7 +279,8 @@ class CurvesRun:
                                partners=self.plan.partners, corpus=self.corpus, evaluator=self.ev,
                                seeds=list(self.checked.seeds), memo=self.memo, batch_size=self.plan.batch_size,
                                should_stop=self.hooks.should_stop, progress=lambda d, t, msg: self.report(msg),
-                               params=self.plan.params(), unit=self.unit)
+                               params=self.plan.params(), unit=self.unit,
+                               bridger=self.repair.bridger if self.repair is not None else None)
 
     def run_method(self, spec, ctx, result: CurvesResult) -> None:
         """Run one method and evaluate the sets it returns into ``result``."""
@@ -294,6 +306,8 @@ class CurvesRun:
                 per_seed[str(seed)] = [self.entry(k + 1, s) for k, s in enumerate(sets)]
             result.random_seeds[spec.name] = per_seed
             result.methods[spec.name] = _aggregate(per_seed)
+        if self.repair is not None:
+            self.repair.add(spec.name, out, result, _aggregate)
         info["seconds"] = time.perf_counter() - t0
         result.method_info[spec.name] = info
 

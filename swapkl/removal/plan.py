@@ -26,8 +26,16 @@ from swapkl.removal import methods as M
 from swapkl.removal.checks import check_scores
 from swapkl.removal.selection import as_matrix, check_budget, default_candidates
 
-#: the repairs a plan may ask for after removal (only none so far: the field is recorded in every result)
-REPAIRS = ("none",)
+#: the repairs a plan may ask for after removal: none, or a linear bridge in place of each removed span
+#: (:mod:`swapkl.repair`; docs/repair.md "Removal with repair")
+REPAIRS = ("none", "bridge")
+#: the fields of a plan's ``bridge`` settings (:class:`swapkl.repair.bridged_kl.BridgeSettings`; absent = its default)
+BRIDGE_FIELDS = ("form", "calib_tokens", "calib_window", "calib_seed", "ridge")
+#: the bridge forms (:data:`swapkl.repair.bridge.FORMS`) and the defaults of
+#: :class:`~swapkl.repair.bridged_kl.BridgeSettings`, spelled here too because this module imports no torch (a test
+#: holds them equal)
+BRIDGE_FORMS = ("folded", "residual")
+BRIDGE_DEFAULTS = {"form": "folded", "calib_tokens": 8192, "calib_window": 256, "calib_seed": 0, "ridge": 1e-4}
 
 
 def _freeze(v):
@@ -46,6 +54,37 @@ def _thaw(v):
     if isinstance(v, tuple):
         return [_thaw(x) for x in v]
     return v
+
+
+def _bridge(d, repair: str) -> dict:
+    """The plan's bridge settings checked in one line each (unknown field or form, calibration tokens below
+    :data:`~swapkl.removal.methods.MIN_CALIB_TOKENS` or under the window, a negative ridge); ``{}``: the defaults."""
+    if not isinstance(d, Mapping):
+        raise ContractError(f"bridge settings must be a dict of {', '.join(BRIDGE_FIELDS)} (got {d!r})")
+    d = {str(k): v for k, v in d.items() if v is not None}
+    bad = sorted(set(d) - set(BRIDGE_FIELDS))
+    if bad:
+        raise ContractError(f"unknown bridge setting(s) {', '.join(bad)}; known: {', '.join(BRIDGE_FIELDS)}")
+    if d and repair != "bridge":
+        raise ContractError("bridge settings go with repair 'bridge'")
+    if "form" in d and d["form"] not in BRIDGE_FORMS:
+        raise ContractError(f"unknown bridge form '{d['form']}'; choose one of: {', '.join(BRIDGE_FORMS)}")
+    if "calib_tokens" in d:
+        _int("the bridge's calibration tokens", d["calib_tokens"], M.MIN_CALIB_TOKENS)
+    if "calib_window" in d:
+        _int("the bridge's calibration window", d["calib_window"], 2)
+    if "calib_seed" in d:
+        _int("the bridge's calibration seed", d["calib_seed"], 0)
+    if "ridge" in d:
+        r = d["ridge"]
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 or r == float("inf"):
+            raise ContractError(f"the bridge's ridge must be a finite number >= 0 (got {r!r})")
+        d["ridge"] = float(r)
+    full = BRIDGE_DEFAULTS | d
+    if full["calib_tokens"] < full["calib_window"]:
+        raise ContractError(f"the bridge's calibration tokens ({full['calib_tokens']}) must be at least its "
+                            f"calibration window ({full['calib_window']})")
+    return d
 
 
 def _int(name: str, v, lo: int) -> int:
@@ -90,7 +129,9 @@ class RemovalPlan:
     :class:`~swapkl.removal.evaluate.Evaluator` or its settings dict; ``calib_tokens``: the calibration tokens of every calibration method
     (None: each method's registered default; given, it is written into ``method_params`` of each such method); ``method_params``: ``{method: {option: value}}``, read-only (a
     writable copy: :meth:`params`); ``batch_size``: windows per forward (None = the evaluator's default); ``kl``: also
-    KL(base || pruned) per token; ``repair``: what is done after removal (``"none"``)."""
+    KL(base || pruned) per token; ``repair``: what is done after removal (``"none"``, or ``"bridge"``: every set is
+    also evaluated with a linear bridge in place of each removed span, blocks only); ``bridge``: the bridge's settings
+    (:data:`BRIDGE_FIELDS`, those of :class:`swapkl.repair.bridged_kl.BridgeSettings`; ``{}`` = its defaults)."""
 
     budget: int
     methods: tuple = ()
@@ -106,6 +147,7 @@ class RemovalPlan:
     batch_size: int | None = None
     kl: bool = True
     repair: str = "none"
+    bridge: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
         put = lambda k, v: object.__setattr__(self, k, v)
@@ -139,6 +181,10 @@ class RemovalPlan:
         put("kl", bool(self.kl))
         if self.repair not in REPAIRS:
             raise ContractError(f"unknown repair '{self.repair}'; choose one of: {', '.join(REPAIRS)}")
+        if self.repair == "bridge" and self.unit != BLOCK:
+            raise ContractError(f"--repair bridge replaces whole blocks: a bridge cannot stand in for the {self.unit} "
+                                "sublayer (use --unit block)")
+        put("bridge", _freeze(_bridge(self.bridge or {}, self.repair)))
 
     def params(self) -> dict:
         """``method_params`` as a plain, writable dict (a copy: the plan stays as it is)."""
@@ -175,8 +221,9 @@ class RemovalPlan:
         """Distinct perplexity evaluations this plan's curves need on a model of ``num_layers`` layers, baseline
         included: each method's cost (its planned sets, deduplicated across methods, or a count; one per curve point
         and seed by default).  An estimate for methods whose sets depend on evaluations (SLEB, the search); a method
-        whose sets cannot be planned counts ``budget``.  The progress total of a run (the runner's and the
-        dashboard's)."""
+        whose sets cannot be planned counts ``budget``.  With ``repair="bridge"`` every one but the baseline is
+        counted twice (raw and bridged; a merge or mixed-unit method is not bridged).  The progress total of a run
+        (the runner's and the dashboard's)."""
         return self.check(num_layers, scores).expected_evaluations()
 
     def evaluator_dict(self) -> dict | str:
@@ -194,7 +241,7 @@ class RemovalPlan:
                 "partners": p if p is None or isinstance(p, (str, int)) else [list(q) for q in p],
                 "seeds": None if self.seeds is None else list(self.seeds), "evaluator": self.evaluator_dict(),
                 "calib_tokens": self.calib_tokens, "method_params": self.params(), "batch_size": self.batch_size,
-                "kl": self.kl, "repair": self.repair}
+                "kl": self.kl, "repair": self.repair, "bridge": _thaw(self.bridge)}
 
 
 @dataclass(frozen=True)
@@ -215,7 +262,8 @@ class CheckedPlan:
         ev = M.EvalPlan(budget=self.plan.budget, num_layers=self.num_layers, scores=self.scores,
                         candidates=list(self.candidates), spacing=self.plan.spacing, seeds=list(self.seeds))
         sets: set = set()
-        extra = 0
+        extra = bridged_extra = 0
+        bridged = self.plan.repair == "bridge"
         for spec in self.specs:
             try:
                 c = spec.cost(spec, ev)
@@ -223,9 +271,11 @@ class CheckedPlan:
                 c = ev.budget
             if isinstance(c, int):
                 extra += c
+                if bridged and not set(spec.variants) & {"merge", "units"}:
+                    bridged_extra += ev.budget * (len(ev.seeds) if spec.seeded else 1)
             else:
                 sets.update(frozenset(s) for s in c)
-        return 1 + len(sets) + extra
+        return 1 + (2 if bridged else 1) * len(sets) + extra + bridged_extra
 
 
 @dataclass
@@ -238,7 +288,8 @@ class RunHooks:
     ``memo``: an :class:`~swapkl.removal.memo.EvalMemo` shared across calls (default: the model's disk memo);
     ``identity``: the checkpoint's identity (names the weights for the disk memo and the result); ``corpus``: a
     :class:`~swapkl.scoring.corpora.Corpus` (default: the built-in one); ``eval_ids``: the evaluation token ids when
-    already tokenised."""
+    already tokenised; ``contract``: the scoring :class:`~swapkl.contract.Contract` whose prompts a bridge's
+    calibration text avoids (``repair="bridge"``; default: the default contract)."""
 
     progress: Callable | None = None
     should_stop: Callable | None = None
@@ -248,6 +299,7 @@ class RunHooks:
     identity: dict | None = None
     corpus: object = None
     eval_ids: object = None
+    contract: object = None
 
     def stopped(self) -> bool:
         return self.should_stop is not None and bool(self.should_stop())

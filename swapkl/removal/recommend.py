@@ -56,6 +56,9 @@ class Recommendation:
     paired: list = field(default_factory=list)
     #: what a removed index removes: the block, or its attention / mlp sublayer (skipped, swapkl.surgery.skip)
     unit: str = "block"
+    #: with ``--repair bridge``: every method's bridged curve and the bridge settings and fits (CurvesResult's)
+    repaired: dict = field(default_factory=dict)
+    repair: dict = field(default_factory=dict)
 
     # -- access
     @property
@@ -175,7 +178,8 @@ class Recommendation:
                                                     for e in entries):
             raise SwapklError("not a swapkl recommendation: entries must be a list of {n, removed, ...}")
         unit = check_unit(d.get("unit") or BLOCK, lambda m: SwapklError(f"not a swapkl recommendation: {m}"))
-        return cls(**{k: d.get(k, [] if k in ("notes", "baseline_ppl_ci", "paired") else {} if k == "stats" else None)
+        return cls(**{k: d.get(k, [] if k in ("notes", "baseline_ppl_ci", "paired") else
+                               {} if k in ("stats", "repaired", "repair") else None)
                       for k in cls.__dataclass_fields__ if k != "unit"}, unit=unit)
 
     @classmethod
@@ -210,7 +214,8 @@ class Recommendation:
                           "sleb_evaluations": rec["sleb_evaluations"], "search_seconds": rec["seconds"],
                           "test_evaluations": len(entries)},
                    notes=list(rec.get("notes", [])), paired=list(info.get("paired") or []),
-                   unit=d.get("unit") or "block")
+                   unit=d.get("unit") or "block", repaired=dict(d.get("repaired") or {}),
+                   repair=dict(d.get("repair") or {}))
 
 
 def rule_phrase(e: dict) -> str:

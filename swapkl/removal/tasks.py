@@ -40,7 +40,8 @@ class TasksResult:
     seeds, ``stderr`` the mean of the seeds' lm-eval stderrs, ``removed`` None, ``per_seed`` the seeds' sets and
     metrics, ``seed_min``/``seed_max`` the spread).  ``contract``: lm-eval version, per task its versions,
     configuration hash, output types and chance accuracy, the limit, few-shot count and batch size, and the
-    selection rule."""
+    selection rule.  With ``repair="bridge"``: ``repaired[name]``, the same entries for each set with its bridges
+    (seeded and merging methods are not bridged), and ``repair``, the bridge settings and fits."""
 
     model: dict
     contract: dict
@@ -50,6 +51,8 @@ class TasksResult:
     notes: list = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     complete: bool = True
+    repaired: dict = field(default_factory=dict)
+    repair: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return finite_json({k: getattr(self, k) for k in self.__dataclass_fields__})
@@ -82,12 +85,14 @@ def _shots(c: dict) -> str:
     return f"few-shot: task default ({ran})" if ran else "few-shot: task default"
 
 
-def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks: RunHooks | None = None) -> dict:
+def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks: RunHooks | None = None,
+                 bridger=None) -> dict:
     """The removal sets each method of ``plan`` chooses for n = 1..``plan.budget``: ``{name: MethodOutput}`` (``sets``,
     or ``runs`` per seed, ``variant`` for a merge, ``notes``, ``settings``).  The methods run with the context the
     curves runner gives them (the plan checked against the model, its candidates, spacing, partners and seeds, the
     calibration text of ``hooks.corpus`` and the perplexity memo of ``hooks.identity``), so the sets are the curves'
-    sets."""
+    sets.  ``bridger``: the run's :class:`~swapkl.removal.bridging.Bridger` (``repair="bridge"``: the ``bridge``
+    method scores with its bridges)."""
     from swapkl.model import architectures as arch  # deferred: torch
     from swapkl.removal.curves import plan_evaluator
     from swapkl.removal.memo import disk_memo
@@ -103,7 +108,7 @@ def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks
                           memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
                           should_stop=hooks.should_stop, batch_size=plan.batch_size,
                           progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None,
-                          params=plan.params(), unit=plan.unit)
+                          params=plan.params(), unit=plan.unit, bridger=bridger)
     return {spec.name: spec.func(ctx, plan.budget) for spec in c.specs}
 
 
@@ -144,22 +149,24 @@ class _Runner:
         self.done, self.total = 0, total
         self.on_partial, self.result = None, None
         self.memo: dict = {}
+        self.bridger = None  # a removal.bridging.Bridger: variant(..., bridged=True) evaluates the bridged model
         self.prefix = None  # a removal.prefix.PrefixStore when variants share the base's hidden states
         self.record_base = False  # evaluate the base model even when its rows are cached (to record its states)
         self.stats = {"evaluations": 0, "cache_hits": 0, "variants": 0, "eval_seconds": 0.0}
         self.lm_eval_version = lmeval.lm_eval_version()
 
-    def _path(self, removed, merge, task):
+    def _path(self, removed, merge, task, bridged=False):
         key = {"model": self.ident, "removed": list(removed), "merge": merge, "task": task["name"],
+               **({"bridge": self.bridger.key()} if bridged else {}),
                "versions": task["versions"], "config_sha": task["config_sha"], "limit": self.limit,
                "num_fewshot": self.num_fewshot, "lm_eval": self.lm_eval_version}
         return cache_root() / "tasks" / f"{stable_hash(key)[:24]}.json"
 
-    def variant(self, removed: Sequence[int], merge: dict | None = None) -> dict:
+    def variant(self, removed: Sequence[int], merge: dict | None = None, bridged: bool = False) -> dict:
         """``{"metrics", "stderr", "versions", "n-shot", "n-samples"}`` merged over the run's tasks for the model
-        without ``removed`` (or merged by ``merge``)."""
+        without ``removed`` (or merged by ``merge``; ``bridged``: with the bridger's bridges in place)."""
         removed = sorted(int(i) for i in removed)
-        key = (tuple(removed), repr(merge))
+        key = (tuple(removed), repr(merge), bridged)
         if key in self.memo:
             return self.memo[key]
         if self.should_stop is not None and self.should_stop():
@@ -167,13 +174,13 @@ class _Runner:
         out = {"metrics": {}, "stderr": {}, "versions": {}, "n-shot": {}, "n-samples": {}}
         pm = None
         for task in self.tasks:
-            path = self._path(removed, merge, task) if self.ident else None
+            path = self._path(removed, merge, task, bridged) if self.ident else None
             rows = self._read(path)
             if rows is not None and not removed and merge is None and self.record_base:
                 rows = None  # run the base anyway: variants to evaluate start from the states it records
             if rows is None:
-                if pm is None:
-                    pm = self._build(removed, merge)
+                if pm is None:  # a bridged model changes block i-1 (folded): it shares no prefix with the base
+                    pm = self.bridger.bridged(removed) if bridged else self._build(removed, merge)
                 t0 = time.perf_counter()
                 rows = lmeval.evaluate(pm, self.tok, task, self.tm, limit=self.limit, num_fewshot=self.num_fewshot,
                                        batch_size=self.batch_size)
@@ -232,6 +239,18 @@ class _Runner:
             self.progress(min(self.done, self.total), self.total, msg)
         if self.on_partial is not None:
             self.on_partial(self.result)
+
+
+def _bridger(model, tokenizer, plan: RemovalPlan, hooks: RunHooks):
+    """The run's :class:`~swapkl.removal.bridging.Bridger` when ``plan.repair == "bridge"`` (else None): calibration
+    text from ``hooks.corpus`` avoiding ``hooks.contract``'s scoring prompts, the plan's bridge settings."""
+    if plan.repair != "bridge":
+        return None
+    from swapkl.removal.bridging import Bridger
+    from swapkl.scoring.corpora import load_corpus
+
+    corpus = hooks.corpus if hooks.corpus is not None else load_corpus()
+    return Bridger(model, tokenizer, corpus, dict(plan.bridge), hooks.contract)
 
 
 def _plain_sets(sets: dict) -> list[list[int]]:
@@ -299,13 +318,16 @@ def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, sett
     ip = lmeval.check_include_path(settings.include_path) if settings.include_path else None
     tm = lmeval.task_manager(ip)
     loaded = [lmeval.load_task(tm, name) for name in settings.tasks]  # unknown tasks fail before any work
+    bridger = _bridger(model, tokenizer, plan, hooks)
     if sets is None:
-        sets = removal_sets(model, tokenizer, scores, plan, hooks)
+        sets = removal_sets(model, tokenizer, scores, plan, hooks, bridger)
     total = 1 + sum((len(o.sets) if o.runs is None else sum(len(v) for v in o.runs.values())) for o in sets.values())
+    total += sum(len(o.sets) for o in sets.values() if o.runs is None and not o.variant) if bridger else 0
     limit, num_fewshot, batch_size = settings.limit, settings.num_fewshot, settings.batch_size
     run = _Runner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
                   batch_size=batch_size, use_cache=settings.use_cache, progress=progress, should_stop=should_stop,
                   total=total)
+    run.bridger = bridger
     if settings.share_prefix:
         from swapkl.removal.prefix import PrefixStore
 
@@ -338,6 +360,12 @@ def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, sett
                     rows = run.variant(s, merge)
                     result.methods[name].append(_entry(k + 1, s, rows, merge))
                     run.tick(f"{name} n={k + 1} removed {sorted(s)}: {_summary(rows, loaded)}")
+                if bridger is not None and not out.variant:
+                    result.repaired[name] = [_entry(k + 1, s, run.variant(s, bridged=True)) for k, s in
+                                             enumerate(out.sets)]
+                    for e in result.repaired[name]:
+                        run.tick(f"{name} n={e['n']} removed {e['removed']} bridged: {_summary(e, loaded)}")
+                    result.repair = bridger.summary()
             else:
                 per_seed = {}
                 for seed, seed_sets in out.runs.items():

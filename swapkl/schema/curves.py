@@ -47,6 +47,8 @@ def curves_fields(d: Any, what: str = "curves file") -> dict:
             "sizes": lambda v, w: _json(_object(v, w), w),
             "gains": lambda v, w: _json(_object(v, w), w),
             "plan": lambda v, w: _json(_object(v, w), w),
+            "repaired": lambda v, w: _by_method(v, w, entries),
+            "repair": lambda v, w: _json(_object(v, w), w),
         }
         f = _fields(d, "", spec, extra=_json)
     out = {"model": model, "corpus": {}, "selection": {}, "baseline_ppl_ci": [], "baseline": {}}
@@ -103,6 +105,7 @@ def _entry(x, where: str, L: int) -> dict:
             "ppl_min": lambda v, w: _ppl(v, w, null=True), "ppl_max": lambda v, w: _ppl(v, w, null=True),
             "delta_pct_min": number, "delta_pct_max": number, "delta_pct_std": number,
             "n_seeds": lambda v, w: _int(v, w, 0, MAX_SEEDS, null=True),
+            "paired_delta_pct": number, "paired_ci": _ci,
             "per_seed": lambda v, w: [_fields(s, f"{w}[{k}]", {
                 "seed": lambda a, b: _int(a, b, -MAX_INT, MAX_INT), "removed": removed, "ppl": _ppl,
                 "delta_pct": _number}, extra=_scalar) for k, s in enumerate(_array(v, w, MAX_SEEDS))]}

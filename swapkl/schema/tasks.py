@@ -89,5 +89,5 @@ def tasks_fields(d: Any, what: str = "tasks file") -> dict:
         spec = {"base": lambda v, w: _fields(v, w, base, required=("metrics", "stderr")), "methods": _methods,
                 "contract": _contract, "model": lambda v, w: _json(_object(v, w), w),
                 "notes": lambda v, w: [_text(n, _at(w, i)) for i, n in enumerate(_array(v, w, 10_000))],
-                "complete": _bool}
+                "complete": _bool, "repaired": _methods, "repair": lambda v, w: _json(_object(v, w), w)}
         return _fields(d, "document", spec, required=("base", "methods", "contract"), extra=_json)

@@ -33,10 +33,48 @@ def _removed_share(d: dict, entry: dict) -> float | None:
     return 100.0 * sum(params_removed(sizes, s, unit) for s in sets) / len(sets) / sizes["non_embedding"]
 
 
+#: how a bridged curve (``CurvesResult.repaired``) is named on the common axis: ``"replacement+bridge"``
+BRIDGED_SUFFIX = "+bridge"
+
+
+def _bridge_params_pct(d: dict, entry: dict) -> float:
+    """% of non-embedding parameters the bridges of ``entry``'s set add back: a residual bridge is a D×D map of its
+    own (``params_added`` in the run's fit summaries), a folded one changes an existing projection (0)."""
+    fits = (d.get("repair") or {}).get("fits") or {}
+    total = (d.get("sizes") or {}).get("non_embedding")
+    if not total or entry.get("removed") is None:
+        return 0.0
+    added, start = 0, None
+    layers = sorted(entry["removed"])
+    for k, x in enumerate(layers):  # each maximal run [start, x + 1) of consecutive layers is one bridge
+        start = x if start is None or layers[k - 1] != x - 1 else start
+        if k + 1 == len(layers) or layers[k + 1] != x + 1:
+            added += int((fits.get(f"{start}-{x + 1}") or {}).get("params_added") or 0)
+    return 100.0 * added / total
+
+
+def _bridged_rows(d: dict, methods) -> list[dict]:
+    """The common-axis rows of every bridged curve of ``d`` (method ``name+bridge``; no gains measured)."""
+    rows = []
+    for name, entries in (d.get("repaired") or {}).items():
+        if methods is not None and name not in methods:
+            continue
+        for e in entries:
+            share = _removed_share(d, e)
+            rows.append({"unit": d.get("unit", "block"), "method": name + BRIDGED_SUFFIX, "n": e["n"],
+                         "removed": e.get("removed"),
+                         "params_removed_pct": None if share is None else share - _bridge_params_pct(d, e),
+                         "delta_pct": e.get("delta_pct"), "delta_pct_ci": e.get("delta_pct_ci"),
+                         "kl_to_base": e.get("kl_to_base"), "prefill_speedup": None, "decode_speedup": None,
+                         "memory_ratio": None})
+    return rows
+
+
 def common_axis_rows(curves_list, methods=None) -> list[dict]:
     """One row per (unit, method, n): ``unit``, ``method``, ``n``, ``removed``, ``params_removed_pct``,
     ``delta_pct`` and its CI, ``kl_to_base``, and when measured ``prefill_speedup``, ``decode_speedup``,
-    ``memory_ratio``."""
+    ``memory_ratio``.  A run with ``--repair bridge`` adds its bridged curves as methods ``name+bridge`` (their
+    parameters removed net of what residual bridges add)."""
     from swapkl.removal.gains import point_gains
 
     rows = []
@@ -53,6 +91,7 @@ def common_axis_rows(curves_list, methods=None) -> list[dict]:
                              "delta_pct_ci": e.get("delta_pct_ci"), "kl_to_base": e.get("kl_to_base"),
                              "prefill_speedup": g.get("prefill_speedup"), "decode_speedup": g.get("decode_speedup"),
                              "memory_ratio": g.get("memory_ratio")})
+        rows.extend(_bridged_rows(d, methods))
     return rows
 
 

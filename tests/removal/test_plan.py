@@ -81,7 +81,7 @@ def test_plan_is_frozen_normalised_and_recorded():
     assert d == {"budget": 3, "methods": ["interchange", "replacement"], "unit": "block", "spacing": 1,
                  "exclude_boundary": True, "candidates": [1, 3], "partners": [[1, 2]], "seeds": [0, 1],
                  "evaluator": EV.to_dict(), "calib_tokens": None, "method_params": p.params(), "batch_size": None,
-                 "kl": True, "repair": "none"}
+                 "kl": True, "repair": "none", "bridge": {}}
     assert RemovalPlan(2).methods  # no methods: the dashboard's default set
     assert p.with_(budget=1).budget == 1 and p.budget == 3
     with pytest.raises(SwapklError, match="budget"):

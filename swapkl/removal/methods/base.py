@@ -160,6 +160,7 @@ class MethodContext:
     progress: Callable | None = None
     params: dict = field(default_factory=dict)
     unit: str = BLOCK  # what a removed index removes: the block, or its attention / mlp sublayer (skipped)
+    bridger: object = None  # the run's swapkl.removal.bridging.Bridger when it repairs with a bridge, else None
     _calib_ids: object = None
 
     def param(self, method: str, key: str, default):
