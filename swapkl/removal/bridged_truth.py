@@ -25,15 +25,15 @@ from swapkl.store import CorruptEntry, cache_root, read_entry, warn_unwritable, 
 KIND = "bridged-truth"
 
 
-def bridged_ground_truth(model, ids, ev, calib, settings, text_key: str, identity: dict | None = None,
-                         layers=None, region: dict | None = None, use_cache: bool = True, batch_size=None,
-                         should_stop=None) -> tuple[GroundTruth, dict]:
+def bridged_ground_truth(model, ids, ev, calib, settings, store: dict | None = None, layers=None,
+                         region: dict | None = None, batch_size=None, should_stop=None) -> tuple[GroundTruth, dict]:
     """``(GroundTruth, record)`` of removing each block of ``layers`` (default all) with its bridge.
 
     ``ids``: the evaluation token ids (1-D); ``ev``: the evaluator (window, stride); ``calib``: a
     :class:`~swapkl.repair.calibration.CalibrationText`; ``settings``: a
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings`; ``text_key``: names the evaluation text
-    (:func:`swapkl.removal.ground_truth.text_key`); ``identity``: the checkpoint identity (no cache without one).
+    :class:`~swapkl.repair.bridged_kl.BridgeSettings`; ``store``: where the entry is filed, ``{"text": the
+    evaluation text's key (:func:`swapkl.removal.ground_truth.text_key`), "identity": the checkpoint identity}``
+    (None, or an identity that cannot name the weights: no cache).
     ``record``: ``{"settings", "calibration", "forms": {ℓ: {"form", "note", "residual"}}}``."""
     from swapkl.model import architectures as arch
 
@@ -41,7 +41,7 @@ def bridged_ground_truth(model, ids, ev, calib, settings, text_key: str, identit
     L = arch.locate(model).num_layers
     layers = list(range(L)) if layers is None else [int(x) for x in layers]
     calib_desc = {k: v for k, v in calib.description.items()}
-    path = _entry_path(identity, text_key, settings, calib_desc) if use_cache else None
+    path = _entry_path(store.get("identity"), store.get("text"), settings, calib_desc) if store else None
     data = _read(path, layers)
     computed = 0
     if data is None:

@@ -32,6 +32,10 @@ def setup(stories):
     return corpus, settings, calib, ids
 
 
+def _store(ck):
+    return {"text": "text-key", "identity": ck.identity}
+
+
 def _plain_activations(model, ids, slots, proj):
     """Block inputs of ``slots`` and block ``proj``'s MLP output projection output, plain hooks on a deep copy, one
     row at a time; rows of tokens (N, d) float64."""
@@ -65,7 +69,7 @@ def _plain_delta(model, ids, calib, ell):
 def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     corpus, settings, calib, ids = setup
     layers = [0, 2]
-    gt, rec = bridged_ground_truth(stories.model, ids, EV, calib, settings, "text-key", stories.identity,
+    gt, rec = bridged_ground_truth(stories.model, ids, EV, calib, settings, _store(stories),
                                    layers=layers)
     assert gt.computed == 2 and gt.layers == layers
     for k, ell in enumerate(layers):
@@ -82,13 +86,13 @@ def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     base = evaluate_ppl(stories.model, ids, EV.window, EV.stride)
     assert delta_pct(raw, base) > gt.delta_ppl_pct[1]
     # a second call reads the store entry: same numbers, nothing computed
-    again, _ = bridged_ground_truth(stories.model, ids, EV, calib, settings, "text-key", stories.identity,
+    again, _ = bridged_ground_truth(stories.model, ids, EV, calib, settings, _store(stories),
                                     layers=layers)
     assert again.computed == 0 and again.delta_ppl_pct == gt.delta_ppl_pct and again.kl == gt.kl
     assert list((cache_dir / "evidence").glob("bridged-truth-*.json"))
     # other bridge settings are another entry
     other = BridgeSettings(calib_tokens=2048, calib_window=128, ridge=1e-2)
-    third, rec3 = bridged_ground_truth(stories.model, ids, EV, calib, other, "text-key", stories.identity,
+    third, rec3 = bridged_ground_truth(stories.model, ids, EV, calib, other, _store(stories),
                                        layers=layers)
     assert third.computed == 2 and rec3["settings"]["ridge"] == 1e-2
 
@@ -97,3 +101,129 @@ def arch_pruned(model, remove):
     from swapkl.surgery.blocks import pruned_copy
 
     return pruned_copy(model, remove)
+
+
+# ------------------------------------------------------------------------------------ agreement after repair
+class _R:  # the fields of a PPLResult that from_results reads
+    def __init__(self, nll, counts, kl):
+        self.nll, self.counts, self.kl = np.asarray(nll, float), np.asarray(counts), np.asarray(kl, float)
+        self.ppl = float(np.exp(self.nll.sum() / self.counts.sum()))
+
+
+def _fake_truths(L=7, W=10, seed=0):
+    from swapkl.removal.ground_truth import from_results
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(80, 120, W)
+    base = _R(rng.uniform(200, 300, W), counts, np.zeros(W))
+    raw = {k: _R(base.nll + rng.uniform(0, 40 * (k + 1), W), counts, rng.uniform(0, 5, W)) for k in range(L)}
+    bridged = {k: _R(base.nll + rng.uniform(0, 30 * ((k * 3) % L + 1), W), counts, rng.uniform(0, 3, W))
+               for k in range(L)}
+    return from_results(range(L), base, raw), from_results(range(L), base, bridged)
+
+
+def test_agreement_after_repair_equals_scipy_and_a_plain_bootstrap():
+    from scipy import stats
+
+    from swapkl.evidence import agreement as A
+    from swapkl.evidence import repair as R
+    from swapkl.evidence.signals import Signal
+
+    L, P, B = 7, 6, 200
+    raw, bridged = _fake_truths(L)
+    rng = np.random.default_rng(5)
+    good = np.asarray(bridged.delta_ppl_pct)[None] + rng.normal(0, 20, (P, L))  # per prompt, follows the bridged cost
+    other = np.asarray(raw.delta_ppl_pct)[None] + rng.normal(0, 20, (P, L))
+    fixed = rng.normal(size=L)
+    sigs = [Signal("good", good.mean(0), "t", lambda idx: good[idx].mean(1)),
+            Signal("other", other.mean(0), "t", lambda idx: other[idx].mean(1)), Signal("fixed", fixed, "t")]
+    names = [s.name for s in sigs]
+    vectors = {s.name: s.values for s in sigs} | {R.RAW_GT: np.asarray(raw.delta_ppl_pct),
+                                                 R.BRIDGED_GT: np.asarray(bridged.delta_ppl_pct)}
+    reps = A.replicate_vectors(sigs, raw, P, B, extra_truths={R.BRIDGED_GT: bridged})
+    table = R.rho_table(names, R.BRIDGED_GT, vectors, reps)
+    # the plain implementation: one generator, the prompt draws then the window draws, scipy per replicate
+    g = np.random.default_rng(0)
+    pidx, widx = g.integers(0, P, (B, P)), g.integers(0, len(bridged.counts), (B, len(bridged.counts)))
+    c = bridged.counts
+
+    def truth_rep(b):
+        w = widx[b]
+        return 100 * (np.exp((bridged.window_nll[:, w].sum(1) - bridged.base_nll[w].sum()) / c[w].sum()) - 1)
+
+    plain_sig = {"good": lambda b: good[pidx[b]].mean(0), "other": lambda b: other[pidx[b]].mean(0),
+                 "fixed": lambda b: fixed}
+    rhos = {}
+    for s in names:
+        assert table[s]["rho"] == pytest.approx(stats.spearmanr(vectors[s], bridged.delta_ppl_pct).statistic,
+                                                abs=1e-12)
+        rhos[s] = np.array([stats.spearmanr(plain_sig[s](b), truth_rep(b)).statistic for b in range(B)])
+        np.testing.assert_allclose(table[s]["ci"], np.percentile(rhos[s], [2.5, 97.5]), atol=1e-12)
+    # the rule: largest ρ, then the paired CI of the difference to the second
+    v = R.verdict(A.compare_to(R.BRIDGED_GT, names, vectors, reps))
+    first, second = sorted(names, key=lambda s: -table[s]["rho"])[:2]
+    assert (v["best"], v["second"]) == (first, second)
+    lo, hi = np.percentile(rhos[first] - rhos[second], [2.5, 97.5])
+    np.testing.assert_allclose(v["diff_ci"], [lo, hi], atol=1e-12)
+    assert v["tie"] == bool(lo <= 0 <= hi)
+    s = R.statement(v)
+    assert s.startswith(f"after a bridge, {first} predicts the cost best: ρ {table[first]['rho']:.2f} [")
+    assert s.endswith("(tie)" if v["tie"] else f"({first} better)") and f"vs {second}: Δρ" in s
+
+
+def test_statement_says_tie_when_the_paired_ci_includes_zero():
+    from swapkl.evidence import repair as R
+
+    v = {"best": "a", "rho": 0.9, "rho_ci": [0.5, 1.0], "second": "b", "diff": 0.1, "diff_ci": [-0.2, 0.4],
+         "tie": True}
+    assert R.statement(v) == "after a bridge, a predicts the cost best: ρ 0.90 [0.50, 1.00]; vs b: Δρ 0.10 " \
+                             "[-0.20, 0.40] (tie)"
+    assert R.statement(v | {"diff_ci": [0.05, 0.4], "tie": False}).endswith("(a better)")
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+QUICK = ["--max-words", "800", "--prompts", "4", "--tokens", "32", "--boot", "20", "--boot-agreement", "50",
+         "--calib-tokens", "256", "--no-sets", "--regions", "1"]
+
+
+def test_cli_evidence_repair_prints_both_tables_and_the_statement(stories_path, wikitext_path, tmp_path,
+                                                                  cache_dir, capsys):
+    import json
+
+    from swapkl.commands.cli import main
+
+    out = tmp_path / "ev.json"
+    code = main([str(a) for a in ["evidence", stories_path, "--budget", "1", "--eval-text", wikitext_path, *QUICK,
+                                  "--repair", "bridge", "--bridge-tokens", "1024", "--calib-window", "128",
+                                  "--json", out]])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "vs raw ground truth" in printed and "vs bridged ground truth" in printed
+    d = json.loads(out.read_text())
+    rep = d["repair"]
+    assert rep["statement"].startswith("after a bridge, ") and rep["statement"] in printed
+    assert "rule: largest Spearman ρ against the bridged ground truth" in printed
+    names = set(d["signals"]) | {"bridged_kl"}
+    assert set(rep["agreement"]["raw"]) == set(rep["agreement"]["bridged"]) == names
+    for s in names:  # one table row per signal, the ρ as printed
+        after = printed.split("After repair:")[1]
+        row = next(line for line in after.splitlines() if line.strip().startswith(s + " "))
+        r = rep["agreement"]["bridged"][s]["rho"]
+        assert r is None or f"{r:+.2f}" in row
+    # the raw table repeats the evidence's own agreement (same joint bootstrap draws)
+    for s in d["signals"]:
+        assert rep["agreement"]["raw"][s]["rho"] == pytest.approx(d["agreement"]["spearman"][s]["ground_truth_ppl"])
+        assert rep["agreement"]["raw"][s]["ci"] == pytest.approx(d["agreement"]["spearman_ci"][s]["ground_truth_ppl"])
+    # every number records its contract: the bridge settings, the calibration region, the evaluator
+    c = rep["contract"]
+    assert c["bridge"] == {"form": "folded", "calib_tokens": 1024, "calib_window": 128, "calib_seed": 0,
+                           "ridge": 1e-4}
+    assert "prompt region" in c["calibration"]["region"] and c["calibration"]["windows"] == 8
+    assert c["evaluator"]["max_words"] == 800
+    gt = rep["ground_truth"]
+    assert len(gt["delta_ppl_pct"]) == 5 and gt["n_windows"] == d["ground_truth"]["n_windows"]
+    assert gt["forms"]["0"]["form"] == "residual" and gt["forms"]["2"]["form"] == "folded"
+    # bridge flags without --repair bridge are one line, before any work
+    code = main(["evidence", str(stories_path), "--ridge", "0.1"])
+    err = capsys.readouterr().err
+    assert code != 0 and "go with --repair bridge" in err and "Traceback" not in err
