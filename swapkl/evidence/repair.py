@@ -134,8 +134,7 @@ def text(rep: dict) -> str:
              "block alone", f"  bridge: {_settings(c['bridge'])}; calibration: {c['calibration'].get('tokens')} "
              f"tokens, {c['calibration'].get('region', '?')}", "",
              f"  {'signal':<14} {'vs raw ground truth':<24} {'vs bridged ground truth':<24}"]
-    order = sorted(bridged, key=lambda s: -_num(bridged[s].get("rho")))
-    for s in order:
+    for s in ordered(rep):
         lines.append(f"  {s:<14} {_cell(raw[s]):<24} {_cell(bridged[s]):<24}")
     lines += ["", f"  rule: {rep['rule']}", f"  {rep['statement']}"]
     return "\n".join(lines)
@@ -156,3 +155,45 @@ def _cell(e: dict) -> str:
 def _settings(b: dict) -> str:
     return (f"{b.get('form')}, {b.get('calib_tokens')} calibration tokens in windows of {b.get('calib_window')}, "
             f"seed {b.get('calib_seed')}, ridge {b.get('ridge'):g}")
+
+
+def ordered(rep: dict) -> list:
+    """The signals by ρ against the bridged ground truth, highest first (unranked last)."""
+    bridged = rep["agreement"]["bridged"]
+    return sorted(bridged, key=lambda s: -_num(bridged[s].get("rho")))
+
+
+def rows(rep: dict) -> list[dict]:
+    """The "after repair" table: one row per signal (highest ρ against the bridged ground truth first)."""
+    raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
+    return [{"signal": s, "ρ vs raw ground truth": _cell(raw[s]), "ρ vs bridged ground truth": _cell(bridged[s])}
+            for s in ordered(rep)]
+
+
+def contract_caption(d: dict) -> str:
+    """The evidence's contract caption plus the bridge settings and the calibration they were fitted on."""
+    from swapkl.evidence.report import caption
+
+    c = d["repair"]["contract"]
+    cal = c.get("calibration") or {}
+    return (f"{caption(d)} · bridge {_settings(c['bridge'])} · calibration {cal.get('tokens')} tokens "
+            f"({cal.get('windows')} windows) from {cal.get('region', '?')}")
+
+
+def check_part(rep, what: str = "evidence file") -> None:
+    """Refuse (one line, :class:`~swapkl.errors.SwapklError`) a ``repair`` part that is not what
+    :func:`after_repair` writes: the statement, the rule, both agreement tables and the bridge contract."""
+    from swapkl.errors import SwapklError
+
+    def table_ok(t):
+        return isinstance(t, dict) and all(isinstance(v, dict) and "rho" in v and isinstance(v.get("ci"), list)
+                                           and len(v["ci"]) == 2 for v in t.values())
+
+    ok = (isinstance(rep, dict) and isinstance(rep.get("statement"), str) and isinstance(rep.get("rule"), str)
+          and isinstance(rep.get("agreement"), dict) and table_ok(rep["agreement"].get("raw"))
+          and table_ok(rep["agreement"].get("bridged"))
+          and set(rep["agreement"]["raw"]) == set(rep["agreement"]["bridged"])
+          and isinstance(rep.get("contract"), dict) and isinstance(rep["contract"].get("bridge"), dict))
+    if not ok:
+        raise SwapklError(f"{what}: malformed 'repair' part (expected the statement, the rule, the raw and bridged "
+                          "agreement tables and the bridge contract written by 'swapkl evidence --repair bridge')")

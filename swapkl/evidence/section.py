@@ -37,6 +37,18 @@ def as_evidence(obj, what: str = "evidence file") -> dict:
     return d
 
 
+def opened_evidence(raw: bytes, what: str = "evidence file") -> dict:
+    """An evidence dict from the bytes of a ``swapkl evidence --json`` file (the dashboard's upload), checked as
+    :func:`as_evidence` does, its ``repair`` part too (:func:`swapkl.evidence.repair.check_part`)."""
+    from swapkl.evidence.repair import check_part
+    from swapkl.schema.text import parse_json
+
+    d = as_evidence(parse_json(raw, what), what)
+    if d.get("repair") is not None:
+        check_part(d["repair"], what)
+    return d
+
+
 def _df(rows):
     import pandas as pd
 

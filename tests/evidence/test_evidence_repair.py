@@ -186,17 +186,39 @@ QUICK = ["--max-words", "800", "--prompts", "4", "--tokens", "32", "--boot", "20
          "--calib-tokens", "256", "--no-sets", "--regions", "1"]
 
 
-def test_cli_evidence_repair_prints_both_tables_and_the_statement(stories_path, wikitext_path, tmp_path,
-                                                                  cache_dir, capsys):
+@pytest.fixture(scope="module")
+def repair_run(tmp_path_factory, stories_path, wikitext_path):
+    """One ``swapkl evidence --repair bridge`` on stories260K (small evaluator), its own cache: ``(json path, what
+    it printed, exit code)``."""
+    import contextlib
+    import io
+    import os
+
+    from swapkl.commands.cli import main
+
+    root = tmp_path_factory.mktemp("evrepair")
+    old = os.environ.get("SWAPKL_CACHE")
+    os.environ["SWAPKL_CACHE"] = str(root / "cache")
+    out, printed = root / "ev.json", io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = main([str(a) for a in ["evidence", stories_path, "--budget", "1", "--eval-text", wikitext_path,
+                                          *QUICK, "--repair", "bridge", "--bridge-tokens", "1024", "--calib-window",
+                                          "128", "--json", out]])
+    finally:
+        if old is None:
+            os.environ.pop("SWAPKL_CACHE", None)
+        else:
+            os.environ["SWAPKL_CACHE"] = old
+    return out, printed.getvalue(), code
+
+
+def test_cli_evidence_repair_prints_both_tables_and_the_statement(repair_run, stories_path, capsys):
     import json
 
     from swapkl.commands.cli import main
 
-    out = tmp_path / "ev.json"
-    code = main([str(a) for a in ["evidence", stories_path, "--budget", "1", "--eval-text", wikitext_path, *QUICK,
-                                  "--repair", "bridge", "--bridge-tokens", "1024", "--calib-window", "128",
-                                  "--json", out]])
-    printed = capsys.readouterr().out
+    out, printed, code = repair_run
     assert code == 0
     assert "vs raw ground truth" in printed and "vs bridged ground truth" in printed
     d = json.loads(out.read_text())
@@ -205,8 +227,8 @@ def test_cli_evidence_repair_prints_both_tables_and_the_statement(stories_path, 
     assert "rule: largest Spearman ρ against the bridged ground truth" in printed
     names = set(d["signals"]) | {"bridged_kl"}
     assert set(rep["agreement"]["raw"]) == set(rep["agreement"]["bridged"]) == names
+    after = printed.split("After repair:")[1]
     for s in names:  # one table row per signal, the ρ as printed
-        after = printed.split("After repair:")[1]
         row = next(line for line in after.splitlines() if line.strip().startswith(s + " "))
         r = rep["agreement"]["bridged"][s]["rho"]
         assert r is None or f"{r:+.2f}" in row
@@ -223,7 +245,39 @@ def test_cli_evidence_repair_prints_both_tables_and_the_statement(stories_path, 
     gt = rep["ground_truth"]
     assert len(gt["delta_ppl_pct"]) == 5 and gt["n_windows"] == d["ground_truth"]["n_windows"]
     assert gt["forms"]["0"]["form"] == "residual" and gt["forms"]["2"]["form"] == "folded"
+    assert len(rep["signal"]["bridged_kl"]) == 5 and all(v > 0 for v in rep["signal"]["bridged_kl"])
     # bridge flags without --repair bridge are one line, before any work
     code = main(["evidence", str(stories_path), "--ridge", "0.1"])
     err = capsys.readouterr().err
     assert code != 0 and "go with --repair bridge" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------ the page
+def test_evidence_page_shows_the_after_repair_table_of_an_opened_file(repair_run, cache):
+    import json
+
+    from streamlit.testing.v1 import AppTest
+
+    from support.app_util import APP, TIMEOUT
+    from swapkl.evidence import repair as R
+
+    out, _, _ = repair_run
+    d = json.loads(out.read_text())
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/evidence.py").run()
+    assert not at.exception, at.exception
+    at.file_uploader(key="ev_open").set_value(("ev.json", out.read_bytes(), "application/json")).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert "After repair" in [h.value for h in at.subheader]
+    assert any(d["repair"]["statement"] in m.value for m in at.markdown)
+    table = next(t for t in at.dataframe if "ρ vs bridged ground truth" in t.value.columns)
+    assert table.value.to_dict("records") == R.rows(d["repair"])
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    after = next(c for c in charts if c["layout"]["title"]["text"].startswith("After repair"))
+    bridged = next(t for t in after["data"] if t["name"] == "vs bridged ground truth")
+    assert bridged["y"] == pytest.approx([d["repair"]["agreement"]["bridged"][s]["rho"] for s in bridged["x"]])
+    assert "1024 calibration tokens" in after["layout"]["meta"]["contract"]
+    assert any("bridge folded, 1024 calibration tokens" in c.value for c in at.caption)
+    # a file that is not evidence: one line
+    at.file_uploader(key="ev_open").set_value(("bad.json", b'{"layers": 1}', "application/json")).run()
+    assert not at.exception and len(at.error) == 1 and "not a swapkl evidence file" in at.error[0].value
