@@ -67,9 +67,11 @@ def _bos(tokenizer) -> int | None:
 
 
 def corpus_train_text(corpus, tokenizer, seq_len: int, prompts: int = 16, tokens: int = 64,
-                      prompt_seed: int = 0) -> TrainText:
+                      prompt_seed: int = 0, avoid=()) -> TrainText:
     """The training region of ``corpus`` (module docstring), excluding the windows of the scoring contract
-    (``prompts`` × ``tokens``, ``prompt_seed``).  Raises :class:`TrainTextError` when nothing is left."""
+    (``prompts`` × ``tokens``, ``prompt_seed``) and the ``avoid`` windows ``(begin, length)`` of the prompt stream (a
+    ``--repair bridge`` heal's calibration windows, drawn anywhere in the prompt region).  Raises
+    :class:`TrainTextError` when nothing is left."""
     region = corpus.prompt_text().split(" ")
     if len(region) <= CALIB_RESERVE_WORDS:
         raise TrainTextError(f"corpus '{corpus.name}' has {len(region)} words after its evaluation region; a "
@@ -81,7 +83,8 @@ def corpus_train_text(corpus, tokenizer, seq_len: int, prompts: int = 16, tokens
     desc_p = make_prompts(tokenizer, corpus, prompts, tokens, prompt_seed).description
     body_p = tokens - (1 if desc_p["bos"] else 0)
     windows = [(int(s), body_p) for s in desc_p["window_starts"]]
-    rows, spans = _cut(stream, reserve, seq_len, _bos(tokenizer), windows)
+    avoid = [(int(b), int(n)) for b, n in avoid]
+    rows, spans = _cut(stream, reserve, seq_len, _bos(tokenizer), windows + avoid)
     if not rows:
         raise TrainTextError(f"corpus '{corpus.name}' has no {seq_len}-token training chunk after its calibration "
                              "reserve and scoring prompts (give --train-text FILE or a smaller --seq-len)")
@@ -89,21 +92,23 @@ def corpus_train_text(corpus, tokenizer, seq_len: int, prompts: int = 16, tokens
         "source": "corpus", "corpus": corpus.describe(), "region": "prompt region after the calibration reserve, "
         "minus the scoring-prompt windows", "calib_reserve_words": CALIB_RESERVE_WORDS, "calib_reserve_tokens":
         reserve, "stream_tokens": len(stream), "prompt_windows": windows, "seq_len": seq_len,
-        "chunks": len(rows)})
-    check_disjoint(tt, calib_tokens=reserve, prompt_windows=windows)
+        "chunks": len(rows), **({"bridge_calibration_windows": avoid} if avoid else {})})
+    check_disjoint(tt, calib_tokens=reserve, prompt_windows=windows, calib_windows=avoid)
     return tt
 
 
-def check_disjoint(tt: TrainText, calib_tokens: int, prompt_windows) -> None:
+def check_disjoint(tt: TrainText, calib_tokens: int, prompt_windows, calib_windows=()) -> None:
     """Assert, in the prompt stream's token coordinates, that no training chunk touches the calibration reserve
-    ``[0, calib_tokens)`` or a scoring-prompt window ``(begin, length)``; the evaluation region is a separate
-    word range before the whole stream.  Raises :class:`TrainTextError` naming the first overlap."""
+    ``[0, calib_tokens)``, a scoring-prompt window or a bridge's calibration window (``(begin, length)`` each); the
+    evaluation region is a separate word range before the whole stream.  Raises :class:`TrainTextError` naming the
+    first overlap."""
     for b, e in tt.spans:
         if b < calib_tokens:
             raise TrainTextError(f"training chunk [{b}, {e}) overlaps the calibration text [0, {calib_tokens})")
-        for pb, n in prompt_windows:
-            if b < pb + n and pb < e:
-                raise TrainTextError(f"training chunk [{b}, {e}) overlaps scoring prompt window [{pb}, {pb + n})")
+        for what, wins in (("scoring prompt window", prompt_windows), ("bridge calibration window", calib_windows)):
+            for pb, n in wins:
+                if b < pb + n and pb < e:
+                    raise TrainTextError(f"training chunk [{b}, {e}) overlaps {what} [{pb}, {pb + n})")
 
 
 def _shingles(words, n: int = SHINGLE_WORDS) -> set:
