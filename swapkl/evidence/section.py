@@ -142,6 +142,30 @@ def _sets_html(d: dict, cap: str) -> str:
             + html_table(_df(set_rows(d)), cap, nd=ND) + html_table(sets, cap, nd=ND) + notes)
 
 
+def _repair_html(d: dict) -> str:
+    """After repair (``evidence --repair bridge``): the statement, the rule, every signal's ρ [CI] against the raw
+    and the bridged ground truth, and the bridged ground truth per block with the form of its bridge."""
+    rep = d.get("repair")
+    if not rep:
+        return ""
+    from swapkl.evidence import repair as R
+
+    cap = R.contract_caption(d)
+    raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
+    rows = [{"signal": s, "ρ vs raw": raw[s]["rho"], "raw lo": _ci(raw[s]["ci"], 0), "raw hi": _ci(raw[s]["ci"], 1),
+             "ρ vs bridged": bridged[s]["rho"], "bridged lo": _ci(bridged[s]["ci"], 0),
+             "bridged hi": _ci(bridged[s]["ci"], 1)} for s in R.ordered(rep)]
+    g = rep["ground_truth"]
+    forms = g.get("forms") or {}
+    gt = [{"layer": k, "ΔPPL % bridged": g["delta_ppl_pct"][i], "lo": _ci(g["delta_ppl_pct_ci"][i], 0),
+           "hi": _ci(g["delta_ppl_pct_ci"][i], 1), "ΔPPL % raw": d["ground_truth"]["delta_ppl_pct"][i],
+           "bridge form": (forms.get(str(k)) or {}).get("form", "–")} for i, k in enumerate(d["layers"])]
+    return (f"<h3>After repair</h3><p><b>{html_text(rep['statement'])}</b></p><p>Rule (fixed before any number): "
+            f"{html_text(rep['rule'])}.</p>" + html_table(_df(rows), cap, nd=ND)
+            + csv_link(_df(rows), cap, "evidence_after_repair.csv", "download CSV")
+            + html_table(_df(gt), cap, nd=4) + f'<p class="caption">contract: {html_text(cap)}</p>')
+
+
 def section(obj, title: str = "Evidence: how far to trust a layer ranking") -> Section:
     """The report section of an evidence dict, EvidenceResult or JSON path (module docstring)."""
     d = as_evidence(obj)
@@ -161,11 +185,17 @@ def section(obj, title: str = "Evidence: how far to trust a layer ranking") -> S
         blocks = ["<h3>Agreement with the ground truth</h3>", html_table(agree, cap, nd=ND),
                   csv_link(agree, cap, "evidence_agreement.csv", "download CSV"),
                   "<h3>Ground truth per layer</h3>", html_table(_df(ground_truth_rows(d)), cap, nd=4),
-                  _region_html(d, cap), _sets_html(d, cap), _contracts_html(d, cap)]
+                  _repair_html(d), _region_html(d, cap), _sets_html(d, cap), _contracts_html(d, cap)]
         if unstable:
             blocks.append(f'<p class="note">unstable (P(same set) &lt; 0.8): {html_text(", ".join(unstable))}</p>')
         blocks += [f'<p class="note">note: {html_text(n)}</p>' for n in d.get("notes") or []]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise SwapklError(f"evidence file: malformed evidence ({type(e).__name__}: {str(e)[:200]})") from None
-    return Section(title=title, intro=intro, figures=(figs["agreement"], figs["ground_truth"], figs["stability"]),
+    extra = ()
+    if d.get("repair"):
+        from swapkl.evidence.figures import repair_agreement
+
+        extra = (repair_agreement(d),)
+    return Section(title=title, intro=intro,
+                   figures=(figs["agreement"], figs["ground_truth"], figs["stability"], *extra),
                    blocks=tuple(b for b in blocks if b))

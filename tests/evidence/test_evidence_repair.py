@@ -281,3 +281,30 @@ def test_evidence_page_shows_the_after_repair_table_of_an_opened_file(repair_run
     # a file that is not evidence: one line
     at.file_uploader(key="ev_open").set_value(("bad.json", b'{"layers": 1}', "application/json")).run()
     assert not at.exception and len(at.error) == 1 and "not a swapkl evidence file" in at.error[0].value
+
+
+def test_report_holds_the_after_repair_section(repair_run, tmp_path, capsys):
+    import html
+    import json
+
+    from swapkl.commands.cli import main
+    from swapkl.views.report import figure_count
+
+    out, _, _ = repair_run
+    d = json.loads(out.read_text())
+    page = tmp_path / "r.html"
+    assert main(["report", "--evidence", str(out), "--out", str(page), "--quiet"]) == 0
+    text = html.unescape(page.read_text())
+    assert "After repair" in text and d["repair"]["statement"] in text and d["repair"]["rule"] in text
+    assert figure_count(page.read_text()) == 4  # the three evidence figures and the after-repair one
+    # without the repair part: the three figures only
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({k: v for k, v in d.items() if k != "repair"}))
+    assert main(["report", "--evidence", str(plain), "--out", str(tmp_path / "p.html"), "--quiet"]) == 0
+    assert figure_count((tmp_path / "p.html").read_text()) == 3
+    # a malformed repair part: one line
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d | {"repair": {"statement": "x"}}))
+    assert main(["report", "--evidence", str(bad), "--out", str(tmp_path / "b.html"), "--quiet"]) != 0
+    err = capsys.readouterr().err
+    assert "malformed" in err and "Traceback" not in err
