@@ -173,6 +173,18 @@ def _region_effect(gt, gt2, n_boot):
     return out
 
 
+def _after_repair(repair, report, ck, contract, ev, corpus, res, sigs, gt, n_boot, use_cache, batch_size,
+                  should_stop):
+    """The ``repair`` part (:func:`swapkl.evidence.repair.after_repair`) when ``repair`` (bridge settings) is given,
+    else None."""
+    if repair is None:
+        return None
+    from swapkl.evidence.repair import after_repair
+
+    report("after repair: bridged KL and the bridged ground truth")
+    return after_repair(ck, contract, ev, corpus, res, sigs, gt, repair, n_boot, use_cache, batch_size, should_stop)
+
+
 def _contract_record(ck, res, ev, corpus, spans, n_boot, n_stability, spacing) -> dict:
     """The ``contract`` entry of the evidence result: what every number of it was measured under."""
     return {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts,
@@ -205,6 +217,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
         raise SwapklError("bootstrap resamples must be at least 10")
     spans = regions(corpus, ev, n_regions)
     if getattr(contract, "unit", "block") != "block":  # a sublayer unit: its own ground truth and signals
+        if repair is not None:
+            raise SwapklError("--repair bridge replaces whole blocks: use --unit block")
         from swapkl.evidence.units import compute_unit_evidence
 
         return EvidenceResult(compute_unit_evidence(ck, contract, ev, corpus, budget, n_boot, n_stability, calib_tokens, use_cache,
@@ -224,13 +238,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop, use_cache)
     report("agreement")
     vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot)
-    after = None
-    if repair is not None:
-        from swapkl.evidence.repair import after_repair
-
-        report("after repair: bridged KL and the bridged ground truth")
-        after = after_repair(ck, contract, ev, corpus, res, sigs, gt, repair, n_boot, use_cache, batch_size,
-                             should_stop)
+    after = _after_repair(repair, report, ck, contract, ev, corpus, res, sigs, gt, n_boot, use_cache, batch_size,
+                          should_stop)
     report("stability")
     spacing = 1
     stab, notes = _stability(sigs, stats, res.num_prompts, L, budget, n_stability, spacing)
