@@ -11,7 +11,7 @@ every coefficient and every difference between two of them is paired.
 
 The selection rule (:data:`RULE`, stated before any number): the signal with the largest ρ against the bridged
 ground truth predicts the cost after repair; when the paired bootstrap CI of ρ(first) − ρ(second) includes 0, the
-statement says ``tie``.
+statement says ``tie``; when the first's own CI reaches 0 or below, it adds that no signal is shown to predict.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ RAW_GT = A.GT_NAMES[0]
 BRIDGED_GT = "ground_truth_bridged_ppl"
 SIGNAL = "bridged_kl"
 RULE = ("largest Spearman ρ against the bridged ground truth (held-out ΔPPL % of each block removed with its "
-        "bridge); a tie when the paired bootstrap CI of ρ(first) − ρ(second) includes 0")
+        "bridge); a tie when the paired bootstrap CI of ρ(first) − ρ(second) includes 0; no signal is shown to "
+        "predict when the first's ρ CI reaches 0 or below")
 
 
 def bridged_kl_signal(br, num_layers: int) -> Signal:
@@ -71,10 +72,13 @@ def statement(v: dict) -> str:
     if v.get("best") is None:
         return "after a bridge, no signal could be ranked against the bridged ground truth"
     s = f"after a bridge, {v['best']} predicts the cost best: ρ {v['rho']:.2f}{_ci(v['rho_ci'])}"
-    if v.get("second") is None:
-        return s
-    tail = "tie" if v["tie"] else f"{v['best']} better"
-    return s + f"; vs {v['second']}: Δρ {v['diff']:.2f}{_ci(v['diff_ci'])} ({tail})"
+    if v.get("second") is not None:
+        tail = "tie" if v["tie"] else f"{v['best']} better"
+        s += f"; vs {v['second']}: Δρ {v['diff']:.2f}{_ci(v['diff_ci'])} ({tail})"
+    lo = (v.get("rho_ci") or [None])[0]
+    if lo is None or lo <= 0:
+        s += "; its ρ CI includes 0 or less: no signal is shown to predict the cost after a bridge here"
+    return s
 
 
 def _ci(ci) -> str:

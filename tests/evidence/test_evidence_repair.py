@@ -168,7 +168,9 @@ def test_agreement_after_repair_equals_scipy_and_a_plain_bootstrap():
     assert v["tie"] == bool(lo <= 0 <= hi)
     s = R.statement(v)
     assert s.startswith(f"after a bridge, {first} predicts the cost best: ρ {table[first]['rho']:.2f} [")
-    assert s.endswith("(tie)" if v["tie"] else f"({first} better)") and f"vs {second}: Δρ" in s
+    assert f"vs {second}: Δρ" in s
+    assert ("(tie)" if v["tie"] else f"({first} better)") in s
+    assert s.endswith("here") == (v["rho_ci"][0] <= 0)
 
 
 def test_statement_says_tie_when_the_paired_ci_includes_zero():
@@ -179,6 +181,9 @@ def test_statement_says_tie_when_the_paired_ci_includes_zero():
     assert R.statement(v) == "after a bridge, a predicts the cost best: ρ 0.90 [0.50, 1.00]; vs b: Δρ 0.10 " \
                              "[-0.20, 0.40] (tie)"
     assert R.statement(v | {"diff_ci": [0.05, 0.4], "tie": False}).endswith("(a better)")
+    weak = R.statement(v | {"rho": 0.2, "rho_ci": [-0.3, 0.6]})
+    assert weak.endswith("(tie); its ρ CI includes 0 or less: no signal is shown to predict the cost after a bridge "
+                         "here")
 
 
 # ------------------------------------------------------------------------------------------------ the CLI
