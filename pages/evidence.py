@@ -1,7 +1,9 @@
 """Evidence page: how far to trust a layer ranking on this checkpoint -- the measured cost of removing each layer
 alone (held-out ΔPPL with CIs), every signal's rank agreement with it (heatmap, CIs on hover), and the stability of
-the chosen sets under a bootstrap of the scoring prompts.  Computation: :func:`swapkl.evidence.run.compute_evidence`
-through the job system; figures: :mod:`swapkl.evidence.figures` (docs/evidence.md)."""
+the chosen sets under a bootstrap of the scoring prompts; with a repair part (``swapkl evidence --repair bridge``),
+which signal predicts the cost after a bridge.  An evidence JSON can be opened and is shown the same way.
+Computation: :func:`swapkl.evidence.run.compute_evidence` through the job system; figures:
+:mod:`swapkl.evidence.figures` (docs/evidence.md)."""
 from __future__ import annotations
 
 import streamlit as st
@@ -55,8 +57,9 @@ if job is None:
     job = common.current_job("evidence")
 
 
-def results(d: dict, ek: tuple) -> str:
-    """Draw an evidence dict (headline, figures, sets, after repair, notes); returns its contract caption."""
+def results(d: dict, ek: tuple, suffix: str = "") -> str:
+    """Draw an evidence dict (headline, figures, sets, after repair, notes); returns its contract caption.
+    ``suffix`` keeps the element keys of an opened file apart from the job's."""
     from swapkl.evidence.figures import evidence_figures
     from swapkl.evidence.report import caption
 
@@ -64,9 +67,9 @@ def results(d: dict, ek: tuple) -> str:
     st.markdown(f"**{d['headline']}**")
     st.caption(f"contract: {cap}")
     figs = common.memo("evidence_figs", ek, lambda: evidence_figures(d))
-    st.plotly_chart(figs["agreement"], key="ev_agreement")
-    st.plotly_chart(figs["ground_truth"], key="ev_ground_truth")
-    st.plotly_chart(figs["stability"], key="ev_stability")
+    st.plotly_chart(figs["agreement"], key="ev_agreement" + suffix)
+    st.plotly_chart(figs["ground_truth"], key="ev_ground_truth" + suffix)
+    st.plotly_chart(figs["stability"], key="ev_stability" + suffix)
     unstable = [f"{s} n={n}" for s, per in d["stability"].items() for n, v in per.items() if v["unstable"]]
     if unstable:
         st.warning("unstable (P(same set) < 0.8): " + ", ".join(unstable))
@@ -85,13 +88,13 @@ def results(d: dict, ek: tuple) -> str:
         for n in sa.get("notes", []):
             st.caption(f"note (sets): {n}")
     if d.get("repair"):
-        after_repair(d, ek)
+        after_repair(d, ek, suffix)
     for n in d.get("notes", []):
         st.caption(f"note: {n}")
     return cap
 
 
-def after_repair(d: dict, ek: tuple) -> None:
+def after_repair(d: dict, ek: tuple, suffix: str = "") -> None:
     """The "after repair" part (swapkl evidence --repair bridge): the statement, the rule, the figure and the
     table of every signal's ρ against the raw and the bridged ground truth, with the bridge's contract."""
     import pandas as pd
@@ -103,8 +106,8 @@ def after_repair(d: dict, ek: tuple) -> None:
     st.subheader("After repair")
     st.markdown(f"**{rep['statement']}**")
     st.caption(f"rule (fixed before any number): {rep['rule']}")
-    st.plotly_chart(common.memo("evidence_repair_fig", ek, lambda: repair_agreement(d)), key="ev_repair")
-    st.dataframe(pd.DataFrame(R.rows(rep)), hide_index=True, key="ev_repair_table")
+    st.plotly_chart(common.memo("evidence_repair_fig", ek, lambda: repair_agreement(d)), key="ev_repair" + suffix)
+    st.dataframe(pd.DataFrame(R.rows(rep)), hide_index=True, key="ev_repair_table" + suffix)
     st.caption(f"contract: {R.contract_caption(d)}")
 
 
@@ -161,5 +164,5 @@ if upload is not None:
     else:
         st.divider()
         st.markdown(f"**Opened file {upload.name}**")
-        results(opened, ("file", content_key(opened)))
+        results(opened, ("file", content_key(opened)), "_file")
         downloads(opened, "_file")
