@@ -81,6 +81,13 @@ def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
         assert rec["forms"][str(ell)]["form"] == form
     assert rec["forms"]["0"]["note"] and "block 0" in rec["forms"]["0"]["note"]
     assert rec["settings"]["calib_tokens"] == 2048 and rec["calibration"]["windows"] == 16
+    # the raw ground truth's windows, one for one
+    from swapkl.removal.ground_truth import ground_truth
+    from swapkl.removal.memo import EvalMemo
+
+    raw_gt = ground_truth(stories.model, ids, EV, EvalMemo(), "k", layers=layers)
+    np.testing.assert_array_equal(gt.counts, raw_gt.counts)
+    np.testing.assert_allclose(gt.base_nll, raw_gt.base_nll, rtol=1e-5)
     # the raw cut of block 2 costs more than the bridged one (the bridge repairs something)
     raw = evaluate_ppl(arch_pruned(stories.model, [2]), ids, EV.window, EV.stride)
     base = evaluate_ppl(stories.model, ids, EV.window, EV.stride)
