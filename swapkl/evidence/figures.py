@@ -110,8 +110,11 @@ def repair_agreement(d: dict, cap: str | None = None):
     names = ordered(rep)
     fig = go.Figure()
     for which, label, color in (("raw", "vs raw ground truth", "#999999"),
-                                ("bridged", "vs bridged ground truth", "#1f77b4")):
-        t = rep["agreement"][which]
+                                ("bridged", "vs bridged ground truth", "#1f77b4"),
+                                ("bridged_kl", "vs bridged KL", "#ff7f0e")):
+        t = rep["agreement"].get(which)
+        if not t:
+            continue
         y = [t[s]["rho"] for s in names]
         lo = [t[s]["ci"][0] for s in names]
         hi = [t[s]["ci"][1] for s in names]

@@ -5,7 +5,8 @@ Beside the raw ground truth (each block removed alone) it measures the *bridged*
 (:func:`swapkl.removal.bridged_truth.bridged_ground_truth`: each block removed with its bridge, on the same held-out
 windows) and adds one signal, ``bridged_kl``: per block, KL(base ‖ block ℓ bridged) on the contract's scoring
 prompts (the span ``[ℓ, ℓ+1)`` of the third matrix, :func:`swapkl.repair.bridged_kl.bridged_scores`).  Every
-signal's Spearman ρ is reported against both ground truths with 95 % CIs from the evidence's joint bootstrap
+signal's Spearman ρ is reported against both ground truths (and against the bridged ground truth's KL to the base,
+the quantity ``bridged_kl`` estimates on the prompts) with 95 % CIs from the evidence's joint bootstrap
 (prompts and windows drawn once per replicate, the two ground truths resampled with the same window draws), so
 every coefficient and every difference between two of them is paired.
 
@@ -22,6 +23,7 @@ from swapkl.evidence.signals import Signal
 
 RAW_GT = A.GT_NAMES[0]
 BRIDGED_GT = "ground_truth_bridged_ppl"
+BRIDGED_GT_KL = "ground_truth_bridged_kl"
 SIGNAL = "bridged_kl"
 RULE = ("largest Spearman ρ against the bridged ground truth (held-out ΔPPL % of each block removed with its "
         "bridge); a tie when the paired bootstrap CI of ρ(first) − ρ(second) includes 0; no signal is shown to "
@@ -111,13 +113,16 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
     names = [s.name for s in sigs]
     vectors = {s.name: np.asarray(s.values, float) for s in sigs}
     vectors[RAW_GT], vectors[BRIDGED_GT] = np.asarray(gt.delta_ppl_pct), np.asarray(bgt.delta_ppl_pct)
-    reps = A.replicate_vectors(sigs, gt, res.num_prompts, n_boot, extra_truths={BRIDGED_GT: bgt})
+    vectors[BRIDGED_GT_KL] = np.asarray(bgt.kl)
+    reps = A.replicate_vectors(sigs, gt, res.num_prompts, n_boot,
+                               extra_truths={BRIDGED_GT: (bgt, "ppl"), BRIDGED_GT_KL: (bgt, "kl")})
     cmp = {t: A.compare_to(t, names, vectors, reps) for t in (RAW_GT, BRIDGED_GT)}
     v = verdict(cmp[BRIDGED_GT])
     return {"rule": RULE, "statement": statement(v), "verdict": v,
             "verdict_raw": verdict(cmp[RAW_GT]),
             "agreement": {"raw": rho_table(names, RAW_GT, vectors, reps),
-                          "bridged": rho_table(names, BRIDGED_GT, vectors, reps)},
+                          "bridged": rho_table(names, BRIDGED_GT, vectors, reps),
+                          "bridged_kl": rho_table(names, BRIDGED_GT_KL, vectors, reps)},
             "comparison": cmp, "signal": {SIGNAL: vectors[SIGNAL].tolist()},
             "signal_source": sig.source,
             "ground_truth": A.ground_truth_record(bgt) | {"forms": rec["forms"]},
@@ -131,15 +136,17 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
 
 
 def text(rep: dict) -> str:
-    """The two agreement tables (ρ against the raw and the bridged ground truth) and the statement, plain text."""
-    raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
+    """The agreement tables (ρ against the raw and the bridged ground truth, ΔPPL, and the bridged KL) and the
+    statement, plain text."""
+    ag = rep["agreement"]
     c = rep["contract"]
     lines = ["", "After repair: Spearman ρ [95 % CI] of every signal against the held-out cost of removing each "
              "block alone", f"  bridge: {_settings(c['bridge'])}; calibration: {c['calibration'].get('tokens')} "
              f"tokens, {c['calibration'].get('region', '?')}", "",
-             f"  {'signal':<14} {'vs raw ground truth':<24} {'vs bridged ground truth':<24}"]
+             f"  {'signal':<14} {'vs raw ground truth':<24} {'vs bridged ground truth':<24} {'vs bridged KL':<24}"]
     for s in ordered(rep):
-        lines.append(f"  {s:<14} {_cell(raw[s]):<24} {_cell(bridged[s]):<24}")
+        kl = (ag.get("bridged_kl") or {}).get(s) or {}
+        lines.append(f"  {s:<14} {_cell(ag['raw'][s]):<24} {_cell(ag['bridged'][s]):<24} {_cell(kl):<24}")
     lines += ["", f"  rule: {rep['rule']}", f"  {rep['statement']}"]
     return "\n".join(lines)
 
@@ -169,8 +176,9 @@ def ordered(rep: dict) -> list:
 
 def rows(rep: dict) -> list[dict]:
     """The "after repair" table: one row per signal (highest ρ against the bridged ground truth first)."""
-    raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
-    return [{"signal": s, "ρ vs raw ground truth": _cell(raw[s]), "ρ vs bridged ground truth": _cell(bridged[s])}
+    ag = rep["agreement"]
+    return [{"signal": s, "ρ vs raw ground truth": _cell(ag["raw"][s]), "ρ vs bridged ground truth":
+             _cell(ag["bridged"][s]), "ρ vs bridged KL": _cell((ag.get("bridged_kl") or {}).get(s) or {})}
             for s in ordered(rep)]
 
 

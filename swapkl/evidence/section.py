@@ -154,7 +154,9 @@ def _repair_html(d: dict) -> str:
     raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
     rows = [{"signal": s, "ρ vs raw": raw[s]["rho"], "raw lo": _ci(raw[s]["ci"], 0), "raw hi": _ci(raw[s]["ci"], 1),
              "ρ vs bridged": bridged[s]["rho"], "bridged lo": _ci(bridged[s]["ci"], 0),
-             "bridged hi": _ci(bridged[s]["ci"], 1)} for s in R.ordered(rep)]
+             "bridged hi": _ci(bridged[s]["ci"], 1),
+             "ρ vs bridged KL": ((rep["agreement"].get("bridged_kl") or {}).get(s) or {}).get("rho")}
+            for s in R.ordered(rep)]
     g = rep["ground_truth"]
     forms = g.get("forms") or {}
     gt = [{"layer": k, "ΔPPL % bridged": g["delta_ppl_pct"][i], "lo": _ci(g["delta_ppl_pct_ci"][i], 0),

@@ -147,8 +147,11 @@ def test_agreement_after_repair_equals_scipy_and_a_plain_bootstrap():
     names = [s.name for s in sigs]
     vectors = {s.name: s.values for s in sigs} | {R.RAW_GT: np.asarray(raw.delta_ppl_pct),
                                                  R.BRIDGED_GT: np.asarray(bridged.delta_ppl_pct)}
-    reps = A.replicate_vectors(sigs, raw, P, B, extra_truths={R.BRIDGED_GT: bridged})
+    vectors[R.BRIDGED_GT_KL] = np.asarray(bridged.kl)
+    reps = A.replicate_vectors(sigs, raw, P, B,
+                               extra_truths={R.BRIDGED_GT: (bridged, "ppl"), R.BRIDGED_GT_KL: (bridged, "kl")})
     table = R.rho_table(names, R.BRIDGED_GT, vectors, reps)
+    kl_table = R.rho_table(names, R.BRIDGED_GT_KL, vectors, reps)
     # the plain implementation: one generator, the prompt draws then the window draws, scipy per replicate
     g = np.random.default_rng(0)
     pidx, widx = g.integers(0, P, (B, P)), g.integers(0, len(bridged.counts), (B, len(bridged.counts)))
@@ -166,6 +169,9 @@ def test_agreement_after_repair_equals_scipy_and_a_plain_bootstrap():
                                                 abs=1e-12)
         rhos[s] = np.array([stats.spearmanr(plain_sig[s](b), truth_rep(b)).statistic for b in range(B)])
         np.testing.assert_allclose(table[s]["ci"], np.percentile(rhos[s], [2.5, 97.5]), atol=1e-12)
+        kl_rhos = [stats.spearmanr(plain_sig[s](b), bridged.window_kl[:, widx[b]].sum(1) / c[widx[b]].sum()).statistic
+                   for b in range(B)]
+        np.testing.assert_allclose(kl_table[s]["ci"], np.percentile(kl_rhos, [2.5, 97.5]), atol=1e-12)
     # the rule: largest ρ, then the paired CI of the difference to the second
     v = R.verdict(A.compare_to(R.BRIDGED_GT, names, vectors, reps))
     first, second = sorted(names, key=lambda s: -table[s]["rho"])[:2]
@@ -232,13 +238,14 @@ def test_cli_evidence_repair_prints_both_tables_and_the_statement(repair_run, st
 
     out, printed, code = repair_run
     assert code == 0
-    assert "vs raw ground truth" in printed and "vs bridged ground truth" in printed
+    assert "vs raw ground truth" in printed and "vs bridged ground truth" in printed and "vs bridged KL" in printed
     d = json.loads(out.read_text())
     rep = d["repair"]
     assert rep["statement"].startswith("after a bridge, ") and rep["statement"] in printed
     assert "rule: largest Spearman ρ against the bridged ground truth" in printed
     names = set(d["signals"]) | {"bridged_kl"}
-    assert set(rep["agreement"]["raw"]) == set(rep["agreement"]["bridged"]) == names
+    assert set(rep["agreement"]["raw"]) == set(rep["agreement"]["bridged"]) == set(rep["agreement"]["bridged_kl"]) \
+        == names
     after = printed.split("After repair:")[1]
     for s in names:  # one table row per signal, the ρ as printed
         row = next(line for line in after.splitlines() if line.strip().startswith(s + " "))
