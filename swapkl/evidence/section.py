@@ -1,7 +1,7 @@
 """The evidence section of the HTML report (:class:`swapkl.views.report.Section`): the headline, the three figures
 (agreement heatmap, ground-truth bars with every signal's rank, stability strip), the agreement table with CIs,
 the ground truth per layer, the region effect, the set-level agreement and the contract comparisons, each with the
-contract caption.  Built from an evidence dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`, or the
+contract caption; with a ``repair`` part (``evidence --repair bridge``), "After repair" too.  Built from an evidence dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`, or the
 ``swapkl evidence --json`` file read by :func:`as_evidence`)."""
 from __future__ import annotations
 

@@ -265,6 +265,18 @@ def test_cli_evidence_repair_prints_both_tables_and_the_statement(repair_run, st
     assert len(gt["delta_ppl_pct"]) == 5 and gt["n_windows"] == d["ground_truth"]["n_windows"]
     assert gt["forms"]["0"]["form"] == "residual" and gt["forms"]["2"]["form"] == "folded"
     assert len(rep["signal"]["bridged_kl"]) == 5 and all(v > 0 for v in rep["signal"]["bridged_kl"])
+    # the per-layer CSV carries the bridged ground truth and the bridged KL under the bridge's caption
+    import csv
+    import io
+
+    from swapkl.evidence.report import csv_text
+
+    text = csv_text(d)
+    assert text.startswith("# ") and "bridge folded, 1024 calibration tokens" in text.splitlines()[0]
+    table = list(csv.DictReader(io.StringIO(text.split("\n", 1)[1])))
+    assert [float(r["bridged_delta_ppl_pct"]) for r in table] == pytest.approx(gt["delta_ppl_pct"])
+    assert [r["bridge_form"] for r in table] == ["residual"] + ["folded"] * 4
+    assert [float(r["bridged_kl"]) for r in table] == pytest.approx(rep["signal"]["bridged_kl"])
     # bridge flags without --repair bridge are one line, before any work
     code = main(["evidence", str(stories_path), "--ridge", "0.1"])
     err = capsys.readouterr().err
