@@ -101,6 +101,7 @@ def after_repair(d: dict, ek: tuple, suffix: str = "") -> None:
 
     from swapkl.evidence import repair as R
     from swapkl.evidence.figures import repair_agreement
+    from swapkl.evidence.report import repair_caption
 
     rep = d["repair"]
     st.subheader("After repair")
@@ -108,7 +109,7 @@ def after_repair(d: dict, ek: tuple, suffix: str = "") -> None:
     st.caption(f"rule (fixed before any number): {rep['rule']}")
     st.plotly_chart(common.memo("evidence_repair_fig", ek, lambda: repair_agreement(d)), key="ev_repair" + suffix)
     st.dataframe(pd.DataFrame(R.rows(rep)), hide_index=True, key="ev_repair_table" + suffix)
-    st.caption(f"contract: {R.contract_caption(d)}")
+    st.caption(f"contract: {repair_caption(d)}")
 
 
 def downloads(d: dict, suffix: str = "") -> None:

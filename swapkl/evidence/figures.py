@@ -104,7 +104,8 @@ def repair_agreement(d: dict, cap: str | None = None):
     bridged one (:mod:`swapkl.evidence.repair`), signals ordered by ρ against the bridged ground truth."""
     import plotly.graph_objects as go
 
-    from swapkl.evidence.repair import contract_caption, ordered
+    from swapkl.evidence.repair import ordered
+    from swapkl.evidence.report import repair_caption
 
     rep = d["repair"]
     names = ordered(rep)
@@ -125,4 +126,4 @@ def repair_agreement(d: dict, cap: str | None = None):
                                  hovertemplate="%{x}: ρ = %{y:.2f}<extra>" + label + "</extra>"))
     fig.update_yaxes(title="Spearman ρ", range=[-1.05, 1.05])
     return _stamp(fig, "After repair: which signal predicts the cost with a bridge (ρ, 95 % CI)",
-                  cap or contract_caption(d))
+                  cap or repair_caption(d))

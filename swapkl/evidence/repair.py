@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.evidence import agreement as A
+from swapkl.evidence.report import bridge_line
 from swapkl.evidence.signals import Signal
 
 RAW_GT = A.GT_NAMES[0]
@@ -141,7 +142,7 @@ def text(rep: dict) -> str:
     ag = rep["agreement"]
     c = rep["contract"]
     lines = ["", "After repair: Spearman ρ [95 % CI] of every signal against the held-out cost of removing each "
-             "block alone", f"  bridge: {_settings(c['bridge'])}; calibration: {c['calibration'].get('tokens')} "
+             "block alone", f"  bridge: {bridge_line(c['bridge'])}; calibration: {c['calibration'].get('tokens')} "
              f"tokens, {c['calibration'].get('region', '?')}", "",
              f"  {'signal':<14} {'vs raw ground truth':<24} {'vs bridged ground truth':<24} {'vs bridged KL':<24}"]
     for s in ordered(rep):
@@ -163,11 +164,6 @@ def _cell(e: dict) -> str:
     return f"{r:+.2f}{_ci(e.get('ci'))}"
 
 
-def _settings(b: dict) -> str:
-    return (f"{b.get('form')}, {b.get('calib_tokens')} calibration tokens in windows of {b.get('calib_window')}, "
-            f"seed {b.get('calib_seed')}, ridge {b.get('ridge'):g}")
-
-
 def ordered(rep: dict) -> list:
     """The signals by ρ against the bridged ground truth, highest first (unranked last)."""
     bridged = rep["agreement"]["bridged"]
@@ -180,16 +176,6 @@ def rows(rep: dict) -> list[dict]:
     return [{"signal": s, "ρ vs raw ground truth": _cell(ag["raw"][s]), "ρ vs bridged ground truth":
              _cell(ag["bridged"][s]), "ρ vs bridged KL": _cell((ag.get("bridged_kl") or {}).get(s) or {})}
             for s in ordered(rep)]
-
-
-def contract_caption(d: dict) -> str:
-    """The evidence's contract caption plus the bridge settings and the calibration they were fitted on."""
-    from swapkl.evidence.report import caption
-
-    c = d["repair"]["contract"]
-    cal = c.get("calibration") or {}
-    return (f"{caption(d)} · bridge {_settings(c['bridge'])} · calibration {cal.get('tokens')} tokens "
-            f"({cal.get('windows')} windows) from {cal.get('region', '?')}")
 
 
 def check_part(rep, what: str = "evidence file") -> None:

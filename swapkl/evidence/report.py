@@ -138,9 +138,7 @@ def csv_text(d: dict) -> str:
     rep = d.get("repair") or {}
     buf = io.StringIO()
     if rep:
-        from swapkl.evidence.repair import contract_caption
-
-        buf.write(f"# {contract_caption(d)}\n")
+        buf.write(f"# {repair_caption(d)}\n")
     else:
         buf.write(f"# {caption(d)}\n")
     w = csv.writer(buf)
@@ -157,3 +155,18 @@ def csv_text(d: dict) -> str:
         w.writerow([k, g["delta_ppl_pct"][i], *g["delta_ppl_pct_ci"][i], g["kl"][i], *g["kl_ci"][i],
                     *[d["signals"][s][i] for s in sig], *more])
     return buf.getvalue()
+
+
+def bridge_line(b: dict) -> str:
+    """The bridge settings in words: "folded, 8192 calibration tokens in windows of 256, seed 0, ridge 0.0001"."""
+    return (f"{b.get('form')}, {b.get('calib_tokens')} calibration tokens in windows of {b.get('calib_window')}, "
+            f"seed {b.get('calib_seed')}, ridge {b.get('ridge'):g}")
+
+
+def repair_caption(d: dict) -> str:
+    """The evidence's contract caption plus the bridge settings and the calibration they were fitted on (an evidence
+    dict with a ``repair`` part, :mod:`swapkl.evidence.repair`)."""
+    c = d["repair"]["contract"]
+    cal = c.get("calibration") or {}
+    return (f"{caption(d)} · bridge {bridge_line(c['bridge'])} · calibration {cal.get('tokens')} tokens "
+            f"({cal.get('windows')} windows) from {cal.get('region', '?')}")

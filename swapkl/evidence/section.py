@@ -1,12 +1,13 @@
 """The evidence section of the HTML report (:class:`swapkl.views.report.Section`): the headline, the three figures
 (agreement heatmap, ground-truth bars with every signal's rank, stability strip), the agreement table with CIs,
 the ground truth per layer, the region effect, the set-level agreement and the contract comparisons, each with the
-contract caption; with a ``repair`` part (``evidence --repair bridge``), "After repair" too.  Built from an evidence dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`, or the
-``swapkl evidence --json`` file read by :func:`as_evidence`)."""
+contract caption; with a ``repair`` part (``evidence --repair bridge``), "After repair" too.  Built from an evidence
+dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`, or the ``swapkl evidence --json`` file read by
+:func:`as_evidence`)."""
 from __future__ import annotations
 
 from swapkl.errors import SwapklError
-from swapkl.evidence.report import caption
+from swapkl.evidence.report import caption, repair_caption
 from swapkl.views.captions import csv_link, html_table, html_text
 from swapkl.views.report import Section
 
@@ -150,7 +151,7 @@ def _repair_html(d: dict) -> str:
         return ""
     from swapkl.evidence import repair as R
 
-    cap = R.contract_caption(d)
+    cap = repair_caption(d)
     raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
     rows = [{"signal": s, "ρ vs raw": raw[s]["rho"], "raw lo": _ci(raw[s]["ci"], 0), "raw hi": _ci(raw[s]["ci"], 1),
              "ρ vs bridged": bridged[s]["rho"], "bridged lo": _ci(bridged[s]["ci"], 0),

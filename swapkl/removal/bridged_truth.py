@@ -9,8 +9,10 @@ its prompts, drawn with the bridge settings), and the bridged model is evaluated
 the raw ground truth (:mod:`swapkl.removal.ground_truth`), with KL(base ‖ bridged) per window from a base reference.
 So the two ground truths are paired window by window.
 
-One plain evaluation per block (no prefix reuse: a folded bridge changes block ℓ−1).  The result is cached as one
-store entry (kind ``bridged-truth``, atomic, versioned) keyed by the model, the evaluation text, the bridge settings
+With prefix reuse, as the raw ground truth: one base pass per batch of windows keeps the state entering every block
+(and block ℓ−1's MLP output), and each block's bridged removal runs only blocks ℓ+1.. from the bridged state
+(:func:`swapkl.removal.ground_truth.single_removal_sweep` with ``bridges``; equal to evaluating the bridged model,
+tests/evidence/test_evidence_repair.py).  The result is cached as one store entry (kind ``bridged-truth``, atomic, versioned) keyed by the model, the evaluation text, the bridge settings
 and the calibration description; the settings and the calibration are part of the record.
 """
 from __future__ import annotations
@@ -62,10 +64,10 @@ def bridged_ground_truth(model, ids, ev, calib, settings, store: dict | None = N
 
 
 def _compute(model, ids, ev, calib, settings, layers, batch_size, should_stop) -> dict:
-    """Fit every block's bridge and evaluate base and bridged models on ``ev``'s windows of ``ids``: per-window NLL
-    and KL sums (nats) and per block the form used."""
-    from swapkl.removal.evaluate import evaluate_ppl
-    from swapkl.repair.bridge import bridged_model
+    """Fit every block's bridge and sweep base and bridged removals on ``ev``'s windows of ``ids`` with prefix reuse
+    (:func:`swapkl.removal.ground_truth.single_removal_sweep` with ``bridges``): per-window NLL and KL sums (nats)
+    and per block the form used."""
+    from swapkl.removal.ground_truth import single_removal_sweep
     from swapkl.repair.bridged_kl import span_forms
     from swapkl.repair.calibration import fit_bridges
 
@@ -77,14 +79,13 @@ def _compute(model, ids, ev, calib, settings, layers, batch_size, should_stop) -
         if mine:
             bridges.update(fit_bridges(model, calib, mine, f, settings.ridge))
 
-    def run(m, **kw):
-        return evaluate_ppl(m, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
-                            should_stop=should_stop, **kw)
-
-    base = run(model, capture_reference=True)
+    sw = single_removal_sweep(model, ids, ev.window, ev.stride, ev.drop_first_target, layers=layers,
+                              batch_size=batch_size, should_stop=should_stop,
+                              bridges={ell: bridges[(ell, ell + 1)] for ell in layers})
+    base = sw.baseline
     out = {"base_nll": base.nll.tolist(), "counts": base.counts.tolist(), "nll": {}, "kl": {}, "forms": {}}
     for ell in layers:
-        r = run(bridged_model(model, [bridges[(ell, ell + 1)]]), reference=base.reference)
+        r = sw.removed[ell]
         out["nll"][str(ell)], out["kl"][str(ell)] = r.nll.tolist(), r.kl.tolist()
         fit = bridges[(ell, ell + 1)].fit
         out["forms"][str(ell)] = {"form": forms[(ell, ell + 1)][0], "note": forms[(ell, ell + 1)][1],

@@ -37,14 +37,19 @@ def _store(ck):
 
 
 def _plain_activations(model, ids, slots, proj):
-    """Block inputs of ``slots`` and block ``proj``'s MLP output projection output, plain hooks on a deep copy, one
-    row at a time; rows of tokens (N, d) float64."""
+    """Block inputs of ``slots`` (slot L: the last block's output) and block ``proj``'s MLP output projection
+    output, plain hooks on a deep copy, one row at a time; rows of tokens (N, d) float64."""
     m = copy.deepcopy(model)
     loc = arch.locate(m)
     got = {}
     for s in slots:
-        loc.blocks[s].register_forward_pre_hook(
-            lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]), with_kwargs=True)
+        if s < loc.num_layers:
+            loc.blocks[s].register_forward_pre_hook(
+                lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]),
+                with_kwargs=True)
+        else:  # slot L: the last block's output
+            loc.blocks[-1].register_forward_hook(
+                lambda mod, a, o, s=s: got.setdefault(s, []).append(o[0] if isinstance(o, tuple) else o))
     if proj is not None:
         arch.get_path(loc.blocks[proj], loc.family.mlp_out).register_forward_hook(
             lambda mod, a, o: got.setdefault("m", []).append(o))
@@ -68,10 +73,10 @@ def _plain_delta(model, ids, calib, ell):
 
 def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     corpus, settings, calib, ids = setup
-    layers = [0, 2]
+    layers = [0, 2, 4]  # residual at block 0, folded inside, folded before the final norm
     gt, rec = bridged_ground_truth(stories.model, ids, EV, calib, settings, _store(stories),
                                    layers=layers)
-    assert gt.computed == 2 and gt.layers == layers
+    assert gt.computed == 3 and gt.layers == layers
     for k, ell in enumerate(layers):
         d, kl, form = _plain_delta(stories.model, ids, calib, ell)
         assert gt.delta_ppl_pct[k] == pytest.approx(d, rel=1e-3, abs=1e-3)
@@ -101,7 +106,7 @@ def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     other = BridgeSettings(calib_tokens=2048, calib_window=128, ridge=1e-2)
     third, rec3 = bridged_ground_truth(stories.model, ids, EV, calib, other, _store(stories),
                                        layers=layers)
-    assert third.computed == 2 and rec3["settings"]["ridge"] == 1e-2
+    assert third.computed == 3 and rec3["settings"]["ridge"] == 1e-2
 
 
 def arch_pruned(model, remove):
