@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from swapkl.errors import ComputeInterrupted
+from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.
@@ -84,6 +84,10 @@ def single_removal_sweep(model, input_ids, window: int, stride: int, drop_first_
     the fold into its output projection computes).  Returns a :class:`Sweep`."""
     import torch
 
+    for ell, b in (bridges or {}).items():
+        if (b.start, b.end) != (ell, ell + 1):
+            raise SwapklError(f"the bridge of block {ell} spans [{b.start}, {b.end}); a single removal needs [{ell}, "
+                              f"{ell + 1})")
     with torch.no_grad():
         return _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_size, kl, should_stop,
                       bridges or {})

@@ -10,6 +10,7 @@ import torch
 
 from conftest import WIKITEXT
 from support.bridge_plain import plain_bridged
+from swapkl.errors import SwapklError
 from swapkl.model import architectures as arch
 from swapkl.removal.bridged_truth import bridged_ground_truth
 from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
@@ -344,3 +345,12 @@ def test_report_holds_the_after_repair_section(repair_run, tmp_path, capsys):
     assert main(["report", "--evidence", str(bad), "--out", str(tmp_path / "b.html"), "--quiet"]) != 0
     err = capsys.readouterr().err
     assert "malformed" in err and "Traceback" not in err
+
+
+def test_sweep_refuses_a_bridge_of_another_span(stories, setup):
+    from swapkl.removal.ground_truth import single_removal_sweep
+    from swapkl.repair.bridge import Bridge
+
+    _, _, _, ids = setup
+    with pytest.raises(SwapklError, match=r"the bridge of block 2 spans \[2, 4\)"):
+        single_removal_sweep(stories.model, ids, EV.window, EV.stride, bridges={2: Bridge(2, 4, "residual", None)})
