@@ -287,6 +287,12 @@ def test_cli_evidence_repair_prints_both_tables_and_the_statement(repair_run, st
     code = main(["evidence", str(stories_path), "--ridge", "0.1"])
     err = capsys.readouterr().err
     assert code != 0 and "go with --repair bridge" in err and "Traceback" not in err
+    # a sublayer unit, or settings the bridge cannot use: one line, before the model is loaded
+    for argv, msg in ((["--repair", "bridge", "--unit", "attention"], "replaces whole blocks"),
+                      (["--repair", "bridge", "--bridge-tokens", "100"], "must be at least the calibration window")):
+        code = main(["evidence", str(stories_path), *argv])
+        err = capsys.readouterr().err
+        assert code != 0 and msg in err and "Traceback" not in err, err
 
 
 # ------------------------------------------------------------------------------------------------ the page
