@@ -20,27 +20,15 @@ import numpy as np
 
 from swapkl.evidence import agreement as A
 from swapkl.evidence.report import bridge_line
-from swapkl.evidence.signals import Signal
+from swapkl.evidence.signals import SIGNAL_BRIDGED as SIGNAL
+from swapkl.evidence.signals import bridged_kl_signal
 
 RAW_GT = A.GT_NAMES[0]
 BRIDGED_GT = "ground_truth_bridged_ppl"
 BRIDGED_GT_KL = "ground_truth_bridged_kl"
-SIGNAL = "bridged_kl"
 RULE = ("largest Spearman ρ against the bridged ground truth (held-out ΔPPL % of each block removed with its "
         "bridge); a tie when the paired bootstrap CI of ρ(first) − ρ(second) includes 0; no signal is shown to "
         "predict when the first's ρ CI reaches 0 or below")
-
-
-def bridged_kl_signal(br, num_layers: int) -> Signal:
-    """``bridged_kl`` from a :class:`~swapkl.repair.bridged_kl.BridgedResult` holding the spans ``[ℓ, ℓ+1)``: the
-    mean over prompts of KL(base ‖ block ℓ bridged) (nats), resampled per prompt (idx (B, P) → (B, L))."""
-    P = len(next(iter(br.spans.values()))["bridged"])
-    V = np.full((num_layers, P), np.nan)
-    for ell in range(num_layers):
-        if (ell, ell + 1) in br.spans:
-            V[ell] = np.asarray(br.spans[(ell, ell + 1)]["bridged"], float)
-    return Signal(SIGNAL, V.mean(1), f"KL(base ‖ block bridged), span [l, l+1), {P} scoring prompts",
-                  (lambda idx: V[:, idx].mean(-1).T) if P > 1 else None)
 
 
 def rho_table(names, truth: str, vectors: dict, reps: dict) -> dict:

@@ -360,3 +360,20 @@ def test_sweep_refuses_a_bridge_of_another_span(stories, setup):
     _, _, _, ids = setup
     with pytest.raises(SwapklError, match=r"the bridge of block 2 spans \[2, 4\)"):
         single_removal_sweep(stories.model, ids, EV.window, EV.stride, bridges={2: Bridge(2, 4, "residual", None)})
+
+
+def test_bridged_kl_signal_is_the_prompt_mean_of_each_blocks_span():
+    from types import SimpleNamespace
+
+    from swapkl.evidence.signals import bridged_kl_signal
+
+    rng = np.random.default_rng(3)
+    L, P = 5, 6
+    per = rng.uniform(0, 2, (L, P))
+    spans = {(ell, ell + 1): {"bridged": per[ell].tolist(), "raw": (per[ell] * 3).tolist()} for ell in range(L)}
+    spans[(1, 5)] = {"bridged": [9.0] * P, "raw": [9.0] * P}  # a longer span is not a single block's
+    sig = bridged_kl_signal(SimpleNamespace(spans=spans), L)
+    assert sig.name == "bridged_kl"
+    np.testing.assert_allclose(sig.values, per.mean(1))
+    idx = rng.integers(0, P, (7, P))
+    np.testing.assert_allclose(sig.resample(idx), np.stack([per[:, row].mean(1) for row in idx]))
