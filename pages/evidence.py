@@ -1,7 +1,9 @@
 """Evidence page: how far to trust a layer ranking on this checkpoint -- the measured cost of removing each layer
 alone (held-out ΔPPL with CIs), every signal's rank agreement with it (heatmap, CIs on hover), and the stability of
-the chosen sets under a bootstrap of the scoring prompts.  Computation: :func:`swapkl.evidence.run.compute_evidence`
-through the job system; figures: :mod:`swapkl.evidence.figures` (docs/evidence.md)."""
+the chosen sets under a bootstrap of the scoring prompts; with a repair part (``swapkl evidence --repair bridge``),
+which signal predicts the cost after a bridge.  An evidence JSON can be opened and is shown the same way.
+Computation: :func:`swapkl.evidence.run.compute_evidence` through the job system; figures:
+:mod:`swapkl.evidence.figures` (docs/evidence.md)."""
 from __future__ import annotations
 
 import streamlit as st
@@ -55,23 +57,19 @@ if job is None:
     job = common.current_job("evidence")
 
 
-def body(job) -> None:
+def results(d: dict, ek: tuple, suffix: str = "") -> str:
+    """Draw an evidence dict (headline, figures, sets, after repair, notes); returns its contract caption.
+    ``suffix`` keeps the element keys of an opened file apart from the job's."""
     from swapkl.evidence.figures import evidence_figures
-    from swapkl.evidence.report import caption, csv_text
+    from swapkl.evidence.report import caption
 
-    if job.evidence is None:
-        if job.running:
-            st.info("The figures appear when the evidence is complete (ground truth, signals, bootstrap).")
-        return
-    ek = (content_key(job.evidence),)
-    d = common.memo("evidence_dict", ek, job.evidence.to_dict)
     cap = caption(d)
     st.markdown(f"**{d['headline']}**")
     st.caption(f"contract: {cap}")
     figs = common.memo("evidence_figs", ek, lambda: evidence_figures(d))
-    st.plotly_chart(figs["agreement"], key="ev_agreement")
-    st.plotly_chart(figs["ground_truth"], key="ev_ground_truth")
-    st.plotly_chart(figs["stability"], key="ev_stability")
+    st.plotly_chart(figs["agreement"], key="ev_agreement" + suffix)
+    st.plotly_chart(figs["ground_truth"], key="ev_ground_truth" + suffix)
+    st.plotly_chart(figs["stability"], key="ev_stability" + suffix)
     unstable = [f"{s} n={n}" for s, per in d["stability"].items() for n, v in per.items() if v["unstable"]]
     if unstable:
         st.warning("unstable (P(same set) < 0.8): " + ", ".join(unstable))
@@ -89,16 +87,53 @@ def body(job) -> None:
         st.dataframe(pd.DataFrame(set_rows(d)), hide_index=True)
         for n in sa.get("notes", []):
             st.caption(f"note (sets): {n}")
+    if d.get("repair"):
+        after_repair(d, ek, suffix)
     for n in d.get("notes", []):
         st.caption(f"note: {n}")
-    if job.running:
-        return
+    return cap
+
+
+def after_repair(d: dict, ek: tuple, suffix: str = "") -> None:
+    """The "after repair" part (swapkl evidence --repair bridge): the statement, the rule, the figure and the
+    table of every signal's ρ against the raw and the bridged ground truth, with the bridge's contract."""
+    import pandas as pd
+
+    from swapkl.evidence import repair as R
+    from swapkl.evidence.figures import repair_agreement
+    from swapkl.evidence.report import repair_caption
+
+    rep = d["repair"]
+    st.subheader("After repair")
+    st.markdown(f"**{rep['statement']}**")
+    st.caption(f"rule (fixed before any number): {rep['rule']}")
+    st.plotly_chart(common.memo("evidence_repair_fig", ek, lambda: repair_agreement(d)), key="ev_repair" + suffix)
+    st.dataframe(pd.DataFrame(R.rows(rep)), hide_index=True, key="ev_repair_table" + suffix)
+    st.caption(f"contract: {repair_caption(d)}")
+
+
+def downloads(d: dict, suffix: str = "") -> None:
+    from swapkl.evidence.report import csv_text
+
     st.markdown("**Downloads** (each carries its contract)")
     a, b = st.columns(2)
     with a:
-        st.download_button("CSV", csv_text(d), file_name="evidence.csv", mime="text/csv", key="dl_ev_csv")
+        st.download_button("CSV", csv_text(d), file_name="evidence.csv", mime="text/csv", key="dl_ev_csv" + suffix)
     with b:
-        common.download_json(d, "evidence", key="dl_ev_json")
+        common.download_json(d, "evidence", key="dl_ev_json" + suffix)
+
+
+def body(job) -> None:
+    if job.evidence is None:
+        if job.running:
+            st.info("The figures appear when the evidence is complete (ground truth, signals, bootstrap).")
+        return
+    ek = (content_key(job.evidence),)
+    d = common.memo("evidence_dict", ek, job.evidence.to_dict)
+    cap = results(d, ek)
+    if job.running:
+        return
+    downloads(d)
     st.subheader("Export a pruned model")
     sigs = [sig for sig, per in d["stability"].items() if per]
     if not sigs:
@@ -117,3 +152,18 @@ if job is not None:
     common.live(job, body, "evidence", watch=("evidence",))
 else:
     st.info("Press **Compute evidence**; evaluations already cached (ground truth, scores) are reused.")
+
+with st.expander("Open an evidence file (`swapkl evidence --json`, e.g. with `--repair bridge`)"):
+    upload = st.file_uploader("evidence JSON", type=["json"], key="ev_open")
+if upload is not None:
+    from swapkl.evidence.section import opened_evidence
+
+    try:
+        opened = opened_evidence(upload.getvalue(), f"evidence file {upload.name}")
+    except SwapklError as e:
+        st.error(str(e))
+    else:
+        st.divider()
+        st.markdown(f"**Opened file {upload.name}**")
+        results(opened, ("file", content_key(opened)), "_file")
+        downloads(opened, "_file")

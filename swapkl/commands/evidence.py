@@ -40,10 +40,43 @@ def register(sub) -> None:
                         "CUDA only) (repeatable); report the rank agreement")
     p.add_argument("--no-sets", action="store_true",
                    help="skip the set-level agreement (it evaluates every method's sets at n = 1..budget)")
+    _add_repair_args(p)
     p.add_argument("--json", default=None, metavar="OUT", help="write the evidence JSON here")
     p.add_argument("--quiet", action="store_true")
     add_contract_args(p)
     p.set_defaults(func=run)
+
+
+def _add_repair_args(p) -> None:
+    """``--repair bridge`` and the bridge settings: prune's flag names (commands/prune_repair) except the
+    calibration tokens, ``--bridge-tokens``, since ``--calib-tokens`` here is the signals' calibration."""
+    g = p.add_argument_group("evidence after repair (--repair bridge)")
+    g.add_argument("--repair", default="none", choices=["none", "bridge"],
+                   help="bridge: also the ground truth with each block's linear bridge in its place, the bridged "
+                        "KL signal and every signal's agreement with both ground truths (docs/evidence.md)")
+    g.add_argument("--form", default="folded", choices=["folded", "residual"],
+                   help="bridge form (folded falls back to residual where no exact fold exists, e.g. block 0)")
+    g.add_argument("--bridge-tokens", type=int, default=None, help="calibration tokens of each bridge fit "
+                   "(default 8192)")
+    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
+    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
+    g.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+
+
+def bridge_settings(a):
+    """The :class:`~swapkl.repair.bridged_kl.BridgeSettings` of ``--repair bridge`` (None without it); bad values
+    fail here, before the model is loaded."""
+    bridge_flags = (a.bridge_tokens, a.calib_window, a.ridge)
+    if a.repair == "none":
+        if any(v is not None for v in bridge_flags) or a.form != "folded" or a.calib_seed != 0:
+            raise SwapklError("--form, --bridge-tokens, --calib-window, --calib-seed and --ridge go with "
+                              "--repair bridge")
+        return None
+    from swapkl.repair.bridged_kl import BridgeSettings
+
+    kw = {k: v for k, v in (("calib_tokens", a.bridge_tokens), ("calib_window", a.calib_window),
+                            ("ridge", a.ridge)) if v is not None}
+    return BridgeSettings(form=a.form, calib_seed=a.calib_seed, **kw)
 
 
 def run(a) -> int:
@@ -56,6 +89,9 @@ def run(a) -> int:
     check_outputs(a, {"--json": a.json}, inputs=[a.eval_text, *a.compare_corpus])
     ev, corpus = evaluator_and_corpus(a)
     contract = contract_from_args(a)
+    repair = bridge_settings(a)
+    if repair is not None and getattr(contract, "unit", "block") != "block":
+        raise SwapklError("--repair bridge replaces whole blocks: use --unit block")
     from swapkl.evidence.run import compute_evidence, regions  # deferred: the CLI's --help stays light
 
     regions(corpus, ev, a.regions)  # overlapping or too short regions fail before the model is loaded
@@ -72,7 +108,7 @@ def run(a) -> int:
     res = compute_evidence(ck, contract, ev, corpus, budget=a.budget, n_boot=a.boot_agreement,
                            n_stability=a.boot, n_regions=a.regions, calib_tokens=a.calib_tokens,
                            signals=SIGNALS, use_cache=not a.no_cache, progress=prog,
-                           compare_contracts=compare, sets=not a.no_sets)
+                           compare_contracts=compare, sets=not a.no_sets, repair=repair)
     return emit(a, res, render)
 
 
@@ -92,4 +128,9 @@ def _comparisons(a, contract) -> list:
 def render(r) -> str:
     from swapkl.evidence.report import text_tables  # deferred: plain text formatting
 
-    return text_tables(r.to_dict())
+    d = r.to_dict()
+    if d.get("repair"):
+        from swapkl.evidence.repair import text
+
+        return text_tables(d) + "\n" + text(d["repair"])
+    return text_tables(d)

@@ -64,9 +64,11 @@ def _ci(v: np.ndarray) -> list:
     return percentile_ci(v)
 
 
-def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0) -> dict:
+def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0, extra_truths=None) -> dict:
     """``{name: (n_boot, L)}``: every signal and both ground truths under the joint bootstrap (module docstring).
-    Signals without per-prompt values stay at their full-sample value."""
+    Signals without per-prompt values stay at their full-sample value.  ``extra_truths`` ({name: (GroundTruth,
+    "ppl" or "kl")} on the same windows as ``gt``, e.g. the bridged ground truth) are resampled with the same window
+    draws (their ΔPPL % or KL under ``name``), so every coefficient stays paired."""
     rng = np.random.default_rng(seed)  # one stream: the prompt draws, then the window draws
     pidx = bootstrap_indices(max(1, num_prompts), n_boot, rng)
     widx = bootstrap_indices(len(gt.counts), n_boot, rng)
@@ -75,6 +77,10 @@ def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0)
         out[s.name] = s.resample(pidx) if s.resample is not None else np.repeat(s.values[None], n_boot, 0)
     d, k = gt.resampled(widx)
     out[GT_NAMES[0]], out[GT_NAMES[1]] = d, k
+    for name, (other, which) in (extra_truths or {}).items():
+        if len(other.counts) != len(gt.counts):
+            raise ValueError(f"{name}: {len(other.counts)} windows, the ground truth has {len(gt.counts)}")
+        out[name] = other.resampled(widx)[0 if which == "ppl" else 1]
     return out
 
 

@@ -97,3 +97,33 @@ def evidence_figures(d: dict) -> dict:
     cap = caption(d)
     return {"agreement": agreement_heatmap(d, cap), "ground_truth": ground_truth_bars(d, cap),
             "stability": stability_strip(d, cap)}
+
+
+def repair_agreement(d: dict, cap: str | None = None):
+    """After repair: each signal's Spearman ρ (95 % CI as error bars) against the raw ground truth and against the
+    bridged one (:mod:`swapkl.evidence.repair`), signals ordered by ρ against the bridged ground truth."""
+    import plotly.graph_objects as go
+
+    from swapkl.evidence.repair import ordered
+    from swapkl.evidence.report import repair_caption
+
+    rep = d["repair"]
+    names = ordered(rep)
+    fig = go.Figure()
+    for which, label, color in (("raw", "vs raw ground truth", "#999999"),
+                                ("bridged", "vs bridged ground truth", "#1f77b4"),
+                                ("bridged_kl", "vs bridged KL", "#ff7f0e")):
+        t = rep["agreement"].get(which)
+        if not t:
+            continue
+        y = [t[s]["rho"] for s in names]
+        lo = [t[s]["ci"][0] for s in names]
+        hi = [t[s]["ci"][1] for s in names]
+        up = [None if v is None or h is None else h - v for v, h in zip(y, hi)]
+        down = [None if v is None or q is None else v - q for v, q in zip(y, lo)]
+        fig.add_trace(go.Scatter(x=names, y=y, mode="markers", name=label, marker={"color": color, "size": 9},
+                                 error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down},
+                                 hovertemplate="%{x}: ρ = %{y:.2f}<extra>" + label + "</extra>"))
+    fig.update_yaxes(title="Spearman ρ", range=[-1.05, 1.05])
+    return _stamp(fig, "After repair: which signal predicts the cost with a bridge (ρ, 95 % CI)",
+                  cap or repair_caption(d))

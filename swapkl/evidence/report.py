@@ -132,14 +132,41 @@ def text_tables(d: dict) -> str:
 
 
 def csv_text(d: dict) -> str:
-    """One row per layer: ground truth with CIs and every signal's score (lower = safer); the caption first."""
+    """One row per layer: ground truth with CIs and every signal's score (lower = safer); the caption first.  With
+    a ``repair`` part, also the bridged ground truth (ΔPPL % with CI, KL, the bridge's form) and ``bridged_kl``,
+    under the bridge's contract caption."""
+    rep = d.get("repair") or {}
     buf = io.StringIO()
-    buf.write(f"# {caption(d)}\n")
+    if rep:
+        buf.write(f"# {repair_caption(d)}\n")
+    else:
+        buf.write(f"# {caption(d)}\n")
     w = csv.writer(buf)
     sig = list(d["signals"])
-    w.writerow(["layer", "delta_ppl_pct", "delta_ppl_pct_lo", "delta_ppl_pct_hi", "kl", "kl_lo", "kl_hi", *sig])
-    g = d["ground_truth"]
+    extra = ["bridged_delta_ppl_pct", "bridged_delta_ppl_pct_lo", "bridged_delta_ppl_pct_hi", "bridged_kl_to_base",
+             "bridge_form", "bridged_kl"] if rep else []
+    w.writerow(["layer", "delta_ppl_pct", "delta_ppl_pct_lo", "delta_ppl_pct_hi", "kl", "kl_lo", "kl_hi", *sig,
+                *extra])
+    g, b = d["ground_truth"], rep.get("ground_truth") or {}
     for i, k in enumerate(d["layers"]):
+        more = [b["delta_ppl_pct"][i], *b["delta_ppl_pct_ci"][i], b["kl"][i],
+                ((b.get("forms") or {}).get(str(k)) or {}).get("form"),
+                (rep.get("signal") or {}).get("bridged_kl", [None] * len(d["layers"]))[i]] if rep else []
         w.writerow([k, g["delta_ppl_pct"][i], *g["delta_ppl_pct_ci"][i], g["kl"][i], *g["kl_ci"][i],
-                    *[d["signals"][s][i] for s in sig]])
+                    *[d["signals"][s][i] for s in sig], *more])
     return buf.getvalue()
+
+
+def bridge_line(b: dict) -> str:
+    """The bridge settings in words: "folded, 8192 calibration tokens in windows of 256, seed 0, ridge 0.0001"."""
+    return (f"{b.get('form')}, {b.get('calib_tokens')} calibration tokens in windows of {b.get('calib_window')}, "
+            f"seed {b.get('calib_seed')}, ridge {b.get('ridge'):g}")
+
+
+def repair_caption(d: dict) -> str:
+    """The evidence's contract caption plus the bridge settings and the calibration they were fitted on (an evidence
+    dict with a ``repair`` part, :mod:`swapkl.evidence.repair`)."""
+    c = d["repair"]["contract"]
+    cal = c.get("calibration") or {}
+    return (f"{caption(d)} · bridge {bridge_line(c['bridge'])} · calibration {cal.get('tokens')} tokens "
+            f"({cal.get('windows')} windows) from {cal.get('region', '?')}")

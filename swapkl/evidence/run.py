@@ -173,14 +173,37 @@ def _region_effect(gt, gt2, n_boot):
     return out
 
 
+def _after_repair(repair, report, ck, contract, ev, corpus, res, sigs, gt, n_boot, use_cache, batch_size,
+                  should_stop):
+    """The ``repair`` part (:func:`swapkl.evidence.repair.after_repair`) when ``repair`` (bridge settings) is given,
+    else None."""
+    if repair is None:
+        return None
+    from swapkl.evidence.repair import after_repair
+
+    report("after repair: bridged KL and the bridged ground truth")
+    return after_repair(ck, contract, ev, corpus, res, sigs, gt, repair, n_boot, use_cache, batch_size, should_stop)
+
+
+def _contract_record(ck, res, ev, corpus, spans, n_boot, n_stability, spacing) -> dict:
+    """The ``contract`` entry of the evidence result: what every number of it was measured under."""
+    return {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts,
+            "evaluator": ev.to_dict(), "corpus": corpus.describe(), "regions": spans,
+            "dtype": ck.dtype, "bootstrap": {"agreement": n_boot, "stability": n_stability,
+                                             "ground_truth_ci": "1000 window resamples, seed 0"},
+            "selection": {"guided": f"layers 1..L-2, spacing {spacing}", "others": "every layer, no spacing"}}
+
+
 def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_boot: int = DEFAULT_B_AGREEMENT,
                      n_stability: int = DEFAULT_B_STABILITY, n_regions: int = 2, calib_tokens: int | None = None,
                      signals=REGISTRY_SIGNALS, use_cache: bool = True, progress=None, should_stop=None,
-                     batch_size: int | None = None, compare_contracts=(), sets: bool = True) -> EvidenceResult:
+                     batch_size: int | None = None, compare_contracts=(), sets: bool = True,
+                     repair=None) -> EvidenceResult:
     """Everything the evidence page and ``swapkl evidence`` show, for checkpoint ``ck`` (a loaded
     :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``.
     ``compare_contracts``: :class:`~swapkl.evidence.contracts.Comparison` (or plain contracts for the same
-    checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`)."""
+    checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`); ``repair``: a
+    :class:`~swapkl.repair.bridged_kl.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`)."""
     from swapkl.evidence import contracts as K
     from swapkl.evidence import sets as SA
     from swapkl.removal.memo import EvalMemo, disk_memo
@@ -194,6 +217,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
         raise SwapklError("bootstrap resamples must be at least 10")
     spans = regions(corpus, ev, n_regions)
     if getattr(contract, "unit", "block") != "block":  # a sublayer unit: its own ground truth and signals
+        if repair is not None:
+            raise SwapklError("--repair bridge replaces whole blocks: use --unit block")
         from swapkl.evidence.units import compute_unit_evidence
 
         return EvidenceResult(compute_unit_evidence(ck, contract, ev, corpus, budget, n_boot, n_stability, calib_tokens, use_cache,
@@ -203,7 +228,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     def report(msg):
         steps.append((msg, time.perf_counter() - t0))
         if progress is not None:
-            progress(len(steps), 8 if sets else 7, msg)
+            progress(len(steps), (8 if sets else 7) + (repair is not None), msg)
 
     report("swap-KL scores")
     res = score(ck, contract, use_cache=use_cache, should_stop=should_stop)
@@ -213,6 +238,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop, use_cache)
     report("agreement")
     vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot)
+    after = _after_repair(repair, report, ck, contract, ev, corpus, res, sigs, gt, n_boot, use_cache, batch_size,
+                          should_stop)
     report("stability")
     spacing = 1
     stab, notes = _stability(sigs, stats, res.num_prompts, L, budget, n_stability, spacing)
@@ -227,11 +254,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     contracts = K.agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
     if region is None:
         notes.append("no second evaluation region (the corpus's evaluation region holds one evaluator text only)")
-    contract_d = {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts,
-                  "evaluator": ev.to_dict(), "corpus": corpus.describe(), "regions": spans,
-                  "dtype": ck.dtype, "bootstrap": {"agreement": n_boot, "stability": n_stability,
-                                                   "ground_truth_ci": "1000 window resamples, seed 0"},
-                  "selection": {"guided": f"layers 1..L-2, spacing {spacing}", "others": "every layer, no spacing"}}
+    contract_d = _contract_record(ck, res, ev, corpus, spans, n_boot, n_stability, spacing)
     data = {"layers": list(range(L)),
             "ground_truth": A.ground_truth_record(gt),
             "signals": {s.name: vectors[s.name].tolist() for s in sigs},
@@ -244,4 +267,6 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
             "timing": {"seconds": time.perf_counter() - t0, "steps": steps,
                        "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
                        "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}}
+    if after is not None:
+        data["repair"] = after
     return EvidenceResult(data)

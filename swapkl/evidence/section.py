@@ -1,12 +1,13 @@
 """The evidence section of the HTML report (:class:`swapkl.views.report.Section`): the headline, the three figures
 (agreement heatmap, ground-truth bars with every signal's rank, stability strip), the agreement table with CIs,
 the ground truth per layer, the region effect, the set-level agreement and the contract comparisons, each with the
-contract caption.  Built from an evidence dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`, or the
-``swapkl evidence --json`` file read by :func:`as_evidence`)."""
+contract caption; with a ``repair`` part (``evidence --repair bridge``), "After repair" too.  Built from an evidence
+dict (:meth:`swapkl.evidence.run.EvidenceResult.to_dict`, or the ``swapkl evidence --json`` file read by
+:func:`as_evidence`)."""
 from __future__ import annotations
 
 from swapkl.errors import SwapklError
-from swapkl.evidence.report import caption
+from swapkl.evidence.report import caption, repair_caption
 from swapkl.views.captions import csv_link, html_table, html_text
 from swapkl.views.report import Section
 
@@ -34,6 +35,18 @@ def as_evidence(obj, what: str = "evidence file") -> dict:
           and isinstance(d["agreement"], dict) and isinstance(d["stability"], dict))
     if not ok:
         raise SwapklError(f"{what}: malformed evidence (layers, ground truth and signals must be per-layer lists)")
+    return d
+
+
+def opened_evidence(raw: bytes, what: str = "evidence file") -> dict:
+    """An evidence dict from the bytes of a ``swapkl evidence --json`` file (the dashboard's upload), checked as
+    :func:`as_evidence` does, its ``repair`` part too (:func:`swapkl.evidence.repair.check_part`)."""
+    from swapkl.evidence.repair import check_part
+    from swapkl.schema.text import parse_json
+
+    d = as_evidence(parse_json(raw, what), what)
+    if d.get("repair") is not None:
+        check_part(d["repair"], what)
     return d
 
 
@@ -130,6 +143,32 @@ def _sets_html(d: dict, cap: str) -> str:
             + html_table(_df(set_rows(d)), cap, nd=ND) + html_table(sets, cap, nd=ND) + notes)
 
 
+def _repair_html(d: dict) -> str:
+    """After repair (``evidence --repair bridge``): the statement, the rule, every signal's ρ [CI] against the raw
+    and the bridged ground truth, and the bridged ground truth per block with the form of its bridge."""
+    rep = d.get("repair")
+    if not rep:
+        return ""
+    from swapkl.evidence import repair as R
+
+    cap = repair_caption(d)
+    raw, bridged = rep["agreement"]["raw"], rep["agreement"]["bridged"]
+    rows = [{"signal": s, "ρ vs raw": raw[s]["rho"], "raw lo": _ci(raw[s]["ci"], 0), "raw hi": _ci(raw[s]["ci"], 1),
+             "ρ vs bridged": bridged[s]["rho"], "bridged lo": _ci(bridged[s]["ci"], 0),
+             "bridged hi": _ci(bridged[s]["ci"], 1),
+             "ρ vs bridged KL": ((rep["agreement"].get("bridged_kl") or {}).get(s) or {}).get("rho")}
+            for s in R.ordered(rep)]
+    g = rep["ground_truth"]
+    forms = g.get("forms") or {}
+    gt = [{"layer": k, "ΔPPL % bridged": g["delta_ppl_pct"][i], "lo": _ci(g["delta_ppl_pct_ci"][i], 0),
+           "hi": _ci(g["delta_ppl_pct_ci"][i], 1), "ΔPPL % raw": d["ground_truth"]["delta_ppl_pct"][i],
+           "bridge form": (forms.get(str(k)) or {}).get("form", "–")} for i, k in enumerate(d["layers"])]
+    return (f"<h3>After repair</h3><p><b>{html_text(rep['statement'])}</b></p><p>Rule (fixed before any number): "
+            f"{html_text(rep['rule'])}.</p>" + html_table(_df(rows), cap, nd=ND)
+            + csv_link(_df(rows), cap, "evidence_after_repair.csv", "download CSV")
+            + html_table(_df(gt), cap, nd=4) + f'<p class="caption">contract: {html_text(cap)}</p>')
+
+
 def section(obj, title: str = "Evidence: how far to trust a layer ranking") -> Section:
     """The report section of an evidence dict, EvidenceResult or JSON path (module docstring)."""
     d = as_evidence(obj)
@@ -149,11 +188,17 @@ def section(obj, title: str = "Evidence: how far to trust a layer ranking") -> S
         blocks = ["<h3>Agreement with the ground truth</h3>", html_table(agree, cap, nd=ND),
                   csv_link(agree, cap, "evidence_agreement.csv", "download CSV"),
                   "<h3>Ground truth per layer</h3>", html_table(_df(ground_truth_rows(d)), cap, nd=4),
-                  _region_html(d, cap), _sets_html(d, cap), _contracts_html(d, cap)]
+                  _repair_html(d), _region_html(d, cap), _sets_html(d, cap), _contracts_html(d, cap)]
         if unstable:
             blocks.append(f'<p class="note">unstable (P(same set) &lt; 0.8): {html_text(", ".join(unstable))}</p>')
         blocks += [f'<p class="note">note: {html_text(n)}</p>' for n in d.get("notes") or []]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise SwapklError(f"evidence file: malformed evidence ({type(e).__name__}: {str(e)[:200]})") from None
-    return Section(title=title, intro=intro, figures=(figs["agreement"], figs["ground_truth"], figs["stability"]),
+    extra = ()
+    if d.get("repair"):
+        from swapkl.evidence.figures import repair_agreement
+
+        extra = (repair_agreement(d),)
+    return Section(title=title, intro=intro,
+                   figures=(figs["agreement"], figs["ground_truth"], figs["stability"], *extra),
                    blocks=tuple(b for b in blocks if b))

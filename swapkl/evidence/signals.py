@@ -8,7 +8,9 @@ function that recomputes it from a resample of the scoring prompts (``resample(i
 * ``bi_prompts``: Block Influence ``1 - mean cos(x_ℓ, x_ℓ+1)`` and ``angular``: ``mean arccos(cos(x_ℓ, x_ℓ+1))/π``,
   both per scoring prompt (one base forward over the prompts);
 * ``bi``, ``cka`` (as ``1 - CKA``), ``taylor``: the registry methods' own scores on calibration text;
-* ``sleb``: SLEB's first step, the calibration PPL of each single removal.
+* ``sleb``: SLEB's first step, the calibration PPL of each single removal;
+* ``bridged_kl`` (``evidence --repair bridge``): KL(base ‖ block ℓ replaced by its linear bridge) per scoring prompt,
+  the span ``[ℓ, ℓ+1)`` of the third matrix (:mod:`swapkl.repair.bridged_kl`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import Callable
 import numpy as np
 
 from swapkl.removal.selection import layer_scores
+
+SIGNAL_BRIDGED = "bridged_kl"
 
 
 @dataclass
@@ -106,3 +110,15 @@ def prefill_sleb(ctx, max_tokens: int) -> None:
     ctx.memo.get(key, [], lambda: sw.baseline)
     for i, r in sw.removed.items():
         ctx.memo.get(key, [i], lambda r=r: r)
+
+
+def bridged_kl_signal(br, num_layers: int) -> Signal:
+    """``bridged_kl`` from a :class:`~swapkl.repair.bridged_kl.BridgedResult` holding the spans ``[ℓ, ℓ+1)``: the
+    mean over prompts of KL(base ‖ block ℓ bridged) (nats), resampled per prompt (idx (B, P) → (B, L))."""
+    P = len(next(iter(br.spans.values()))["bridged"])
+    V = np.full((num_layers, P), np.nan)
+    for ell in range(num_layers):
+        if (ell, ell + 1) in br.spans:
+            V[ell] = np.asarray(br.spans[(ell, ell + 1)]["bridged"], float)
+    return Signal(SIGNAL_BRIDGED, V.mean(1), f"KL(base ‖ block bridged), span [l, l+1), {P} scoring prompts",
+                  (lambda idx: V[:, idx].mean(-1).T) if P > 1 else None)

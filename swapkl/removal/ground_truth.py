@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from swapkl.errors import ComputeInterrupted
+from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.
@@ -76,23 +76,44 @@ class Sweep:
 
 def single_removal_sweep(model, input_ids, window: int, stride: int, drop_first_target: bool = False,
                          layers: Sequence[int] | None = None, batch_size: int | None = None, kl: bool = True,
-                         should_stop: Callable[[], bool] | None = None) -> Sweep:
+                         should_stop: Callable[[], bool] | None = None, bridges: dict | None = None) -> Sweep:
     """The baseline and every single-layer removal of ``layers`` (default all) on the sliding windows of
-    ``input_ids``, with prefix reuse (module docstring).  Returns a :class:`Sweep`."""
+    ``input_ids``, with prefix reuse (module docstring).  ``bridges``: ``{ℓ: Bridge}`` of the spans ``[ℓ, ℓ+1)``
+    (:mod:`swapkl.repair.bridge`): block ℓ is then removed *with its bridge*, the state entering block ℓ+1 being
+    ``h_ℓ W`` (residual) or ``h_ℓ + m_{ℓ−1}(W − I)`` (folded: block ℓ−1's MLP output ``m`` mapped by ``W``, what
+    the fold into its output projection computes).  Returns a :class:`Sweep`."""
     import torch
 
+    for ell, b in (bridges or {}).items():
+        if (b.start, b.end) != (ell, ell + 1):
+            raise SwapklError(f"the bridge of block {ell} spans [{b.start}, {b.end}); a single removal needs [{ell}, "
+                              f"{ell + 1})")
     with torch.no_grad():
-        return _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_size, kl, should_stop)
+        return _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_size, kl, should_stop,
+                      bridges or {})
 
 
-def _base_pass(priv, blocks, x, keep):
+def _bridged_state(bridge, h, mouts):
+    """The state that enters block ℓ+1 when block ℓ is replaced by ``bridge`` (float32 arithmetic)."""
+    import torch
+
+    W = torch.as_tensor(bridge.W, dtype=torch.float32, device=h.device)
+    if bridge.form == "residual":
+        return (h.float() @ W).to(h.dtype)
+    m = mouts[bridge.start - 1].float()
+    return (h.float() + m @ W - m).to(h.dtype)
+
+
+def _base_pass(priv, blocks, x, keep, projs=None):
     """Base logits of the last ``keep`` positions, the hidden state entering every block and every block's output
-    (its type only matters: the replayed block returns the same kind)."""
+    (its type only matters: the replayed block returns the same kind); with ``projs`` ({k: module}) the outputs
+    of those modules too (``outs[("m", k)]``)."""
     from swapkl.removal.evaluate import _forward_logits
 
     ins: dict = {}
     outs: dict = {}
-    handles = []
+    handles = [mod.register_forward_hook(lambda m_, a, o, k=k: outs.__setitem__(("m", k), _hidden(o)))
+               for k, mod in (projs or {}).items()]
     for k, b in enumerate(blocks):
         handles.append(b.register_forward_pre_hook(
             lambda mod, args, kwargs, k=k: ins.__setitem__(k, _hidden(args[0] if args else kwargs["hidden_states"])),
@@ -106,7 +127,8 @@ def _base_pass(priv, blocks, x, keep):
     return logits, ins, outs
 
 
-def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_size, kl, should_stop) -> Sweep:
+def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_size, kl, should_stop,
+           bridges) -> Sweep:
     import torch
 
     from swapkl.model import architectures as arch
@@ -122,6 +144,8 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
     L = len(blocks)
     layers = list(range(L)) if layers is None else sorted({int(i) for i in layers})
     suffixes = {ell: suffix_model(priv, ell) for ell in layers}
+    projs = {b.start - 1: arch.get_path(blocks[b.start - 1], arch.locate(priv).family.mlp_out)
+             for b in bridges.values() if b.form == "folded"}
     dev = E._device_of(model)
     W = len(wins)
     counts = np.array([w.n_scored for w in wins], dtype=np.int64)
@@ -143,21 +167,23 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
             chunk = members[start:start + bs]
             x = torch.stack([ids[wins[k].begin:wins[k].end] for k in chunk]).to(dev)
             targets = x[:, length - keep + 1:].unsqueeze(-1)
-            logits, ins, outs = _base_pass(priv, blocks, x, keep)
+            logits, ins, outs = _base_pass(priv, blocks, x, keep, projs)
+            mouts = {k: outs[("m", k)] for k in projs}
             base_lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
             base_nll[chunk] = (-base_lp.gather(-1, targets).squeeze(-1)).double().sum(1).cpu().numpy()
             base_p = base_lp.exp() if kl else None
             del logits
             for ell in layers:
                 suffix, holder = suffixes[ell]
-                holder["h"], holder["template"] = ins[ell], outs[ell]
+                h = _bridged_state(bridges[ell], ins[ell], mouts) if ell in bridges else ins[ell]
+                holder["h"], holder["template"] = h, outs[ell]
                 lp = torch.log_softmax(E._forward_logits(suffix, x, keep)[:, :-1].float(), dim=-1)
                 nll[ell][chunk] = (-lp.gather(-1, targets).squeeze(-1)).double().sum(1).cpu().numpy()
                 if kl:
                     kls[ell][chunk] = (base_p * (base_lp - lp)).sum(-1).double().sum(1).cpu().numpy()
                 holder.clear()
                 del lp
-            del ins, outs, base_lp, base_p
+            del ins, outs, mouts, base_lp, base_p
     secs = time.perf_counter() - t0
 
     def result(v, k=None):

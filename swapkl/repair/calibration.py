@@ -31,6 +31,10 @@ DEFAULT_CALIB_TOKENS = 8192
 DEFAULT_CALIB_WINDOW = 256
 
 
+#: the names of the regions in :func:`swapkl.scoring.corpora.check_regions`'s messages
+CALIB, PROMPT, TRAIN = "calibration window", "scoring prompt window", "training chunk"
+
+
 class RegionError(SwapklError):
     """Calibration text that would overlap the scoring prompts, or a corpus too short for it."""
 
@@ -77,14 +81,14 @@ def check_disjoint(spans, prompt_windows, corpus=None) -> None:
     scoring-prompt window ``(begin, length)``; the evaluation region (the corpus's first ``split_point`` words) lies
     before the prompt region's stream, so it is disjoint from both by construction, which is checked too.  Raises
     :class:`RegionError` naming the first overlap."""
+    from swapkl.scoring.corpora import check_regions
+
     if corpus is not None and corpus.split_point <= 0:
         raise RegionError(f"corpus '{corpus.name}' has no evaluation region before its prompt region")
     for b, e in spans:
         if b < 0:
             raise RegionError(f"calibration window [{b}, {e}) starts before the prompt region")
-        for pb, n in prompt_windows:
-            if b < pb + n and pb < e:
-                raise RegionError(f"calibration window [{b}, {e}) overlaps scoring prompt window [{pb}, {pb + n})")
+    check_regions({CALIB: spans, PROMPT: [(pb, pb + n) for pb, n in prompt_windows]}, error=RegionError)
 
 
 def capture_tree(model: torch.nn.Module, slots: set[int], projs: set[int]):

@@ -66,6 +66,35 @@ class Corpus:
                 "eval_region_words": self.split_point, "fallback": self.is_fallback}
 
 
+def check_regions(regions: dict, pairs=None, error: type[SwapklError] = CorpusError, corpus: Corpus | None = None,
+                  eval_words: int = 0) -> None:
+    """Assert that the named token ranges of one corpus's prompt-region stream do not intersect.
+
+    ``regions``: ``{name: [(begin, end), ...]}`` half-open token ranges in the stream
+    :func:`swapkl.scoring.prompts.tokenize_stream` makes of :meth:`Corpus.prompt_text` (e.g. ``"calibration
+    window"``, ``"scoring prompt window"``, ``"training chunk"``); ``pairs``: the (name, name) pairs that must be
+    disjoint (default every pair of different names; ranges of one name may overlap).  The evaluation region is a
+    word range before that stream: with ``corpus`` and ``eval_words`` it must fit in the corpus's first
+    ``split_point`` words.  Raises ``error`` (one line naming the first overlap) otherwise."""
+    if corpus is not None and not 0 <= eval_words <= corpus.split_point:
+        raise error(f"the evaluation text ({eval_words} words) does not fit the evaluation region of corpus "
+                    f"'{corpus.name}' ({corpus.split_point} words before the prompt region)")
+    names = list(regions)
+    want = {frozenset(p) for p in pairs} if pairs is not None else \
+        {frozenset((a, b)) for a in names for b in names if a != b}
+    spans = sorted((int(b), int(e), n) for n, rs in regions.items() for b, e in rs if int(e) > int(b))
+    furthest: dict = {}  # name -> the range of that name reaching furthest so far
+    for b, e, n in spans:
+        for other, (ob, oe) in furthest.items():
+            if other != n and oe > b and frozenset((n, other)) in want:
+                (n1, r1), (n2, r2) = sorted(((n, (b, e)), (other, (ob, oe))), key=lambda x: names.index(x[0]))
+                where = f" of corpus '{corpus.name}'" if corpus is not None else ""
+                raise error(f"{n1} [{r1[0]}, {r1[1]}) overlaps {n2} [{r2[0]}, {r2[1]}) in the prompt region's "
+                            f"token stream{where}; refusing to compute")
+        if n not in furthest or e > furthest[n][1]:
+            furthest[n] = (b, e)
+
+
 def join_rows(rows) -> str:
     """docs/method.md §3: drop empty rows and join with blank lines."""
     return "\n\n".join(r for r in rows if r.strip())
