@@ -101,14 +101,16 @@ def check_disjoint(tt: TrainText, calib_tokens: int, prompt_windows, calib_windo
     """Assert, in the prompt stream's token coordinates, that no training chunk touches the calibration reserve
     ``[0, calib_tokens)``, a scoring-prompt window or a bridge's calibration window (``(begin, length)`` each); the
     evaluation region is a separate word range before the whole stream.  Raises :class:`TrainTextError` naming the
-    first overlap."""
+    first overlap (the windows through :func:`swapkl.scoring.corpora.check_regions`, the one region check of the
+    prompt stream)."""
     for b, e in tt.spans:
         if b < calib_tokens:
             raise TrainTextError(f"training chunk [{b}, {e}) overlaps the calibration text [0, {calib_tokens})")
-        for what, wins in (("scoring prompt window", prompt_windows), ("bridge calibration window", calib_windows)):
-            for pb, n in wins:
-                if b < pb + n and pb < e:
-                    raise TrainTextError(f"training chunk [{b}, {e}) overlaps {what} [{pb}, {pb + n})")
+    chunk = "training chunk"
+    regions = {chunk: list(tt.spans), "scoring prompt window": [(pb, pb + n) for pb, n in prompt_windows],
+               "bridge calibration window": [(pb, pb + n) for pb, n in calib_windows]}
+    corpora.check_regions(regions, pairs=[(chunk, other) for other in regions if other != chunk],
+                          error=TrainTextError)
 
 
 def _shingles(words, n: int = SHINGLE_WORDS) -> set:
