@@ -3,7 +3,7 @@ own helper module (this module only gathers them; helper modules never import it
 
 * :mod:`dashboard.session`: this server's policy and job manager, the browser session's id, widget state across pages;
 * :mod:`dashboard.current`: the jobs this session looks at -- current job, start, find;
-* :mod:`dashboard.widgets`: the start page's inputs and the request they make, the shared link;
+* :mod:`dashboard.widgets`: the start page's inputs and the request they make, the shared link, the repair choice;
 * :mod:`dashboard.live_view`: a job's live status and its page's body kept current;
 * :mod:`dashboard.figures`: figures memoised on content, the lead figure;
 * :mod:`dashboard.downloads`, :mod:`dashboard.export_view`: downloads, the one-click report, exporting a pruned model;
@@ -23,7 +23,7 @@ from dashboard.live_view import live, progress_view
 from dashboard.navigation import app_navigation
 from dashboard.session import POLL_S, keep_widget_state, manager, policy, session_id, streamlit_session
 from dashboard.sidebar import sidebar
-from dashboard.widgets import request_from_widgets, set_query
+from dashboard.widgets import repair_widgets, request_from_widgets, set_query
 from swapkl.jobs.contents import job_verdict
 from swapkl.jobs.forms import request_caption
 from swapkl.jobs.reports import evidence_done, job_sections, report_html, result_json
@@ -31,6 +31,6 @@ from swapkl.views.captions import safe_name
 
 __all__ = ["POLL_S", "app_navigation", "current_job", "download_figure", "download_json", "download_table", "downloads",
            "evidence_done", "export_healed_view", "export_view", "find", "job_sections", "job_verdict", "keep_widget_state", "lead_figure",
-           "live", "manager", "memo", "need_result", "policy", "progress_view", "report_button", "report_html",
+           "live", "manager", "memo", "need_result", "policy", "progress_view", "repair_widgets", "report_button", "report_html",
            "request_caption", "request_from_widgets", "result_json", "result_key", "safe_name", "session_id",
            "set_query", "sidebar", "start", "streamlit_session"]

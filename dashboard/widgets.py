@@ -160,30 +160,36 @@ def removal_widgets(device: str) -> tuple[int, tuple, dict]:
     return int(budget), tuple(methods), evs[ev_name].to_dict()
 
 
-def repair_widgets() -> tuple[str, dict]:
+CURVES_REPAIR_HELP = ("linear bridge: a least-squares linear map fitted on calibration text in place of each removed "
+                      "span of blocks, no training (docs/repair.md); the curves are drawn raw and bridged")
+
+
+def repair_widgets(prefix: str = "w", label: str = "Repair after removal",
+                   help: str = CURVES_REPAIR_HELP) -> tuple[str, dict]:
     """The repair after removal -> (``repair``, the bridge's widget values ``{"form", "calib_tokens"}``, ``{}``
-    without one); :func:`swapkl.jobs.forms.bridge_settings` checks them."""
-    if st.session_state.get("w_repair") not in REPAIR_CHOICES:
-        st.session_state["w_repair"] = "none"
+    without one); :func:`swapkl.jobs.forms.bridge_settings` checks them.  ``prefix``: the widgets' session keys
+    (``{prefix}_repair``, ``{prefix}_bridge_form``, ``{prefix}_bridge_tokens``), so that a second page (the evidence
+    page: ``"w_ev"``) keeps its own choice."""
+    k_rep, k_form, k_tok = f"{prefix}_repair", f"{prefix}_bridge_form", f"{prefix}_bridge_tokens"
+    if st.session_state.get(k_rep) not in REPAIR_CHOICES:
+        st.session_state[k_rep] = "none"
     c1, c2, c3 = st.columns([2, 1, 1])
-    repair = c1.radio("Repair after removal", list(REPAIR_CHOICES), format_func=REPAIR_CHOICES.get, key="w_repair",
-                      horizontal=True, help="linear bridge: a least-squares linear map fitted on calibration text in "
-                                            "place of each removed span of blocks, no training (docs/repair.md); the "
-                                            "curves are drawn raw and bridged")
+    repair = c1.radio(label, list(REPAIR_CHOICES), format_func=REPAIR_CHOICES.get, key=k_rep, horizontal=True,
+                      help=help)
     if repair == "none":
         return repair, {}
     lo, hi = BRIDGE_TOKENS_RANGE
     if policy().demo:  # the widget stops at the demo server's bound (its policy refuses more)
         hi = min(hi, DEMO_MAX_BRIDGE_TOKENS)
-    if st.session_state.get("w_bridge_form") not in BRIDGE_FORMS:  # unset (a hidden widget's state is dropped)
-        st.session_state["w_bridge_form"] = BRIDGE_FORMS[0]
-    n = st.session_state.get("w_bridge_tokens")
+    if st.session_state.get(k_form) not in BRIDGE_FORMS:  # unset (a hidden widget's state is dropped)
+        st.session_state[k_form] = BRIDGE_FORMS[0]
+    n = st.session_state.get(k_tok)
     if isinstance(n, bool) or not isinstance(n, int) or not lo <= n <= hi:
-        st.session_state["w_bridge_tokens"] = BRIDGE_TOKENS
-    form = c2.selectbox("Bridge form", BRIDGE_FORMS, key="w_bridge_form",
+        st.session_state[k_tok] = min(BRIDGE_TOKENS, hi)
+    form = c2.selectbox("Bridge form", BRIDGE_FORMS, key=k_form,
                         help="folded: into the MLP output projection before the span (an ordinary checkpoint; "
                              "residual where no exact fold exists); residual: on the residual stream")
-    tokens = c3.number_input("Calibration tokens", lo, hi, key="w_bridge_tokens", step=1024)
+    tokens = c3.number_input("Calibration tokens", lo, hi, key=k_tok, step=1024)
     return repair, {"form": form, "calib_tokens": int(tokens)}
 
 

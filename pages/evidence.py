@@ -37,9 +37,13 @@ else:
 budget = c2.number_input("budget n (stability for 1..n)", 1, pol.max_budget if pol.demo else 64, key="w_ev_budget",
                          step=1)
 boot = c3.number_input("bootstrap B", 10, pol.max_evidence_boot if pol.demo else 2000, key="w_ev_boot", step=10)
+repair, bridge = common.repair_widgets(
+    "w_ev", "After repair", help="linear bridge: also remove each block with a least-squares linear map fitted on "
+                                 "calibration text in its place (docs/repair.md), and rank the signals against that "
+                                 "bridged cost too (docs/evidence.md, \"After repair\")")
 request, err = None, None
 try:
-    request = evidence_request(model, budget, boot, base_req)
+    request = evidence_request(model, budget, boot, base_req, repair, bridge)
     pol.check_request(request)
 except SwapklError as e:
     request, err = None, str(e)

@@ -87,17 +87,23 @@ def trajectory_request(text: str, k: int, prompts: int, tokens: int, device: str
     return TrajectoryRequest(text.strip(), contract)
 
 
-def evidence_request(model: str, budget: int, n_boot: int, base: AnalysisRequest | None = None) -> EvidenceRequest:
+def evidence_request(model: str, budget: int, n_boot: int, base: AnalysisRequest | None = None,
+                     repair: str = "none", bridge: dict | None = None) -> EvidenceRequest:
     """The evidence page's request for ``model``: on the model of the session's analysis ``base`` it keeps that
     analysis's revision, contract (as whole blocks: the evidence removes blocks) and evaluator (so the evidence
-    speaks for it), else the default contract and the ``matched`` evaluator."""
+    speaks for it), else the default contract and the ``matched`` evaluator.  ``repair`` / ``bridge``: the "after
+    repair" part (``"bridge"``: each block also removed with its linear bridge), checked by :func:`bridge_settings`
+    as the Start form's repair is (one line for a bad form or token count)."""
     model = model.strip()
     if not model:
         raise SwapklError("choose a checkpoint")
+    b = dict(bridge or {})
+    bridge = bridge_settings(repair, b.get("form", BRIDGE_FORMS[0]), b.get("calib_tokens", BRIDGE_TOKENS))
     same = base is not None and base.model == model
     return EvidenceRequest(model=model, revision=base.revision if same else None,
                            contract=base.contract.with_(unit="block") if same else Contract(), budget=int(budget),
-                           evaluator=(base.evaluator if same else None) or "matched", n_boot=int(n_boot))
+                           evaluator=(base.evaluator if same else None) or "matched", n_boot=int(n_boot),
+                           repair=repair, bridge=bridge)
 
 
 def curves_analysis(job) -> AnalysisRequest | None:

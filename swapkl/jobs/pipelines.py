@@ -130,19 +130,23 @@ def run_trajectory(job: Job) -> None:
 
 
 def run_evidence(job: Job, models: ModelCache) -> None:
-    """Ground truth, every signal, agreement and stability (:func:`swapkl.evidence.run.compute_evidence`)."""
+    """Ground truth, every signal, agreement and stability (:func:`swapkl.evidence.run.compute_evidence`); with the
+    request's repair also the "after repair" part (its :class:`~swapkl.repair.bridged_kl.BridgeSettings`)."""
     from swapkl.evidence.run import compute_evidence  # deferred: torch-based modules behind it
 
     req = job.request
     c = req.contract
+    settings = req.bridge_settings()  # bad settings fail here, before the model is loaded
     job.phase(1, 2, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
     ck = models.get(req.model, req.revision, c.dtype, c.device)
     job.checkpoint = ck
     ev = evaluator_of(req)
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
-    job.phase(2, 2, "evidence: swap-KL, ground truth per layer, signals, agreement, stability")
+    rep = ", each block with its bridge" if settings is not None else ""
+    job.phase(2, 2, f"evidence: swap-KL, ground truth per layer{rep}, signals, agreement, stability")
     job.evidence = compute_evidence(ck, c, ev, load_corpus(c.corpus), budget=req.budget, n_boot=5 * req.n_boot,
-                                    n_stability=req.n_boot, progress=job.tick, should_stop=job.should_stop)
+                                    n_stability=req.n_boot, progress=job.tick, should_stop=job.should_stop,
+                                    repair=settings)
 
 
 def run_tasks(job: Job, models: ModelCache) -> None:

@@ -186,6 +186,8 @@ class Policy:
             elif request.n_boot > self.max_evidence_boot:
                 raise PolicyError(f"this demo server allows at most {self.max_evidence_boot} bootstrap resamples; "
                                   f"{request.n_boot} asked")
+            else:
+                check_repair(request)  # the evidence's bridge streams its calibration tokens the same way
         elif request.kind == "heal":
             self.check_model(request.model, request.revision)
             check_heal(self, request)
@@ -299,8 +301,8 @@ def check_heal(self: Policy, request) -> None:
 
 
 def check_repair(request) -> None:
-    """An analysis's (or a heal's) repair after removal in demo mode: at most :data:`DEMO_MAX_BRIDGE_TOKENS`
-    calibration tokens (the fit streams them through the model; every setting is checked again by the plan)."""
+    """An analysis's (a heal's, an evidence's) repair after removal in demo mode: at most
+    :data:`DEMO_MAX_BRIDGE_TOKENS` calibration tokens (the fit streams them through the model; every setting is checked again by the plan)."""
     tokens = (getattr(request, "bridge", None) or {}).get("calib_tokens")
     if getattr(request, "repair", "none") != "none" and tokens is not None and int(tokens) > DEMO_MAX_BRIDGE_TOKENS:
         raise PolicyError(f"this demo server fits a bridge on at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; "

@@ -105,7 +105,11 @@ class AnalysisRequest:
 class EvidenceRequest:
     """How far to trust a layer ranking (docs/evidence.md): ground truth, agreement and stability for the model
     under ``contract``; ``budget``: stability for n = 1..budget; ``n_boot``: prompt resamples for stability
-    (the agreement CIs use ``5 * n_boot``)."""
+    (the agreement CIs use ``5 * n_boot``).  ``repair`` ``"bridge"``: also the "after repair" part (each block
+    removed with its linear bridge, ``compute_evidence(repair=BridgeSettings(**bridge))``; docs/evidence.md);
+    ``bridge``: the bridge's settings (fields of :class:`~swapkl.repair.bridged_kl.BridgeSettings`, ``{}``: the
+    defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Without a repair the request's dict (and so
+    its job key) is what it was before the field existed."""
 
     model: str = "default"
     revision: str | None = None
@@ -114,6 +118,8 @@ class EvidenceRequest:
     evaluator: Any = None
     n_boot: int = 200
     kind: str = "evidence"
+    repair: str = "none"
+    bridge: Any = None
 
     def __post_init__(self):
         object.__setattr__(self, "model", str(self.model).strip())
@@ -121,16 +127,42 @@ class EvidenceRequest:
         object.__setattr__(self, "evaluator", _evaluator_dict(self.evaluator))
         object.__setattr__(self, "budget", int(self.budget))
         object.__setattr__(self, "n_boot", int(self.n_boot))
+        object.__setattr__(self, "repair", str(self.repair or "none"))
+        object.__setattr__(self, "bridge", dict(self.bridge or {}) if self.repair != "none" else {})
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "model": self.model, "revision": self.revision,
-                "contract": self.contract.to_dict(), "budget": self.budget, "evaluator": self.evaluator,
-                "n_boot": self.n_boot}
+        """The request as JSON; the repair only when there is one (a request without repair keeps its job key)."""
+        d = {"kind": self.kind, "model": self.model, "revision": self.revision,
+             "contract": self.contract.to_dict(), "budget": self.budget, "evaluator": self.evaluator,
+             "n_boot": self.n_boot}
+        if self.repair != "none":
+            d.update(repair=self.repair, bridge=dict(self.bridge))
+        return d
+
+    def bridge_settings(self):
+        """The :class:`~swapkl.repair.bridged_kl.BridgeSettings` of the repair (None without one); settings the
+        bridge refuses raise :class:`~swapkl.errors.ContractError` (one line)."""
+        if self.repair == "none":
+            return None
+        if self.repair != "bridge":
+            raise ContractError(f"unknown repair '{self.repair}'; choose one of: none, bridge")
+        from swapkl.repair.bridged_kl import BridgeSettings  # deferred: imports numpy and the repair package
+
+        try:
+            return BridgeSettings(**self.bridge)
+        except TypeError as e:
+            raise ContractError(f"unknown bridge setting in {sorted(self.bridge)}: {e}") from None
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
         c = self.contract
-        return f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · B={self.n_boot}"
+        rep = ""
+        if self.repair != "none":
+            b = self.bridge
+            rep = (f" · after a linear bridge ({b.get('form', 'folded')}, "
+                   f"{b.get('calib_tokens', 'default')} calibration tokens)")
+        return (f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · "
+                f"B={self.n_boot}{rep}")
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ class SnapshotStore:
 
                 if not isinstance(data.get("evidence"), dict) or "ground_truth" not in data["evidence"]:
                     return False
+                if getattr(job.request, "repair", "none") != "none" and not data["evidence"].get("repair"):
+                    return False  # a request with a repair is not answered by evidence without its part
                 parts = {"evidence": EvidenceResult(data["evidence"])}
             elif job.request.kind == "tasks":
                 from swapkl.removal.tasks import TasksResult
