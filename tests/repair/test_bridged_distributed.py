@@ -143,3 +143,16 @@ def test_distributed_entry_point_parses_bridge_and_refuses_a_sublayer_unit(stori
     assert rc == 2 and "error (rank 0): 'bridge' works on whole blocks only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bridge", str(stories_path), "--form", "nope"])
+
+
+def test_bridge_distributed_cli_without_torchrun_equals_bridge(cli, stories_path, tmp_path):
+    flags = ["--pairs", "adjacent", "--prompts", "2", "--tokens", "16", "--calib-tokens", "128", "--calib-window", "32",
+             "--form", "residual", "--device", "cpu", "--no-cache"]
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    rc, so, se = cli("bridge-distributed", stories_path, *flags, "--json", one)
+    assert rc == 0, se
+    spans = len(bridge_spans(CONTRACT, 5))
+    assert f"rank 0 on cpu: {spans} of its {spans} spans computed" in so and "bridge form=residual" in so
+    rc, _, se = cli("bridge", stories_path, *flags, "--json", two)
+    assert rc == 0, se
+    _assert_same(BridgedResult.from_json(one), BridgedResult.from_json(two))
