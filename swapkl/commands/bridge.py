@@ -11,6 +11,14 @@ def register(sub) -> None:
     p = sub.add_parser("bridge", help="bridged swap-KL: each span replaced by a fitted linear bridge, vs removed")
     add_model_args(p)
     add_contract_args(p)
+    add_bridge_args(p)
+    p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run)
+
+
+def add_bridge_args(p) -> None:
+    """The bridge settings' flags (``bridge`` and its torchrun form, ``bridge-distributed``)."""
     p.add_argument("--form", default="folded", choices=["folded", "residual"],
                    help="folded (ReplaceMe: into the MLP before the span; a span from block 0 uses residual) or "
                         "residual (a map on the residual stream)")
@@ -18,9 +26,6 @@ def register(sub) -> None:
     p.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
     p.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
     p.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=run)
 
 
 def run(a) -> int:

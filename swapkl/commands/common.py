@@ -60,6 +60,20 @@ def contract_from_args(a) -> Contract:
     return contract
 
 
+def add_rank_args(p) -> None:
+    """The flags of a torchrun command (``score-distributed``, ``bridge-distributed``): output, backend, GPUs."""
+    p.add_argument("--json", default=None, metavar="OUT", help="rank 0 writes the merged result JSON here")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
+                   help="torch.distributed backend for the coordination (a barrier and small objects); "
+                        "gloo works for CPU and GPU ranks alike")
+    p.add_argument("--gpus-per-rank", type=int, default=0,
+                   help="give each rank its own group of this many GPUs (with --device-map auto, for models "
+                        "larger than one GPU); 0 = one GPU per rank (cuda:LOCAL_RANK)")
+    p.add_argument("--timeout-hours", type=float, default=168.0,
+                   help="how long a rank waits for the others at the barrier")
+    p.add_argument("--quiet", action="store_true")
+
+
 def block_unit_only(a, command: str) -> None:
     """Refuse, in one line and before any loading, a sublayer ``--unit`` for a command that removes or evaluates
     whole blocks only (its swap-KL would be of sublayers while it removes blocks)."""

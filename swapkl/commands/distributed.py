@@ -3,6 +3,8 @@
     torchrun --nproc_per_node=N -m swapkl.commands.distributed MODEL [score args] --json OUT
     torchrun --nproc_per_node=N -m swapkl score-distributed MODEL [score args] --json OUT
 
+(``... -m swapkl.commands.distributed bridge MODEL [bridge args]``: the bridged matrix, ``bridge-distributed``.)
+
 Each rank computes its share of the pairs (through its own ``$SWAPKL_CACHE``, so a rerun resumes) and sends the
 vectors to rank 0 over the process group; rank 0 merges them and writes ``--json``.  No shared filesystem is
 needed.  Without torchrun (no ``WORLD_SIZE``) it is an ordinary one-process ``score``.  The rank logic lives in
@@ -14,8 +16,8 @@ import argparse
 import os
 import sys
 
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, check_outputs, \
-    contract_from_args
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, add_rank_args, \
+    check_outputs, contract_from_args
 from swapkl.commands.score import render_summary
 from swapkl.errors import SwapklError
 from swapkl.scoring.distributed import rank_info, restrict_gpus, score_distributed
@@ -31,16 +33,7 @@ def register(sub) -> None:
 def add_cli_args(p) -> None:
     add_model_args(p)
     add_contract_args(p)
-    p.add_argument("--json", default=None, metavar="OUT", help="rank 0 writes the merged result JSON here")
-    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
-                   help="torch.distributed backend for the coordination (a barrier and small objects); "
-                        "gloo works for CPU and GPU ranks alike")
-    p.add_argument("--gpus-per-rank", type=int, default=0,
-                   help="give each rank its own group of this many GPUs (with --device-map auto, for models "
-                        "larger than one GPU); 0 = one GPU per rank (cuda:LOCAL_RANK)")
-    p.add_argument("--timeout-hours", type=float, default=168.0,
-                   help="how long a rank waits for the others at the barrier")
-    p.add_argument("--quiet", action="store_true")
+    add_rank_args(p)
 
 
 def run(a) -> int:
@@ -64,14 +57,24 @@ def run(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``torchrun --nproc_per_node=N -m swapkl.commands.distributed MODEL [score args]`` (the same as the
-    ``score-distributed`` command), with the CLI's error handling: a user error prints one line and exits 2."""
+    ``score-distributed`` command) or ``... -m swapkl.commands.distributed bridge MODEL [bridge args]`` (the same as
+    ``bridge-distributed``; a model folder named ``bridge`` is ``./bridge``), with the CLI's error handling: a user
+    error prints one line and exits 2."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m swapkl.commands.distributed",
-                                description="swap-KL scoring split over torchrun ranks")
-    add_cli_args(p)
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = "torchrun --nproc_per_node=N -m swapkl.commands.distributed"
+    if argv[:1] == ["bridge"]:
+        from swapkl.commands import bridge_distributed as cmd
+
+        p = argparse.ArgumentParser(prog=prog + " bridge", description="bridged swap-KL split over torchrun ranks")
+        argv = argv[1:]
+    else:
+        cmd = sys.modules[__name__]
+        p = argparse.ArgumentParser(prog=prog, description="swap-KL scoring split over torchrun ranks")
+    cmd.add_cli_args(p)
+    a = p.parse_args(argv)
     try:
-        return int(run(a) or 0)
+        return int(cmd.run(a) or 0)
     except SwapklError as e:
         rank = os.environ.get("RANK", "0")
         print(f"error (rank {rank}): {e}", file=sys.stderr)

@@ -192,6 +192,21 @@ def bridged_scores(checkpoint, contract: Contract, settings: BridgeSettings | No
                          settings.to_dict(), checkpoint.identity, calib_desc, meta)
 
 
+def cache_spans(checkpoint, contract: Contract, settings: BridgeSettings, spans: dict) -> None:
+    """Store spans computed elsewhere (by another torchrun rank), ``{(i, j): {"bridged", "raw", "fit"}}``, in this
+    checkpoint's cache entry for ``contract`` and ``settings`` as one chunk; an unwritable cache is a warning."""
+    from swapkl.scoring.entries import prompts_digest
+    from swapkl.scoring.score import contract_prompts
+
+    corpus, prompts, _ = contract_prompts(checkpoint, contract)
+    folder = _entry_dir(checkpoint, contract, corpus, settings, prompts_digest(prompts.ids.tolist()))
+    path = folder / f"chunk-{stable_hash(sorted(spans))[:20]}.json"
+    try:
+        write_entry(path, KIND, {"spans": [{"span": list(s), **v} for s, v in sorted(spans.items())]})
+    except OSError as e:
+        warn_unwritable(path, e)
+
+
 def _compute(checkpoint, contract: Contract, settings: BridgeSettings, corpus, prompts, todo, folder, done: dict,
              use_cache: bool, engine_kw, progress, should_stop) -> tuple[dict, float]:
     """Calibrate, fit and sweep the spans ``todo``, adding them to ``done`` and the cache chunk by chunk; returns the
