@@ -114,10 +114,11 @@ def busy(jobs: dict) -> bool:
 
 
 def monitor(mgr: JobManager, every_s: float = 2.0) -> None:
-    """Every ``every_s`` seconds: cancel the jobs nobody waits for any more (:class:`Audience`)."""
+    """Every ``every_s`` seconds: cancel the jobs nobody waits for any more (:class:`Audience`), once each (a running
+    job stops at its next check, which may be seconds away on a busy machine)."""
     while not mgr._closed:
         for job in mgr.active():
-            if mgr.audience.abandoned(job.key):
+            if not job.cancel_requested and mgr.audience.abandoned(job.key):
                 job.note("cancelled: every browser session that waited for it has left")
                 log.info("job %s: cancelled, nobody waits for it", job.key)
                 mgr.cancel(job.key, reason="cancelled: everybody who waited for it has left")

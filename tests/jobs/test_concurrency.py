@@ -236,3 +236,47 @@ def test_the_page_says_when_the_server_is_busy_and_queues_nothing(cache, monkeyp
     from dashboard import common
 
     assert common.manager().jobs() == []
+
+
+def test_an_abandoned_running_job_is_cancelled_and_logged_once(caplog):
+    """A running job stops at its next check, which may be seconds away: the monitor asks once, not every pass."""
+    import logging
+    import threading
+    import time
+
+    from swapkl.jobs.manager import monitor
+
+    class FakeJob:
+        key, cancels = "job", 0
+
+        @property
+        def cancel_requested(self):
+            return self.cancels > 0
+
+        def note(self, msg):
+            pass
+
+    class FakeManager:
+        _closed = False
+        job = FakeJob()
+
+        def active(self):
+            return [self.job]  # still running after the cancel: it has not reached its next check
+
+        class audience:
+            @staticmethod
+            def abandoned(key):
+                return True
+
+        def cancel(self, key, reason=""):
+            self.job.cancels += 1
+
+    mgr = FakeManager()
+    with caplog.at_level(logging.INFO, logger="swapkl.jobs"):
+        t = threading.Thread(target=monitor, args=(mgr, 0.01))
+        t.start()
+        time.sleep(0.2)      # about 20 passes of the monitor
+        mgr._closed = True
+        t.join(5)
+    assert mgr.job.cancels == 1
+    assert sum("cancelled, nobody waits for it" in r.getMessage() for r in caplog.records) == 1
