@@ -16,7 +16,7 @@ need_browser()
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 
 STALE = (StaleElementReferenceException,)
 
@@ -43,8 +43,13 @@ def test_browser_end_to_end(server, browser):
     set_number(drv, wait, "Prompts P", 256)
     set_number(drv, wait, "Tokens T per prompt", 256)
     set_number(drv, wait, "Layer budget (0 = no curves)", 2)
-    wait.until(EC.presence_of_element_located(
-        (By.XPATH, "//code[contains(., 'stories260K') and contains(., '256 prompts × 256 tokens')]")))
+    want = "//code[contains(., 'stories260K') and contains(., '256 prompts × 256 tokens')]"
+    try:  # the contract line follows the inputs after the page's rerun (slow when other tests load the machine)
+        WebDriverWait(drv, 120).until(EC.presence_of_element_located((By.XPATH, want)))
+    except TimeoutException:
+        screenshot(drv, ARTIFACTS, "start-contract.png")
+        shown = [e.text for e in drv.find_elements(By.TAG_NAME, "code")]
+        pytest.fail(f"the contract line never read stories260K, 256 prompts × 256 tokens; it read {shown}")
     click_text(drv, wait, "Compute", "p")
     # live progress: the browser-side line (in the component's shadow root) polls the job's progress file and
     # its text moves on while the job runs, with a Cancel button beside it; then the summary
