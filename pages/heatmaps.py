@@ -1,5 +1,5 @@
 """Heatmaps page: both protocols on one colour scale, the directed replacement matrix, the gap, a pair
-drill-down and the top-k pairs per protocol.  Figures come from :mod:`swapkl.views`."""
+drill-down and the top-k pairs per protocol; after a bridge repair the bridged matrix beside both protocols.  Figures come from :mod:`swapkl.views`."""
 from __future__ import annotations
 
 import streamlit as st
@@ -10,6 +10,29 @@ from swapkl import views
 common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
 st.title("Heatmaps")
 job = common.need_result()
+
+
+def bridged_heatmap(job, cap: str, rk: tuple) -> None:
+    """After a bridge repair: the bridged matrix beside both protocols on one colour scale, which pair each ranks
+    best and which protocol's best pair the bridge favours, and the contract with the bridge's settings."""
+    res, bridged = job.result, job.bridged
+    if bridged is None:
+        return
+    st.subheader("After the bridge")
+    bfig = common.memo("bridged_heatmaps", rk + (job.updates["bridged"],), lambda: views.bridged_heatmaps(res, bridged))
+    st.plotly_chart(bfig, key="hm_bridged")
+    st.caption(views.bridge_statement(res, bridged))
+    st.caption(f"contract: {cap} · {views.bridge_caption(bridged)}")
+
+
+def pair_captions(job, table, i: int, j: int) -> None:
+    """The pair's numbers (nats), and after a bridge repair its span's bridged and unbridged (removed) cost."""
+    row = table.set_index(["i", "j"]).loc[(i, j)]
+    st.caption(f"d_repl {row['d_repl']:.4g} nats (R[{i}][{j}] {row['R_ij']:.4g}, R[{j}][{i}] {row['R_ji']:.4g}) · "
+               f"d_inter {row['d_inter']:.4g} nats · gap {row['gap']:.4g} nats · KL ratio {row['kl_ratio']:.3f}")
+    costs = views.span_costs(job.bridged, i, j) if job.bridged is not None else None
+    if costs is not None:
+        st.caption(f"span {i}..{j - 1}: bridged {costs[0]:.4g} nats · unbridged (removed) {costs[1]:.4g} nats")
 
 
 def body(job) -> None:
@@ -35,6 +58,7 @@ def body(job) -> None:
     events["hm_gap"] = linked.chart(job, gfig, "hm_gap", rk)
     events["hm_depth"] = linked.depth_chart(job, "hm_depth")  # adjacent pairs only: the depth profile, clickable
     st.caption("Click a cell (or a point of the depth profile) to open its drill-down below.")
+    bridged_heatmap(job, cap, rk)
 
     st.subheader("Pair drill-down")
     pairs = list(res.pairs)
@@ -60,9 +84,7 @@ def body(job) -> None:
     pfig = common.memo("pair", rk + (i, j), lambda: views.pair_distribution(res, i, j))
     st.plotly_chart(pfig, key="hm_pair")
     table = common.memo("pair_table", rk, res.pair_table)
-    row = table.set_index(["i", "j"]).loc[(i, j)]
-    st.caption(f"d_repl {row['d_repl']:.4g} nats (R[{i}][{j}] {row['R_ij']:.4g}, R[{j}][{i}] {row['R_ji']:.4g}) · "
-               f"d_inter {row['d_inter']:.4g} nats · gap {row['gap']:.4g} nats · KL ratio {row['kl_ratio']:.3f}")
+    pair_captions(job, table, i, j)
 
     st.subheader("Most redundant pairs per protocol")
     k = st.slider("top k", 1, max(1, len(pairs)), min(10, len(pairs)), key="w_topk")
@@ -93,4 +115,4 @@ def body(job) -> None:
             common.download_figure(pfig, f"pair-{i}-{j}-per-prompt", key="dl_pairfig")
 
 
-common.live(job, body, "heatmaps", watch=("result",))
+common.live(job, body, "heatmaps", watch=("result", "bridged"))

@@ -3,7 +3,8 @@
 
 * :func:`run_analysis`: load the checkpoint; swap-KL on the **adjacent** pairs first (the regime verdict is
   available early; the partial :class:`~swapkl.scoring.results.SwapResult` is published after every pair); then the
-  contract's wider pair set, reusing the adjacent pairs from the cache; then :func:`run_curves`.
+  contract's wider pair set, reusing the adjacent pairs from the cache; with a bridge repair the third matrix
+  (:func:`run_bridged`, kept as ``job.bridged``); then :func:`run_curves`.
 * :func:`run_curves`: removal curves one method after the other with one shared evaluation memo, publishing a
   partial ``CurvesResult`` after each method (guided ones first).
 * :func:`run_trajectory`: every checkpoint of a list (optionally training the demo model first).
@@ -56,7 +57,8 @@ def run_analysis(job: Job, models: ModelCache) -> None:
     req: AnalysisRequest = job.request
     c = req.contract
     wider = c.pairs != "adjacent"
-    steps = 2 + int(wider) + int(req.wants_curves)
+    bridged = req.repair == "bridge" and c.unit == "block"  # the third matrix replaces whole blocks
+    steps = 2 + int(wider) + int(bridged) + int(req.wants_curves)
     job.phase(1, steps, f"loading {req.model}" + (f"@{req.revision}" if req.revision else ""))
     ck = models.get(req.model, req.revision, c.dtype, c.device)
     job.checkpoint = ck
@@ -79,9 +81,28 @@ def run_analysis(job: Job, models: ModelCache) -> None:
         full = score(ck, c, progress=job.tick, should_stop=job.should_stop, on_partial=publish,
                      engine_kw=engine_kw(ck, c, len(c.pair_list(L))))
         job.result = full
+    if bridged:
+        job.phase(3 + int(wider), steps, "bridged swap-KL (each span replaced by its linear bridge)")
+        job.bridged = run_bridged(job, ck, full)
     if req.wants_curves:
         job.phase(steps, steps, f"removal curves up to n = {req.budget}")
         run_curves(job, ck, full)
+
+
+def run_bridged(job: Job, ck, res) -> dict:
+    """The third matrix on the request's contract and the result's pairs, with the request's bridge settings
+    (:func:`swapkl.repair.bridged_kl.bridged_scores`), as its dict (what the heatmaps page draws)."""
+    from swapkl.repair.bridged_kl import BridgeSettings, bridged_scores  # deferred: torch
+    from swapkl.errors import ContractError
+
+    req: AnalysisRequest = job.request
+    try:
+        settings = BridgeSettings(**req.bridge)
+    except TypeError as e:
+        raise ContractError(f"unknown bridge setting in {sorted(req.bridge)}: {e}") from None
+    br = bridged_scores(ck, req.contract, settings, progress=job.tick, should_stop=job.should_stop,
+                        pairs=list(res.pairs))
+    return br.to_dict()
 
 
 def run_curves(job: Job, ck, res) -> None:
