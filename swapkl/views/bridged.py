@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from swapkl.errors import SwapklError
+from swapkl.removal.verdict import regime_verdict
 from swapkl.scoring.results import matrix_json
 from swapkl.views.captions import _stamp, contract_caption, fmt_number
 
@@ -84,11 +86,29 @@ def bridge_statement(result, bridged: dict) -> str:
     fav = bridge_favours(result, bridged)
     r, x = best["replacement"], best["interchange"]
     if fav == "same":
-        return head + f"Both protocols rank ({r[0]}, {r[1]}) best: the bridge cannot change which protocol to prefer."
-    if fav == "neither":
-        return head + "The bridge favours neither protocol's best pair (a tie or a pair without a bridged value)."
-    cmp = f"bridged KL {fmt_number(means[r])} nats at ({r[0]}, {r[1]}) vs {fmt_number(means[x])} at ({x[0]}, {x[1]})"
-    return head + f"The bridge favours the {fav}-best pair ({cmp})."
+        line = f"Both protocols rank ({r[0]}, {r[1]}) best: the bridge cannot change which protocol to prefer."
+    elif fav == "neither":
+        line = "The bridge favours neither protocol's best pair (a tie or a pair without a bridged value)."
+    else:
+        line = (f"The bridge favours the {fav}-best pair (bridged KL {fmt_number(means[r])} nats at ({r[0]}, {r[1]}) "
+                f"vs {fmt_number(means[x])} at ({x[0]}, {x[1]})).")
+    return head + line + verdict_change(result, fav)
+
+
+def verdict_change(result, fav: str) -> str:
+    """Whether the regime verdict's preferred protocol (:func:`~swapkl.removal.verdict.regime_verdict` on the
+    adjacent pairs) still holds after the bridge (``fav`` from :func:`bridge_favours`); "" without a verdict."""
+    try:
+        prefer = regime_verdict(result.replacement(), result.interchange())["prefer"]
+    except SwapklError:  # the adjacent pairs are not all scored
+        return ""
+    if prefer not in ("replacement", "interchange"):
+        return f" The verdict prefers {prefer} protocol, so there is no single choice for the bridge to change."
+    if fav == prefer:
+        return f" The verdict's choice (prefer {prefer}) holds after the bridge."
+    if fav in ("replacement", "interchange"):
+        return f" After the bridge the verdict's choice (prefer {prefer}) changes to {fav}."
+    return f" The bridge does not change the verdict's choice (prefer {prefer})."
 
 
 def bridge_caption(bridged: dict) -> str:

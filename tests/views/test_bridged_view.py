@@ -18,9 +18,10 @@ SETTINGS = {"form": "folded", "calib_tokens": 4096, "calib_window": 128, "calib_
 
 # per pair: (repl_ij, repl_ji, inter) per-prompt KL (2 prompts), nats
 PAIRS = {(0, 1): ([0.10, 0.30], [0.20, 0.20], [0.50, 0.70]),   # d_repl 0.2 (best), d_inter 0.6
-         (1, 2): ([0.40, 0.40], [0.30, 0.50], [0.05, 0.15]),   # d_repl 0.4, d_inter 0.1 (best)
+         (1, 2): ([0.40, 0.40], [0.30, 0.50], [0.04, 0.12]),   # d_repl 0.4, d_inter 0.08 (best)
          (2, 3): ([0.90, 1.10], [0.60, 0.60], [0.30, 0.50]),   # d_repl 1.0, d_inter 0.4
          (0, 2): ([0.80, 0.80], [0.70, 0.90], [0.90, 1.10])}   # d_repl 0.8, d_inter 1.0
+# adjacent pairs: no d_repl below 0.10 nats, d_inter 0.08 at (1, 2) is: the verdict is divergent, prefer interchange
 
 
 def result(pairs=PAIRS) -> SwapResult:
@@ -65,17 +66,22 @@ def test_the_statement_names_each_best_pair_and_the_pair_the_bridge_favours():
     # bridged KL of the replacement-best (0, 1) is 0.03 < 0.07 of the interchange-best (1, 2)
     assert bridge_favours(res, br) == "replacement"
     line = views.bridge_statement(res, br)
-    assert "replacement (0, 1) 0.2000 nats" in line and "interchange (1, 2) 0.1000 nats" in line
+    assert "replacement (0, 1) 0.2000 nats" in line and "interchange (1, 2) 0.0800 nats" in line
     assert "bridged (0, 2) 0.0200 nats" in line
     assert "favours the replacement-best pair" in line
+    assert "the verdict's choice (prefer interchange) changes to replacement" in line
     flipped = {**BRIDGED, (0, 1): [0.2, 0.2]}
     assert bridge_favours(res, bridged_dict(flipped, RAW)) == "interchange"
-    assert "favours the interchange-best pair" in views.bridge_statement(res, bridged_dict(flipped, RAW))
+    line = views.bridge_statement(res, bridged_dict(flipped, RAW))
+    assert "favours the interchange-best pair" in line and "(prefer interchange) holds after the bridge" in line
     tied = {**BRIDGED, (0, 1): [0.06, 0.08]}
-    assert "favours neither" in views.bridge_statement(res, bridged_dict(tied, RAW))
-    same = {**PAIRS, (1, 2): ([0.1, 0.1], [0.1, 0.1], [0.05, 0.15])}  # (1, 2) best under both
+    line = views.bridge_statement(res, bridged_dict(tied, RAW))
+    assert "favours neither" in line and "does not change the verdict's choice (prefer interchange)" in line
+    same = {**PAIRS, (1, 2): ([0.1, 0.1], [0.1, 0.1], [0.04, 0.12])}  # (1, 2) best under both
     assert bridge_favours(result(same), br) == "same"
     assert "cannot change which protocol" in views.bridge_statement(result(same), br)
+    tied_regime = {**PAIRS, (0, 1): ([0.05, 0.05], [0.05, 0.05], [0.5, 0.7])}  # both protocols below 0.10
+    assert "verdict prefers either protocol" in views.bridge_statement(result(tied_regime), br)
 
 
 def test_span_costs_give_the_bridged_and_the_unbridged_mean():
