@@ -63,10 +63,11 @@ def analysis_request(spec: str, revision: str | None, contract: Contract, budget
         methods = tuple(M.for_unit(methods, contract.unit))
     b = dict(bridge or {})
     bridge = bridge_settings(repair, b.get("form", BRIDGE_FORMS[0]), b.get("calib_tokens", BRIDGE_TOKENS))
-    if repair != "none" and contract.unit != BLOCK and budget:
+    if repair != "none" and contract.unit != BLOCK:
         raise SwapklError(f"a linear bridge replaces removed blocks; unit {contract.unit} removes sublayers")
+    # a repair without curves (budget 0) still asks for the third matrix, the bridged heatmap
     req = AnalysisRequest(model=spec, revision=revision, contract=contract, budget=budget, methods=methods,
-                          evaluator=evaluator, repair=repair if budget else "none", bridge=bridge)
+                          evaluator=evaluator, repair=repair, bridge=bridge)
     if req.wants_curves:
         req.removal_plan()  # the plan's checks (budget, methods, unit) refuse a bad form here, in one line
     return req

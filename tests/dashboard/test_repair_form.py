@@ -40,7 +40,7 @@ def test_the_repair_reaches_the_plan_fields_and_only_with_a_repair():
     assert set(plain.to_dict()) == {"kind", "model", "revision", "contract", "budget", "methods", "evaluator"}
     assert plain.bridge == {} and plain.removal_plan().repair == "none"
     assert _form("none").to_dict() == plain.to_dict()
-    assert _form(budget=0).repair == "none"  # no curves: nothing to repair
+    assert _form(budget=0).repair == "bridge"  # no curves: the third matrix alone (the bridged heatmap)
 
 
 def test_the_plan_takes_the_bridge_when_this_build_has_it():
