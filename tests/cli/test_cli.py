@@ -1,21 +1,21 @@
-"""The CLI: the documented JSON, and one-line errors with a non-zero exit on bad input."""
+"""The CLI: the documented JSON, and one-line errors with a non-zero exit on bad input.
+
+The commands run in process (``support.cli_run``); the first run of ``test_preset_and_explicit_flags`` is a real
+``python -m swapkl`` subprocess: the entry point, and a quiet run's empty stdout and stderr in a fresh interpreter
+(nothing printed at import)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.cli_run import run_swapkl
 
 
-def run_cli(*args, env_extra=None, timeout=300):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "swapkl", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+def run_cli(*args, env_extra=None, process: bool = False, timeout=300):
+    """``python -m swapkl *args`` with ``env_extra`` added to the environment: in process, or a real subprocess if
+    ``process``."""
+    return run_swapkl(*args, env=env_extra, process=process, timeout=timeout)
 
 
 def test_score_json(stories_path, tmp_path):
@@ -68,7 +68,7 @@ def test_unsupported_architecture_cli(tmp_path):
 def test_preset_and_explicit_flags(stories_path, tmp_path):
     env = {"SWAPKL_CACHE": str(tmp_path / "c")}
     base = ["score", str(stories_path), "--prompts", "2", "--tokens", "8", "--quiet", "--json"]
-    r = run_cli(*base, str(tmp_path / "a.json"), "--preset", "paper-last-token", env_extra=env)
+    r = run_cli(*base, str(tmp_path / "a.json"), "--preset", "paper-last-token", env_extra=env, process=True)
     assert r.returncode == 0 and r.stderr.strip() == "" and r.stdout.strip() == ""
     assert json.loads((tmp_path / "a.json").read_text())["contract"]["positions"] == "last"
     r = run_cli(*base, str(tmp_path / "b.json"), "--preset", "paper-last-token", "--positions", "all", env_extra=env)

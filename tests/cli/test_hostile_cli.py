@@ -2,9 +2,12 @@
 with exit code 2 (never a traceback), checked before any computation where it can be, and nothing already
 computed is lost or silently overwritten.
 
-The model, path and JSON cases run ``python -m swapkl`` as a real subprocess; the slower ones call
-``swapkl.commands.cli.main`` in-process and read stderr.  The tests run as root, so "a folder nobody may write" cannot be
-made with chmod: an unwritable cache is a cache root whose parent is a regular file (NotADirectoryError).
+The commands run in process (``support.cli_run``: ``swapkl.commands.cli.main`` with stdout and stderr captured; an
+exception escaping it fails the test, where a real process would print a traceback).
+``test_malicious_pickle_is_refused_and_never_run`` runs ``python -m swapkl`` as a real subprocess: the entry point and
+a fresh interpreter's stderr stay covered, and a pickle that did run would run outside the test process.  The tests
+run as root, so "a folder nobody may write" cannot be made with chmod: an unwritable cache is a cache root whose
+parent is a regular file (NotADirectoryError).
 """
 from __future__ import annotations
 
@@ -13,19 +16,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.cli_run import run_swapkl
 
 
-def run_cli(*args, cache: Path, timeout: int = 300):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", SWAPKL_CACHE=str(cache), TRANSFORMERS_VERBOSITY="error")
-    return subprocess.run([sys.executable, "-m", "swapkl", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=timeout)
+def run_cli(*args, cache: Path, process: bool = False, timeout: int = 300):
+    """``python -m swapkl *args`` with its cache at ``cache``: in process, or a real subprocess if ``process``."""
+    return run_swapkl(*args, env={"SWAPKL_CACHE": str(cache)}, process=process, timeout=timeout)
 
 
 def one_error_line(stderr: str, pattern: str) -> str:
@@ -92,7 +92,7 @@ def test_malicious_pickle_is_refused_and_never_run(stories_path, tmp_path):
 
     (m / "pytorch_model.bin").write_bytes(pickle.dumps(Evil(), protocol=2))
     before = tree_digest(m)
-    r = run_cli("score", m, "--prompts", "2", "--tokens", "8", cache=tmp_path / "c")
+    r = run_cli("score", m, "--prompts", "2", "--tokens", "8", cache=tmp_path / "c", process=True)
     assert_user_error(r, rf"^error: cannot load the model in {re.escape(str(m))}: pytorch_model\.bin holds pickled "
                          r"objects other than tensors, refused by torch\.load\(weights_only=True\); swapkl never runs")
     assert not marker.exists() and tree_digest(m) == before

@@ -1,6 +1,8 @@
 """``--unit`` on the command line: a sublayer score keeps the score JSON's format with the unit in its contract and
 in its own cache entry; an unknown unit, a family without validated sublayers and a command that does not do
-sublayers yet are refused in one line."""
+sublayers yet are refused in one line.
+
+The commands run in process (``test_cli.run_cli``); ``test_unknown_unit_one_line`` runs a real ``python -m swapkl``."""
 from __future__ import annotations
 
 import json
@@ -52,7 +54,8 @@ def test_score_unit_json_and_cache(stories, stories_path, tmp_path):
 
 
 def test_unknown_unit_one_line(stories_path, tmp_path):
-    r = run_cli("score", str(stories_path), "--unit", "ffn", env_extra={"SWAPKL_CACHE": str(tmp_path / "c")})
+    r = run_cli("score", str(stories_path), "--unit", "ffn", env_extra={"SWAPKL_CACHE": str(tmp_path / "c")},
+                process=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert _lines(r) == ["error: unknown unit 'ffn'; choose one of: block, attention, mlp"]
 

@@ -257,7 +257,7 @@ def test_cli_hostile_input(stories_path, wikitext_path, tmp_path, cache_dir, cap
     import re
 
     m, w = stories_path, wikitext_path
-    assert_user_error(run_cli("heal", m, cache=tmp_path / "c"), "--removed LAYERS or --method")  # a real process
+    assert_user_error(run_cli("heal", m, cache=tmp_path / "c", process=True), "--removed LAYERS or --method")  # a real process
     cases = [(("--removed", "1", "--method", "bi", "--n", "1"), "one of them"),
              (("--removed", "x"), "--removed wants"), (("--method", "nope", "--n", "1"), "nope"),
              (("--method", "bi"), "--n N"), (("--removed", "1", "--steps", "-3"), "--steps"),

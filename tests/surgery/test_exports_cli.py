@@ -140,5 +140,5 @@ def test_hostile_exports(stories_path, tiny_gguf, tmp_path, cli, case):
 
 def test_real_entry_point_refuses_gguf_from_a_folder(stories_path, tmp_path):
     r = run_cli("prune", stories_path, "--remove", "1", "--format", "gguf", "--out", tmp_path / "x.gguf",
-                cache=tmp_path / "c")
+                cache=tmp_path / "c", process=True)
     assert_user_error(r, r"^error: --format gguf needs a GGUF source")

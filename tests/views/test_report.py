@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,15 +16,14 @@ from swapkl.views import report
 from swapkl.errors import SwapklError
 from swapkl.removal.curves import CurvesResult
 from swapkl.removal.verdict import regime_verdict
+from support.cli_run import run_swapkl
 from test_plots import fake_curves, synthetic
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def run_cli(*args, env_extra=None, timeout=300):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "swapkl", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+def run_cli(*args, env_extra=None, process: bool = False, timeout=300):
+    """``python -m swapkl *args`` with ``env_extra`` added to the environment: in process (``support.cli_run``), or
+    a real subprocess if ``process`` (``test_cli_report_errors`` keeps one, for the entry point)."""
+    return run_swapkl(*args, env=env_extra, process=process, timeout=timeout)
 
 
 def figure_json(doc: str, k: int) -> dict:
@@ -179,7 +174,7 @@ def test_cli_report_from_scores(scores_json, tmp_path):
 
 
 def test_cli_report_errors(tmp_path):
-    r = run_cli("report", "--out", str(tmp_path / "x.html"))
+    r = run_cli("report", "--out", str(tmp_path / "x.html"), process=True)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "give MODEL" in r.stderr
     r = run_cli("report", "--scores", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr

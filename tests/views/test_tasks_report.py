@@ -115,7 +115,8 @@ def test_cli_report_tasks_only_and_with_scores(tasks_dict, tmp_path):
     f = tmp_path / "tasks.json"
     f.write_text(json.dumps(tasks_dict))
     out = tmp_path / "r.html"
-    r = run_cli("report", "--tasks", str(f), "--out", str(out), env_extra={"SWAPKL_CACHE": str(tmp_path / "c")})
+    r = run_cli("report", "--tasks", str(f), "--out", str(out), env_extra={"SWAPKL_CACHE": str(tmp_path / "c")},
+                process=True)  # the real entry point once; the other runs are in process (test_report.run_cli)
     assert r.returncode == 0, r.stderr
     doc = out.read_text()
     assert report.figure_count(doc) == 2 and "Task accuracy after removal" in doc and "2 figures" in r.stderr
