@@ -2,16 +2,12 @@
 evaluate_ppl), its cache returns the same numbers, and the agreement with it equals scipy + a plain bootstrap."""
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
-import torch
 
 from conftest import WIKITEXT
-from support.bridge_plain import plain_bridged
+from support.bridge_plain import plain_activations, plain_bridged
 from swapkl.errors import SwapklError
-from swapkl.model import architectures as arch
 from swapkl.removal.bridged_truth import bridged_ground_truth
 from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.repair.bridged_kl import BridgeSettings
@@ -37,33 +33,10 @@ def _store(ck):
     return {"text": "text-key", "identity": ck.identity}
 
 
-def _plain_activations(model, ids, slots, proj):
-    """Block inputs of ``slots`` (slot L: the last block's output) and block ``proj``'s MLP output projection
-    output, plain hooks on a deep copy, one row at a time; rows of tokens (N, d) float64."""
-    m = copy.deepcopy(model)
-    loc = arch.locate(m)
-    got = {}
-    for s in slots:
-        if s < loc.num_layers:
-            loc.blocks[s].register_forward_pre_hook(
-                lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]),
-                with_kwargs=True)
-        else:  # slot L: the last block's output
-            loc.blocks[-1].register_forward_hook(
-                lambda mod, a, o, s=s: got.setdefault(s, []).append(o[0] if isinstance(o, tuple) else o))
-    if proj is not None:
-        arch.get_path(loc.blocks[proj], loc.family.mlp_out).register_forward_hook(
-            lambda mod, a, o: got.setdefault("m", []).append(o))
-    with torch.inference_mode():
-        for row in ids:
-            m(input_ids=row[None], use_cache=False)
-    return {k: torch.cat(v, 0).reshape(-1, v[0].shape[-1]).double().numpy() for k, v in got.items()}
-
-
 def _plain_delta(model, ids, calib, ell):
     """ΔPPL % and mean KL of block ``ell`` removed with its plain bridge: residual at block 0, folded after."""
     form = "residual" if ell == 0 else "folded"
-    act = _plain_activations(model, calib.ids, {ell, ell + 1}, ell - 1 if form == "folded" else None)
+    act = plain_activations(model, calib.ids, {ell, ell + 1}, ell - 1 if form == "folded" else None)
     x, y = (act[ell], act[ell + 1]) if form == "residual" else (act["m"], act[ell + 1] - act[ell] + act["m"])
     W = np.linalg.lstsq(x, y, rcond=None)[0]
     plain = plain_bridged(model, {(ell, ell + 1): W}, form)

@@ -4,16 +4,13 @@ calibration activations, the same evaluation), raw points unchanged, the paired 
 the exact progress total, the calibration text's disjointness, and the result's schema round trip."""
 from __future__ import annotations
 
-import copy
 import json
 
 import numpy as np
 import pytest
-import torch
 
-from support.bridge_plain import plain_bridged
+from support.bridge_plain import plain_activations, plain_bridged
 from swapkl.errors import SwapklError
-from swapkl.model import architectures as arch
 from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.removal.memo import EvalMemo
@@ -80,29 +77,12 @@ def test_plan_records_the_bridge_and_its_defaults_are_the_fits():
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def _activations(model, ids, slots, proj=None):
-    """Block inputs and one MLP output projection's output on ``ids`` [N, T], by plain hooks on a deep copy."""
-    m = copy.deepcopy(model)
-    loc = arch.locate(m)
-    got = {}
-    for s in slots:
-        loc.blocks[s].register_forward_pre_hook(
-            lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]), with_kwargs=True)
-    if proj is not None:
-        arch.get_path(loc.blocks[proj], loc.family.mlp_out).register_forward_hook(
-            lambda mod, a, o: got.setdefault("m", []).append(o))
-    with torch.inference_mode():
-        for row in ids:
-            m(input_ids=row[None], use_cache=False)
-    return {k: torch.cat(v, 0).reshape(-1, v[0].shape[-1]).double().numpy() for k, v in got.items()}
-
-
 def _plain_point(stories, corpus, calib_ids, removed):
     """The bridged model of ``removed`` built plainly (folded spans: least squares on block i−1's MLP output) and
     evaluated on the run's evaluation ids."""
     ws = {}
     for i, j in _spans(removed):
-        act = _activations(stories.model, calib_ids, {i, j}, proj=i - 1)
+        act = plain_activations(stories.model, calib_ids, {i, j}, proj=i - 1)
         x, y = act["m"], act[j] - act[i] + act["m"]
         ws[(i, j)] = np.linalg.lstsq(x, y, rcond=None)[0]
     m = plain_bridged(stories.model, ws, "folded")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from support.bridge_plain import plain_bridged, plain_kl
+from support.bridge_plain import plain_activations, plain_bridged, plain_kl
 from conftest import tiny_model
 from swapkl.model import architectures as arch
 from swapkl.repair.bridge import Bridge, NoExactFold, bridged_model, spans_of
@@ -59,28 +59,6 @@ def test_folded_refusals():
     assert "\n" not in str(e.value)
 
 
-def _activations(model, ids, slots, proj=None):
-    """Block inputs (slot L: the last output) and one MLP output projection's output, by plain hooks on a copy."""
-    import copy
-
-    m = copy.deepcopy(model)
-    loc = arch.locate(m)
-    got = {}
-    for s in slots:
-        if s < loc.num_layers:
-            loc.blocks[s].register_forward_pre_hook(
-                lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]), with_kwargs=True)
-        else:
-            loc.blocks[-1].register_forward_hook(lambda mod, a, o, s=s: got.setdefault(s, []).append(o))
-    if proj is not None:
-        arch.get_path(loc.blocks[proj], loc.family.mlp_out).register_forward_hook(
-            lambda mod, a, o: got.setdefault("m", []).append(o))
-    with torch.inference_mode():
-        for row in ids:
-            m(input_ids=row[None], use_cache=False)
-    return {k: torch.cat(v, 0).reshape(-1, v[0].shape[-1]).double().numpy() for k, v in got.items()}
-
-
 @pytest.mark.parametrize("form", ["residual", "folded"])
 def test_fit_equals_lstsq_on_the_activations(form):
     model = tiny_model("gpt_neox")
@@ -88,7 +66,7 @@ def test_fit_equals_lstsq_on_the_activations(form):
     calib = CalibrationText(ids, [], {"tokens": ids.numel()})
     fits = fit_bridges(model, calib, [(1, 3), (1, 4), (2, 3)], form, ridge=0.0, batch_rows=4, budget_bytes=1)
     for (i, j), br in fits.items():
-        act = _activations(model, ids, {i, j}, proj=i - 1 if form == "folded" else None)
+        act = plain_activations(model, ids, {i, j}, proj=i - 1 if form == "folded" else None)
         if form == "residual":
             x, y = act[i], act[j]
         else:

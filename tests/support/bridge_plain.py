@@ -1,6 +1,7 @@
 """The plain, obviously correct bridged model the repair tests compare against: a deep copy of the model with the
 span's blocks deleted and the bridge inserted as a module (residual: a block-shaped module ``h ↦ h W`` in the span's
-place; folded: block i−1's MLP output projection followed by ``y ↦ y W``), run batch of one, KL in float64."""
+place; folded: block i−1's MLP output projection followed by ``y ↦ y W``), run batch of one, KL in float64; and the
+activations a bridge is fitted on, captured by plain hooks (``plain_activations``)."""
 from __future__ import annotations
 
 import copy
@@ -68,6 +69,31 @@ def plain_bridged(model, spans_ws: dict, form: str):
     if types:
         m.config.layer_types = new_types
     return m
+
+
+def plain_activations(model, ids, slots, proj=None) -> dict:
+    """What a plain least-squares fit of a bridge reads, by forward hooks on a deep copy of ``model`` run on the
+    rows of ``ids`` [N, T] one at a time: ``{s: block s's input}`` for each slot in ``slots`` (slot L, the number of
+    blocks: the last block's output) and, when ``proj`` is given, ``{"m": block proj's MLP output projection's
+    output}``; each an array (N·T, d) float64, rows in token order."""
+    m = copy.deepcopy(model)
+    loc = arch.locate(m)
+    got = {}
+    for s in slots:
+        if s < loc.num_layers:
+            loc.blocks[s].register_forward_pre_hook(
+                lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]),
+                with_kwargs=True)
+        else:  # slot L: the last block's output
+            loc.blocks[-1].register_forward_hook(
+                lambda mod, a, o, s=s: got.setdefault(s, []).append(o[0] if isinstance(o, tuple) else o))
+    if proj is not None:
+        arch.get_path(loc.blocks[proj], loc.family.mlp_out).register_forward_hook(
+            lambda mod, a, o: got.setdefault("m", []).append(o))
+    with torch.inference_mode():
+        for row in ids:
+            m(input_ids=row[None], use_cache=False)
+    return {k: torch.cat(v, 0).reshape(-1, v[0].shape[-1]).double().numpy() for k, v in got.items()}
 
 
 @torch.inference_mode()
