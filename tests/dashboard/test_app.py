@@ -188,12 +188,17 @@ def test_error_path_and_recovery(cache, tmp_path):
     assert not at.exception
     errs = [e.value for e in at.error]
     assert errs and "no such file or folder" in errs[0] and "\n" not in errs[0]
-    # the app keeps working: an unsupported architecture is a readable error too
-    import transformers as tf
+    # the app keeps working: an unsupported architecture is a readable error too.  The app's first run started its
+    # warm-up thread, which may still be importing transformers (when this test is the process's first): resolve
+    # transformers' lazy attributes under swapkl.heavy's lock, as the app's own threads do, not racing it
+    from swapkl import heavy
 
-    cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                       word_embed_proj_dim=8)
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
+    with heavy.exclusive():
+        import transformers as tf
+
+        cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
+                           word_embed_proj_dim=8)
+        tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
     at.text_input(key="w_local_other").set_value(str(tmp_path / "opt")).run()
     at.button(key="compute").click().run()
     job = _manager().get(at.session_state["job_analysis"])
