@@ -93,7 +93,7 @@ def test_served_default_with_venv_tree(project, tmp_path):
             # the built-in default is preselected; a small contract keeps the test short
             set_number(drv, wait, "Prompts P", 4)
             set_number(drv, wait, "Tokens T per prompt", 16)
-            set_number(drv, wait, "Layer budget (0 = no curves)", 2)
+            set_number(drv, wait, "Layer budget (0 = no curves)", 1)
             wait.until(EC.presence_of_element_located(
                 (By.XPATH, "//code[starts-with(normalize-space(.), 'default') and contains(., '4 prompts × 16 tokens')]")))
             reader.start()
@@ -129,7 +129,7 @@ def test_served_default_with_venv_tree(project, tmp_path):
     for f in (project / "cache" / "scores").rglob("chunk-*.json"):
         pairs.update(tuple(p) for p in read_entry(f, "score-chunk")["pairs"])
     assert {(i, i + 1) for i in range(29)} <= pairs, sorted(pairs)
-    print(f"served default run (4 x 16, budget 2) with a {N_FILES}-file tree: {elapsed:.1f} s")
+    print(f"served default run (4 x 16, budget 1) with a {N_FILES}-file tree: {elapsed:.1f} s")
 
 
 def _without_static_file_races(log: str) -> str:
