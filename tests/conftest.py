@@ -100,6 +100,18 @@ def tiny_model(kind: str, num_layers: int = 4, seed: int = 0, **kw):
     return model.eval()
 
 
+def builtin_float32():
+    """The built-in default model (SmolLM2-135M-Instruct Q4_1 GGUF) as transformers dequantises it, float32, eval
+    mode, read from its converted folder (``swapkl.model.builtin.default_model_dir``: converted once per cache, the
+    weights of ``from_pretrained(..., gguf_file=...)`` saved bit for bit; test_gguf_builtin.py checks the folder
+    against the GGUF).  Loading the folder takes ~0.05 s of CPU, dequantising the GGUF again ~10 s."""
+    import transformers as tf
+
+    from swapkl.model.builtin import default_model_dir
+
+    return tf.AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+
+
 @pytest.fixture(params=FAMILY_NAMES)
 def family_model(request):
     return request.param, tiny_model(request.param)
