@@ -1,17 +1,18 @@
-"""Issue 36's table on the built-in default: removal curves raw and bridged for seven methods, and the ``bridge``
-method's bridged set against every other method's bridged set on the same windows.
+"""Issue 36's table on the built-in default: removal curves raw and bridged for eight methods, and each
+bridge-guided method's bridged set (``bridge``, ``bridge-joint``) against every other method's bridged set on the
+same windows.
 
     HF_HUB_OFFLINE=1 python bench/repair_default.py [--budget 4] [--max-words 1000] [--prompts 16] [--tokens 32]
                                                     [--json OUT]
 
-Runs ``swapkl curves default --repair bridge --methods replacement,interchange,bridge,replaceme,bi,sleb,random``
+Runs ``swapkl curves default --repair bridge --methods replacement,interchange,bridge,bridge-joint,replaceme,bi,sleb,random``
 with the given contract (scores on adjacent pairs; the held-out evaluator ``matched`` shortened to ``--max-words``;
 the shipped WikiText-2 copy unless ``$SWAPKL_CORPUS`` names another text) -- the command prints its own raw vs bridged
 table with the paired bridged − raw CI -- then reads every bridged evaluation back from the run's evaluation memo
 (``<cache>/ppl/``: per-window NLLs, nothing evaluated again) and prints, per n:
 
 * the best bridged method against the best raw cut (the goal: at most half of it at n = 4);
-* ``bridge`` (sets chosen by bridged KL) minus each other method, both bridged, as ΔPPL points with the paired
+* each of ``bridge`` and ``bridge-joint`` (sets chosen by bridged KL) minus each other method, both bridged, as ΔPPL points with the paired
   bootstrap 95 % CI over the same windows (``swapkl.removal.paired.paired_delta``; a seeded method: the mean over its
   seeds) and better / tie / worse (the goal: never significantly worse).
 
@@ -31,8 +32,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-METHODS = "replacement,interchange,bridge,replaceme,bi,sleb,random"
-FOCUS = "bridge"
+METHODS = "replacement,interchange,bridge,bridge-joint,replaceme,bi,sleb,random"
+FOCUS = ("bridge", "bridge-joint")
 
 
 def _memo_entries(identity: dict) -> dict:
@@ -74,7 +75,8 @@ def _sets(curves: dict, name: str, n: int) -> list:
 
 
 def compare(curves: dict, entries: dict) -> list[dict]:
-    """Per n: the best bridged and best raw ΔPPL %, and ``bridge`` − each other method (both bridged), paired."""
+    """Per n: the best bridged and best raw ΔPPL %, and each :data:`FOCUS` method − each other method (both
+    bridged), paired (``vs[focus]``)."""
     from swapkl.removal.paired import paired_delta
 
     raw_key, br_key = _keys(entries, curves)
@@ -83,15 +85,19 @@ def compare(curves: dict, entries: dict) -> list[dict]:
     for n in range(1, curves["budget"] + 1):
         best_raw = min(((e["delta_pct"], m) for m, es in curves["methods"].items() for e in es if e["n"] == n))
         best_br = min(((e["delta_pct"], m) for m, es in curves["repaired"].items() for e in es if e["n"] == n))
-        focus = _sets(curves, FOCUS, n)
-        comps = []
-        for name in curves["repaired"]:
-            if name == FOCUS or not focus:
+        vs = {}
+        for f in FOCUS:
+            focus = _sets(curves, f, n)
+            if f not in curves["repaired"] or not focus:
                 continue
-            others = [entries[(br_key, frozenset(s))][0] for s in _sets(curves, name, n)]
-            st = paired_delta(entries[(br_key, frozenset(focus[0]))][0], others, base_nll, counts)
-            comps.append({"method": name} | st)
-        rows.append({"n": n, "best_raw": best_raw, "best_bridged": best_br, "bridge_vs": comps})
+            comps = vs[f] = []
+            for name in curves["repaired"]:
+                if name == f:
+                    continue
+                others = [entries[(br_key, frozenset(s))][0] for s in _sets(curves, name, n)]
+                st = paired_delta(entries[(br_key, frozenset(focus[0]))][0], others, base_nll, counts)
+                comps.append({"method": name} | st)
+        rows.append({"n": n, "best_raw": best_raw, "best_bridged": best_br, "vs": vs})
     return rows
 
 
@@ -122,9 +128,10 @@ def main(argv=None) -> dict:
         (raw, m_raw), (br, m_br) = r["best_raw"], r["best_bridged"]
         print(f"n={r['n']}: best raw {m_raw} {raw:+.1f} %, best bridged {m_br} {br:+.1f} % "
               f"({br / raw:.2f} of the best raw cut)")
-        for c in r["bridge_vs"]:
-            lo, hi = c["ci"]
-            print(f"    bridge − {c['method']:<12} {c['diff']:+8.1f} [{lo:+.1f}, {hi:+.1f}]  {c['word']}")
+        for f, comps in r["vs"].items():
+            for c in comps:
+                lo, hi = c["ci"]
+                print(f"    {f:>12} − {c['method']:<12} {c['diff']:+8.1f} [{lo:+.1f}, {hi:+.1f}]  {c['word']}")
     report = {"contract": {"evaluator": curves["evaluator"], "plan": curves["plan"], "repair": curves["repair"]
                            and {k: curves["repair"][k] for k in ("settings", "calibration")}}, "rows": rows}
     if a.json:

@@ -167,10 +167,10 @@ class Job:
         self._cancel.set()
 
     def done_from(self, note: str, result=None, curves=None, trajectory=None, evidence=None, tasks=None,
-                  heal=None, comparison=None) -> None:
+                  heal=None, comparison=None, bridged=None) -> None:
         """Finished at once without computing (a snapshot or an opened file), holding these parts."""
         for name, part in (("result", result), ("curves", curves), ("trajectory", trajectory), ("evidence", evidence),
-                           ("tasks", tasks), ("heal", heal), ("comparison", comparison)):
+                           ("tasks", tasks), ("heal", heal), ("comparison", comparison), ("bridged", bridged)):
             if part is not None:
                 setattr(self, name, part)
         self.from_snapshot = True

@@ -1,6 +1,6 @@
 """Finished jobs on disk: ``<root>/<job key>/snapshot.json``, one checksummed store entry
 (:mod:`swapkl.store`) holding the request and the job's results (``result`` + ``curves`` for an analysis,
-``trajectory`` for a trajectory, ``result`` + ``tasks`` for task accuracy, ``heal`` for healed curves); a later identical request is served from it at once, without the model.
+``bridged`` too after a bridge repair, ``trajectory`` for a trajectory, ``result`` + ``tasks`` for task accuracy, ``heal`` for healed curves); a later identical request is served from it at once, without the model.
 A damaged or old-format snapshot is ignored (and the job recomputed)."""
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class SnapshotStore:
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
+            data["bridged"] = job.bridged  # the third matrix of a repaired analysis (None without a repair)
         try:
             write_entry(self.path(job), KIND, data)
         except OSError as e:
@@ -89,7 +90,15 @@ class SnapshotStore:
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False
-                parts = {"result": SwapResult.from_dict(data["result"], f"snapshot {where}")}
+                if getattr(job.request, "repair", "none") != "none":
+                    if not isinstance(data.get("bridged"), dict):
+                        return False  # a repaired analysis is not answered without its bridged matrix
+                    from swapkl.schema.bridged import bridged_result
+
+                    parts_bridged = bridged_result(data["bridged"])  # a damaged one: one line, recomputed
+                else:
+                    parts_bridged = None
+                parts = {"result": SwapResult.from_dict(data["result"], f"snapshot {where}"), "bridged": parts_bridged}
                 if data.get("curves") is not None:
                     parts["curves"] = CurvesResult.from_dict(data["curves"], f"snapshot {where}")
         except (CorruptEntry, KeyError, TypeError, ValueError, SwapklError) as e:

@@ -60,18 +60,25 @@ class Bridger:
 
     def bridges(self, removed: Sequence[int]) -> list:
         """The :class:`~swapkl.repair.bridge.Bridge` of every maximal span of ``removed`` (fitted on first use)."""
-        from swapkl.repair.bridge import FORMS, spans_of
+        from swapkl.repair.bridge import spans_of
+
+        spans = spans_of(removed)
+        self.fit_spans(spans)
+        return [self.fits[sp] for sp in spans]
+
+    def fit_spans(self, spans: Sequence[tuple[int, int]]) -> None:
+        """Fit every span ``[i, j)`` of ``spans`` not fitted yet, all of one form in one calibration pass (a method
+        that scores many spans asks for them together: one forward of the calibration text, not one per span)."""
+        from swapkl.repair.bridge import FORMS
         from swapkl.repair.bridged_kl import span_forms
         from swapkl.repair.calibration import fit_bridges
 
-        spans = spans_of(removed)
-        new = [sp for sp in spans if sp not in self.fits]
+        new = sorted({(int(i), int(j)) for i, j in spans} - set(self.fits))
         self.forms.update(span_forms(self.model, [sp for sp in new if sp not in self.forms], self.settings.form))
         for form in FORMS:
             mine = [sp for sp in new if self.forms[sp][0] == form]
             if mine:
                 self.fits.update(fit_bridges(self.model, self.calib, mine, form, self.settings.ridge))
-        return [self.fits[sp] for sp in spans]
 
     def bridged(self, removed: Sequence[int]):
         """The model without ``removed`` and with its bridges (:func:`swapkl.repair.bridge.bridged_model`)."""

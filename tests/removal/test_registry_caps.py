@@ -66,10 +66,11 @@ def test_calibration_methods_and_their_defaults():
     lit = literals()
     want = tuple(s.name for s in M.specs() if "calibration" in lit.get(s.name, {}))
     assert M.calibration_methods() == want
-    assert set(want) == {"bi", "cka", "angular", "sleb", "taylor", "recommend", "mix", "bridge", "replaceme"}
+    assert set(want) == {"bi", "cka", "angular", "sleb", "taylor", "recommend", "mix", "bridge", "bridge-joint",
+                         "replaceme"}
     assert {n: M.get(n).calibration for n in want} == {"bi": 2048, "cka": 2048, "angular": 2048, "sleb": 1024,
                                                        "taylor": 1024, "recommend": 1024, "mix": 1024,
-                                                       "bridge": 8192, "replaceme": 2048}
+                                                       "bridge": 8192, "bridge-joint": 8192, "replaceme": 2048}
 
 
 def test_calibration_params_maps_one_count_to_every_calibration_method():

@@ -34,6 +34,7 @@ def block_scores(bridger, candidates) -> dict[int, float]:
 
     from swapkl.repair.sweep import BridgedSweep
 
+    bridger.fit_spans([(int(c), int(c) + 1) for c in candidates])
     bridges = [bridger.bridges([int(c)])[0] for c in candidates]
     c = bridger.contract
     sweep = BridgedSweep(bridger.model, bridger.prompts.ids, c.positions, getattr(torch, c.kl_dtype),
