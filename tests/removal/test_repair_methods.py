@@ -3,14 +3,12 @@ rule) against a plain greedy choice over plainly computed bridged single-block K
 span closest in angle) against a plain argmin of the angular distance; both also run without a repair (raw)."""
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
 import torch
 
-from support.bridge_plain import plain_bridged, plain_kl
-from swapkl.model import architectures as arch
+from support.bridge_plain import plain_activations, plain_bridged, plain_kl
 from swapkl.removal.curves import removal_curves
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.memo import EvalMemo
@@ -26,34 +24,6 @@ def corpus(wikitext_path):
     return from_file(wikitext_path)
 
 
-def _states(model, ids):
-    """Block inputs (slot L: the last block's output) of ``model`` on ``ids`` [N, T]: {slot: [N, T, D] float64}."""
-    m = copy.deepcopy(model)
-    loc = arch.locate(m)
-    L = loc.num_layers
-    got: dict = {}
-    for s in range(L):
-        loc.blocks[s].register_forward_pre_hook(
-            lambda mod, a, k, s=s: got.setdefault(s, []).append(a[0] if a else k["hidden_states"]), with_kwargs=True)
-    loc.blocks[L - 1].register_forward_hook(
-        lambda mod, a, o: got.setdefault(L, []).append(o[0] if isinstance(o, tuple) else o))
-    with torch.inference_mode():
-        for row in ids:
-            m(input_ids=row[None], use_cache=False)
-    return {k: torch.cat(v, 0).double() for k, v in got.items()}
-
-
-def _mlp_out(model, ids, k):
-    m = copy.deepcopy(model)
-    loc = arch.locate(m)
-    got = []
-    arch.get_path(loc.blocks[k], loc.family.mlp_out).register_forward_hook(lambda mod, a, o: got.append(o))
-    with torch.inference_mode():
-        for row in ids:
-            m(input_ids=row[None], use_cache=False)
-    return torch.cat(got, 0).double()
-
-
 def test_bridge_sets_are_a_plain_greedy_choice_over_plain_bridged_kls(stories, corpus):
     from swapkl.removal.bridging import Bridger
 
@@ -61,11 +31,11 @@ def test_bridge_sets_are_a_plain_greedy_choice_over_plain_bridged_kls(stories, c
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
     b = Bridger(stories.model, stories.tokenizer, corpus, BRIDGE)
     calib, prompts = b.calib.ids, b.prompts.ids
-    h = _states(stories.model, calib)
     plain = {}
     for lay in (1, 2, 3):  # the default candidates of 5 blocks; every one folds into block lay-1's MLP
-        m = _mlp_out(stories.model, calib, lay - 1).reshape(-1, h[0].shape[-1]).numpy()
-        y = (h[lay + 1] - h[lay]).reshape(-1, m.shape[-1]).numpy() + m
+        h = plain_activations(stories.model, calib, (lay, lay + 1), proj=lay - 1)
+        m = h["m"]
+        y = h[lay + 1] - h[lay] + m
         W = np.linalg.lstsq(m, y, rcond=None)[0]
         plain[lay] = float(plain_kl(stories.model, plain_bridged(stories.model, {(lay, lay + 1): W}, "folded"),
                                     prompts).mean())
@@ -91,8 +61,9 @@ def _plain_calib_rows(corpus, tokenizer, tokens, window):
 def test_replaceme_span_is_the_plain_argmin_of_angular_distance(stories, corpus):
     plan = RemovalPlan(3, ["replaceme"], evaluator=EV, method_params={"replaceme": {"calib_tokens": 512}})
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
-    h = _states(stories.model, _plain_calib_rows(corpus, stories.tokenizer, 512, EV.window))
     L = stories.num_layers
+    h = {k: torch.from_numpy(v) for k, v in plain_activations(
+        stories.model, _plain_calib_rows(corpus, stories.tokenizer, 512, EV.window), range(L + 1)).items()}
 
     def dist(a, b):
         cos = torch.nn.functional.cosine_similarity(h[a], h[b], dim=-1).clamp(-1, 1)
