@@ -11,6 +11,7 @@ from swapkl import views
 from swapkl.contract import BLOCK, Contract
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
+from swapkl.removal import plan as _plan
 from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, TasksRequest, TrajectoryRequest
 
 #: the contract fields and analysis settings a shared link carries, with their types
@@ -20,12 +21,11 @@ QUERY_FIELDS = (("pairs", str), ("prompts", int), ("tokens", int), ("positions",
 
 #: the Start form's repair choices with their labels (the plan's ``repair`` field; docs/repair.md)
 REPAIR_CHOICES = {"none": "none", "bridge": "linear bridge"}
-#: the bridge's forms (:data:`swapkl.repair.bridge.FORMS`, spelled here too: that module imports torch, the form
-#: must not; a test checks they agree)
-BRIDGE_FORMS = ("folded", "residual")
-#: calibration tokens of a bridge: the default, and the bounds the form accepts (the lower one is the calibration
-#: window, :data:`swapkl.repair.calibration.DEFAULT_CALIB_WINDOW`; the upper one keeps a fit within minutes on a CPU)
-BRIDGE_TOKENS = 8192
+#: the bridge's forms and its default calibration tokens: the plan's (one spelling, torch-free)
+BRIDGE_FORMS = _plan.BRIDGE_FORMS
+BRIDGE_TOKENS = _plan.BRIDGE_DEFAULTS["calib_tokens"]
+#: the calibration tokens the form accepts (the lower bound is the calibration window,
+#: :data:`swapkl.repair.calibration.DEFAULT_CALIB_WINDOW`; the upper one keeps a fit within minutes on a CPU)
 BRIDGE_TOKENS_RANGE = (256, 1_048_576)
 
 #: what the start page says when a sublayer unit is chosen (the analysis then computes swap-KL only)
