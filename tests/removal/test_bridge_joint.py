@@ -99,3 +99,23 @@ def test_one_pass_fits_equal_span_by_span(stories, corpus):
         w = alone.bridges(list(range(*sp)))[0].W
         assert np.allclose(together.fits[sp].W, w, rtol=1e-6, atol=1e-8)
     assert sorted(together.fits) == [(1, 2), (1, 3), (2, 4), (3, 4)]
+
+
+def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw(stories, corpus):
+    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridge import spans_of
+
+    plan = RemovalPlan(2, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
+    r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
+    assert r.repaired == {} and any("bridge-joint's sets are evaluated without a bridge" in x for x in r.notes)
+    own = Bridger(stories.model, stories.tokenizer, corpus, {"calib_tokens": 1024})  # the method's own settings
+    assert r.method_info["bridge-joint"]["settings"]["bridge"] == own.settings.to_dict()
+
+    def cost(removed):
+        ws = {sp: own.bridges(list(range(*sp)))[0].W for sp in spans_of(removed)}
+        return float(plain_kl(stories.model, plain_bridged(stories.model, ws, "folded"), own.prompts.ids).mean())
+    first = {c: cost([c]) for c in (1, 2, 3)}
+    best = min(first, key=lambda c: (first[c], c))
+    assert r.methods["bridge-joint"][0]["removed"] == [best]
+    second = {c: cost([best, c]) for c in (1, 2, 3) if c != best}
+    assert r.methods["bridge-joint"][1]["removed"] == sorted([best, min(second, key=lambda c: (second[c], c))])
