@@ -106,8 +106,6 @@ def bridge_from_args(a) -> dict | None:
         return None
     if a.out and a.form == "residual":
         raise SwapklError("a residual bridge is no ordinary checkpoint: --out needs --form folded")
-    if a.tasks is not None:
-        raise SwapklError("--tasks does not combine with --repair bridge yet")
     from swapkl.healing.bridged import settings_of
 
     return settings_of(dict(given, form=a.form, calib_seed=a.calib_seed)).to_dict()

@@ -45,18 +45,20 @@ def check_args(a) -> None:
 
 
 def evaluate(a, ck, hc, recipe, shared: dict) -> dict:
-    """The tasks block of healed curves ``hc`` (adapters from this run's ``shared`` session)."""
+    """The tasks block of healed curves ``hc`` (adapters and, after ``--repair bridge``, the bridges from this run's
+    ``shared`` session)."""
     from swapkl.healing.tasks import heal_task_accuracy
     from swapkl.removal.tasks import TaskSettings
 
     settings = TaskSettings(tuple(a.task_names), include_path=a.include_path, limit=a.limit, num_fewshot=a.num_fewshot,
                             batch_size=a.task_batch_size, use_cache=not a.no_cache)
     return heal_task_accuracy(ck.model, ck.tokenizer, hc, settings, recipe, adapters=shared.get("adapters"),
-                              hooks=RunHooks(identity=ck.identity))
+                              bridges=shared.get("bridges"), hooks=RunHooks(identity=ck.identity))
 
 
 def render(ht: dict) -> str:
-    """Text lines: per task, the base and fine-tuned base, then per method and n before → healed (± stderr)."""
+    """Text lines: per task, the base and fine-tuned base, then per method and n before (the raw cut and, after a
+    bridge, the bridged model) → healed (± stderr)."""
     from swapkl.views.tasks import default_metric
 
     from swapkl.healing.task_figures import _results, caption
@@ -74,8 +76,9 @@ def render(ht: dict) -> str:
                      f"fine-tuned base {cell(ht['base_finetuned'], t)}")
         for m, entries in ht["methods"].items():
             for e in entries:
-                lines.append(f"  {m:<12} n={e['n']} {e['removed']}: before healing {cell(e['pruned'], t)} → healed "
-                             f"{cell(e['healed'], t)}")
+                bridged = f", bridged {cell(e['bridged'], t)}" if e.get("bridged") else ""
+                lines.append(f"  {m:<12} n={e['n']} {e['removed']}: before healing {cell(e['pruned'], t)}{bridged} → "
+                             f"healed {cell(e['healed'], t)}")
     st = ht.get("stats") or {}
     lines.append(f"tasks: {st.get('evaluations', 0)} lm-eval runs, {st.get('cache_hits', 0)} from the cache; "
                  f"contract: {caption(ht)}")

@@ -231,6 +231,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
         settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
                                 num_fewshot=req.num_fewshot)
         hc.tasks = heal_task_accuracy(ck.model, ck.tokenizer, hc, settings, recipe, adapters=shared["adapters"],
+                                      bridges=shared.get("bridges"),
                                       hooks=RunHooks(progress=job.tick, should_stop=job.should_stop,
                                                      identity=ck.identity))
         job.heal = hc
