@@ -103,7 +103,8 @@ def heal_tasks_figure(ht, metric: str | None = None):
 
 def heal_tasks_table(ht, metrics=None):
     """pandas table: the base and the fine-tuned base, then one row per method and n with, per task and metric
-    (default: every metric), the value before healing and after, each with lm-eval's stderr."""
+    (default: every metric), the value before healing (the raw cut), the bridged model's after ``--repair bridge``
+    (columns ``… bridged``) and the value after healing, each with lm-eval's stderr."""
     import pandas as pd
 
     from swapkl.views.tasks import _task_rows, all_metrics
@@ -121,7 +122,8 @@ def heal_tasks_table(ht, metrics=None):
     for m in M.run_order(ht["methods"]):
         for e in ht["methods"][m]:
             out.append({"model": M.label(m), "n": e["n"], "removed": " ".join(map(str, e["removed"])),
-                        **cells(e["pruned"], " before healing"), **cells(e["healed"], " healed")})
+                        **cells(e["pruned"], " before healing"),
+                        **(cells(e["bridged"], " bridged") if e.get("bridged") else {}), **cells(e["healed"], " healed")})
     return pd.DataFrame(out)
 
 

@@ -96,6 +96,11 @@ def test_rows_and_contract(run):
     assert "bridge" in c["evaluator"] and c["recipe_key"] == recipe.key()
     # base, control, raw cut, bridged, healed: five models, each evaluated once (a fresh key for each)
     assert ht["stats"]["evaluations"] + ht["stats"]["cache_hits"] == 5
+    from swapkl.healing.task_figures import heal_tasks_table
+
+    table = heal_tasks_table(ht)
+    for col, role in ((" before healing", "pruned"), (" bridged", "bridged"), (" healed", "healed")):
+        assert table[f"{TASK} acc,none{col}"].iloc[2] == e[role]["metrics"][TASK]["acc,none"]
 
 
 def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, stories, small_corpus):
