@@ -14,7 +14,8 @@ computed.  The arms (the rule, written before any result):
   docs/healing.md);
 * ``kd/last-k``: the last 3 kept blocks and lm_head in full, lr 2e-4 (a tenth of LoRA's, as on stories260K);
 * ``kd/bridge``: ``--repair bridge --train bridge``: the heal starts from the bridged cut (folded least-squares
-  bridge, 8,192 calibration tokens) and trains LoRA and the bridge's W, lr 2e-3.
+  bridge, 8,192 calibration tokens) and trains LoRA and the bridge's W, lr 2e-3 (no task accuracy: ``heal
+  --tasks`` does not combine with ``--repair bridge`` yet).
 
 KD: T = 1, top-64 teacher cache.  Every arm: 30 updates × 4 × 128 tokens (15,360 training tokens), warm-up 5,
 seed 0; the ``matched`` evaluator shortened to 1,500 words; scores of the 16 × 32-token contract on adjacent pairs.
@@ -59,8 +60,12 @@ def run_arm(n: int, arm: str, limit: int, steps: int, out: Path) -> dict:
     """One ``swapkl heal`` process; returns its JSON with ``cpu_s`` and ``wall_s`` added."""
     import time
 
-    args = [sys.executable, "-m", "swapkl", "heal", "default", "--n", str(n), *COMMON, *ARMS[arm],
-            "--limit", str(limit), "--json", str(out)]
+    common = list(COMMON)
+    if "--repair" in ARMS[arm]:  # heal --tasks does not combine with --repair bridge: no task accuracy for it
+        k = common.index("--tasks")
+        del common[k:k + 4]
+    args = [sys.executable, "-m", "swapkl", "heal", "default", "--n", str(n), *common, *ARMS[arm],
+            *(["--limit", str(limit)] if "--tasks" in common else []), "--json", str(out)]
     args[args.index("--steps") + 1] = str(steps)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
