@@ -14,8 +14,8 @@ computed.  The arms (the rule, written before any result):
   docs/healing.md);
 * ``kd/last-k``: the last 3 kept blocks and lm_head in full, lr 2e-4 (a tenth of LoRA's, as on stories260K);
 * ``kd/bridge``: ``--repair bridge --train bridge``: the heal starts from the bridged cut (folded least-squares
-  bridge, 8,192 calibration tokens) and trains LoRA and the bridge's W, lr 2e-3 (no task accuracy: ``heal
-  --tasks`` does not combine with ``--repair bridge`` yet).
+  bridge, 8,192 calibration tokens) and trains LoRA and the bridge's W, lr 2e-3; its task rows are the raw cut, the
+  bridged cut and the healed model.
 
 KD: T = 1, top-64 teacher cache.  Every arm: 30 updates × 4 × 128 tokens (15,360 training tokens), warm-up 5,
 seed 0; the ``matched`` evaluator shortened to 1,500 words; scores of the 16 × 32-token contract on adjacent pairs.
@@ -60,12 +60,8 @@ def run_arm(n: int, arm: str, limit: int, steps: int, out: Path) -> dict:
     """One ``swapkl heal`` process; returns its JSON with ``cpu_s`` and ``wall_s`` added."""
     import time
 
-    common = list(COMMON)
-    if "--repair" in ARMS[arm]:  # heal --tasks does not combine with --repair bridge: no task accuracy for it
-        k = common.index("--tasks")
-        del common[k:k + 4]
-    args = [sys.executable, "-m", "swapkl", "heal", "default", "--n", str(n), *common, *ARMS[arm],
-            *(["--limit", str(limit)] if "--tasks" in common else []), "--json", str(out)]
+    args = [sys.executable, "-m", "swapkl", "heal", "default", "--n", str(n), *COMMON, *ARMS[arm],
+            "--limit", str(limit), "--json", str(out)]
     args[args.index("--steps") + 1] = str(steps)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -115,7 +111,8 @@ def paired(a: dict, b: dict, text: str = "eval") -> dict:
 
 
 def _acc(d: dict) -> str:
-    """Task accuracy (lm-eval's ``acc``) of the base, the pruned and the healed model, with the healed one's stderr."""
+    """Task accuracy (lm-eval's ``acc``) of the base, the pruned model (and the bridged one after a repair) and the
+    healed model, with the healed one's stderr."""
     t = d.get("tasks") or {}
     rows = [e for es in (t.get("methods") or {}).values() for e in es]
     if not rows:
@@ -126,8 +123,9 @@ def _acc(d: dict) -> str:
     out = []
     for task, base in acc(t.get("base")).items():
         pruned, healed = acc(rows[0].get("pruned"))[task], acc(rows[0].get("healed"))[task]
+        bridged = f" bridged {acc(rows[0]['bridged'])[task]:.3f}" if rows[0].get("bridged") else ""
         se = rows[0]["healed"]["stderr"][task].get("acc,none")
-        out.append(f"{task} acc base {base:.3f} pruned {pruned:.3f} healed {healed:.3f} ± {se:.3f}")
+        out.append(f"{task} acc base {base:.3f} pruned {pruned:.3f}{bridged} healed {healed:.3f} ± {se:.3f}")
     return "; ".join(out)
 
 
