@@ -176,6 +176,29 @@ def stories(stories_path):
     return load_checkpoint(str(stories_path), device="cpu")
 
 
+@pytest.fixture(scope="module")
+def small_corpus(wikitext_path):
+    """12,000 words of WikiText: 6,000 evaluation words, then 4,000 calibration words and 2,000 training words (the
+    healing tests' corpus, one per module)."""
+    from swapkl.scoring.corpora import from_file, from_text
+
+    words = from_file(wikitext_path).words[:12_000]
+    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
+
+
+@pytest.fixture(scope="module")
+def tasks_env(tmp_path_factory):
+    """A module's private swapkl cache for lm-eval task tests, datasets offline, the checkout as working directory
+    (the fixture task's data file path is relative to it); returns the cache folder."""
+    mp = pytest.MonkeyPatch()
+    cache = tmp_path_factory.mktemp("tasks-cache")
+    mp.setenv("SWAPKL_CACHE", str(cache))
+    mp.setenv("HF_DATASETS_OFFLINE", "1")
+    mp.chdir(ROOT)
+    yield cache
+    mp.undo()
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch, stories_path):
     """The dashboard tests' cache (test_app.py, test_security.py): a private cache and a fresh job manager

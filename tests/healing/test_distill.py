@@ -16,7 +16,7 @@ from swapkl.healing.heal import KD_CONTROL_NOTE, HealSetup, heal
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
-from swapkl.scoring.corpora import from_file, from_text
+from swapkl.scoring.corpora import from_file
 from swapkl.surgery.blocks import pruned_copy
 from conftest import tiny_model
 
@@ -234,12 +234,6 @@ def test_last_k_trains_the_last_blocks_and_lm_head_only(stories):
 
 
 # ----------------------------------------------------------------------------------------- the heal
-@pytest.fixture(scope="module")
-def small_corpus(wikitext_path):
-    words = from_file(wikitext_path).words[:12_000]
-    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
-
-
 def test_kd_heal_control_is_the_base_and_heldout_domain_is_measured(stories, small_corpus, cache_dir):
     r = Recipe(steps=4, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, objective="kd", top_k=16, temperature=2.0)
     heldout = from_file(HELDOUT)

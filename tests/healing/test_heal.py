@@ -18,20 +18,13 @@ from swapkl.healing.recipe import Recipe
 from swapkl.healing.result import compare, recovered_share
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
-from swapkl.scoring.corpora import from_file, from_text
+from swapkl.scoring.corpora import from_file
 from swapkl.surgery.blocks import pruned_copy
 from conftest import tiny_model
 from test_hostile_cli import assert_user_error, run_cli
 
 EV = Evaluator("tiny", 300, 128, 64)
 SMALL = Recipe(steps=4, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, checkpoint_every=2)
-
-
-@pytest.fixture(scope="module")
-def small_corpus(wikitext_path):
-    """12,000 words of WikiText: 6,000 evaluation words, then 4,000 calibration words and 2,000 training words."""
-    words = from_file(wikitext_path).words[:12_000]
-    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,10 @@ from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.repair.bridge import bridged_model
 from swapkl.repair.calibration import CalibrationText, fit_bridges
-from swapkl.scoring.corpora import from_file, from_text
 from conftest import tiny_model
 
 EV = Evaluator("tiny", 300, 128, 64)
 BRIDGE = {"calib_tokens": 512, "calib_window": 64}
-
-
-@pytest.fixture(scope="module")
-def small_corpus(wikitext_path):
-    words = from_file(wikitext_path).words[:12_000]
-    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
 
 
 def _chunks(n=8, t=24, seed=3, vocab=96):

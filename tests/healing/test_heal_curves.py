@@ -15,16 +15,9 @@ from swapkl.healing.curves import HealCurves, set_key
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan, RunHooks
-from swapkl.scoring.corpora import from_file, from_text
 
 EV = Evaluator("tiny", 300, 128, 64)
 TINY = Recipe(steps=3, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, checkpoint_every=2)
-
-
-@pytest.fixture(scope="module")
-def small_corpus(wikitext_path):
-    words = from_file(wikitext_path).words[:12_000]
-    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
 
 
 def fake_scores(L=5):

@@ -16,7 +16,6 @@ from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.tasks import TaskSettings
-from swapkl.scoring.corpora import from_file, from_text
 from test_heal_curves import fake_scores
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,23 +25,6 @@ LIMIT = 8
 EV = Evaluator("tiny", 300, 128, 64)
 TINY = Recipe(steps=3, rank=2, seq_len=32, batch=2, lr=1e-2, warmup=1, checkpoint_every=2)
 M = "acc,none"
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    cache = tmp_path_factory.mktemp("heal-tasks-cache")
-    mp.setenv("SWAPKL_CACHE", str(cache))
-    mp.setenv("HF_DATASETS_OFFLINE", "1")
-    mp.chdir(ROOT)  # the fixture task's data file path is relative to the checkout
-    yield cache
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def small_corpus(wikitext_path):
-    words = from_file(wikitext_path).words[:12_000]
-    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
 
 
 def _curves(stories, corpus, recipe, shared=None):
@@ -62,7 +44,7 @@ def _tasks(stories, hc, recipe, **kw):
 
 
 @pytest.fixture(scope="module")
-def run(env, stories, small_corpus):
+def run(tasks_env, stories, small_corpus):
     shared: dict = {}
     hc = _curves(stories, small_corpus, TINY, shared)
     ht = _tasks(stories, hc, TINY, adapters=shared["adapters"])
@@ -137,7 +119,7 @@ def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, 
         assert got["healed"]["stderr"][TASK][f"{m},none"] == plain[f"{m}_stderr,none"]
 
 
-def test_zero_steps_give_the_pruned_and_base_metrics_exactly(env, stories, small_corpus):
+def test_zero_steps_give_the_pruned_and_base_metrics_exactly(tasks_env, stories, small_corpus):
     zero = Recipe(steps=0, rank=2, seq_len=32, batch=2)
     shared: dict = {}
     hc = _curves(stories, small_corpus, zero, shared)
@@ -216,7 +198,7 @@ def test_report_section_and_json_round_trip(run):
         HealCurves.from_dict(bad)
 
 
-def test_cli_heal_tasks(env, stories_path, small_corpus, tmp_path, capsys):
+def test_cli_heal_tasks(tasks_env, stories_path, small_corpus, tmp_path, capsys):
     from swapkl.commands.cli import main
 
     text = tmp_path / "eval.txt"
@@ -271,7 +253,7 @@ def test_demo_policy_bounds_heal_task_requests():
     assert HealRequest(**ok).to_dict()["tasks"] == [TASK]
 
 
-def test_heal_job_with_tasks_runs_and_is_snapshotted(env, stories, stories_path):
+def test_heal_job_with_tasks_runs_and_is_snapshotted(tasks_env, stories, stories_path):
     from swapkl.contract import Contract
     from swapkl.jobs import DONE, HealRequest, JobManager
 

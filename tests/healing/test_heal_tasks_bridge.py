@@ -17,7 +17,6 @@ from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
 from swapkl.removal.tasks import TaskSettings
-from swapkl.scoring.corpora import from_file, from_text
 from support.cli_run import run_swapkl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,29 +28,12 @@ BRIDGE = {"calib_tokens": 512, "calib_window": 64}
 REMOVED = [2]
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    cache = tmp_path_factory.mktemp("heal-tasks-bridge-cache")
-    mp.setenv("SWAPKL_CACHE", str(cache))
-    mp.setenv("HF_DATASETS_OFFLINE", "1")
-    mp.chdir(ROOT)  # the fixture task's data file path is relative to the checkout
-    yield cache
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def small_corpus(wikitext_path):
-    words = from_file(wikitext_path).words[:12_000]
-    return from_text(" ".join(words), name="wiki12k", label="WikiText-2 test, first 12,000 words")
-
-
 def _recipe(part):
     return Recipe(steps=3, rank=2, seq_len=32, batch=2, lr=1e-2, warmup=1, checkpoint_every=2, part=part)
 
 
 @pytest.fixture(scope="module", params=["lora", "bridge"])
-def run(request, env, stories, small_corpus):
+def run(request, tasks_env, stories, small_corpus):
     """One heal after a bridge (``--train`` as the param) and its tasks block, in one session."""
     from swapkl.healing.heal import HealSetup, heal
     from swapkl.healing.tasks import heal_task_accuracy
@@ -175,7 +157,7 @@ def test_missing_bridges_are_refused(run, stories):
         heal_task_accuracy(stories.model, stories.tokenizer, hc, settings, recipe, adapters=shared["adapters"])
 
 
-def test_cli_kd_bridge_with_tasks(env, stories_path, small_corpus, tmp_path):
+def test_cli_kd_bridge_with_tasks(tasks_env, stories_path, small_corpus, tmp_path):
     text = tmp_path / "eval.txt"
     text.write_text(" ".join(small_corpus.words))
     js = tmp_path / "h.json"
