@@ -177,6 +177,14 @@ def stories(stories_path):
 
 
 @pytest.fixture(scope="module")
+def corpus(wikitext_path):
+    """The shipped WikiText-2 test text as a swapkl corpus (one per module)."""
+    from swapkl.scoring.corpora import from_file
+
+    return from_file(wikitext_path)
+
+
+@pytest.fixture(scope="module")
 def small_corpus(wikitext_path):
     """12,000 words of WikiText: 6,000 evaluation words, then 4,000 calibration words and 2,000 training words (the
     healing tests' corpus, one per module)."""

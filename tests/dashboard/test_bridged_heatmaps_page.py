@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from streamlit.testing.v1 import AppTest
 
-from support.app_util import APP, TIMEOUT
+from support.app_util import open_job_page
 
 
 def test_a_repaired_analysis_draws_the_bridged_heatmap_beside_both_protocols(cache, stories_path):
@@ -36,12 +35,7 @@ def test_a_repaired_analysis_draws_the_bridged_heatmap_beside_both_protocols(cac
     assert plain.bridged is None  # nothing changes without a repair
 
     common.manager()._remember(job)
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["job_analysis"] = job.key
-    at.session_state["job_pinned"] = job.key
-    at.run()
-    at.switch_page("pages/heatmaps.py").run()
-    assert not at.exception, at.exception
+    at = open_job_page(job, "pages/heatmaps.py")
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     (three,) = [f for f in figs if len([t for t in f["data"] if t["type"] == "heatmap"]) == 3]
     z = [np.array(t["z"], dtype=float) for t in three["data"]]

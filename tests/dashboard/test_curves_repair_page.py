@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from streamlit.testing.v1 import AppTest
 
-from support.app_util import APP, TIMEOUT
+from support.app_util import open_job_page
 from swapkl.removal.curves import CurvesResult
 from test_repaired_view import synthetic_curves
 
@@ -37,12 +36,7 @@ def test_the_curves_page_draws_bridged_curves_the_table_and_the_caption(cache):
     job = Job("repaired-curves-test", req)
     job.done_from("test", curves=_repaired_result(d))
     common.manager()._remember(job)
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["job_analysis"] = job.key
-    at.session_state["job_pinned"] = job.key
-    at.run()
-    at.switch_page("pages/curves.py").run()
-    assert not at.exception, at.exception
+    at = open_job_page(job, "pages/curves.py")
     main = json.loads(at.get("plotly_chart")[0].proto.spec)
     dashed = {t["meta"]["method"]: t for t in main["data"] if isinstance(t.get("meta"), dict)
               and t["meta"].get("repair") == "bridged"}

@@ -13,7 +13,7 @@ import pytest
 from swapkl import views
 from swapkl.views import links
 from swapkl.removal.plan import RemovalPlan, RunHooks
-from support.app_util import APP, TIMEOUT, switch_page
+from support.app_util import open_job_page, switch_page
 from test_compare import synthetic
 
 
@@ -153,18 +153,6 @@ def _compute_parts(ck, corpus, score, Contract, removal_curves, Evaluator):
     return res, curves, adj
 
 
-def _open(job, page: str):
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["job_analysis"] = job.key
-    at.session_state["job_pinned"] = job.key
-    at.run()
-    at.switch_page(page).run()
-    assert not at.exception, at.exception
-    return at
-
-
 def _charts(at) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
@@ -182,7 +170,7 @@ def test_clicking_a_heatmap_cell_opens_the_drill_down_on_that_pair(cache, storie
 
     res = stories_parts[0]
     job = common.manager().open_files(res.to_json().encode())
-    at = _open(job, "pages/heatmaps.py")
+    at = open_job_page(job, "pages/heatmaps.py")
     assert _drill_down(at, res)[:2] == (0, 1)  # no click yet: the first pair
     hm = _charts(at)[0]
     cells = next(t for t in hm["data"] if t.get("name") == "interchange cells")
@@ -207,7 +195,7 @@ def test_clicking_a_depth_profile_point_opens_its_pair(cache, stories_parts):
 
     adj = stories_parts[2]
     job = common.manager().open_files(adj.to_json().encode())
-    at = _open(job, "pages/heatmaps.py")
+    at = open_job_page(job, "pages/heatmaps.py")
     at.session_state["hm_depth"] = _event({"x": 2.5, "y": 0.1, "customdata": [2, 3], "curve_number": 1})
     at.run()
     assert not at.exception, at.exception
@@ -220,7 +208,7 @@ def test_clicking_a_curve_point_marks_exactly_its_removed_layers(cache, stories_
 
     res, curves, _ = stories_parts
     job = common.manager().open_files(json.dumps(make_bundle(res, curves)).encode())
-    at = _open(job, "pages/curves.py")
+    at = open_job_page(job, "pages/curves.py")
     main = _charts(at)[0]
     n_before = len(_charts(at))
     picks = [(m, e["n"]) for m in ("interchange", "replacement") for e in curves.methods[m] if e.get("removed")]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from support.bridge_plain import plain_bridged, plain_kl
+from support.bridge_plain import near_identity, plain_bridged, plain_kl
 from swapkl.removal.curves import removal_curves
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.memo import EvalMemo
@@ -15,27 +15,16 @@ from swapkl.removal.methods.bridge_joint import admissible
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.repair.bridge import Bridge, bridged_model
 from swapkl.repair.joint_kl import JointKL
-from swapkl.scoring.corpora import from_file
 
 EV = Evaluator("tiny", 200, 128, 64)
 BRIDGE = {"calib_tokens": 1024, "calib_window": 64, "ridge": 0.0}
-
-
-@pytest.fixture(scope="module")
-def corpus(wikitext_path):
-    return from_file(wikitext_path)
-
-
-def _near_identity(d, seed):
-    rng = np.random.default_rng(seed)
-    return np.eye(d) + 0.2 * rng.normal(size=(d, d)) / np.sqrt(d)
 
 
 @pytest.mark.parametrize("positions", ["all", "last"])
 def test_joint_kl_equals_plain_every_family(family_model, positions):
     name, model = family_model
     d = model.get_input_embeddings().weight.shape[1]
-    bridges = [Bridge(1, 2, "folded", _near_identity(d, 1)), Bridge(3, 4, "folded", _near_identity(d, 3))]
+    bridges = [Bridge(1, 2, "folded", near_identity(d, 1)), Bridge(3, 4, "folded", near_identity(d, 3))]
     ids = torch.randint(1, model.config.vocab_size, (5, 12), generator=torch.Generator().manual_seed(0))
     got = JointKL(model, ids, positions, torch.float64, rows=2)(bridged_model(model, bridges))
     plain_model = plain_bridged(model, {(b.start, b.end): b.W for b in bridges}, "folded")

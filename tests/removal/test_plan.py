@@ -16,7 +16,6 @@ from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.selection import BudgetError
-from swapkl.scoring.corpora import from_file
 from swapkl.surgery.prune import pruned_copy
 
 EV = Evaluator("tiny", 200, 128, 64)
@@ -33,11 +32,6 @@ def scores5():
     """Replacement picks layer 1 then 3; interchange 3 then 1 (5 layers, candidates 1..3, Δ=1)."""
     return {"replacement": sym(5, {(0, 1): 0.05, (1, 2): 0.4, (2, 3): 0.3, (3, 4): 0.2}),
             "interchange": sym(5, {(0, 1): 0.09, (1, 2): 0.3, (2, 3): 0.2, (3, 4): 0.02})}
-
-
-@pytest.fixture(scope="module")
-def corpus(wikitext_path):
-    return from_file(wikitext_path)
 
 
 # ----------------------------------------------------------------------------------------------- construction

@@ -15,7 +15,6 @@ from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.plan import BRIDGE_DEFAULTS, RemovalPlan, RunHooks
-from swapkl.scoring.corpora import from_file
 
 EV = Evaluator("tiny", 200, 128, 64)
 BRIDGE = {"calib_tokens": 1024, "calib_window": 64, "ridge": 0.0}
@@ -32,11 +31,6 @@ def scores5():
     """Replacement picks layer 1 then 3; interchange 3 then 1 (5 layers, candidates 1..3, Δ=1)."""
     return {"replacement": sym(5, {(0, 1): 0.05, (1, 2): 0.4, (2, 3): 0.3, (3, 4): 0.2}),
             "interchange": sym(5, {(0, 1): 0.09, (1, 2): 0.3, (2, 3): 0.2, (3, 4): 0.02})}
-
-
-@pytest.fixture(scope="module")
-def corpus(wikitext_path):
-    return from_file(wikitext_path)
 
 
 @pytest.fixture(scope="module")

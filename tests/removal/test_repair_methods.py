@@ -13,15 +13,9 @@ from swapkl.removal.curves import removal_curves
 from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
-from swapkl.scoring.corpora import from_file
 
 EV = Evaluator("tiny", 200, 128, 64)
 BRIDGE = {"calib_tokens": 1024, "calib_window": 64, "ridge": 0.0}
-
-
-@pytest.fixture(scope="module")
-def corpus(wikitext_path):
-    return from_file(wikitext_path)
 
 
 def test_bridge_sets_are_a_plain_greedy_choice_over_plain_bridged_kls(stories, corpus):

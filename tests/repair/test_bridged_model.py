@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from support.bridge_plain import plain_activations, plain_bridged, plain_kl
+from support.bridge_plain import near_identity, plain_activations, plain_bridged, plain_kl
 from conftest import tiny_model
 from swapkl.model import architectures as arch
 from swapkl.repair.bridge import Bridge, NoExactFold, bridged_model, spans_of
@@ -13,11 +13,6 @@ from swapkl.repair.calibration import CalibrationText, fit_bridges
 
 def _ids(vocab, rows=3, T=12, seed=0):
     return torch.randint(1, vocab, (rows, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _near_identity(d, seed):
-    rng = np.random.default_rng(seed)
-    return np.eye(d) + 0.2 * rng.normal(size=(d, d)) / np.sqrt(d)
 
 
 def test_spans_of():
@@ -30,7 +25,7 @@ def test_bridged_model_equals_plain(family_model, form):
     name, model = family_model
     d = model.get_input_embeddings().weight.shape[1]
     spans = [(1, 2), (3, 4)] if form == "folded" else [(0, 1), (2, 4)]  # residual: from block 0 and to the end
-    bridges = [Bridge(i, j, form, _near_identity(d, i)) for i, j in spans]
+    bridges = [Bridge(i, j, form, near_identity(d, i)) for i, j in spans]
     ids = _ids(model.config.vocab_size)
     ours = bridged_model(model, bridges)
     plain = plain_bridged(model, {(b.start, b.end): b.W for b in bridges}, form)

@@ -1,5 +1,5 @@
-"""What the AppTest suites (test_app.py, test_security.py) share: the app's path, the model they compute on and the
-run timeout (their ``cache`` fixture, a private cache and a fresh job manager, is in conftest.py)."""
+"""What the AppTest suites share: the app's path, the model they compute on, the run timeout and opening a job on a
+page (their ``cache`` fixture, a private cache and a fresh job manager, is in conftest.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,4 +17,18 @@ def switch_page(at, page: str):
     if page != "app.py":
         return at.switch_page(page)
     at._page_hash = at._finished_page_script_hash = ""  # AppTest's page request; "" = the navigation's default
+    return at
+
+
+def open_job_page(job, page: str):
+    """A fresh AppTest session showing ``job`` (analysis and pinned job) on ``page`` (``"pages/…"``), drawn once
+    without an exception; returns it."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["job_analysis"] = job.key
+    at.session_state["job_pinned"] = job.key
+    at.run()
+    at.switch_page(page).run()
+    assert not at.exception, at.exception
     return at

@@ -105,3 +105,9 @@ def plain_kl(base, variant, ids) -> torch.Tensor:
         lv = torch.log_softmax(variant(input_ids=row[None], use_cache=False).logits[0].double(), -1)
         out.append((lb.exp() * (lb - lv)).sum(-1).mean())
     return torch.stack(out)
+
+
+def near_identity(d: int, seed: int) -> np.ndarray:
+    """A d×d bridge map near the identity, ``I + 0.2·N(0, 1)/√d`` (seeded): the tests' stand-in for a fitted bridge."""
+    rng = np.random.default_rng(seed)
+    return np.eye(d) + 0.2 * rng.normal(size=(d, d)) / np.sqrt(d)
