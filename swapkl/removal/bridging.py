@@ -102,6 +102,15 @@ class Bridger:
                 "scoring_prompts_avoided": self.contract.to_dict(), "fits": fits}
 
 
+def method_bridger(ctx, calib_tokens: int) -> tuple[Bridger, bool]:
+    """The bridges a bridge-guided method scores its sets with, and whether they are its own: the run's
+    (``ctx.bridger``) when the run repairs with a bridge, else a new :class:`Bridger` with the default settings and
+    ``calib_tokens`` calibration tokens (the method's sets are then evaluated raw)."""
+    if ctx.bridger is not None:
+        return ctx.bridger, False
+    return Bridger(ctx.model, ctx.tokenizer, ctx.corpus, {"calib_tokens": calib_tokens}), True
+
+
 class RepairedCurves:
     """The bridged side of one :class:`~swapkl.removal.curves.CurvesRun` (module docstring)."""
 

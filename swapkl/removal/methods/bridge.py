@@ -44,11 +44,9 @@ def block_scores(bridger, candidates) -> dict[int, float]:
 
 
 def bridge(ctx, budget):
-    from swapkl.removal.bridging import Bridger
+    from swapkl.removal.bridging import method_bridger
 
-    own = ctx.bridger is None
-    bridger = ctx.bridger if not own else Bridger(ctx.model, ctx.tokenizer, ctx.corpus,
-                                                  {"calib_tokens": calib_tokens(ctx, "bridge")})
+    bridger, own = method_bridger(ctx, calib_tokens(ctx, "bridge"))
     scores = block_scores(bridger, ctx.candidates)
     order = sorted(scores, key=lambda k: (scores[k], k))
     sets = nested(scan(order, budget, ctx.spacing))

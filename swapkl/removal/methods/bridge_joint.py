@@ -41,13 +41,11 @@ def bridge_joint(ctx, budget):
     import torch
 
     from swapkl.errors import ComputeInterrupted
-    from swapkl.removal.bridging import Bridger
+    from swapkl.removal.bridging import method_bridger
     from swapkl.repair.bridge import spans_of
     from swapkl.repair.joint_kl import JointKL
 
-    own = ctx.bridger is None
-    bridger = ctx.bridger if not own else Bridger(ctx.model, ctx.tokenizer, ctx.corpus,
-                                                  {"calib_tokens": calib_tokens(ctx, "bridge-joint")})
+    bridger, own = method_bridger(ctx, calib_tokens(ctx, "bridge-joint"))
     c = bridger.contract
     kl = JointKL(bridger.model, bridger.prompts.ids, c.positions, getattr(torch, c.kl_dtype))
     picks: list[int] = []
