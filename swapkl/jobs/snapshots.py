@@ -90,15 +90,13 @@ class SnapshotStore:
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False
+                parts = {"result": SwapResult.from_dict(data["result"], f"snapshot {where}")}
                 if getattr(job.request, "repair", "none") != "none":
                     if not isinstance(data.get("bridged"), dict):
                         return False  # a repaired analysis is not answered without its bridged matrix
                     from swapkl.schema.bridged import bridged_result
 
-                    parts_bridged = bridged_result(data["bridged"])  # a damaged one: one line, recomputed
-                else:
-                    parts_bridged = None
-                parts = {"result": SwapResult.from_dict(data["result"], f"snapshot {where}"), "bridged": parts_bridged}
+                    parts["bridged"] = bridged_result(data["bridged"])  # a damaged one: one line, recomputed
                 if data.get("curves") is not None:
                     parts["curves"] = CurvesResult.from_dict(data["curves"], f"snapshot {where}")
         except (CorruptEntry, KeyError, TypeError, ValueError, SwapklError) as e:
