@@ -7,7 +7,6 @@ registry), :func:`export_healed` writes the merged healed model and its adapter.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import time
@@ -20,7 +19,7 @@ from swapkl.errors import SwapklError
 from swapkl.healing import bridged as B
 from swapkl.healing import text as T
 from swapkl.healing import train as TR
-from swapkl.healing.recipe import Recipe
+from swapkl.healing.recipe import Recipe, training_key
 from swapkl.healing.result import ROLES, HealResult, compare
 from swapkl.model import architectures as arch
 from swapkl.removal import evaluate as E
@@ -172,9 +171,8 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
             states[role], training[role] = {}, _kd_control(res, ticks.tick, recipe.steps + len(texts))
             continue
         br = hb.bridges if hb is not None and rem else None
-        # the control has no bridge: its --train bridge recipe is the LoRA one (same weights, shared adapter)
-        rec = recipe if rem or recipe.part != "bridge" else dataclasses.replace(recipe, part="lora")
-        tkey = tt.key + (f":bridge:{hb.key()}" if br else "")
+        rec = recipe.for_set(rem)
+        tkey = training_key(tt.key, hb.key() if br else None)
         folder = TR.heal_dir(fp, rem, rec, tkey) if use_cache else None
         kw = {"teacher": teacher} if teacher is not None else {}
         train = functools.partial(TR.train, model, rem, tt.chunks, rec, folder, ticks.training(role), should_stop,

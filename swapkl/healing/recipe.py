@@ -1,7 +1,7 @@
 """The healing recipe: every setting that determines the trained LoRA weights, validated, recorded and hashed."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from swapkl.contract import stable_hash
 from swapkl.errors import ContractError
@@ -119,6 +119,11 @@ class Recipe:
                                  "removed span, from their least-squares fit)"}[self.part]
         return d
 
+    def for_set(self, removed) -> Recipe:
+        """The recipe that trains the removal set ``removed``: this one, except for the control (no set), which has
+        no bridge, so ``--train bridge``'s control is trained with the LoRA recipe (same weights, shared adapter)."""
+        return self if list(removed) or self.part != "bridge" else replace(self, part="lora")
+
     def key(self) -> str:
         """Hash of the settings that determine the weights: ``checkpoint_every`` and the settings the objective and
         the trained part do not read are left out (:data:`_UNUSED`), as are ``objective`` ``lm`` and ``part``
@@ -155,3 +160,9 @@ class Recipe:
     def from_dict(cls, d: dict) -> Recipe:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names}).validate()
+
+
+def training_key(text_key: str, bridge_key: str | None = None) -> str:
+    """The key a heal's training run (its cache folder and in-session adapter) is filed under: the training text's
+    key, plus the bridge's key when the set was healed from its bridged model."""
+    return text_key + (f":bridge:{bridge_key}" if bridge_key is not None else "")

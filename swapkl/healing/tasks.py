@@ -19,13 +19,12 @@ calibration), so they never share an entry with the raw cut or with a heal witho
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from swapkl import __version__
 from swapkl.errors import SwapklError
 from swapkl.healing.curves import HealCurves, set_key
-from swapkl.healing.recipe import Recipe
+from swapkl.healing.recipe import Recipe, training_key
 from swapkl.healing.task_figures import FORMAT
 from swapkl.removal import lmeval
 from swapkl.removal.plan import RunHooks
@@ -57,14 +56,8 @@ class _HealRunner(_Runner):
             return super()._build(removed, merge)
         from swapkl.healing.train import healed_model
 
-        return healed_model(self.model, removed, _trained_recipe(self.recipe, removed),
+        return healed_model(self.model, removed, self.recipe.for_set(removed),
                             self.states[set_key(removed)], bridges=hb.bridges if hb is not None else None)
-
-
-def _trained_recipe(recipe: Recipe, removed) -> Recipe:
-    """The recipe the heal trained ``removed`` with: the control has no bridge, so ``--train bridge``'s control is
-    the LoRA recipe (as :func:`swapkl.healing.heal.heal` trains it)."""
-    return recipe if list(removed) or recipe.part != "bridge" else dataclasses.replace(recipe, part="lora")
 
 
 def heal_tag(hc: HealCurves, hb=None) -> dict:
@@ -122,8 +115,8 @@ def adapter_states(model, hc: HealCurves, recipe: Recipe, adapters: dict | None 
         if not rem and recipe.objective == "kd":  # the kd control is the base itself: nothing was trained
             out[set_key(rem)] = {}
             continue
-        hb, rec = (hbs or {}).get(set_key(rem)), _trained_recipe(recipe, rem)
-        tkey = f"{tk}:bridge:{hb.key()}" if hb is not None else tk  # heal.heal's training key
+        hb, rec = (hbs or {}).get(set_key(rem)), recipe.for_set(rem)
+        tkey = training_key(tk, hb.key() if hb is not None else None)
         hit = (adapters or {}).get((fp, tuple(rem), rec.key(), tkey))
         if hit is None:
             cached = TR.read_cached(TR.heal_dir(fp, rem, rec, tkey), TR.ADAPTER_KIND, rec)
