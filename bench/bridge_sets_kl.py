@@ -3,8 +3,12 @@
 prompts, adjacent pairs' prompts, default bridge settings: folded, 8,192 calibration tokens).  Shows whether a
 bridge-guided method that also tried ReplaceMe's spans would pick them: it picks the lowest of these KLs.
 
-    HF_HUB_OFFLINE=1 python bench/bridge_sets_kl.py     (from the checkout's root; CPU, about a minute)
+    HF_HUB_OFFLINE=1 python bench/bridge_sets_kl.py [--prompts 16] [--tokens 32]   (the checkout's root; CPU, minutes)
+
+``--prompts`` / ``--tokens`` set the scoring contract (default: the bench's 16 × 32; the library's default contract
+is 16 × 64); the calibration windows avoid that contract's prompts, as in a run.
 """
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,8 +27,13 @@ from swapkl.scoring.corpora import from_file  # noqa: E402
 SETS = {"ReplaceMe": [[14], [14, 15], [13, 14, 15], [12, 13, 14, 15]],
         "bridge-joint": [[17], [16, 17], [16, 17, 18], [15, 16, 17, 18]]}
 
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--prompts", type=int, default=16)
+ap.add_argument("--tokens", type=int, default=32)
+args = ap.parse_args()
 ck = load_checkpoint("default", device="cpu")
-contract = Contract(prompts=16, tokens=32, pairs="adjacent")
+contract = Contract(prompts=args.prompts, tokens=args.tokens, pairs="adjacent")
+print(f"contract: {contract.prompts} x {contract.tokens} prompts, adjacent pairs; bridges: default settings", flush=True)
 bridger = Bridger(ck.model, ck.tokenizer, from_file(os.environ["SWAPKL_CORPUS"]), {}, contract=contract)
 kl = JointKL(ck.model, bridger.prompts.ids, contract.positions, getattr(torch, contract.kl_dtype))
 bridger.fit_spans([(s[0], s[-1] + 1) for sets in SETS.values() for s in sets])
