@@ -148,16 +148,16 @@ def fresh_url(tmp_path):
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """``swapkl`` in process with its cache under ``tmp_path``: ``cli(*argv) -> (exit code, stdout, stderr)``."""
-    from swapkl.commands.cli import main
+def cli(tmp_path, monkeypatch):
+    """``swapkl`` in process (``support.cli_run.run_swapkl``) with its cache under ``tmp_path``:
+    ``cli(*argv) -> (exit code, stdout, stderr)``; an argparse error is its exit code 2, as in a process."""
+    from support.cli_run import run_swapkl
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
 
     def run(*argv):
-        rc = main([str(x) for x in argv])
-        out = capsys.readouterr()
-        return rc, out.out, out.err
+        r = run_swapkl(*argv)
+        return r.returncode, r.stdout, r.stderr
     return run
 
 
