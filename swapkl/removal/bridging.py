@@ -111,6 +111,18 @@ def method_bridger(ctx, calib_tokens: int) -> tuple[Bridger, bool]:
     return Bridger(ctx.model, ctx.tokenizer, ctx.corpus, {"calib_tokens": calib_tokens}), True
 
 
+def short_prompts_note(bridger: Bridger, name: str) -> str | None:
+    """A note when a bridge-guided method scores on prompts shorter than its bridges' calibration windows (tokens),
+    else None.  On the default model the bridged KL on 32- and 64-token prompts ranked sets against the held-out
+    text after repair, and on 256-token prompts (the calibration window) with it (docs/repair.md)."""
+    tokens, window = bridger.contract.tokens, bridger.settings.calib_window
+    if tokens >= window:
+        return None
+    return (f"{name}: bridged KL scored on {tokens}-token prompts, its bridges fitted on {window}-token windows; "
+            f"scoring at the bridges' context length (--tokens {window}) predicted the cost after repair better "
+            f"on the default model (docs/repair.md)")
+
+
 class RepairedCurves:
     """The bridged side of one :class:`~swapkl.removal.curves.CurvesRun` (module docstring)."""
 

@@ -76,6 +76,7 @@ def test_sets_are_a_plain_greedy_over_plain_joint_kls(stories, corpus):
         for c, v in cost.items():
             assert step["trials"][str(c)] == pytest.approx(v, rel=2e-3, abs=1e-5)
     assert r.method_info["bridge-joint"]["layer_scores"][1] == pytest.approx(trials[0][1], rel=2e-3, abs=1e-5)
+    assert not any("-token prompts" in x for x in r.notes)  # prompts (64 tokens) as long as the windows (64)
 
 
 def test_one_pass_fits_equal_span_by_span(stories, corpus):
@@ -97,6 +98,8 @@ def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw
     plan = RemovalPlan(2, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
     assert r.repaired == {} and any("bridge-joint's sets are evaluated without a bridge" in x for x in r.notes)
+    # its own bridges' windows (256 tokens, the default) are longer than the default contract's prompts (64)
+    assert "bridge-joint: bridged KL scored on 64-token prompts, its bridges fitted on 256-token windows" in " ".join(r.notes)
     own = Bridger(stories.model, stories.tokenizer, corpus, {"calib_tokens": 1024})  # the method's own settings
     assert r.method_info["bridge-joint"]["settings"]["bridge"] == own.settings.to_dict()
 
