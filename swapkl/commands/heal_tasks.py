@@ -38,9 +38,7 @@ def check_args(a) -> None:
         raise SwapklError(f"--task-batch-size must be at least 1 (got {a.task_batch_size})")
     names = lmeval.parse_task_names(a.tasks)
     a.include_path = lmeval.check_include_path(a.include_path) if a.include_path else None
-    tm = lmeval.task_manager(a.include_path)
-    for n in names:
-        lmeval.load_task(tm, n)
+    lmeval.load_tasks(a.include_path, names)
     a.task_names = names
 
 

@@ -155,8 +155,7 @@ def heal_task_accuracy(model, tokenizer, hc, settings: TaskSettings, recipe: Rec
     hc = hc if isinstance(hc, HealCurves) else HealCurves.from_dict(hc)
     recipe = recipe if recipe is not None else Recipe.from_dict(hc.recipe)
     ip = lmeval.check_include_path(include_path) if include_path else None
-    tm = lmeval.task_manager(ip)
-    loaded = [lmeval.load_task(tm, name) for name in settings.tasks]
+    tm, loaded = lmeval.load_tasks(ip, settings.tasks)
     if not loaded:
         raise SwapklError("task accuracy after healing needs at least one task")
     hbs = heal_bridges(hc, bridges)

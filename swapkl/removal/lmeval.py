@@ -69,17 +69,35 @@ def parse_task_names(text: str) -> list[str]:
     return names
 
 
-def task_manager(include_path: str | None = None):
-    """One ``lm_eval.tasks.TaskManager`` per include path for the process (building the index of lm-eval's ~15,000
-    task YAMLs takes seconds; a CLI run of ``lm_eval`` pays it every time)."""
+def task_manager(include_path: str | None = None, defaults: bool = True):
+    """One ``lm_eval.tasks.TaskManager`` per include path (and ``defaults``) for the process.  With ``defaults``
+    it indexes lm-eval's own ~15,000 task YAMLs as well as ``include_path`` (seconds of CPU; a CLI run of ``lm_eval``
+    pays it every time); without, only ``include_path``'s (milliseconds)."""
     require_extra("tasks", WHAT)
-    key = include_path or ""
+    key = (include_path or "", defaults)
     with _MANAGERS_LOCK:
         if key not in _MANAGERS:
             from lm_eval.tasks import TaskManager
 
-            _MANAGERS[key] = TaskManager(include_path=include_path)
+            _MANAGERS[key] = TaskManager(include_path=include_path, include_defaults=defaults)
         return _MANAGERS[key]
+
+
+def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
+    """``(task manager, [load_task(manager, name) for name in names])``.  When every name is a task or group of
+    ``include_path`` that loads from it alone, the manager indexes only that folder; otherwise (a name of lm-eval's
+    registry, or a local group that needs a registry task) it is the full one.  The tasks are the same YAMLs either
+    way: the choice changes the time taken, not what is evaluated."""
+    names = list(names)
+    if include_path and names:
+        local = task_manager(include_path, defaults=False)
+        if all(n in local.all_tasks for n in names):
+            try:
+                return local, [load_task(local, n) for n in names]
+            except TaskError:
+                pass
+    tm = task_manager(include_path)
+    return tm, [load_task(tm, n) for n in names]
 
 
 def load_task(tm, name: str) -> dict:

@@ -316,8 +316,7 @@ def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, sett
     hooks = hooks if hooks is not None else RunHooks()
     identity, progress, should_stop = hooks.identity, hooks.progress, hooks.should_stop
     ip = lmeval.check_include_path(settings.include_path) if settings.include_path else None
-    tm = lmeval.task_manager(ip)
-    loaded = [lmeval.load_task(tm, name) for name in settings.tasks]  # unknown tasks fail before any work
+    tm, loaded = lmeval.load_tasks(ip, settings.tasks)  # unknown tasks fail before any work
     bridger = _bridger(model, tokenizer, plan, hooks)
     if sets is None:
         sets = removal_sets(model, tokenizer, scores, plan, hooks, bridger)

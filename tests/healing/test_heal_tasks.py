@@ -74,7 +74,7 @@ def test_pruned_and_base_rows_are_the_swapkl_tasks_cache_entries(run, stories):
     from swapkl.removal.tasks import _Runner
 
     _, ht = run
-    task = lmeval.load_task(lmeval.task_manager(lmeval.check_include_path(FIXTURE_TASKS)), TASK)
+    _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
     r = _Runner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None, batch_size=16,
                 use_cache=True, progress=None, should_stop=None, total=1)
     assert r._read(r._path([], None, task))["metrics"] == ht["base"]["metrics"]

@@ -131,7 +131,7 @@ def test_cache_keys_carry_the_bridge(run, stories):
 
     recipe, _, _, shared, hc, ht = run
     hb = shared["bridges"][tuple(REMOVED)]
-    task = lmeval.load_task(lmeval.task_manager(lmeval.check_include_path(FIXTURE_TASKS)), TASK)
+    _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
     r = _HealRunner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None,
                     batch_size=16, use_cache=True, progress=None, should_stop=None, total=1, states={}, recipe=recipe)
     paths = [r._path(REMOVED, tag, task) for tag in (None, bridged_tag(hc, hb), heal_tag(hc, hb), heal_tag(hc))]
