@@ -104,7 +104,7 @@ def run(a) -> int:
     result = C.removal_curves(ck.model, ck.tokenizer, scores, plan,
                               RunHooks(progress=prog, identity=ck.identity, corpus=corpus,
                                        memo=EvalMemo() if a.no_cache else None,
-                                       contract=scoring_contract(a, loaded, plan)))
+                                       contract=scoring_contract(a, loaded)))
     result.notes.insert(0, src)
     if a.gains:
         from swapkl.removal.gains import curve_gains
@@ -143,11 +143,9 @@ def scores_for(a, ck, loaded, unit: str, progress) -> tuple[dict, str]:
             f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})")
 
 
-def scoring_contract(a, loaded, plan):
-    """The contract whose scoring prompts a bridge's calibration text avoids (``--repair bridge``): the scores
-    file's, else the one the flags describe; None without a repair."""
-    if plan.repair != "bridge":
-        return None
+def scoring_contract(a, loaded):
+    """The run's scoring contract: the prompts a bridge's calibration text avoids (``--repair bridge``) and a
+    bridge-guided method scores its sets on; the scores file's, else the one the flags describe."""
     from swapkl.contract import Contract
 
     got = loaded[2] if loaded is not None else None

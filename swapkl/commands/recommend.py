@@ -132,7 +132,7 @@ def run(a) -> int:
 
     rec = recommend(ck.model, ck.tokenizer, scores, plan.with_(evaluator=ev),
                     RunHooks(progress=prog, identity=ck.identity, corpus=corpus,
-                             memo=EvalMemo() if a.no_cache else None, contract=scoring_contract(a, loaded, plan)))
+                             memo=EvalMemo() if a.no_cache else None, contract=scoring_contract(a, loaded)))
     return emit(a, rec, render)
 
 

@@ -93,7 +93,7 @@ def run(a) -> int:
 
     settings = TaskSettings(tuple(tasks), include_path=include, limit=a.limit, num_fewshot=a.num_fewshot,
                             batch_size=a.batch_size, use_cache=not a.no_cache)
-    contract = contract_from_args(a) if plan.repair == "bridge" else None  # the prompts the bridge's text avoids
+    contract = contract_from_args(a)  # the prompts a bridge's text avoids and a bridge-guided method scores on
     result = task_accuracy(ck.model, ck.tokenizer, scores, plan, settings,
                            RunHooks(progress=prog, identity=ck.identity, contract=contract))
     if src:

@@ -104,21 +104,22 @@ class Bridger:
 
 def method_bridger(ctx, calib_tokens: int) -> tuple[Bridger, bool]:
     """The bridges a bridge-guided method scores its sets with, and whether they are its own: the run's
-    (``ctx.bridger``) when the run repairs with a bridge, else a new :class:`Bridger` with the default settings and
-    ``calib_tokens`` calibration tokens (the method's sets are then evaluated raw)."""
+    (``ctx.bridger``) when the run repairs with a bridge, else a new :class:`Bridger` with the default settings,
+    ``calib_tokens`` calibration tokens and the run's scoring prompts (``ctx.contract``; the method's sets are then
+    evaluated raw)."""
     if ctx.bridger is not None:
         return ctx.bridger, False
-    return Bridger(ctx.model, ctx.tokenizer, ctx.corpus, {"calib_tokens": calib_tokens}), True
+    return Bridger(ctx.model, ctx.tokenizer, ctx.corpus, {"calib_tokens": calib_tokens}, ctx.contract), True
 
 
-def short_prompts_note(bridger: Bridger, name: str) -> str | None:
-    """A note when a bridge-guided method scores on prompts shorter than its bridges' calibration windows (tokens),
-    else None.  On the default model the bridged KL on 32- and 64-token prompts ranked sets against the held-out
+def short_prompts_note(bridger: Bridger) -> str | None:
+    """A bridge-guided method's note when it scores on prompts shorter than its bridges' calibration windows (tokens),
+    else None (the runner prefixes the method's name).  On the default model the bridged KL on 32- and 64-token prompts ranked sets against the held-out
     text after repair, and on 256-token prompts (the calibration window) with it (docs/repair.md)."""
     tokens, window = bridger.contract.tokens, bridger.settings.calib_window
     if tokens >= window:
         return None
-    return (f"{name}: bridged KL scored on {tokens}-token prompts, its bridges fitted on {window}-token windows; "
+    return (f"bridged KL scored on {tokens}-token prompts, its bridges fitted on {window}-token windows; "
             f"scoring at the bridges' context length (--tokens {window}) predicted the cost after repair better "
             f"on the default model (docs/repair.md)")
 

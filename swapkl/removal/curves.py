@@ -280,7 +280,8 @@ class CurvesRun:
                                seeds=list(self.checked.seeds), memo=self.memo, batch_size=self.plan.batch_size,
                                should_stop=self.hooks.should_stop, progress=lambda d, t, msg: self.report(msg),
                                params=self.plan.params(), unit=self.unit,
-                               bridger=self.repair.bridger if self.repair is not None else None)
+                               bridger=self.repair.bridger if self.repair is not None else None,
+                               contract=self.hooks.contract)
 
     def run_method(self, spec, ctx, result: CurvesResult) -> None:
         """Run one method and evaluate the sets it returns into ``result``."""

@@ -289,7 +289,8 @@ class RunHooks:
     ``identity``: the checkpoint's identity (names the weights for the disk memo and the result); ``corpus``: a
     :class:`~swapkl.scoring.corpora.Corpus` (default: the built-in one); ``eval_ids``: the evaluation token ids when
     already tokenised; ``contract``: the scoring :class:`~swapkl.contract.Contract` whose prompts a bridge's
-    calibration text avoids (``repair="bridge"``; default: the default contract)."""
+    calibration text avoids (``repair="bridge"``) and a bridge-guided method scores on (default: the default
+    contract)."""
 
     progress: Callable | None = None
     should_stop: Callable | None = None

@@ -108,7 +108,7 @@ def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks
                           memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
                           should_stop=hooks.should_stop, batch_size=plan.batch_size,
                           progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None,
-                          params=plan.params(), unit=plan.unit, bridger=bridger)
+                          params=plan.params(), unit=plan.unit, bridger=bridger, contract=hooks.contract)
     return {spec.name: spec.func(ctx, plan.budget) for spec in c.specs}
 
 

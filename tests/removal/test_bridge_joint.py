@@ -97,9 +97,10 @@ def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw
 
     plan = RemovalPlan(2, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
-    assert r.repaired == {} and any("bridge-joint's sets are evaluated without a bridge" in x for x in r.notes)
+    assert r.repaired == {} and "bridge-joint: its sets are evaluated without a bridge here" in r.notes[-1]
     # its own bridges' windows (256 tokens, the default) are longer than the default contract's prompts (64)
-    assert "bridge-joint: bridged KL scored on 64-token prompts, its bridges fitted on 256-token windows" in " ".join(r.notes)
+    assert any(n.startswith("bridge-joint: bridged KL scored on 64-token prompts, its bridges fitted on 256-token "
+                            "windows") for n in r.notes), r.notes
     own = Bridger(stories.model, stories.tokenizer, corpus, {"calib_tokens": 1024})  # the method's own settings
     assert r.method_info["bridge-joint"]["settings"]["bridge"] == own.settings.to_dict()
 
@@ -111,3 +112,25 @@ def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw
     assert r.methods["bridge-joint"][0]["removed"] == [best]
     second = {c: cost([best, c]) for c in (1, 2, 3) if c != best}
     assert r.methods["bridge-joint"][1]["removed"] == sorted([best, min(second, key=lambda c: (second[c], c))])
+
+
+def test_without_a_repair_it_scores_on_the_runs_prompts(stories, corpus):
+    """Its own bridges score on the run's scoring contract (``hooks.contract``), not the default one: the first
+    step's trial KLs equal plain joint KLs on that contract's prompts, with bridges fitted on calibration text that
+    avoids them; the note names the contract's prompt length."""
+    from swapkl.contract import Contract
+    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridge import spans_of
+
+    contract = Contract(prompts=3, tokens=40, seed=5)
+    plan = RemovalPlan(1, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
+    r = removal_curves(stories.model, stories.tokenizer, None, plan,
+                       RunHooks(corpus=corpus, memo=EvalMemo(), contract=contract))
+    own = Bridger(stories.model, stories.tokenizer, corpus, {"calib_tokens": 1024}, contract)
+    assert own.prompts.ids.shape[0] == 3
+    trials = r.method_info["bridge-joint"]["steps"][0]["trials"]
+    for c in (1, 2, 3):
+        ws = {sp: own.bridges(list(range(*sp)))[0].W for sp in spans_of([c])}
+        want = float(plain_kl(stories.model, plain_bridged(stories.model, ws, "folded"), own.prompts.ids).mean())
+        assert trials[str(c)] == pytest.approx(want, rel=2e-3, abs=1e-5)
+    assert any(n.startswith("bridge-joint: bridged KL scored on 40-token prompts") for n in r.notes), r.notes

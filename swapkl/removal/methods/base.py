@@ -161,6 +161,7 @@ class MethodContext:
     params: dict = field(default_factory=dict)
     unit: str = BLOCK  # what a removed index removes: the block, or its attention / mlp sublayer (skipped)
     bridger: object = None  # the run's swapkl.removal.bridging.Bridger when it repairs with a bridge, else None
+    contract: object = None  # the run's scoring Contract: a method's own bridges score on its prompts (None: default)
     _calib_ids: object = None
 
     def param(self, method: str, key: str, default):

@@ -58,7 +58,7 @@ def bridge(ctx, budget):
                                  "calib_tokens": bridger.settings.calib_tokens, "bridge": bridger.settings.to_dict()})
     if len(sets) < budget:
         out.notes.append(f"the score order stops after {len(sets)} layers under spacing Δ={ctx.spacing}")
-    if (note := short_prompts_note(bridger, "bridge")) is not None:
+    if (note := short_prompts_note(bridger)) is not None:
         out.notes.append(note)
     if own:
         out.notes.append("its sets are evaluated without a bridge here; --repair bridge adds their bridged curve")

@@ -73,10 +73,9 @@ def bridge_joint(ctx, budget):
                                  "candidates": list(ctx.candidates), "calib_tokens": bridger.settings.calib_tokens,
                                  "bridge": bridger.settings.to_dict()})
     if len(picks) < budget:
-        out.notes.append(f"bridge-joint stops after {len(picks)} layers under spacing Δ={ctx.spacing}")
-    if (note := short_prompts_note(bridger, "bridge-joint")) is not None:
+        out.notes.append(f"stops after {len(picks)} layers under spacing Δ={ctx.spacing}")
+    if (note := short_prompts_note(bridger)) is not None:
         out.notes.append(note)
     if own:
-        out.notes.append("bridge-joint's sets are evaluated without a bridge here; --repair bridge adds their "
-                         "bridged curve")
+        out.notes.append("its sets are evaluated without a bridge here; --repair bridge adds their bridged curve")
     return out
