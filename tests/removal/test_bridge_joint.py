@@ -20,6 +20,15 @@ EV = Evaluator("tiny", 200, 128, 64)
 BRIDGE = {"calib_tokens": 1024, "calib_window": 64, "ridge": 0.0}
 
 
+def plain_joint_kl(model, bridger, removed) -> float:
+    """The plain joint bridged KL of ``removed``: a deep copy with each maximal run replaced by its least-squares
+    folded bridge (``bridger``'s fit), mean over ``bridger``'s scoring prompts of the float64 KL, batch of one."""
+    from swapkl.repair.bridge import spans_of
+
+    ws = {sp: bridger.bridges(list(range(*sp)))[0].W for sp in spans_of(removed)}
+    return float(plain_kl(model, plain_bridged(model, ws, "folded"), bridger.prompts.ids).mean())
+
+
 @pytest.mark.parametrize("positions", ["all", "last"])
 def test_joint_kl_equals_plain_every_family(family_model, positions):
     name, model = family_model
@@ -55,17 +64,10 @@ def test_sets_are_a_plain_greedy_over_plain_joint_kls(stories, corpus):
     plan = RemovalPlan(3, ["bridge-joint"], evaluator=EV, repair="bridge", bridge=BRIDGE, spacing=0)
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
     b = Bridger(stories.model, stories.tokenizer, corpus, BRIDGE)
-    prompts = b.prompts.ids
-
-    def plain_cost(removed):
-        from swapkl.repair.bridge import spans_of
-
-        ws = {sp: b.bridges(list(range(*sp)))[0].W for sp in spans_of(removed)}  # each span's least-squares fit
-        return float(plain_kl(stories.model, plain_bridged(stories.model, ws, "folded"), prompts).mean())
 
     picks, trials = [], []
     for _ in range(3):
-        cost = {c: plain_cost(picks + [c]) for c in (1, 2, 3) if c not in picks}  # default candidates of 5 blocks
+        cost = {c: plain_joint_kl(stories.model, b, picks + [c]) for c in (1, 2, 3) if c not in picks}  # default candidates of 5 blocks
         trials.append(cost)
         picks.append(min(cost, key=lambda c: (cost[c], c)))
     want = [sorted(picks[:n]) for n in range(1, 4)]
@@ -93,7 +95,6 @@ def test_one_pass_fits_equal_span_by_span(stories, corpus):
 
 def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw(stories, corpus):
     from swapkl.removal.bridging import Bridger
-    from swapkl.repair.bridge import spans_of
 
     plan = RemovalPlan(2, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
@@ -103,14 +104,10 @@ def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw
                             "windows") for n in r.notes), r.notes
     own = Bridger(stories.model, stories.tokenizer, corpus, {"calib_tokens": 1024})  # the method's own settings
     assert r.method_info["bridge-joint"]["settings"]["bridge"] == own.settings.to_dict()
-
-    def cost(removed):
-        ws = {sp: own.bridges(list(range(*sp)))[0].W for sp in spans_of(removed)}
-        return float(plain_kl(stories.model, plain_bridged(stories.model, ws, "folded"), own.prompts.ids).mean())
-    first = {c: cost([c]) for c in (1, 2, 3)}
+    first = {c: plain_joint_kl(stories.model, own, [c]) for c in (1, 2, 3)}
     best = min(first, key=lambda c: (first[c], c))
     assert r.methods["bridge-joint"][0]["removed"] == [best]
-    second = {c: cost([best, c]) for c in (1, 2, 3) if c != best}
+    second = {c: plain_joint_kl(stories.model, own, [best, c]) for c in (1, 2, 3) if c != best}
     assert r.methods["bridge-joint"][1]["removed"] == sorted([best, min(second, key=lambda c: (second[c], c))])
 
 
@@ -120,7 +117,6 @@ def test_without_a_repair_it_scores_on_the_runs_prompts(stories, corpus):
     avoids them; the note names the contract's prompt length."""
     from swapkl.contract import Contract
     from swapkl.removal.bridging import Bridger
-    from swapkl.repair.bridge import spans_of
 
     contract = Contract(prompts=3, tokens=40, seed=5)
     plan = RemovalPlan(1, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
@@ -130,7 +126,5 @@ def test_without_a_repair_it_scores_on_the_runs_prompts(stories, corpus):
     assert own.prompts.ids.shape[0] == 3
     trials = r.method_info["bridge-joint"]["steps"][0]["trials"]
     for c in (1, 2, 3):
-        ws = {sp: own.bridges(list(range(*sp)))[0].W for sp in spans_of([c])}
-        want = float(plain_kl(stories.model, plain_bridged(stories.model, ws, "folded"), own.prompts.ids).mean())
-        assert trials[str(c)] == pytest.approx(want, rel=2e-3, abs=1e-5)
+        assert trials[str(c)] == pytest.approx(plain_joint_kl(stories.model, own, [c]), rel=2e-3, abs=1e-5)
     assert any(n.startswith("bridge-joint: bridged KL scored on 40-token prompts") for n in r.notes), r.notes
