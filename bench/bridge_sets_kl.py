@@ -1,6 +1,7 @@
 """The joint bridged KL on the scoring prompts of the sets ``bench/repair_default.py`` compares (docs/repair.md,
-"Measured on the default"): ReplaceMe's spans against bridge-joint's sets, under the same contract (16 × 32-token
-prompts, adjacent pairs' prompts, default bridge settings: folded, 8,192 calibration tokens).  Shows whether a
+"Measured on the default"): ReplaceMe's spans against bridge-joint's sets of its first run (16 × 32-token prompts),
+under a scoring contract of adjacent pairs' prompts and the default bridge settings (folded, 8,192 calibration
+tokens).  Shows whether a
 bridge-guided method that also tried ReplaceMe's spans would pick them: it picks the lowest of these KLs.
 
     HF_HUB_OFFLINE=1 python bench/bridge_sets_kl.py [--prompts 16] [--tokens 32]   (the checkout's root; CPU, minutes)

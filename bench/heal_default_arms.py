@@ -35,6 +35,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +59,6 @@ REFERENCE = "lm/LoRA"
 
 def run_arm(n: int, arm: str, limit: int, steps: int, out: Path) -> dict:
     """One ``swapkl heal`` process; returns its JSON with ``cpu_s`` and ``wall_s`` added."""
-    import time
-
     args = [sys.executable, "-m", "swapkl", "heal", "default", "--n", str(n), *COMMON, *ARMS[arm],
             "--limit", str(limit), "--json", str(out)]
     args[args.index("--steps") + 1] = str(steps)
@@ -69,7 +68,7 @@ def run_arm(n: int, arm: str, limit: int, steps: int, out: Path) -> dict:
     p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode not in (0,) or not out.exists():
+    if p.returncode != 0 or not out.exists():
         raise SystemExit(f"{arm} n={n} failed ({p.returncode}): {p.stderr.strip()[-800:]}")
     d = json.loads(out.read_text())
     d["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -113,9 +113,10 @@ def method_bridger(ctx, calib_tokens: int) -> tuple[Bridger, bool]:
 
 
 def short_prompts_note(bridger: Bridger) -> str | None:
-    """A bridge-guided method's note when it scores on prompts shorter than its bridges' calibration windows (tokens),
-    else None (the runner prefixes the method's name).  On the default model the bridged KL on 32- and 64-token prompts ranked sets against the held-out
-    text after repair, and on 256-token prompts (the calibration window) with it (docs/repair.md)."""
+    """A bridge-guided method's note when it scores on prompts shorter than its bridges' calibration windows
+    (tokens), else None (the runner prefixes the method's name).  On the default model the bridged KL on 32- and
+    64-token prompts ranked sets against the held-out text after repair, and on 256-token prompts (the calibration
+    window) with it (docs/repair.md)."""
     tokens, window = bridger.contract.tokens, bridger.settings.calib_window
     if tokens >= window:
         return None
