@@ -45,6 +45,14 @@ os.environ.setdefault("SWAPKL_MODEL_DIRS", str(FIXTURES / "models"))
 SLOW_ENV = "SWAPKL_SLOW_TESTS"
 
 
+def pytest_configure(config):
+    """``SWAPKL_CPU_TIMES=PREFIX`` records CPU seconds per test (support.cpu_times; bench/suite_cpu.py sums them)."""
+    from support import cpu_times
+
+    if os.environ.get(cpu_times.ENV):
+        config.pluginmanager.register(cpu_times, "swapkl_cpu_times")
+
+
 def pytest_collection_modifyitems(config, items):
     """Markers by folder, the slow gate and the order of files.  Every test of ``tests/browser/`` drives Chromium
     against a served app: ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless
