@@ -1,10 +1,10 @@
 """CPU seconds per test, to find what makes the suite long on a machine whose cores it fills.
 
 Opt-in: ``SWAPKL_CPU_TIMES=PREFIX python3 -m pytest ...`` (``tests/conftest.py`` registers this module when the
-variable is set).  Each process that runs tests (the one pytest process, or every pytest-xdist worker) writes ``PREFIX.<worker>.json``: a list of
-``[nodeid, cpu_s, wall_s]``, where ``cpu_s`` is user + system time of the test process and of the child processes it
-waited for during the test (CLI subprocesses, dashboard servers, torchrun ranks; not Chromium, which chromedriver
-starts and reaps).  ``python3 bench/suite_cpu.py PREFIX`` sums them per file."""
+variable is set).  Each process that runs tests (the one pytest process, or every pytest-xdist worker) writes
+``PREFIX.<worker>.json``: a list of ``[nodeid, cpu_s, wall_s]``, where ``cpu_s`` is user + system time of the test
+process and of the child processes it waited for during the test (CLI subprocesses, dashboard servers, torchrun
+ranks; not Chromium, which chromedriver starts and reaps).  ``python3 bench/suite_cpu.py PREFIX`` sums them per file."""
 from __future__ import annotations
 
 import json
