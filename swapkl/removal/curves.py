@@ -26,6 +26,9 @@ from swapkl.removal.verdict import regime_verdict
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
 # dashboard imports this module for CurvesResult before torch is loaded.
 
+#: hidden states a curves run keeps from its baseline for prefix sharing, at most (past it, batches run in full)
+PREFIX_STATES_BYTES = 2 ** 29
+
 
 def curves_provenance(d: dict) -> Provenance:
     """The :class:`~swapkl.contract.Provenance` of a curves dict (:meth:`CurvesResult.to_dict`): model,
@@ -164,6 +167,7 @@ class CurvesRun:
         self._text()
         self._memo()
         self.planned = self.checked.expected_evaluations()
+        self.prefix = None  # a removal.prefix.PrefixStore once the baseline is computed here (not read from the memo)
         self.repair = None
         if plan.repair == "bridge":  # the calibration text is built (and its disjointness asserted) before any work
             from swapkl.removal.bridging import RepairedCurves
@@ -213,10 +217,21 @@ class CurvesRun:
         return E.evaluate_ppl(model, self.ids, ev.window, ev.stride, ev.drop_first_target, batch_size=self.plan.batch_size,
                               should_stop=self.hooks.should_stop, **kw)
 
+    def _recording(self):
+        """The base model as a private copy that records, per batch of windows, the hidden state entering every
+        block (:class:`~swapkl.removal.prefix.PrefixStore`, at most :data:`PREFIX_STATES_BYTES`): a set whose first
+        removed block is f then runs only blocks f.. on its batches (:meth:`evaluate_set`), bit for bit the plain
+        evaluation."""
+        from swapkl.removal.prefix import PrefixStore
+
+        self.prefix = PrefixStore(range(1, self.L), budget_bytes=PREFIX_STATES_BYTES)
+        return self.prefix.recording(self.model)
+
     def evaluate_baseline(self):
-        self.baseline = self.memo.get(self.text_key, (), lambda: self._ppl(self.model, capture_reference=self.kl))
+        self.baseline = self.memo.get(self.text_key, (),
+                                      lambda: self._ppl(self._recording(), capture_reference=self.kl))
         if self.kl and self.baseline.reference is None:  # a memo filled without KL: redo the baseline with a reference
-            self.baseline = self._ppl(self.model, capture_reference=True)
+            self.baseline = self._ppl(self._recording(), capture_reference=True)
             self.memo.store[(self.text_key, frozenset())] = self.baseline
         self.reference = self.baseline.reference if self.kl else None
         self.report(f"baseline PPL {self.baseline.ppl:.4g}")
@@ -238,6 +253,8 @@ class CurvesRun:
             self.counter["evals"] += 1
             if merge is None:
                 pm = removed_copy(self.model, removed, self.unit)
+                if self.prefix is not None:  # blocks before the first removed one: the baseline's recorded states
+                    self.prefix.attach(pm, removed)
             else:  # a merged model (swapkl.surgery.merge): new tensors for the merged blocks only
                 pm = merged_copy(self.model, merge["groups"], merge["mode"])
             return self._ppl(pm, reference=self.reference)
@@ -340,6 +357,8 @@ class CurvesRun:
             result.method_info["recommend"]["paired"] = paired_comparisons(
                 result, lambda s: self.memo.peek(self.text_key, s), self.baseline)
         _finish(result, self.scores, self.memo, self.counter, self.t_start)
+        if self.prefix is not None:
+            result.stats["prefix"] = dict(self.prefix.stats, bytes=self.prefix.bytes)
         result.complete = True
         self.report("done", finished=True)
         return result
