@@ -6,6 +6,7 @@ pyproject declares.  (.ci/wheel_check.sh installs the built wheel into a fresh v
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
 import sys
@@ -61,20 +62,28 @@ def imports() -> list[tuple[str, str, int, str | None]]:
     return out
 
 
-IMPORTS = imports()
-THIRD_PARTY = [i for i in IMPORTS if i[0] not in sys.stdlib_module_names and i[0] != "swapkl"]
-_DISTS = importlib.metadata.packages_distributions()
+@functools.cache
+def third_party() -> list[tuple[str, str, int, str | None]]:
+    """:func:`imports` of modules outside the standard library and swapkl (scanned once per process, when a test
+    first needs it: not while every worker collects)."""
+    return [i for i in imports() if i[0] not in sys.stdlib_module_names and i[0] != "swapkl"]
+
+
+@functools.cache
+def installed() -> dict[str, list[str]]:
+    """``{top-level module: [distributions]}`` of this environment."""
+    return importlib.metadata.packages_distributions()
 
 
 def dists_of(module: str) -> set[str]:
     """The distributions that provide top-level ``module`` (its own name when none is installed here)."""
-    return {norm(d) for d in _DISTS.get(module, [module])}
+    return {norm(d) for d in installed().get(module, [module])}
 
 
 def test_the_scan_sees_the_imports_it_must():
     """The AST walk finds known imports at module level and inside functions (a scan that finds nothing would
     pass the tests below)."""
-    found = {(m, f, fn) for m, f, _, fn in THIRD_PARTY}
+    found = {(m, f, fn) for m, f, _, fn in third_party()}
     assert ("scipy", "swapkl/evidence/agreement.py", None) in found
     assert ("yaml", "swapkl/surgery/mergekit.py", None) in found
     assert ("lm_eval", "swapkl/removal/lmeval.py", "evaluate") in found
@@ -83,14 +92,14 @@ def test_the_scan_sees_the_imports_it_must():
 
 
 def test_every_third_party_import_is_declared():
-    undeclared = sorted({f"{m} ({f}:{line})" for m, f, line, _ in THIRD_PARTY
+    undeclared = sorted({f"{m} ({f}:{line})" for m, f, line, _ in third_party()
                          if not dists_of(m) & (set(CORE) | EXTRA_DISTS)})
     assert not undeclared, f"imported by swapkl/ but not in pyproject.toml (core or an extra): {undeclared}"
 
 
 def test_module_level_imports_are_core_dependencies():
     """What a module imports when it is imported must come with ``pip install swapkl`` itself."""
-    bad = sorted({f"{m} ({f}:{line})" for m, f, line, func in THIRD_PARTY
+    bad = sorted({f"{m} ({f}:{line})" for m, f, line, func in third_party()
                   if func is None and not dists_of(m) & set(CORE)})
     assert not bad, f"imported at module level but only an extra (or undeclared): {bad}"
 
@@ -101,7 +110,7 @@ def test_the_extras_table_is_pyprojects():
         assert extra in OPTIONAL, f"swapkl[{extra}] is not in pyproject's optional-dependencies"
         assert {norm(d) for d in modules.values()} == set(OPTIONAL[extra]), extra
         for module, dist in modules.items():
-            assert norm(dist) in dists_of(module) or module not in _DISTS, (module, dist)
+            assert norm(dist) in dists_of(module) or module not in installed(), (module, dist)
     shipped = {e for e in OPTIONAL if e not in NOT_SHIPPED and e not in TEST_ONLY}
     assert shipped == set(EXTRAS), "an extra of pyproject has no entry in swapkl.errors.EXTRAS (or the reverse)"
     for extra, script in TEST_ONLY.items():   # the script CI runs installs what the extra declares
@@ -122,7 +131,7 @@ def _guards(tree) -> set[str]:
 def test_extras_are_imported_lazily_after_require_extra():
     """Every import of an extra-only module sits in a function that first calls require_extra (or a function of
     the same module that does), so the user gets the one-line message, never an ImportError."""
-    extra_modules = {m for m, _, _, _ in THIRD_PARTY if not dists_of(m) & set(CORE)}
+    extra_modules = {m for m, _, _, _ in third_party() if not dists_of(m) & set(CORE)}
     assert {"lm_eval", "peft"} <= extra_modules
     bad = []
     for path in sorted((ROOT / "swapkl").rglob("*.py")):
