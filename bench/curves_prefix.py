@@ -34,6 +34,7 @@ def main() -> int:
     from swapkl.jobs.defaults import default_contract, default_evaluator
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.removal import curves as C
+    from swapkl.removal import prefix
     from swapkl.removal.memo import EvalMemo
     from swapkl.removal.methods import registry
     from swapkl.removal.plan import RemovalPlan, RunHooks
@@ -48,12 +49,12 @@ def main() -> int:
     print(f"model {ck.identity.get('display')} ({ck.num_layers} layers), evaluator {ev.name} "
           f"({ev.max_words} words, window {ev.window}/{ev.stride}), budget {a.budget}, methods {', '.join(methods)}, "
           f"{contract.prompts}x{contract.tokens} scores")
-    full_bytes = C.PREFIX_STATES_BYTES
+    full_bytes = prefix.CURVES_STATES_BYTES
     cpu = {"shared": 0.0, "plain": 0.0}
     memos = {}
     for r in range(a.rounds):
         for side in (("shared", "plain") if r % 2 == 0 else ("plain", "shared")):
-            C.PREFIX_STATES_BYTES = full_bytes if side == "shared" else 0
+            prefix.CURVES_STATES_BYTES = full_bytes if side == "shared" else 0
             memo = EvalMemo()
             t = time.process_time()
             out = C.removal_curves(ck.model, ck.tokenizer, scores, plan, RunHooks(memo=memo, identity=ck.identity))
@@ -62,7 +63,7 @@ def main() -> int:
             memos[side] = memo
             print(f"round {r + 1} {side:6s}: {dt:6.1f} s CPU, {out.stats['evaluations']} evaluations, "
                   f"prefix {out.stats.get('prefix')}")
-    C.PREFIX_STATES_BYTES = full_bytes
+    prefix.CURVES_STATES_BYTES = full_bytes
     a_, b_ = memos["shared"].store, memos["plain"].store
     same = set(a_) == set(b_) and all(
         np.array_equal(a_[k].nll, b_[k].nll) and np.array_equal(a_[k].kl, b_[k].kl) for k in a_)

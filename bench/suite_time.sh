@@ -27,9 +27,9 @@ echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 (cd "$WORK/after" && /usr/bin/time -o "$WORK/after.time" -f "%e %U %S" \
    python3 -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder $IGN > "$WORK/after.log" 2>&1)
 for run in before after; do
-  read -r wall user sys < "$WORK/$run.time"
+  read -r wall user sys < <(tail -1 "$WORK/$run.time")  # the last line: /usr/bin/time may first say the exit status
   printf "%-6s %s | wall %7.1f s | CPU %6.0f s (user %.0f + sys %.0f)\n" "$run" \
     "$(grep -E '(passed|failed)' "$WORK/$run.log" | tail -1)" "$wall" "$(echo "$user + $sys" | bc)" "$user" "$sys"
 done
-echo "ratio after/before wall: $(echo "scale=3; $(cut -d' ' -f1 "$WORK/after.time") / $(cut -d' ' -f1 "$WORK/before.time")" | bc)"
+echo "ratio after/before wall: $(echo "scale=3; $(tail -1 "$WORK/after.time" | cut -d' ' -f1) / $(tail -1 "$WORK/before.time" | cut -d' ' -f1)" | bc)"
 echo "logs: $WORK/before.log $WORK/after.log"

@@ -176,11 +176,18 @@ def _check_args(a):
 
 
 def run(a) -> int:
-    from swapkl.healing.heal import WorseHealError, check_gate, check_qlora, export_healed, heal  # pulls torch
+    from swapkl.healing.heal import check_qlora  # pulls torch
 
     require_extra("heal", "swapkl heal")  # before the model is loaded
     removed, recipe, ev, corpus = _check_args(a)
     check_qlora(recipe)
+    with heal_tasks.loaded_once(a):
+        return _run(a, removed, recipe, ev, corpus)
+
+
+def _run(a, removed, recipe, ev, corpus) -> int:
+    from swapkl.healing.heal import WorseHealError, check_gate, export_healed, heal  # pulls torch
+
     ck = load_from_args(a)
     if len(a.methods) * len(a.ns) > 1:
         return _curves(a, ck, recipe, corpus, ev)

@@ -3,6 +3,8 @@ fine-tuned base and of every healed model, next to the same tasks before healing
 ``tasks`` (:func:`swapkl.healing.tasks.heal_task_accuracy`; docs/healing.md)."""
 from __future__ import annotations
 
+import contextlib
+
 from swapkl.errors import SwapklError
 from swapkl.removal import lmeval
 from swapkl.removal.plan import RunHooks
@@ -22,8 +24,8 @@ def register_args(p) -> None:
 
 
 def check_args(a) -> None:
-    """Every task check that needs no model (the names, the include path, the bounds, loading each task), so a bad
-    task fails before any training; sets ``a.task_names`` (None without ``--tasks``)."""
+    """Every task check that needs no model and loads nothing (the names, the include path, the bounds); sets
+    ``a.task_names`` (None without ``--tasks``).  :func:`loaded_once` loads the tasks."""
     a.task_names = None
     if a.tasks is None:
         for flag, v in (("--include-path", a.include_path), ("--limit", a.limit), ("--num-fewshot", a.num_fewshot)):
@@ -38,8 +40,15 @@ def check_args(a) -> None:
         raise SwapklError(f"--task-batch-size must be at least 1 (got {a.task_batch_size})")
     names = lmeval.parse_task_names(a.tasks)
     a.include_path = lmeval.check_include_path(a.include_path) if a.include_path else None
-    lmeval.load_tasks(a.include_path, names)
     a.task_names = names
+
+
+def loaded_once(a):
+    """The block of a heal run with ``--tasks``: the tasks loaded on entry (a bad task fails before the model is
+    loaded and before any training) and every evaluation inside it uses them (:func:`lmeval.preloaded`)."""
+    if a.task_names is None:
+        return contextlib.nullcontext()
+    return lmeval.preloaded(a.include_path, a.task_names)
 
 
 def evaluate(a, ck, hc, recipe, shared: dict) -> dict:

@@ -77,7 +77,11 @@ def run(a) -> int:
     if loaded is not None and (loaded[2] or {}).get("unit", "block") != "block":  # this command removes blocks
         raise SwapklError(f"the scores file {a.scores} holds {loaded[2]['unit']} swap-KL; 'tasks' works on whole "
                           "blocks only (score with --unit block)")
-    lmeval.load_tasks(include, tasks)  # unknown or unloadable tasks fail before the model is loaded
+    with lmeval.preloaded(include, tasks):  # unknown or unloadable tasks fail before the model is loaded
+        return _run(a, plan, tasks, include, loaded)
+
+
+def _run(a, plan, tasks, include, loaded) -> int:
     ck = load_from_args(a)
     from swapkl.removal.tasks import TaskSettings, task_accuracy  # deferred: torch-based helpers (--help)
 

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 
 from swapkl import schema
 from swapkl.removal import methods as M
@@ -20,14 +19,12 @@ from swapkl.removal.memo import EvalMemo, disk_memo
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json as _jsonable
 from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.removal.seeds import aggregate_seeds
 from swapkl.removal.units import check_unit_run, unit_key_suffix
 from swapkl.removal.verdict import regime_verdict
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
 # dashboard imports this module for CurvesResult before torch is loaded.
-
-#: hidden states a curves run keeps from its baseline for prefix sharing, at most (past it, batches run in full)
-PREFIX_STATES_BYTES = 2 ** 29
 
 
 def curves_provenance(d: dict) -> Provenance:
@@ -167,8 +164,7 @@ class CurvesRun:
         self._text()
         self._memo()
         self.planned = self.checked.expected_evaluations()
-        self.prefix = None  # a removal.prefix.PrefixStore once the baseline is computed here (not read from the memo)
-        self.repair = None
+        self.prefix = self.repair = None  # the prefix store once the baseline is computed here (not read from the memo)
         if plan.repair == "bridge":  # the calibration text is built (and its disjointness asserted) before any work
             from swapkl.removal.bridging import RepairedCurves
 
@@ -191,11 +187,7 @@ class CurvesRun:
     def _memo(self) -> None:
         """The memo of this run (the hooks' or the model's disk memo), bound to this model and text."""
         self.memo = self.hooks.memo if self.hooks.memo is not None else disk_memo(self.hooks.identity, self.kl)
-        fingerprint = (id(self.model), self.L, int(self.ids.numel()))
-        if self.memo.fingerprint is None:
-            self.memo.fingerprint = fingerprint
-        elif self.memo.fingerprint != fingerprint:
-            raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
+        self.memo.bind((id(self.model), self.L, int(self.ids.numel())))
         self.memo_start = self.memo.misses + self.memo.disk_hits
 
     def report(self, msg: str, finished: bool = False) -> None:
@@ -210,28 +202,22 @@ class CurvesRun:
         if self.hooks.stopped():
             raise ComputeInterrupted("removal curves stopped")
 
-    def _ppl(self, model, **kw):
-        from swapkl.removal import evaluate as E
+    def _ppl(self, model, record: bool = False, **kw):
+        """``evaluate_ppl`` on the run's text.  ``record``: ``model`` (the base) runs as a private copy that records the
+        state entering every block, which the sets then start from (``self.prefix``; docs/removal.md, Work reuse)."""
+        from swapkl.removal import evaluate as E, prefix
 
+        if record:
+            self.prefix = prefix.PrefixStore(range(1, self.L), budget_bytes=prefix.CURVES_STATES_BYTES)
+            model = self.prefix.recording(model)
         ev = self.ev
         return E.evaluate_ppl(model, self.ids, ev.window, ev.stride, ev.drop_first_target, batch_size=self.plan.batch_size,
                               should_stop=self.hooks.should_stop, **kw)
 
-    def _recording(self):
-        """The base model as a private copy that records, per batch of windows, the hidden state entering every
-        block (:class:`~swapkl.removal.prefix.PrefixStore`, at most :data:`PREFIX_STATES_BYTES`): a set whose first
-        removed block is f then runs only blocks f.. on its batches (:meth:`evaluate_set`), bit for bit the plain
-        evaluation."""
-        from swapkl.removal.prefix import PrefixStore
-
-        self.prefix = PrefixStore(range(1, self.L), budget_bytes=PREFIX_STATES_BYTES)
-        return self.prefix.recording(self.model)
-
     def evaluate_baseline(self):
-        self.baseline = self.memo.get(self.text_key, (),
-                                      lambda: self._ppl(self._recording(), capture_reference=self.kl))
+        self.baseline = self.memo.get(self.text_key, (), lambda: self._ppl(self.model, True, capture_reference=self.kl))
         if self.kl and self.baseline.reference is None:  # a memo filled without KL: redo the baseline with a reference
-            self.baseline = self._ppl(self._recording(), capture_reference=True)
+            self.baseline = self._ppl(self.model, True, capture_reference=True)
             self.memo.store[(self.text_key, frozenset())] = self.baseline
         self.reference = self.baseline.reference if self.kl else None
         self.report(f"baseline PPL {self.baseline.ppl:.4g}")
@@ -253,7 +239,7 @@ class CurvesRun:
             self.counter["evals"] += 1
             if merge is None:
                 pm = removed_copy(self.model, removed, self.unit)
-                if self.prefix is not None:  # blocks before the first removed one: the baseline's recorded states
+                if self.prefix is not None:  # blocks 0..f-1: the baseline's recorded states
                     self.prefix.attach(pm, removed)
             else:  # a merged model (swapkl.surgery.merge): new tensors for the merged blocks only
                 pm = merged_copy(self.model, merge["groups"], merge["mode"])
@@ -323,9 +309,9 @@ class CurvesRun:
             for seed, sets in out.runs.items():
                 per_seed[str(seed)] = [self.entry(k + 1, s) for k, s in enumerate(sets)]
             result.random_seeds[spec.name] = per_seed
-            result.methods[spec.name] = _aggregate(per_seed)
+            result.methods[spec.name] = aggregate_seeds(per_seed)
         if self.repair is not None:
-            self.repair.add(spec.name, out, result, _aggregate)
+            self.repair.add(spec.name, out, result, aggregate_seeds)
         info["seconds"] = time.perf_counter() - t0
         result.method_info[spec.name] = info
 
@@ -356,9 +342,7 @@ class CurvesRun:
 
             result.method_info["recommend"]["paired"] = paired_comparisons(
                 result, lambda s: self.memo.peek(self.text_key, s), self.baseline)
-        _finish(result, self.scores, self.memo, self.counter, self.t_start)
-        if self.prefix is not None:
-            result.stats["prefix"] = dict(self.prefix.stats, bytes=self.prefix.bytes)
+        _finish(result, self.scores, self.memo, self.counter, self.t_start, self.prefix)
         result.complete = True
         self.report("done", finished=True)
         return result
@@ -381,25 +365,7 @@ def _new_result(run: CurvesRun) -> CurvesResult:
         complete=False, unit=run.unit, sizes=unit_sizes(model), plan=plan)
 
 
-def _aggregate(per_seed: dict) -> list[dict]:
-    out = []
-    n_max = max(len(v) for v in per_seed.values())
-    for k in range(n_max):
-        rows = [v[k] for v in per_seed.values() if len(v) > k]
-        d = np.array([r["delta_pct"] for r in rows])
-        p = np.array([r["ppl"] for r in rows])
-        kls = [r["kl_to_base"] for r in rows if r["kl_to_base"] is not None]
-        out.append({"n": k + 1, "removed": None, "ppl": float(p.mean()), "ppl_min": float(p.min()),
-                    "ppl_max": float(p.max()), "ppl_ci": None, "delta_pct": float(d.mean()),
-                    "delta_pct_min": float(d.min()), "delta_pct_max": float(d.max()),
-                    "delta_pct_std": float(d.std(ddof=1)) if len(d) > 1 else 0.0, "delta_pct_ci": None,
-                    "kl_to_base": float(np.mean(kls)) if kls else None, "n_seeds": len(rows),
-                    "per_seed": [{"seed": int(s), "removed": v[k]["removed"], "ppl": v[k]["ppl"],
-                                  "delta_pct": v[k]["delta_pct"]} for s, v in per_seed.items() if len(v) > k]})
-    return out
-
-
-def _finish(result: CurvesResult, scores: dict, memo: EvalMemo, counter: dict, t_start: float) -> None:
+def _finish(result: CurvesResult, scores: dict, memo: EvalMemo, counter: dict, t_start: float, prefix=None) -> None:
     rep, inter = result.methods.get("replacement"), result.methods.get("interchange")
     if rep and inter:
         ratios = []
@@ -416,4 +382,5 @@ def _finish(result: CurvesResult, scores: dict, memo: EvalMemo, counter: dict, t
     n_calib = sum(1 for k in memo.store if str(k[0]).startswith("calib:"))
     result.stats = {"evaluations": counter["evals"], "calibration_evaluations": n_calib,
                     "memo_hits": memo.hits, "memo_misses": memo.misses,
-                    "eval_seconds": memo.seconds, "seconds": time.perf_counter() - t_start}
+                    "eval_seconds": memo.seconds, "seconds": time.perf_counter() - t_start,
+                    **({"prefix": dict(prefix.stats, bytes=prefix.bytes)} if prefix is not None else {})}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from swapkl.contract import stable_hash
@@ -27,6 +28,7 @@ NOT_METRICS = ("alias", "name", "sample_len", "samples", " ")
 
 _MANAGERS: dict = {}
 _MANAGERS_LOCK = threading.Lock()
+_PRELOADED: dict = {}  # (include path, names) -> load_tasks' result, inside a ``preloaded`` block
 
 
 class TaskError(SwapklError):
@@ -89,6 +91,9 @@ def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
     registry, or a local group that needs a registry task) it is the full one.  The tasks are the same YAMLs either
     way: the choice changes the time taken, not what is evaluated."""
     names = list(names)
+    held = _PRELOADED.get((include_path or "", tuple(names)))
+    if held is not None:
+        return held
     if include_path and names:
         local = task_manager(include_path, defaults=False)
         if all(n in local.all_tasks for n in names):
@@ -98,6 +103,19 @@ def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
                 pass
     tm = task_manager(include_path)
     return tm, [load_task(tm, n) for n in names]
+
+
+@contextmanager
+def preloaded(include_path: str | None, names):
+    """Load the tasks now -- an unknown or unloadable task fails here, before a command loads its model -- and let
+    every :func:`load_tasks` of the same include path and names inside the block return them: a command's run loads
+    each task once.  (Outside a block every call loads afresh: a server's jobs never share task objects.)"""
+    key = (include_path or "", tuple(names))
+    _PRELOADED[key] = load_tasks(include_path, names)
+    try:
+        yield _PRELOADED[key]
+    finally:
+        _PRELOADED.pop(key, None)
 
 
 def load_task(tm, name: str) -> dict:

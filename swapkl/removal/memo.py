@@ -13,6 +13,7 @@ import numpy as np
 from swapkl import __version__
 from swapkl.store import CacheWarning, cache_root, warn_unwritable
 from swapkl.contract import stable_hash
+from swapkl.errors import SwapklError
 from swapkl.store import read_entry, write_entry
 
 
@@ -38,6 +39,14 @@ once, :func:`swapkl.store.warn_unwritable`, and the memo goes on in memory).  ``
         self.seconds = 0.0
         self.disk = Path(disk) if disk is not None else None
         self.disk_writable = True  # False after the first failed write (the rest stays in memory)
+
+    def bind(self, fingerprint: object) -> None:
+        """Tie the memo to one model and text: the first run's ``fingerprint`` is kept, another one raises
+        :class:`SwapklError` (the memo's evaluations would belong to another model or text)."""
+        if self.fingerprint is None:
+            self.fingerprint = fingerprint
+        elif self.fingerprint != fingerprint:
+            raise SwapklError("this evaluation memo belongs to another model or text; use a new EvalMemo")
 
     def _file(self, key) -> Path:
         return self.disk / f"{stable_hash([key[0], sorted(key[1])])[:24]}.json"

@@ -1,4 +1,5 @@
-"""Prefix sharing for the in-memory lm-eval path (docs/tasks.md, "Prefix sharing").
+"""Prefix sharing for the in-memory lm-eval path (docs/tasks.md, "Prefix sharing") and for removal curves
+(docs/removal.md, "Work reuse").
 
 A model without the layers S computes exactly what the base model computes up to the hidden state that *enters* the
 first removed layer f = min(S): blocks 0..f-1 are the same modules with the same slots (``layer_idx``), on the same
@@ -18,6 +19,8 @@ from typing import Iterable
 
 #: hidden states kept for one run, at most (past it, batches run in full)
 STATES_BUDGET_BYTES = 2 ** 30
+#: the same for a removal-curves run (swapkl.removal.curves: every block's entry state of the evaluation windows)
+CURVES_STATES_BYTES = 2 ** 29
 
 
 def _hidden(x):

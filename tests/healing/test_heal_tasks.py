@@ -17,6 +17,7 @@ from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.tasks import TaskSettings
 from test_heal_curves import fake_scores
+from test_tasks import counting_loads
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -198,7 +199,7 @@ def test_report_section_and_json_round_trip(run):
         HealCurves.from_dict(bad)
 
 
-def test_cli_heal_tasks(tasks_env, stories_path, small_corpus, tmp_path, capsys):
+def test_cli_heal_tasks(tasks_env, stories_path, small_corpus, tmp_path, capsys, monkeypatch):
     from swapkl.commands.cli import main
 
     text = tmp_path / "eval.txt"
@@ -212,8 +213,10 @@ def test_cli_heal_tasks(tasks_env, stories_path, small_corpus, tmp_path, capsys)
         assert main(common + extra) == 2
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
         assert len(err) == 1 and pattern in err[0], err
+    loads = counting_loads(monkeypatch)
     assert main(common + ["--tasks", TASK, "--include-path", str(FIXTURE_TASKS), "--limit", str(LIMIT),
                           "--json", str(js)]) == 0
+    assert loads == [TASK]  # loaded once, before the model: the pruned, healed and base evaluations share it
     out = capsys.readouterr().out
     d = json.loads(js.read_text())
     (e,) = d["tasks"]["methods"]["given"]

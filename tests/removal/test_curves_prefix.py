@@ -11,6 +11,7 @@ import torch
 
 from conftest import FAMILY_NAMES, tiny_model
 from swapkl.removal import curves as C
+from swapkl.removal import prefix
 from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.removal.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
@@ -24,7 +25,7 @@ METHODS = ("replacement", "interchange", "random", "anti")
 
 def _run(model, ids, monkeypatch, share: bool, unit: str = "block"):
     memo = EvalMemo()
-    monkeypatch.setattr(C, "PREFIX_STATES_BYTES", C.PREFIX_STATES_BYTES if share else 0)
+    monkeypatch.setattr(prefix, "CURVES_STATES_BYTES", prefix.CURVES_STATES_BYTES if share else 0)
     plan = RemovalPlan(budget=2, methods=METHODS, evaluator=EV, unit=unit)
     result = C.removal_curves(model, None, scores5(), plan, RunHooks(memo=memo, eval_ids=ids))
     return result, memo

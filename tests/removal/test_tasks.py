@@ -35,18 +35,41 @@ def _main(args, cache: Path, monkeypatch) -> int:
     return main([str(a) for a in args])
 
 
+#: the tasks the module's first run loaded, by name, in order
+FIRST_RUN_LOADS: list = []
+
+
+def counting_loads(mp) -> list:
+    """Every ``lmeval.load_task(manager, name)`` call from now on, by name (the real loader still runs)."""
+    from swapkl.removal import lmeval
+
+    calls, real = [], lmeval.load_task
+    mp.setattr(lmeval, "load_task", lambda tm, name: (calls.append(name), real(tm, name))[1])
+    return calls
+
+
 @pytest.fixture(scope="module")
 def first_run(stories_path, cache, tmp_path_factory):
-    """One CLI run: bi and replacement, budget 2 (boundary layers allowed, no spacing), 40 documents."""
+    """One CLI run: bi and replacement, budget 2 (boundary layers allowed, no spacing), 40 documents (the names of
+    the tasks it loaded go to :data:`FIRST_RUN_LOADS`)."""
     mp = pytest.MonkeyPatch()
     out = tmp_path_factory.mktemp("run1") / "tasks.json"
     try:
+        loads = counting_loads(mp)
         rc = _main(["tasks", stories_path, "--methods", "bi,replacement", "--budget", "2", "--include-boundary",
                     "--spacing", "0", *COMMON, "--json", out], cache, mp)
     finally:
         mp.undo()
-    assert rc == 0
+    assert rc == 0 and loads
+    FIRST_RUN_LOADS[:] = loads
     return json.loads(out.read_text())
+
+
+def test_each_task_is_loaded_once_per_run(first_run):
+    """The command loads the tasks before the model (a bad name fails first) and the run uses what it loaded."""
+    from swapkl.removal import lmeval
+
+    assert FIRST_RUN_LOADS == [TASK] and not lmeval._PRELOADED
 
 
 def test_json_shape_and_contract(first_run):
