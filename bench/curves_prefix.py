@@ -3,7 +3,10 @@ baseline's recorded hidden states) vs the plain path (every set's pruned copy ev
 default model with the dashboard's CPU defaults (16 x 32 adjacent scores, the ``quick`` evaluator, the dashboard's
 methods).
 
-    HF_HUB_OFFLINE=1 python bench/curves_prefix.py [MODEL] [--budget 4] [--rounds 2]
+    HF_HUB_OFFLINE=1 python bench/curves_prefix.py [MODEL] [--budget 4] [--rounds 2] [--methods sleb]
+
+With ``--methods sleb`` the calibration trials share too: SLEB's trial sets start from the base's states on the
+calibration text (``MethodContext.calib_result``).
 
 Each round runs both paths once, in alternating order, each with a fresh in-memory memo (the scores come from the
 cache).  Prints each run's CPU seconds (this process), the ratio of the sums, and whether every evaluation of the two
@@ -27,6 +30,7 @@ def main() -> int:
     ap.add_argument("model", nargs="?", default="default")
     ap.add_argument("--budget", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--methods", default=None, help="comma-separated (default: the dashboard's)")
     a = ap.parse_args()
 
     import numpy as np
@@ -44,7 +48,7 @@ def main() -> int:
     contract, ev = default_contract("cpu"), default_evaluator("cpu")
     res = score(ck, contract)
     scores = {"replacement": res.replacement(), "interchange": res.interchange()}
-    methods = registry.default_set("dashboard")
+    methods = tuple(a.methods.split(",")) if a.methods else registry.default_set("dashboard")
     plan = RemovalPlan(budget=a.budget, methods=methods, evaluator=ev)
     print(f"model {ck.identity.get('display')} ({ck.num_layers} layers), evaluator {ev.name} "
           f"({ev.max_words} words, window {ev.window}/{ev.stride}), budget {a.budget}, methods {', '.join(methods)}, "

@@ -95,3 +95,36 @@ def test_a_baseline_read_from_the_memo_records_nothing_and_sets_run_in_full():
     fresh = C.removal_curves(model, None, scores5(), RemovalPlan(budget=2, methods=["replacement"], evaluator=EV),
                              RunHooks(memo=EvalMemo(), eval_ids=ids))
     assert again.methods == fresh.methods
+
+
+@pytest.mark.parametrize("kind", FAMILY_NAMES + ("stories260K",))
+def test_sleb_trials_share_the_calibration_prefix_bit_for_bit(kind, stories, corpus, monkeypatch):
+    """SLEB's trial sets on calibration text start from the base's states recorded there
+    (``MethodContext.calib_result``): every evaluation, calibration trials included, equals the plain path's."""
+    from swapkl.removal.methods import base as B
+
+    model = stories.model if kind == "stories260K" else tiny_model(kind, num_layers=5, vocab=512)
+    ids = eval_ids(corpus, stories.tokenizer, EV)
+    stores, real = [], B.MethodContext._recording
+
+    def recording(self, key):
+        out = real(self, key)
+        stores.append(self._prefix[key])
+        return out
+    monkeypatch.setattr(B.MethodContext, "_recording", recording)
+    full, memos, results = prefix.CURVES_STATES_BYTES, {}, {}
+    for share in (True, False):
+        monkeypatch.setattr(prefix, "CURVES_STATES_BYTES", full if share else 0)
+        memos[share] = EvalMemo()
+        plan = RemovalPlan(budget=2, methods=("sleb",), evaluator=EV, method_params={"sleb": {"calib_tokens": 160}})
+        results[share] = C.removal_curves(model, stories.tokenizer, scores5(), plan,
+                                          RunHooks(memo=memos[share], eval_ids=ids, corpus=corpus))
+        if share:
+            (calib,) = stores  # one calibration text, recorded once for every trial
+            trials = [k for k in memos[True].store if k[0].startswith("calib:") and k[1]]
+            # 160 tokens: windows of 64, 64 and 32; batches of one window first, then of each shape
+            assert calib.stats["recorded_batches"] == 3
+            assert calib.stats["shared_batches"] == 3 * sum(min(k[1]) > 0 for k in trials) > 0
+    assert _same_evaluations(memos[True], memos[False]) >= 8  # trials of two steps, the base, the curve's sets
+    assert results[True].methods == results[False].methods
+    assert results[True].method_info["sleb"]["steps"] == results[False].method_info["sleb"]["steps"]

@@ -163,6 +163,7 @@ class MethodContext:
     bridger: object = None  # the run's swapkl.removal.bridging.Bridger when it repairs with a bridge, else None
     contract: object = None  # the run's scoring Contract: a method's own bridges score on its prompts (None: default)
     _calib_ids: object = None
+    _prefix: dict = field(default_factory=dict)  # calibration memo key -> PrefixStore of the base's states on that text
 
     def param(self, method: str, key: str, default):
         return self.params.get(method, {}).get(key, default)
@@ -217,9 +218,28 @@ class MethodContext:
                + (f":r{region}" if region else "") + (f":{self.unit}" if self.unit != BLOCK else ""))
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("stopped")
-        return self.memo.get(key, removed, lambda: E.evaluate_ppl(
-            removed_copy(self.model, removed, self.unit) if removed else self.model, ids, win, step,
-            batch_size=self.batch_size))
+
+        def compute():
+            if not removed:
+                return E.evaluate_ppl(self._recording(key), ids, win, step, batch_size=self.batch_size)
+            if key not in self._prefix:  # the base's states first: every trial set then runs only its own blocks
+                base = E.evaluate_ppl(self._recording(key), ids, win, step, batch_size=self.batch_size)
+                self.memo.get(key, (), lambda: base)  # kept when the memo lacks it (identical numbers otherwise)
+            pm = removed_copy(self.model, removed, self.unit)
+            self._prefix[key].attach(pm, removed)
+            return E.evaluate_ppl(pm, ids, win, step, batch_size=self.batch_size)
+        return self.memo.get(key, removed, compute)
+
+    def _recording(self, key: str):
+        """The base model as a private copy that records, per batch of calibration windows, the state entering every
+        block (:class:`~swapkl.removal.prefix.PrefixStore`, kept under ``key``; the stores of all calibration texts
+        together hold at most ``prefix.CURVES_STATES_BYTES``): a trial set whose first removed block is f then runs
+        only blocks f.. on them, bit for bit the plain evaluation (docs/removal.md, Work reuse)."""
+        from swapkl.removal import prefix
+
+        left = prefix.CURVES_STATES_BYTES - sum(st.bytes for k, st in self._prefix.items() if k != key)  # one bound for all
+        self._prefix[key] = store = prefix.PrefixStore(range(1, self.num_layers), budget_bytes=max(0, left))
+        return store.recording(self.model)
 
     def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
                   stride: int | None = None) -> float:
