@@ -120,9 +120,11 @@ def _retry_stale(fn, tries: int = 5):
 
 def click_clear(drv, find, seconds: float = 60):
     """Click the element ``find()`` returns, scrolled to the middle of the window first; again (found afresh) while
-    Streamlit redraws it (stale) or another element still covers it (a block being laid out, a toast), until
-    ``seconds`` have passed.  Returns the element clicked."""
-    from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
+    Streamlit redraws it (stale), another element still covers it (a block being laid out, a toast) or it cannot take
+    the click yet (not interactable: seen once on a loaded machine, the Compare page's Open button just after its
+    files were shown), until ``seconds`` have passed.  Returns the element clicked."""
+    from selenium.common.exceptions import (ElementClickInterceptedException, ElementNotInteractableException,
+                                            StaleElementReferenceException)
 
     deadline = time.time() + seconds
     while True:
@@ -131,7 +133,7 @@ def click_clear(drv, find, seconds: float = 60):
             drv.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
             el.click()
             return el
-        except (ElementClickInterceptedException, StaleElementReferenceException):
+        except (ElementClickInterceptedException, ElementNotInteractableException, StaleElementReferenceException):
             if time.time() > deadline:
                 raise
             time.sleep(0.3)
