@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-
 from swapkl import schema
 from swapkl.removal import methods as M
 from swapkl.contract import Provenance
@@ -208,8 +207,7 @@ class CurvesRun:
         from swapkl.removal import evaluate as E, prefix
 
         if record:
-            self.prefix = prefix.PrefixStore(range(1, self.L), budget_bytes=prefix.CURVES_STATES_BYTES)
-            model = self.prefix.recording(model)
+            self.prefix, model = prefix.recording_every_block(model, self.L, prefix.CURVES_STATES_BYTES)
         ev = self.ev
         return E.evaluate_ppl(model, self.ids, ev.window, ev.stride, ev.drop_first_target, batch_size=self.plan.batch_size,
                               should_stop=self.hooks.should_stop, **kw)

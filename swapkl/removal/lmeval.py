@@ -91,7 +91,7 @@ def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
     registry, or a local group that needs a registry task) it is the full one.  The tasks are the same YAMLs either
     way: the choice changes the time taken, not what is evaluated."""
     names = list(names)
-    held = _PRELOADED.get((include_path or "", tuple(names)))
+    held = _PRELOADED.get(_preload_key(include_path, names))
     if held is not None:
         return held
     if include_path and names:
@@ -105,12 +105,16 @@ def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
     return tm, [load_task(tm, n) for n in names]
 
 
+def _preload_key(include_path: str | None, names) -> tuple:
+    return include_path or "", tuple(names)
+
+
 @contextmanager
 def preloaded(include_path: str | None, names):
     """Load the tasks now -- an unknown or unloadable task fails here, before a command loads its model -- and let
     every :func:`load_tasks` of the same include path and names inside the block return them: a command's run loads
     each task once.  (Outside a block every call loads afresh: a server's jobs never share task objects.)"""
-    key = (include_path or "", tuple(names))
+    key = _preload_key(include_path, names)
     _PRELOADED[key] = load_tasks(include_path, names)
     try:
         yield _PRELOADED[key]

@@ -37,6 +37,13 @@ def batch_key(ids) -> tuple:
     return tuple(ids.shape), hashlib.blake2b(ids.detach().cpu().numpy().tobytes(), digest_size=16).hexdigest()
 
 
+def recording_every_block(model, num_layers: int, budget_bytes: int):
+    """``(store, copy)``: a :class:`PrefixStore` of the state entering every block 1..num_layers-1 (a removal set is
+    not known before the base runs: any block may be its first) and the private copy of ``model`` that fills it."""
+    store = PrefixStore(range(1, num_layers), budget_bytes=budget_bytes)
+    return store, store.recording(model)
+
+
 class PrefixStore:
     """The base model's hidden states entering ``layers`` (0 excluded: nothing to share), per lm-eval batch."""
 

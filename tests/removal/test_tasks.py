@@ -44,7 +44,11 @@ def counting_loads(mp) -> list:
     from swapkl.removal import lmeval
 
     calls, real = [], lmeval.load_task
-    mp.setattr(lmeval, "load_task", lambda tm, name: (calls.append(name), real(tm, name))[1])
+
+    def counted(tm, name):
+        calls.append(name)
+        return real(tm, name)
+    mp.setattr(lmeval, "load_task", counted)
     return calls
 
 

@@ -219,15 +219,18 @@ class MethodContext:
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("stopped")
 
+        def run(model):
+            return E.evaluate_ppl(model, ids, win, step, batch_size=self.batch_size)
+
         def compute():
             if not removed:
-                return E.evaluate_ppl(self._recording(key), ids, win, step, batch_size=self.batch_size)
+                return run(self._recording(key))
             if key not in self._prefix:  # the base's states first: every trial set then runs only its own blocks
-                base = E.evaluate_ppl(self._recording(key), ids, win, step, batch_size=self.batch_size)
+                base = run(self._recording(key))
                 self.memo.get(key, (), lambda: base)  # kept when the memo lacks it (identical numbers otherwise)
             pm = removed_copy(self.model, removed, self.unit)
             self._prefix[key].attach(pm, removed)
-            return E.evaluate_ppl(pm, ids, win, step, batch_size=self.batch_size)
+            return run(pm)
         return self.memo.get(key, removed, compute)
 
     def _recording(self, key: str):
@@ -238,8 +241,8 @@ class MethodContext:
         from swapkl.removal import prefix
 
         left = prefix.CURVES_STATES_BYTES - sum(st.bytes for k, st in self._prefix.items() if k != key)  # one bound for all
-        self._prefix[key] = store = prefix.PrefixStore(range(1, self.num_layers), budget_bytes=max(0, left))
-        return store.recording(self.model)
+        self._prefix[key], copy = prefix.recording_every_block(self.model, self.num_layers, max(0, left))
+        return copy
 
     def calib_ppl(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
                   stride: int | None = None) -> float:
