@@ -1,7 +1,7 @@
 """GGUF file -> Hugging Face model folder, converted once and kept in the cache.
 
 transformers reads a GGUF directly (``from_pretrained(folder, gguf_file=name)``) and dequantises every tensor
-to float32, which takes ~20 s for a 135M-parameter model on two cores.  :func:`gguf_to_hf_folder` does that
+to float32, which takes ~11 s for a 135M-parameter model on two cores (20 s without :func:`_parsed_once`).  :func:`gguf_to_hf_folder` does that
 once and saves an ordinary float32 safetensors folder (model + tokenizer) under
 ``<cache>/models/<stem>-<sha256 prefix>/``; later calls return the folder at once, and the folder loads with
 plain ``from_pretrained(folder)`` without the ``gguf`` package.
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -137,20 +139,63 @@ def _file_lock(lock_path: Path):
     return FileLock(lock_path)
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _parsed_once():
+    """Within the block, a GGUF file's header is parsed once and gguf's tensor-name map built once per
+    (architecture, layers).
+
+    transformers' loader parses the whole header (every metadata field: the default model's 49,152-token
+    vocabulary is ~4 s of it) for the config, again for the weights and again for the tokenizer, and builds the
+    name map anew for each of the model's ~400 modules (~5 s): about 8 of the default's 20 s of conversion
+    (``tests/model/test_gguf_parse_once.py`` counts the parses and compares with transformers' own loading).  Both are
+    read-only and depend only on their arguments, so the block hands transformers one ``gguf.GGUFReader`` per
+    file (keyed by resolved path, size and mtime) and one map per arguments; gguf's own attributes are restored
+    on exit.  Blocks run one at a time (a lock), so no other thread sees a half-installed patch."""
+    import gguf
+
+    names = ("GGUFReader", "get_tensor_name_map")
+    if not all(callable(getattr(gguf, n, None)) for n in names):  # another gguf layout: load as it comes
+        yield
+        return
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, *args, **kwargs):
+        if args or kwargs:
+            return reader_cls(path, *args, **kwargs)
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        if key not in readers:
+            readers[key] = reader_cls(path)
+        return readers[key]
+
+    with _PARSE_LOCK:
+        gguf.GGUFReader = reader
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+
+
 def load_gguf(gguf_path: str | os.PathLike, with_tokenizer: bool = True):
     """Load ``(model, tokenizer)`` straight from a GGUF file, dequantised to float32, in eval mode, with the
-    leftover quantisation setting removed (so the model can be saved).  Takes ~20 s for 135M parameters
-    (~4 s of it the tokenizer; ``with_tokenizer=False`` returns ``(model, None)``)."""
+    leftover quantisation setting removed (so the model can be saved).  Takes ~11 s for 135M parameters
+    (~1.5 s of it the tokenizer; ``with_tokenizer=False`` returns ``(model, None)``)."""
     p = check_gguf_file(gguf_path)
     require_gguf_packages()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32,
-                                                     trust_remote_code=False)
-        tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, trust_remote_code=False) \
-            if with_tokenizer else None
+        with _parsed_once():
+            model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32,
+                                                         trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, trust_remote_code=False) \
+                if with_tokenizer else None
     except MemoryError:
         raise
     except SwapklError:
@@ -205,7 +250,7 @@ def gguf_to_hf_folder(gguf_path: str | os.PathLike, cache_root: str | os.PathLik
 def _convert_into(src: Path, digest: str, parent: Path, prefix: str, say) -> Path:
     """Convert ``src`` into a new temporary folder under ``parent`` (config, float32 safetensors, tokenizer,
     source record) and return it; nothing is left behind on failure."""
-    say(f"converting {src.name} to a float32 Hugging Face folder (once; ~20 s per 100M parameters)")
+    say(f"converting {src.name} to a float32 Hugging Face folder (once; ~10 s per 100M parameters)")
     t0 = time.perf_counter()
     model, tokenizer = load_gguf(src)
     with temp_folder(parent, prefix) as tmp:  # the cache is shared by the CLI and the dashboard: 0755
