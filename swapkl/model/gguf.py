@@ -1,8 +1,8 @@
 """GGUF file -> Hugging Face model folder, converted once and kept in the cache.
 
 transformers reads a GGUF directly (``from_pretrained(folder, gguf_file=name)``) and dequantises every tensor
-to float32, which takes ~11 s for a 135M-parameter model on two cores (20 s without :func:`_parsed_once`).  :func:`gguf_to_hf_folder` does that
-once and saves an ordinary float32 safetensors folder (model + tokenizer) under
+to float32, which takes ~11 s for a 135M-parameter model on two cores (20 s without :func:`_parsed_once`).
+:func:`gguf_to_hf_folder` does that once and saves an ordinary float32 safetensors folder (model + tokenizer) under
 ``<cache>/models/<stem>-<sha256 prefix>/``; later calls return the folder at once, and the folder loads with
 plain ``from_pretrained(folder)`` without the ``gguf`` package.
 
