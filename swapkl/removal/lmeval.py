@@ -179,9 +179,47 @@ def evaluate(model, tokenizer, task: dict, tm, *, limit: int | None = None, num_
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(task["spec"]), task_manager=tm, limit=limit,
-                                  num_fewshot=num_fewshot, log_samples=False, verbosity="ERROR")
+    with _no_environment_report():
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(task["spec"]), task_manager=tm, limit=limit,
+                                      num_fewshot=num_fewshot, log_samples=False, verbosity="ERROR")
     return rows_of(out)
+
+
+_SKIP_ENV = threading.local()
+_ENV_PATCH_LOCK = threading.Lock()
+#: what the results' ``pretty_env_info`` says when swapkl's evaluation left the report out
+NO_ENV_REPORT = "not collected (swapkl records its own evaluation contract)"
+
+
+@contextmanager
+def _no_environment_report():
+    """Within the block, this thread's ``simple_evaluate`` leaves out lm-eval's environment report.
+
+    ``simple_evaluate`` ends every evaluation with ``add_env_info``, whose ``torch.utils.collect_env`` report runs
+    ``python -m pip list`` and a few system commands in subprocesses: ~0.55 s of CPU per evaluated model (a
+    ``swapkl tasks`` run on stories260K with 5 models: 2.7 of its 10 s), for a text swapkl never reads
+    (:func:`rows_of` keeps the metrics; the contract records the versions).  lm-eval's function is wrapped once
+    (``lm_eval.evaluator.add_env_info``); the wrapper calls it as before in every other thread and outside the
+    block, so other code that uses lm-eval in the same process gets the full report."""
+    import lm_eval.evaluator as ev
+
+    with _ENV_PATCH_LOCK:
+        real = getattr(ev, "add_env_info", None)
+        if real is not None and not getattr(real, "_swapkl_wrapped", False):
+            def add_env_info(storage, *args, **kwargs):
+                if getattr(_SKIP_ENV, "on", False):
+                    storage.update({"pretty_env_info": NO_ENV_REPORT, "lm_eval_version": lm_eval_version()})
+                    return None
+                return real(storage, *args, **kwargs)
+
+            add_env_info._swapkl_wrapped = True
+            ev.add_env_info = add_env_info
+    before = getattr(_SKIP_ENV, "on", False)
+    _SKIP_ENV.on = True
+    try:
+        yield
+    finally:
+        _SKIP_ENV.on = before
 
 
 def rows_of(out: dict) -> dict:
