@@ -201,6 +201,7 @@ def _no_environment_report():
     (:func:`rows_of` keeps the metrics; the contract records the versions).  lm-eval's function is wrapped once
     (``lm_eval.evaluator.add_env_info``); the wrapper calls it as before in every other thread and outside the
     block, so other code that uses lm-eval in the same process gets the full report."""
+    require_extra("tasks", WHAT)
     import lm_eval.evaluator as ev
 
     with _ENV_PATCH_LOCK:
