@@ -84,9 +84,11 @@ def sources(tmp_path_factory, stories_path) -> dict:
 
 
 def _hf(path: Path):
-    from transformers import AutoModelForCausalLM
+    """transformers' GGUF loader on ``path`` (through ``load_gguf``, which parses the header once instead of twice:
+    the default's is ~4 s a parse; tests/model/test_gguf_parse_once.py checks it gives transformers' own result)."""
+    from swapkl.model.gguf import load_gguf
 
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return load_gguf(path, with_tokenizer=False)[0]
 
 
 def _prompt(kind: str, path: Path) -> list[int]:
