@@ -44,6 +44,19 @@ class Progress:
         return min(1.0, self.done / self.total) if self.total else 0.0
 
 
+#: size of every progress file, in bytes (the JSON is ~300-600 bytes, padded with spaces after it)
+PROGRESS_FILE_BYTES = 4096
+
+
+def progress_bytes(progress: dict) -> str:
+    """``progress`` as JSON padded with trailing spaces to a multiple of :data:`PROGRESS_FILE_BYTES` (ASCII: one
+    byte a character).  The static file server takes a file's length from one ``stat`` and streams the file it then
+    opens; a version replaced in between with another length made it fail the response ("Too much / too little
+    data for declared Content-Length", a traceback in the server log).  Versions of one size cannot disagree."""
+    text = json.dumps(progress, ensure_ascii=True)
+    return text + " " * (-len(text) % PROGRESS_FILE_BYTES)
+
+
 class Job:
     """A computation and everything it has produced so far (read by the pages, written by the worker).
 
@@ -141,14 +154,15 @@ class Job:
     def publish(self, force: bool = False, min_interval_s: float = 0.5) -> None:
         """Write :meth:`progress_dict` to ``progress_path`` (at most every ``min_interval_s`` unless ``force``):
         the dashboard's progress line polls this small file from the browser, so following a job costs the
-        server nothing.  Readers see the old or the new file (:func:`swapkl.store.atomic_write_text`); errors are ignored."""
+        server nothing.  Readers see the old or the new file (:func:`swapkl.store.atomic_write_text`), and every
+        version has the same size (:func:`progress_bytes`); errors are ignored."""
         path = self.progress_path
         now = time.monotonic()
         if path is None or (not force and now - self._published < min_interval_s):
             return
         self._published = now
         try:
-            atomic_write_text(path, json.dumps(self.progress_dict()))
+            atomic_write_text(path, progress_bytes(self.progress_dict()))
         except OSError:
             pass
 
