@@ -1,6 +1,6 @@
 """CPU seconds of the test suite per file, from a run with ``tests/support/cpu_times.py``:
 
-    SWAPKL_CPU_TIMES=/tmp/cpu python3 -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+    SWAPKL_CPU_TIMES=/tmp/cpu python3 -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
     python3 bench/suite_cpu.py /tmp/cpu [--top 30]
 
 Prints the total and the files with the most CPU (user + system of the test process and the children it waited

@@ -5,7 +5,7 @@
 #   bash bench/suite_time.sh [BEFORE=ab5e475] [AFTER=HEAD]        (from the checkout's root; ~15 min on 2 cores)
 #
 # * before: a clone at BEFORE, its README command of the time (serial: python3 -m pytest -q);
-# * after: a clone at AFTER, the README command now (-n 3 --dist loadfile --no-loadscope-reorder);
+# * after: a clone at AFTER, the README command now (-n 2 --dist loadfile --no-loadscope-reorder);
 # * same test files: the after run ignores every test file added since BEFORE (git diff -M --diff-filter=A), except
 #   tests/dashboard/test_heal_panel.py, which existed at BEFORE under another name;
 # * both with SWAPKL_SLOW_TESTS=1 SWAPKL_FAIL_ON_SKIP=1 HF_HUB_OFFLINE=1 (CI's settings); /usr/bin/time gives wall and
@@ -25,7 +25,7 @@ echo "before $BEFORE, after $AFTER; $(echo "$IGN" | wc -w) new test files left o
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 (cd "$WORK/before" && /usr/bin/time -o "$WORK/before.time" -f "%e %U %S" python3 -m pytest -q > "$WORK/before.log" 2>&1)
 (cd "$WORK/after" && /usr/bin/time -o "$WORK/after.time" -f "%e %U %S" \
-   python3 -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder $IGN > "$WORK/after.log" 2>&1)
+   python3 -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $IGN > "$WORK/after.log" 2>&1)
 for run in before after; do
   read -r wall user sys < <(tail -1 "$WORK/$run.time")  # the last line: /usr/bin/time may first say the exit status
   printf "%-6s %s | wall %7.1f s | CPU %6.0f s (user %.0f + sys %.0f)\n" "$run" \

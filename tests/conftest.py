@@ -16,7 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # Tiny models run as fast on one intra-op thread as on two, and two spinning OpenMP threads collapse (10-150x
-# slower) whenever another process shares the cores: the README's command runs three workers on this machine's two.
+# slower) whenever another process shares the cores: the README's command runs two workers on this machine's two,
+# beside the servers, browsers and subprocesses they start.
 # One intra-op thread here and in every process a test starts (CLI subprocesses, torchrun ranks, the dashboard
 # servers, which inherit the environment).
 _THREADS = os.environ.get("SWAPKL_TEST_THREADS", "1")
