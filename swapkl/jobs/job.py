@@ -48,7 +48,7 @@ class Progress:
 PROGRESS_FILE_BYTES = 4096
 
 
-def progress_bytes(progress: dict) -> str:
+def progress_json(progress: dict) -> str:
     """``progress`` as JSON padded with trailing spaces to a multiple of :data:`PROGRESS_FILE_BYTES` (ASCII: one
     byte a character).  The static file server takes a file's length from one ``stat`` and streams the file it then
     opens; a version replaced in between with another length made it fail the response ("Too much / too little
@@ -155,14 +155,14 @@ class Job:
         """Write :meth:`progress_dict` to ``progress_path`` (at most every ``min_interval_s`` unless ``force``):
         the dashboard's progress line polls this small file from the browser, so following a job costs the
         server nothing.  Readers see the old or the new file (:func:`swapkl.store.atomic_write_text`), and every
-        version has the same size (:func:`progress_bytes`); errors are ignored."""
+        version has the same size (:func:`progress_json`); errors are ignored."""
         path = self.progress_path
         now = time.monotonic()
         if path is None or (not force and now - self._published < min_interval_s):
             return
         self._published = now
         try:
-            atomic_write_text(path, progress_bytes(self.progress_dict()))
+            atomic_write_text(path, progress_json(self.progress_dict()))
         except OSError:
             pass
 

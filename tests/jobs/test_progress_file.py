@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from swapkl.jobs.job import PROGRESS_FILE_BYTES, Job, progress_bytes
+from swapkl.jobs.job import PROGRESS_FILE_BYTES, Job, progress_json
 from swapkl.jobs.requests import AnalysisRequest
 
 
@@ -33,6 +33,6 @@ def test_every_version_of_a_jobs_progress_file_has_one_length(tmp_path):
 
 
 def test_a_longer_text_pads_to_the_next_multiple():
-    short, long_ = progress_bytes({"text": "a"}), progress_bytes({"text": "é" * 1500})  # \\u00e9: 6 bytes each
+    short, long_ = progress_json({"text": "a"}), progress_json({"text": "é" * 1500})  # "\\u00e9": 6 bytes each
     assert len(short) == PROGRESS_FILE_BYTES and len(long_) == 3 * PROGRESS_FILE_BYTES
     assert long_.isascii() and json.loads(long_) == {"text": "é" * 1500}
