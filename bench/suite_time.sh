@@ -18,8 +18,7 @@ SRC=$(git rev-parse --show-toplevel)
 WORK=$(mktemp -d)
 git clone -q "$SRC" "$WORK/before" && git -C "$WORK/before" checkout -q "$BEFORE"
 git clone -q "$SRC" "$WORK/after" && git -C "$WORK/after" checkout -q "$AFTER"
-IGN=$(git -C "$WORK/after" diff -M --name-only --diff-filter=A "$BEFORE"..HEAD -- tests/ | grep -E "/test_[^/]*\.py$" \
-      | grep -v "^tests/dashboard/test_heal_panel.py$" | sed 's/^/--ignore=/' | tr '\n' ' ')
+IGN=$(cd "$WORK/after" && bash "$SRC/bench/added_tests.sh" "$BEFORE")
 export SWAPKL_SLOW_TESTS=1 SWAPKL_FAIL_ON_SKIP=1 HF_HUB_OFFLINE=1
 echo "before $BEFORE, after $AFTER; $(echo "$IGN" | wc -w) new test files left out of the after run"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"

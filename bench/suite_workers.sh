@@ -16,8 +16,7 @@ git clone -q "$SRC" "$WORK/clone" && git -C "$WORK/clone" checkout -q "$(git rev
 cd "$WORK/clone" || exit 1
 IGN=""
 if [ -n "$SINCE" ]; then
-  IGN=$(git diff -M --name-only --diff-filter=A "$SINCE"..HEAD -- tests/ | grep -E "/test_[^/]*\.py$" \
-        | grep -v "^tests/dashboard/test_heal_panel.py$" | sed 's/^/--ignore=/' | tr '\n' ' ')
+  IGN=$(bash bench/added_tests.sh "$SINCE")
 fi
 export SWAPKL_SLOW_TESTS=1 SWAPKL_FAIL_ON_SKIP=1 HF_HUB_OFFLINE=1
 echo "commit $(git rev-parse --short HEAD); $(echo "$IGN" | wc -w) test files left out; load $(cut -d' ' -f1-3 /proc/loadavg)"
