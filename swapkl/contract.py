@@ -22,6 +22,12 @@ SUBLAYERS = ("attention", "mlp")
 #: every other module imports these (tests/model/test_unit_names.py checks it).
 UNITS = (BLOCK, *SUBLAYERS)
 
+#: the two definitions of "block j in slot i" (docs/method.md §1): ``slot`` (the paper's; block j's weights in slot i's
+#: module, with the slot's per-layer settings) and ``block`` (block j's own module, with its own settings).  The one
+#: place their names are spelled; :mod:`swapkl.scoring.definitions` holds one class per definition.
+SLOT = "slot"
+PER_LAYER = (SLOT, "block")
+
 POSITIONS = ("all", "last")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -45,6 +51,15 @@ def check_unit(unit, error: Callable[[str], Exception] = ContractError) -> str:
         shown = str(unit) if len(str(unit)) <= 40 else str(unit)[:40] + "…"  # a name from a file may be huge
         raise error(f"unknown unit '{shown}'; choose one of: {', '.join(UNITS)}")
     return unit
+
+
+def check_per_layer(name, error: Callable[[str], Exception] = ContractError) -> str:
+    """``name`` when it is one of :data:`PER_LAYER`; else raises ``error(message)``:
+    ``unknown per-layer definition 'x'; choose one of: slot, block``."""
+    if not isinstance(name, str) or name not in PER_LAYER:
+        shown = str(name) if len(str(name)) <= 40 else str(name)[:40] + "…"
+        raise error(f"unknown per-layer definition '{shown}'; choose one of: {', '.join(PER_LAYER)}")
+    return name
 
 
 def parse_pairs(spec: str) -> tuple[str, int | None]:
@@ -102,6 +117,9 @@ class Contract:
     * ``bos``: ``auto`` (start each window with BOS when the tokenizer adds one by default), ``yes``, ``no``.
     * ``unit``: the unit of analysis, ``block`` (default), ``attention`` or ``mlp`` (:mod:`swapkl.model.units`):
       which part of layer i and j each protocol exchanges.
+    * ``per_layer``: what "block j in slot i" means (docs/method.md §1): ``slot`` (default, the paper's: block j's
+      weights in slot i's module with the slot's per-layer settings; a pair of blocks of different structure is
+      undefined) or ``block`` (block j's own module with its own settings; what removal does).
     """
 
     pairs: str = "adjacent"
@@ -116,6 +134,7 @@ class Contract:
     kl_dtype: str = "float32"
     bos: str = "auto"
     unit: str = BLOCK
+    per_layer: str = SLOT
 
     def __post_init__(self):
         parse_pairs(self.pairs)
@@ -136,6 +155,7 @@ class Contract:
         if self.bos not in ("auto", "yes", "no"):
             raise ContractError("bos must be auto, yes or no")
         check_unit(self.unit)
+        check_per_layer(self.per_layer)
 
     def with_(self, **kw) -> Contract:
         return replace(self, **kw)
@@ -163,13 +183,15 @@ class Contract:
 
     def key(self, corpus_sha: str) -> dict:
         """The settings that determine each per-pair value (pairs, device, aggregation excluded).  The unit
-        enters only when it is not ``block``: a block entry's key has no unit field, the same key for every block
-        entry in the cache."""
+        enters only when it is not ``block`` and the per-layer definition only when it is not ``slot``: such an entry's
+        key has no field for them, the same key as every entry written before they existed."""
         key = {"prompts": self.prompts, "tokens": self.tokens, "positions": self.positions,
                "corpus_sha256": corpus_sha, "seed": self.seed, "dtype": self.dtype,
                "kl_dtype": self.kl_dtype, "bos": self.bos}
         if self.unit != BLOCK:
             key["unit"] = self.unit
+        if self.per_layer != SLOT:
+            key["per_layer"] = self.per_layer
         return key
 
 

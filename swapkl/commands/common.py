@@ -5,7 +5,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from swapkl.contract import Contract, PRESETS, UNITS
+from swapkl.contract import PER_LAYER, Contract, PRESETS, UNITS
 from swapkl.errors import SwapklError
 from swapkl.scoring.corpora import load_corpus
 from swapkl.surgery.outputs import check_output_file
@@ -35,6 +35,10 @@ def add_contract_args(p, pairs_default: str = "adjacent") -> None:
     p.add_argument("--unit", default=None, metavar="|".join(UNITS),
                    help="what each protocol moves between layers: whole blocks (default), or only the attention or "
                         "MLP sublayer with its norms (docs/method.md, 'Sublayer units')")
+    p.add_argument("--per-layer", default=None, metavar="|".join(PER_LAYER),
+                   help="what 'block j in slot i' means (docs/method.md §1): slot (default, the paper's: block j's "
+                        "weights in slot i's module, with the slot's per-layer settings; pairs of blocks of different "
+                        "structure are n/a) or block (block j's own module with its own settings, as removal does)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the score cache")
 
 
@@ -51,7 +55,7 @@ def contract_from_args(a) -> Contract:
     ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""
     given = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "corpus": a.corpus, "seed": a.seed,
              "dtype": a.dtype, "device": a.device, "aggregation": a.aggregation,
-             "unit": getattr(a, "unit", None) or "block"}
+             "unit": getattr(a, "unit", None) or "block", "per_layer": getattr(a, "per_layer", None) or "slot"}
     if a.positions is not None:
         given["positions"] = a.positions
     contract = Contract.preset(getattr(a, "preset", "canonical") or "canonical", **given)

@@ -28,10 +28,14 @@ def render_summary(res) -> str:
     s = res.summary(ci=False)
     c = res.contract
     lines = [f"model: {res.identity.get('display') or res.identity.get('id')}  layers: {res.num_layers}",
-             f"contract: unit={c.get('unit', 'block')} pairs={c['pairs']} prompts={c['prompts']}x{c['tokens']} positions={c['positions']} "
+             f"contract: unit={c.get('unit', 'block')} per-layer={c.get('per_layer', 'slot')} pairs={c['pairs']} prompts={c['prompts']}x{c['tokens']} positions={c['positions']} "
              f"dtype={c['dtype']} aggregation={c['aggregation']} corpus={c.get('corpus_label')}",
              f"pairs computed: {res.meta.get('computed_pairs')}, from cache: {res.meta.get('cached_pairs')}, "
              f"noise floor {res.noise_floor if res.noise_floor is not None else float('nan'):.2e} nats"]
+    if res.undefined:
+        (i, j), why = next(iter(sorted(res.undefined.items())))
+        lines.append(f"n/a: {len(res.undefined)} pair(s) undefined under per-layer={c.get('per_layer', 'slot')}, "
+                     f"e.g. ({i}, {j}): {why}")
     if s.get("pairs"):
         lines += [f"gap d_repl - d_inter (nats): mean {s['gap']['mean']:.4f} median {s['gap']['median']:.4f} "
                   f"p75 {s['gap']['p75']:.4f} max {s['gap']['max']:.4f}; KL ratio median {s['kl_ratio']['median']:.3f}",

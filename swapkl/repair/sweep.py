@@ -119,7 +119,8 @@ class BridgedSweep:
             if s == L or not live:
                 continue
             x = live[0][2] if len(live) == 1 else torch.cat([r[2] for r in live], 0)
-            y = self.batch.run(lambda rows, s=s: self.runner.run_slot(self.base, s, s, rows), x, "block")
+            y = self.batch.run_rows(lambda part, rows, s=s: self.runner.run_slot(self.base, s, s, part, rows), x,
+                                    self.ids.shape[0], "block")
             self.stats.block_calls += x.shape[0]
             off = 0
             for r in live:

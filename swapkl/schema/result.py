@@ -39,6 +39,7 @@ def result_fields(d: Any, what: str = "result file") -> dict:
             "noise_floor": lambda v, w: _number(v, w, -MAX_KL, MAX_KL, null=True),
             "summary": lambda v, w: _json(_object(v, w), w),
             "meta": _meta,
+            "undefined": lambda v, w: _undefined(v, w, L, pairs),
         }
         f = _fields(d, "", spec, extra=_json)
     return {"num_layers": L, "pairs": pairs,
@@ -46,7 +47,7 @@ def result_fields(d: Any, what: str = "result file") -> dict:
                            for name, vecs in per_prompt.items()},
             "contract": f["contract"], "identity": f.get("model", {}),
             "prompt_token_ids": f.get("prompt_token_ids", []), "prompts_info": f.get("prompts", {}),
-            "noise_floor": f.get("noise_floor"), "meta": f.get("meta", {})}
+            "noise_floor": f.get("noise_floor"), "meta": f.get("meta", {}), "undefined": f.get("undefined", {})}
 
 
 # ============================================================================================ result parts
@@ -63,6 +64,24 @@ def _pairs(x, where: str, L: int) -> list[tuple[int, int]]:
             _fail(w, p, "is listed twice")
         seen.add(p)
         out.append(p)
+    return out
+
+
+def _undefined(x, where: str, L: int, pairs: list) -> dict:
+    """``[[i, j, reason], ...]``: pairs without a value under the per-layer definition, each with its one-line
+    reason (a bounded string), none of them among the computed ``pairs``."""
+    most = L * (L - 1) // 2
+    x = _array(x, where, most, f"has more pairs than a {L}-layer model has ({most})")
+    computed = set(pairs)
+    out: dict = {}
+    for k, item in enumerate(x):
+        w = f"{where}[{k}]"
+        if not isinstance(item, (list, tuple)) or len(item) != 3:
+            _fail(w, item, "is not [i, j, reason]")
+        p = _pair(item[:2], w, L)
+        if p in computed or p in out:
+            _fail(w, p, "is a computed pair or listed twice")
+        out[p] = _text(item[2], f"{w}[2]")
     return out
 
 

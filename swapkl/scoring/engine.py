@@ -15,9 +15,13 @@ The sweep is exact (no approximation) and uses the speed-ups of docs/method.md Â
 * **head only where scored**, float32 KL chunked over prompts so P*T*V log-probs never exist at once, through
   the KL implementation of :mod:`swapkl.scoring.kl` the engine was given (``kl_impl``; fused on a GPU).
 
-A block runs in a slot through the slot's own module (so slot-dependent behaviour - rotary embeddings,
-``layer_idx``, per-slot attention type or scaling - is the slot's) with the other block's tensors
-(``torch.func.functional_call``), which equals copying the weights in (the paper's scripts) without copying.
+What runs when a block is in another slot is the contract's per-layer definition (:mod:`swapkl.scoring.definitions`):
+``slot`` (default) runs the slot's own module (so slot-dependent behaviour - rotary embeddings, ``layer_idx``,
+per-slot attention type or scaling - is the slot's) with the other block's tensors (``torch.func.functional_call``),
+which equals copying the weights in (the paper's scripts) without copying, and is undefined for a pair of blocks of
+different structure (:meth:`SwapEngine.undefined`: such pairs are left out, with their reason); ``block`` runs the
+other block's own module with its own call.  Each call groups only row sets that run the same block in the same
+slot, so blocks of different structure never share a call.
 
 **Units** (``unit``, docs/method.md "Sublayer units"): for ``attention`` or ``mlp`` the same sweep moves only that
 sublayer unit (its module and its norms): ``M[i<-j]`` runs slot i's block with unit j's weights, ``M[i<->j]`` gives
@@ -32,11 +36,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
+from torch.func import functional_call
 
 from swapkl.errors import ComputeInterrupted
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction, base_distribution, kl_from_logits, kl_rows  # noqa: F401
-from swapkl.scoring.slots import free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn, ProgressFn
+from swapkl.scoring.slots import free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn, ProgressFn, undefined_moves
 
 ChunkFn = Callable[[dict], None]
 
@@ -86,19 +91,20 @@ class SwapEngine:
     (once per chunk of pairs, shared by all its variants).
     ``fault``: test hook, see :class:`BatchController`.  ``on_oom(record)``: called at each halving.
     ``unit``: ``block`` (default), ``attention`` or ``mlp``: what each protocol moves (:class:`BlockRunner`).
+    ``per_layer``: ``slot`` (default) or ``block``, the definition of a block in another slot.
     """
 
     def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
                  max_rows: int = 64, max_live: int = 48, kl_chunk_rows: int | None = None,
                  logp_budget: int = 512 * 2**20, fault: Callable | None = None,
                  on_oom: Callable[[dict], None] | None = None, kl_dtype: torch.dtype = torch.float32,
-                 kl_impl: str = "auto", timing: bool = False, unit: str = "block"):
+                 kl_impl: str = "auto", timing: bool = False, unit: str = "block", per_layer: str = "slot"):
         if positions not in ("all", "last"):
             raise ValueError(positions)
         if kl_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"kl_dtype must be float32 or float64, got {kl_dtype}")
         self.kl_dtype = kl_dtype
-        self.runner = BlockRunner(model, unit)
+        self.runner = BlockRunner(model, unit, per_layer)
         self.ids = ids
         self.positions = positions
         self.stats = SweepStats()
@@ -147,6 +153,11 @@ class SwapEngine:
         """Per-prompt KL [P] of each variant's last-block output [P, T, D] (:meth:`HeadKL.kl_many`)."""
         return self.head.kl_many(h_lasts)
 
+    def undefined(self, pairs: Iterable[tuple[int, int]]) -> dict:
+        """``{(i, j): reason}`` for the pairs the engine's per-layer definition leaves undefined (block j's unit in
+        slot i or block i's in slot j cannot run); :meth:`sweep` refuses them."""
+        return undefined_moves(self.runner, pairs)
+
     def sweep(self, pairs: Iterable[tuple[int, int]], progress: ProgressFn | None = None,
               on_pair: PairFn | None = None, should_stop: Callable[[], bool] | None = None,
               on_chunk: ChunkFn | None = None) -> dict:
@@ -161,6 +172,10 @@ class SwapEngine:
         for i, j in pairs:
             if not (0 <= i < j < L):
                 raise ValueError(f"bad pair ({i}, {j}) for {L} layers")
+        bad = self.undefined(pairs)
+        if bad:
+            (i, j), why = next(iter(bad.items()))
+            raise ValueError(f"pair ({i}, {j}) is undefined: {why}")
         total = 3 * len(pairs)
         done = 0
         results: dict = {}
@@ -239,7 +254,8 @@ class SwapEngine:
                 groups.setdefault(r.overrides.get(s, s), []).append(r)
             for block, rows in groups.items():
                 x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
-                y = self.batch.run(lambda part, b=block, s=s: self.runner.run_slot(self.base, s, b, part), x, "block")
+                y = self.batch.run_rows(lambda part, rows, b=block, s=s: self.runner.run_slot(self.base, s, b, part, rows),
+                                        x, self.ids.shape[0], "block")
                 calls += x.shape[0]
                 off = 0
                 for r in rows:
@@ -276,7 +292,37 @@ def precision_floor(engine: SwapEngine, n: int = 2) -> float:
     n = min(n, engine.ids.shape[0])
     h = engine.base.states[0][:n]
     for s in range(engine.num_layers):
-        h = engine.runner.run_slot_float32(engine.base, s, h)
-    logits = engine.runner.logits_float32(engine._scored(h))
+        h = _slot_float32(engine.runner, s, h)
+    logits = _logits_float32(engine.runner, engine._scored(h))
     lb = engine._base_logp(0, n).to(logits.device)
     return float(kl_rows(lb, logits).mean().item())
+
+
+def _slot_float32(runner: BlockRunner, slot: int, h: torch.Tensor) -> torch.Tensor:
+    """Slot ``slot`` with its own weights upcast to float32 (inputs and slot arguments too): the same network
+    computed at higher precision, one block's float32 copy at a time."""
+    mod = runner.blocks[slot]
+    dev = runner.block_device(slot)
+    args, kwargs = runner.call(slot, torch.arange(h.shape[0]) % max(1, runner.num_prompts), dev)
+    args = (_float32(h.to(dev)),) + tuple(_float32(a) for a in args)
+    kwargs = {k: _float32(v) for k, v in kwargs.items()}
+    out = functional_call(mod, {k: _float32(v) for k, v in runner.weights_on(slot, dev).items()}, args, kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _logits_float32(runner: BlockRunner, h_last: torch.Tensor) -> torch.Tensor:
+    """The runner's logits with the final norm and head upcast to float32."""
+    norm, head = runner.loc.final_norm, runner.loc.head
+    dev = next(head.parameters()).device
+    x = functional_call(norm, {k: _float32(v) for k, v in norm.state_dict(keep_vars=True).items()},
+                        (_float32(h_last.to(dev)),))
+    return functional_call(head, {k: _float32(v) for k, v in head.state_dict(keep_vars=True).items()}, (x,))
+
+
+def _float32(obj):
+    """Floating tensors inside ``obj`` (tuples too) as float32; everything else unchanged."""
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_float32(o) for o in obj)
+    return obj

@@ -1,9 +1,13 @@
 """The plain, obviously correct swap-KL implementation (the way the paper's scripts work).
 
-Every variant is a full forward from the token ids, batch of one, with the moved weights copied into the slots by
-``load_state_dict`` (and restored afterwards).  For a sublayer unit (docs/method.md "Sublayer units") the weights
-copied into slot i are slot i's own block with the unit's entries taken from block j
-(:func:`~swapkl.model.units.mixed_weights`).  It is slow on purpose: the engine is tested and benchmarked against it.
+Every variant is a full forward from the token ids, batch of one, on a private copy of the model.  Under the
+``slot`` definition (docs/method.md §1) the moved weights are copied into the slots by ``load_state_dict`` (and
+restored afterwards); a pair whose weights ``load_state_dict`` refuses (other names or shapes) is undefined.  Under
+the ``block`` definition the block *modules* are moved: the copy's block list holds block j's module object in slot
+i, and every per-layer list of the config (a list with one entry per layer: ``layer_types`` and the like) is moved in
+step.  For a sublayer unit (docs/method.md "Sublayer units") slot i keeps its block and takes unit j: its weights
+(``slot``: :func:`~swapkl.model.units.mixed_weights`) or its modules (``block``; the per-layer lists follow the
+attention).  It is slow on purpose: the engine is tested and benchmarked against it.
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import copy
 import torch
 
 from swapkl.model.architectures import locate
+from swapkl.contract import BLOCK
 from swapkl.model.units import layout_for, mixed_weights, unit_keys
+from swapkl.scoring.definitions import CALL_UNIT
 
 
 class PlainReference:
@@ -24,7 +30,8 @@ class PlainReference:
                  kl_dtype: torch.dtype = torch.float64):
         self.model, self.ids, self.positions, self.kl_dtype = model, ids, positions, kl_dtype
         self.work = copy.deepcopy(model).eval()
-        self.blocks = locate(self.work).blocks
+        self.loc = locate(self.work)
+        self.blocks = self.loc.blocks
         #: each block's weights as they were (cloned: the copy's blocks are overwritten and restored)
         self.original = [{k: v.clone() for k, v in b.state_dict().items()} for b in locate(model).blocks]
         self.base = [self._forward(ids[p]) for p in range(ids.shape[0])]
@@ -35,6 +42,13 @@ class PlainReference:
             logits = logits[-1:]
         return torch.log_softmax(logits, -1)
 
+    def _kls(self) -> torch.Tensor:
+        vals = []
+        for p in range(self.ids.shape[0]):
+            lp = self._forward(self.ids[p])
+            vals.append((self.base[p].exp() * (self.base[p] - lp)).sum(-1).mean())
+        return torch.stack(vals)
+
     def unit_weights(self, slot: int, block: int, unit: str) -> dict:
         """What slot ``slot`` holds when it takes block ``block``'s ``unit``: block ``block``'s weights for
         ``block``, else slot ``slot``'s own with the unit's entries from block ``block``."""
@@ -43,33 +57,98 @@ class PlainReference:
         keys = unit_keys(self.blocks[slot], layout_for(self.model, locate(self.model)), unit)
         return mixed_weights(self.original[slot], self.original[block], keys)
 
+    def fits(self, slot: int, weights: dict) -> bool:
+        """Whether ``load_state_dict`` takes ``weights`` into slot ``slot`` (the same names and shapes)."""
+        own = self.blocks[slot].state_dict()
+        return own.keys() == weights.keys() and all(own[k].shape == weights[k].shape for k in own)
+
     @torch.inference_mode()
     def kl(self, assign: dict) -> torch.Tensor:
         """Per-prompt KL [P] (nats, ``kl_dtype``) of the model whose slots hold ``assign[slot]`` (state dicts)."""
         for slot, weights in assign.items():
             self.blocks[slot].load_state_dict(weights)
         try:
-            vals = []
-            for p in range(self.ids.shape[0]):
-                lp = self._forward(self.ids[p])
-                vals.append((self.base[p].exp() * (self.base[p] - lp)).sum(-1).mean())
-            return torch.stack(vals)
+            return self._kls()
         finally:
             for slot in assign:
                 self.blocks[slot].load_state_dict(self.original[slot])
 
+    @torch.inference_mode()
+    def kl_moved(self, assign: dict, unit: str = "block") -> torch.Tensor:
+        """Per-prompt KL [P] of the model whose slot s runs block ``assign[s]``'s own module (``unit`` block), or
+        slot s's block with block ``assign[s]``'s own unit modules; the config's per-layer lists moved in step
+        (for a sublayer, with the attention unit only)."""
+        L = len(self.blocks)
+        mods = list(self.blocks)
+        cfg = self.work.config
+        lists = {k: v for k, v in vars(cfg).items() if isinstance(v, (list, tuple)) and len(v) == L}
+        saved_children: list = []
+        try:
+            if unit == "block":
+                for s, b in assign.items():
+                    self.blocks._modules[str(s)] = mods[b]
+            else:
+                paths = layout_for(self.model, locate(self.model)).spec(unit).modules
+                donors = {(s, path): mods[b].get_submodule(path) for s, b in assign.items() for path in paths}
+                for (s, path), donor in donors.items():  # every donor read before any module is replaced
+                    parent_path, _, name = path.rpartition(".")
+                    parent = mods[s].get_submodule(parent_path) if parent_path else mods[s]
+                    saved_children.append((parent, name, parent._modules[name]))
+                    parent._modules[name] = donor
+            if unit in (BLOCK, CALL_UNIT):
+                for k, v in lists.items():
+                    setattr(cfg, k, type(v)(v[assign.get(s, s)] for s in range(L)))
+            return self._kls()
+        finally:
+            for s, m in enumerate(mods):
+                self.blocks._modules[str(s)] = m
+            for parent, name, child in reversed(saved_children):
+                parent._modules[name] = child
+            for k, v in lists.items():
+                setattr(cfg, k, v)
 
 @torch.inference_mode()
 def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions: str = "all",
-                    kl_dtype: torch.dtype = torch.float64, unit: str = "block") -> dict:
+                    kl_dtype: torch.dtype = torch.float64, unit: str = "block", per_layer: str = "slot") -> dict:
     """``{(i, j): {"repl_ij", "repl_ji", "inter"}}`` per-prompt KL vectors [P] (nats, CPU): ``repl_ij`` slot i
-    takes block j's ``unit``, ``repl_ji`` slot j takes block i's, ``inter`` both at once.
+    takes block j's ``unit``, ``repl_ji`` slot j takes block i's, ``inter`` both at once.  Under ``slot`` a pair
+    whose weights do not fit each other's slots is left out (undefined; :func:`undefined_pairs` lists them).
 
     ``kl_dtype``: float64 (default, for tests: the most accurate target) or float32 (as the paper's scripts,
     for benchmarks)."""
     ref = PlainReference(model, ids, positions, kl_dtype)
+    skip = set(undefined_pairs(model, pairs, unit)) if per_layer == "slot" else set()
     out = {}
     for i, j in pairs:
+        if (i, j) in skip:
+            continue
+        if per_layer == "block":
+            out[(i, j)] = {"repl_ij": ref.kl_moved({i: j}, unit), "repl_ji": ref.kl_moved({j: i}, unit),
+                           "inter": ref.kl_moved({i: j, j: i}, unit)}
+            continue
         wij, wji = ref.unit_weights(i, j, unit), ref.unit_weights(j, i, unit)
+        if not (ref.fits(i, wij) and ref.fits(j, wji)):
+            continue
         out[(i, j)] = {"repl_ij": ref.kl({i: wij}), "repl_ji": ref.kl({j: wji}), "inter": ref.kl({i: wij, j: wji})}
+    return out
+
+
+def undefined_pairs(model: torch.nn.Module, pairs, unit: str = "block") -> list[tuple[int, int]]:
+    """The pairs whose weights ``load_state_dict`` would refuse in each other's slots (the ``slot`` definition's
+    undefined pairs), by comparing state-dict names and shapes."""
+    blocks = locate(model).blocks
+    keys = None
+    if unit != "block":
+        layout = layout_for(model, locate(model))
+        keys = [unit_keys(b, layout, unit) for b in blocks]
+
+    def shape(s: int) -> dict:
+        sd = blocks[s].state_dict()
+        return {k: tuple(v.shape) for k, v in sd.items() if keys is None or k in keys[s]}
+
+    out = []
+    for i, j in pairs:
+        a, b = shape(i), shape(j)
+        if a != b:
+            out.append((i, j))
     return out

@@ -73,6 +73,8 @@ class SwapResult:
 
     ``per_prompt["repl"][(i, j)]``: KL per prompt [P] of ``M[i<-j]`` (directed, both i<j and i>j keys);
     ``per_prompt["inter"][(i, j)]``, i<j: KL per prompt [P] of ``M[i<->j]``.
+    ``undefined[(i, j)]``, i<j: why a pair of the contract's pair set has no value under its per-layer definition
+    (``slot``: blocks of different structure); its cells are NaN, like a pair not computed.
     """
 
     num_layers: int
@@ -84,6 +86,7 @@ class SwapResult:
     prompts_info: dict = field(default_factory=dict)
     noise_floor: float | None = None
     meta: dict = field(default_factory=dict)
+    undefined: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -232,7 +235,8 @@ class SwapResult:
                 "prompt_token_ids": self.prompt_token_ids, "prompts": self.prompts_info,
                 "noise_floor": finite_json(self.noise_floor),
                 "summary": finite_json(self.summary()),  # e.g. a KL ratio of all-zero replacement KLs is NaN
-                "per_prompt": pp, "meta": finite_json(self.meta)}
+                "per_prompt": pp, "meta": finite_json(self.meta),
+                "undefined": [[i, j, why] for (i, j), why in sorted(self.undefined.items())]}
 
     @classmethod
     def from_dict(cls, d: dict, what: str = "result") -> SwapResult:

@@ -20,6 +20,7 @@ from swapkl.model.checkpoints import Checkpoint, load_checkpoint  # noqa: F401  
 from swapkl.contract import Contract
 from swapkl.scoring.corpora import load_corpus
 from swapkl.scoring.engine import noise_floor, precision_floor, ProgressFn, SwapEngine
+from swapkl.scoring.slots import BlockRunner, undefined_moves
 from swapkl.errors import ContractError, is_oom
 from swapkl.scoring.prompts import make_prompts
 from swapkl.scoring.results import SwapResult
@@ -107,6 +108,9 @@ class _Sweep:
         if contract.unit != "block":  # a family without validated sublayers: one line, before any prompt is cut
             layout_for(checkpoint.model, locate(checkpoint.model))
         self.wanted = [tuple(p) for p in (pairs if pairs is not None else contract.pair_list(self.L))]
+        # pairs the per-layer definition leaves undefined (slot: blocks of different structure) are never computed
+        self.undefined = undefined_moves(BlockRunner(checkpoint.model, contract.unit, contract.per_layer), self.wanted)
+        self.wanted = [p for p in self.wanted if p not in self.undefined]
         check_context(checkpoint.model, contract.tokens, f"--tokens {contract.tokens} (tokens per prompt)",
                       "use at most {limit}", name=checkpoint.identity.get("display"))
         self.corpus, self.prompts, self.entry = contract_prompts(checkpoint, contract)
@@ -172,7 +176,8 @@ class _Sweep:
         limits["kl_impl"] = kl_impl_setting(engine_kw)
         limits.setdefault("on_oom", self._on_oom)
         engine = SwapEngine(ck.model, self.prompts.ids, positions=contract.positions,
-                            kl_dtype=getattr(torch, contract.kl_dtype), unit=contract.unit, **limits)
+                            kl_dtype=getattr(torch, contract.kl_dtype), unit=contract.unit,
+                            per_layer=contract.per_layer, **limits)
         if self.metadata and self.info["noise_floor"] is None:
             # the noise floor is the larger of two numerical effects: batching (batched baseline vs batch-of-one
             # forwards) and, below float32, precision (the same weights computed in float32)
@@ -224,7 +229,8 @@ class _Sweep:
             self.L, vectors,
             contract=contract.to_dict() | {"corpus_label": corpus.label, "corpus_sha256": corpus.sha256},
             identity=self.checkpoint.identity, prompt_token_ids=self.prompts.ids.tolist(),
-            prompts_info=self.prompts.description, noise_floor=extra_meta.get("noise_floor"), meta=extra_meta)
+            prompts_info=self.prompts.description, noise_floor=extra_meta.get("noise_floor"), meta=extra_meta,
+            undefined=dict(self.undefined))
 
     def result(self) -> SwapResult:
         self.info["seconds"] = time.perf_counter() - self.t_start

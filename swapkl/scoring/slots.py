@@ -1,6 +1,8 @@
-"""Running blocks in slots, batched: the baseline residual stream a sweep starts from (:class:`Baseline`), a block's
-weights run through another slot's module (:class:`BlockRunner`, ``torch.func.functional_call``), and the batch
-size that halves on out-of-memory and retries (:class:`BatchController`).  Used by :mod:`swapkl.scoring.engine`."""
+"""Running blocks in slots, batched: the baseline residual stream a sweep starts from (:class:`Baseline`), a block run
+in another slot under a per-layer definition (:class:`BlockRunner`; :mod:`swapkl.scoring.definitions`: its weights
+through the slot's module, or its own module), each with the call the model's forward gave it rebuilt for the rows
+at hand (:mod:`swapkl.scoring.calls`), and the batch size that halves on out-of-memory and retries
+(:class:`BatchController`).  Used by :mod:`swapkl.scoring.engine`."""
 from __future__ import annotations
 
 import inspect
@@ -9,11 +11,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.func import functional_call
 
 from swapkl.model.architectures import locate
 from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
 from swapkl.errors import ModelLoadError, SwapklError, is_oom
+from swapkl.scoring.calls import CallRecorder, SlotCall
+from swapkl.scoring.definitions import definition, hybrid_block, structure
 
 ProgressFn = Callable[[int, int, str], None]
 PairFn = Callable[[int, int, dict], None]
@@ -93,6 +96,16 @@ class BatchController:
         outs = self.map(lambda a, b: fn(x[a:b]), x.shape[0], where)
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
+    def run_rows(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, num_prompts: int,
+                 where: str | None = None) -> torch.Tensor:
+        """:meth:`run` for ``x`` made of row sets of all ``num_prompts`` prompts: ``fn(part, rows)`` gets each
+        part's prompt indices (row r of ``x`` is prompt ``r mod num_prompts``)."""
+        def part(a: int, b: int) -> torch.Tensor:
+            return fn(x[a:b], torch.arange(a, b) % num_prompts)
+
+        outs = self.map(part, x.shape[0], where)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
 
 def _to_device(obj, dev: torch.device):
     """Tensors inside ``obj`` (tuples, lists, dicts) moved to ``dev``."""
@@ -110,32 +123,38 @@ def _to_device(obj, dev: torch.device):
 @dataclass
 class Baseline:
     """Cached baseline of one prompt batch: ``states[s]`` is the input of slot s, ``states[L]`` the output of
-    the last block (before the final norm); each [P, T, D]."""
+    the last block (before the final norm); each [P, T, D].  ``calls[s]``: what the model's forward passed slot s
+    besides the hidden states, rebuilt for any rows (:class:`~swapkl.scoring.calls.SlotCall`)."""
 
     states: list[torch.Tensor]
-    slot_args: list[tuple]
-    slot_kwargs: list[dict]
+    calls: list[SlotCall]
 
 
 class BlockRunner:
     """Runs a model's blocks slot by slot with the calling convention its own forward used.
 
-    The positional and keyword arguments every slot receives (rotary ``position_embeddings``, masks,
-    ``position_ids``, ...) are captured once from a real forward with ``use_cache=False``; windows have no
-    padding, so these arguments do not depend on the prompt and broadcast over any batch size.
+    The positional and keyword arguments every slot receives (rotary ``position_embeddings``, masks, ALiBi biases,
+    ``position_ids``, per-layer inputs, ...) are recorded from real forwards with ``use_cache=False``
+    (:meth:`baseline`) and rebuilt for the rows of each call (:meth:`call`).
 
     ``unit`` (:mod:`swapkl.model.units`): what a slot takes from another block.  ``block``: all its weights;
     ``attention`` / ``mlp``: that sublayer unit's weights (norms included), the rest of the slot's own block
     (:func:`~swapkl.model.units.mixed_weights`).  A family without validated sublayers raises
-    :class:`~swapkl.model.units.UnsupportedUnit` here, before any forward.
+    :class:`~swapkl.model.units.UnsupportedUnit` here, before any forward.  ``per_layer``: the definition of a
+    block in another slot (:mod:`swapkl.scoring.definitions`: ``slot`` or ``block``).
     """
 
-    def __init__(self, model: torch.nn.Module, unit: str = "block"):
+    def __init__(self, model: torch.nn.Module, unit: str = "block", per_layer: str = "slot"):
         self.model = model
         self.loc = locate(model)
         self.blocks = self.loc.blocks
         self.num_layers = len(self.blocks)
         self.unit = check_unit(unit)
+        self.definition = definition(per_layer)
+        self.calls: list[SlotCall] = []
+        self.num_prompts = 0
+        self._structures: dict = {}
+        self._hybrids: dict = {}
         # the state-dict names of each slot's unit (None for whole blocks: every entry moves)
         self.unit_keys: list[frozenset] | None = None
         if unit != "block":
@@ -179,17 +198,17 @@ class BlockRunner:
     @torch.inference_mode()
     def baseline(self, ids: torch.Tensor, batch: BatchController | None = None) -> Baseline:
         """Run the real model on ``ids`` [P, T], recording every slot's input and the last block's output
-        (in chunks of ``batch.max_rows`` prompts; out-of-memory halves the chunk and retries it)."""
+        (in chunks of ``batch.max_rows`` prompts; out-of-memory halves the chunk and retries it) and every slot's
+        call (:class:`~swapkl.scoring.calls.CallRecorder`: first the first prompt alone and twice, then the chunks)."""
         L = self.num_layers
         inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
-        call: dict[int, tuple] = {}
+        recorder = CallRecorder(L)
 
         def pre(slot):
             def hook(mod, args, kwargs):
                 h = args[0] if args else kwargs["hidden_states"]
                 inputs[slot].append(h.detach())
-                if slot not in call:
-                    call[slot] = (args, kwargs)
+                recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
             return hook
 
         def post(mod, args, out):
@@ -201,21 +220,24 @@ class BlockRunner:
         dev = self.input_device()
         batch = batch or BatchController(ids.shape[0], where="baseline")
 
-        def run(a: int, b: int) -> None:
-            sizes = [len(x) for x in inputs]
+        def run(rows: torch.Tensor) -> None:
+            sizes, recorded = [len(x) for x in inputs], recorder.sizes()
             try:
-                backbone(input_ids=ids[a:b].to(dev), use_cache=False)
+                backbone(input_ids=rows.to(dev), use_cache=False)
             except BaseException:
                 for x, n in zip(inputs, sizes):  # drop what the failed chunk recorded
                     del x[n:]
+                recorder.drop_chunk(recorded)
                 raise
 
         try:
-            # one window alone first: the calling convention captured at batch 1 broadcasts to any batch
-            batch.map(run, 1, "baseline")
-            for x in inputs:
-                x.clear()
-            batch.map(run, ids.shape[0], "baseline")
+            for name, rows in (("one", ids[:1]), ("two", ids[:1].expand(2, -1))):
+                recorder.phase(name)
+                batch.map(lambda a, b, r=rows: run(r), 1, "baseline")
+                for x in inputs:
+                    x.clear()
+            recorder.phase("chunk")
+            batch.map(lambda a, b: run(ids[a:b]), ids.shape[0], "baseline")
         finally:
             for h in handles:
                 h.remove()
@@ -223,13 +245,36 @@ class BlockRunner:
         for k, x in enumerate(inputs):  # one slot at a time, its parts freed as it is joined: never twice over
             states.append(x[0] if len(x) == 1 else torch.cat(x, 0))
             inputs[k] = []
-        slot_args, slot_kwargs = [], []
-        for s in range(L):
-            args, kwargs = call[s]
-            sdev = self.block_device(s)
-            slot_args.append(_to_device(tuple(args[1:]), sdev))
-            slot_kwargs.append(_to_device({k: v for k, v in kwargs.items() if k != "hidden_states"}, sdev))
-        return Baseline(states, slot_args, slot_kwargs)
+        self.calls = [c.to(self.block_device(s)) for s, c in enumerate(recorder.finish(ids.shape[0]))]
+        self.num_prompts = int(ids.shape[0])
+        return Baseline(states, self.calls)
+
+    def call(self, slot: int, rows: torch.Tensor, dev: torch.device | None = None) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` the model's forward gives slot ``slot``, for rows whose prompts are ``rows``."""
+        call = self.calls[slot]
+        args, kwargs = call.build(rows)
+        if dev is not None and dev != self.block_device(slot):
+            args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
+        return args, kwargs
+
+    def structure(self, slot: int) -> dict:
+        """The structure of slot ``slot``'s unit: ``{name: (shape, dtype)}`` of its weights."""
+        if slot not in self._structures:
+            keys = None if self.unit_keys is None else self.unit_keys[slot]
+            self._structures[slot] = structure(self.weights[slot], keys)
+        return self._structures[slot]
+
+    def undefined(self, slot: int, block: int) -> str | None:
+        """Why block ``block``'s unit cannot run in slot ``slot`` under this runner's definition, or None."""
+        return self.definition.undefined(self, slot, block)
+
+    def hybrid(self, slot: int, block: int) -> torch.nn.Module:
+        """Slot ``slot``'s block with block ``block``'s own unit modules (the ``block`` definition of a sublayer)."""
+        key = (slot, block)
+        if key not in self._hybrids:
+            spec = layout_for(self.model, self.loc).spec(self.unit)
+            self._hybrids[key] = hybrid_block(self.blocks[slot], self.blocks[block], spec.modules)
+        return self._hybrids[key]
 
     def head_device(self) -> torch.device:
         """Where the output head's weights are (logits and the KL are computed there)."""
@@ -262,36 +307,13 @@ class BlockRunner:
             self._mixed[key] = mixed
         return mixed
 
-    def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor) -> torch.Tensor:
-        """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit (:meth:`slot_weights`): the slot's
-        own module runs, so its rotary embeddings, ``layer_idx`` and attention type are the slot's."""
-        mod = self.blocks[slot]
-        dev = self.block_device(slot)
-        h = h.to(dev)
-        args = (h,) + base.slot_args[slot]
-        if block == slot:
-            out = mod(*args, **base.slot_kwargs[slot])
-        else:
-            out = functional_call(mod, self.slot_weights(slot, block, dev), args, base.slot_kwargs[slot])
-        return out[0] if isinstance(out, tuple) else out
-
-    def run_slot_float32(self, base: Baseline, slot: int, h: torch.Tensor) -> torch.Tensor:
-        """Slot ``slot`` with its own weights upcast to float32 (inputs and slot arguments too): the same
-        network computed at higher precision, one block's float32 copy at a time."""
-        mod = self.blocks[slot]
-        dev = self.block_device(slot)
-        args = (_float32(h.to(dev)),) + tuple(_float32(a) for a in base.slot_args[slot])
-        kwargs = {k: _float32(v) for k, v in base.slot_kwargs[slot].items()}
-        out = functional_call(mod, {k: _float32(v) for k, v in self.weights_on(slot, dev).items()}, args, kwargs)
-        return out[0] if isinstance(out, tuple) else out
-
-    def logits_float32(self, h_last: torch.Tensor) -> torch.Tensor:
-        """:meth:`logits` with the final norm and head upcast to float32."""
-        norm, head = self.loc.final_norm, self.loc.head
-        dev = next(head.parameters()).device
-        x = functional_call(norm, {k: _float32(v) for k, v in norm.state_dict(keep_vars=True).items()},
-                            (_float32(h_last.to(dev)),))
-        return functional_call(head, {k: _float32(v) for k, v in head.state_dict(keep_vars=True).items()}, (x,))
+    def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit under the runner's definition
+        (:mod:`swapkl.scoring.definitions`); ``rows``: the prompt of each row (default: row r is prompt r mod P)."""
+        if rows is None:
+            rows = torch.arange(h.shape[0]) % max(1, self.num_prompts)
+        return self.definition.run(self, slot, block, h, rows)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """Final norm + output head on last-block outputs [..., D] -> logits [..., V]."""
@@ -301,10 +323,12 @@ class BlockRunner:
         return self.loc.head(x.to(head_dev))
 
 
-def _float32(obj):
-    """Floating tensors inside ``obj`` (tuples too) as float32; everything else unchanged."""
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.is_floating_point() else obj
-    if isinstance(obj, tuple):
-        return tuple(_float32(o) for o in obj)
-    return obj
+def undefined_moves(runner: BlockRunner, pairs) -> dict:
+    """``{(i, j): reason}``: the pairs whose moves (block j's unit in slot i, block i's in slot j) the runner's
+    per-layer definition leaves undefined (``slot``: blocks of different structure); no forward runs."""
+    out = {}
+    for i, j in pairs:
+        why = runner.undefined(i, j) or runner.undefined(j, i)
+        if why is not None:
+            out[(i, j)] = why
+    return out

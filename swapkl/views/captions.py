@@ -11,7 +11,7 @@ import html as _html
 import math
 from typing import Any
 
-from swapkl.contract import Provenance
+from swapkl.contract import SLOT, Provenance
 
 SEP = " · "
 
@@ -55,6 +55,8 @@ def _contract_parts(c: dict) -> list[str]:
     parts = []
     if c.get("unit") and c["unit"] != "block":  # a sublayer unit leads: every number of it is that unit's
         parts.append(f"unit {c['unit']}")
+    if c.get("per_layer") and c["per_layer"] != SLOT:  # the non-default definition of a block in another slot
+        parts.append(f"per-layer {c['per_layer']}")
     if c.get("pairs") is not None:
         parts.append(f"pairs {c['pairs']}")
     if c.get("prompts") is not None and c.get("tokens") is not None:
@@ -80,7 +82,7 @@ def contract_caption(source: Any, evaluator: dict | str | None = None) -> str:
     / :func:`swapkl.trajectory.compute.trajectory_provenance` for a curves or trajectory dict.
 
     Gives: model (display/id, revision or a fingerprint prefix), the unit (attention or mlp; nothing for whole
-    blocks), pairs, prompts × tokens, positions,
+    blocks), the per-layer definition (block; nothing for the default, slot), pairs, prompts × tokens, positions,
     aggregation, dtype, corpus label, seed, the extra pieces (budget, spacing), and the perplexity evaluator when
     the source has one (``evaluator`` overrides it)."""
     prov = source

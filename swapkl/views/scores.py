@@ -51,6 +51,9 @@ def _hover_texts(result, lookup: dict, directed: bool, dci: dict) -> tuple[list,
             a, b = min(i, j), max(i, j)
             row = lookup.get((a, b))
             if row is None:
+                why = result.undefined.get((a, b)) if a != b else None
+                if why is not None:
+                    left[i][j] = right[i][j] = f"i = {a}, j = {b}<br>n/a: {_wrap(why)}"
                 continue
             common = (f"d_repl = {fmt_number(row['d_repl'])}{fmt_ci(row.get('d_repl_lo'), row.get('d_repl_hi'))} nats<br>"
                       f"d_inter = {fmt_number(row['d_inter'])}{fmt_ci(row.get('d_inter_lo'), row.get('d_inter_hi'))} nats<br>"
@@ -64,6 +67,13 @@ def _hover_texts(result, lookup: dict, directed: bool, dci: dict) -> tuple[list,
             left[i][j] = head + common
             right[i][j] = f"i = {a}, j = {b}<br>" + common
     return left, right
+
+
+def _wrap(text: str, width: int = 60) -> str:
+    """``text`` broken into hover lines of about ``width`` characters."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width)) or text
 
 
 def _log_ticks(zmin: float, zmax: float) -> tuple[list, list]:
@@ -88,7 +98,8 @@ def heatmaps(result, scale: str = "linear", directed: bool = False, colorscale: 
     columns = block j); right: ``d_inter`` [L, L].  Both traces use the layout's ``coloraxis`` (same
     ``cmin``/``cmax``).  ``scale="log"``: the cells hold log10 of the values (nats; values <= 0 drawn at
     ``LOG_FLOOR``) and the colour bar ticks are labelled in nats.  NaN = not computed = blank.
-    Hover: i, j, d_repl, d_inter, gap (nats) with 95 % bootstrap CIs over prompts."""
+    Hover: i, j, d_repl, d_inter, gap (nats) with 95 % bootstrap CIs over prompts; for a pair undefined under the
+    contract's per-layer definition, "n/a" and the reason."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

@@ -1,0 +1,170 @@
+"""A tiny random causal LM of any model type the installed transformers ships, built from its config class.
+
+The family sweep (``swapkl families``, ``tests/families/``) checks swapkl on one such model per model type, offline:
+the config class's defaults with every size shrunk (4 layers, width 64, 4 heads, 4 experts, a 256-token vocabulary)
+and the per-layer lists cut so that a family with mixed layers keeps them mixed (sliding and full attention, dense
+and MoE blocks, attention and state-space layers).  What the generic shrinking cannot guess is data,
+``data/tiny.json``: settings per model type (``"overrides"``) and the model types that are not decoder-only language
+models, each with its reason (``"not_decoder_only"``).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+
+DATA = Path(__file__).with_name("data") / "tiny.json"
+
+#: config keys and their tiny values ("L": the layer count asked for); a key is set only where the config has it
+SIZES: dict[str, object] = {
+    "num_hidden_layers": "L", "n_layer": "L", "num_layers": "L", "n_layers": "L",
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embedding_size": 64, "emb_dim": 64,
+    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "attention_heads": 4,
+    "num_key_value_heads": 2, "num_kv_heads": 2, "num_query_groups": 2,
+    "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "attention_head_size": 16, "d_head": 16,
+    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "ffn_hidden_size": 128, "d_inner": 128,
+    "dim_ff": 128, "dff": 128, "feed_forward_size": 128, "intermediate_size_mlp": 128, "dense_intermediate_size": 128,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
+    "shared_experts_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "num_experts_per_token": 2, "moe_k": 2,
+    "n_group": 1, "topk_group": 1, "num_expert_group": 1,
+    "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "qk_head_dim": 24,
+    "index_head_dim": 16, "index_n_heads": 2, "index_topk": 8,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_head_dim": 16, "linear_num_heads": 4,
+    "mamba_d_state": 8, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_chunk_size": 16,
+    "mamba_headdim": 16, "mamba_dt_rank": 8, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_mamba_heads": 8,
+    "mamba_ngroups": 1, "ssm_state_size": 8, "state_size": 8, "time_step_rank": 8, "chunk_size": 16,
+    "n_groups": 1, "lru_width": 64,
+    "vocab_size": 256, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 8,
+    "max_position_embeddings": 256, "n_positions": 256, "n_ctx": 256,
+    "sliding_window": 8, "window_size": 8, "attention_window_size": 8, "sliding_window_size": 8,
+    "attention_chunk_size": 8, "rotary_dim": 8,
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
+    "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
+    "laurel_rank": 8, "num_kv_shared_layers": 0, "adapter_rank": 8, "attention_hidden_size": 128,
+    "router_hidden_size": 16, "o_lora_rank": 16,
+}
+#: keys set even where the default config leaves them None (an MoE config whose defaults name no experts)
+FILL_NONE = frozenset({"head_dim", "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+                       "moe_intermediate_size", "num_key_value_heads"})
+#: the token ids a tiny config uses (inside the tiny vocabulary)
+TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+
+@functools.cache
+def _data() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def not_decoder_only() -> dict[str, str]:
+    """``{model_type: reason}``: the model types of transformers' causal-LM mapping that swapkl does not count as
+    decoder-only language models (encoders with a causal head, decoders of seq2seq models, audio and image models),
+    each with its reason."""
+    return dict(_data()["not_decoder_only"])
+
+
+def causal_lm_types() -> list[str]:
+    """Every model type in the installed transformers' causal-LM mapping, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def text_model_type(model_type: str) -> str | None:
+    """The model type of a multimodal wrapper's text model when the wrapper's default config holds a text config of
+    another type (``qwen3_5`` -> ``qwen3_5_text``), else None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cfg = CONFIG_MAPPING[model_type]()
+        text = cfg.get_text_config()
+    except Exception:  # a config that cannot be built by default, or several text configs
+        return None
+    return text.model_type if text is not cfg and text.model_type != model_type else None
+
+
+def _mixed(values: list, n: int) -> list:
+    """``n`` entries of a per-layer list that keep every distinct value it has (in order of first appearance where
+    the first ``n`` entries miss some): ``[s, s, s, s, s, f] -> [s, s, s, f]``."""
+    out = list(values[:n])
+    missing = [v for v in dict.fromkeys(values) if v not in out]
+    for k, v in enumerate(missing[: max(0, n - 1)]):
+        out[n - 1 - k] = v
+    return out
+
+
+def tiny_config(model_type: str, layers: int = 4):
+    """A small config of ``model_type`` (see the module docstring), float32, eager attention.  The sub-configs of
+    a config that has them (a wrapper's text and vision configs, a byte-level model's encoder and decoder) are shrunk
+    the same way."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    override = copy.deepcopy(_data()["overrides"].get(model_type, {}))
+    cfg = _shrunk(CONFIG_MAPPING[model_type], override, layers)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _shrunk(cls, override: dict, layers: int):
+    """``cls`` with every size of :data:`SIZES` it has shrunk, its per-layer lists cut (mixed where they were) and
+    ``override`` applied; sub-configs shrunk alike."""
+    from transformers import PreTrainedConfig
+
+    base = override.pop("base", {})
+    default = cls(**base)
+    d = default.to_dict()
+    aliases = dict(getattr(cls, "attribute_map", {}) or {})
+    kw: dict = {}
+    for key, value in SIZES.items():
+        own = key if key in d else aliases.get(key)
+        if own in d and (d[own] is not None or key in FILL_NONE) and not isinstance(d[own], (bool, list, dict)):
+            kw[own] = layers if value == "L" else value
+    heads = next((d[k] for k in ("num_attention_heads", "n_head", "num_heads", "n_heads") if isinstance(d.get(k), int)), None)
+    for key in ("num_key_value_heads", "num_kv_heads"):
+        if key in kw and d.get(key) == heads:  # multi-head attention stays multi-head
+            kw[key] = SIZES["num_attention_heads"]
+    if d.get("qk_rope_head_dim") is not None and d.get("head_dim") == d["qk_rope_head_dim"]:
+        kw["head_dim"] = kw["qk_rope_head_dim"]  # multi-head latent attention: the rotary table's width
+    for key, value in TOKEN_IDS.items():
+        if key in d:
+            kw[key] = value
+    for name in getattr(cls, "sub_configs", {}) or {}:
+        sub = getattr(default, name, None)
+        if isinstance(sub, PreTrainedConfig) and name not in override:
+            kw[name] = _shrunk(type(sub), {}, layers)
+    n0 = next((d[k] for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers") if isinstance(d.get(k), int)), None)
+    lists = {k: v for k, v in d.items() if isinstance(v, list) and n0 and len(v) == n0 and k not in override}
+    kw.update({k: None for k in lists})
+    kw.update(override)
+    try:
+        cfg = cls(**{**base, **kw})
+    except Exception:  # a list that the config does not regenerate by itself
+        cfg = None
+    if cfg is not None:
+        for k, v in lists.items():
+            got = getattr(cfg, k, None)
+            if len(set(map(str, v))) > 1 and (not isinstance(got, list) or len(set(map(str, got))) <= 1):
+                cfg = None
+                break
+    if cfg is None:
+        kw.update({k: _mixed(v, layers) for k, v in lists.items()})
+        cfg = cls(**{**base, **kw})
+    return cfg
+
+
+def tiny_model(model_type: str, layers: int = 4, seed: int = 0, scale: float = 3.0):
+    """A random-initialised causal LM of ``model_type`` (:func:`tiny_config`) in eval mode, float32; matrices scaled
+    by ``scale`` so that blocks differ well above float32 noise."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(tiny_config(model_type, layers), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(scale)
+    return model.eval()

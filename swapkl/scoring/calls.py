@@ -1,0 +1,195 @@
+"""What a model's forward passes each block besides the hidden states, rebuilt for any rows of the prompts.
+
+A slot of the sweep runs one block alone, with the arguments the model's own forward gave that block: rotary
+tables, attention masks, ALiBi biases, position ids, per-layer inputs, a hybrid's original embeddings.  They are
+recorded while the baseline runs (:class:`CallRecorder`) and rebuilt for each call (:class:`SlotCall`), whatever its
+number of rows, because every tensor among them (a *leaf* of the call's args and kwargs) is one of:
+
+* **shared** - the same at any batch size (a rotary table ``[1, T, d]``, a mask ``[1, 1, T, T]``): passed as it is;
+* **tiled** - one block of rows per prompt, the same for every prompt (BLOOM's ALiBi ``[B·H, 1, T]``, a mask expanded
+  to ``[B, 1, T, T]``): the batch-1 block repeated once per row;
+* **per prompt** - one block of rows per prompt that depends on the prompt (per-layer inputs computed from the
+  tokens, a hybrid's original embeddings): stored for every prompt and gathered for the rows of the call.
+
+Which leaf is which is read off two probes, the first prompt alone and twice (``[1·k, ...]`` against ``[2·k, ...]``:
+per row, multiplicity k), and the baseline's chunks tell tiled from per prompt.  Row r of a call is prompt
+``rows[r]``: the sweeps concatenate row sets of all P prompts, so their rows are ``(start + r) mod P``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from swapkl.errors import SwapklError
+
+
+class UnsupportedCall(SwapklError):
+    """A block argument that changes with the batch size in a way that cannot be rebuilt (not along dim 0)."""
+
+
+def flatten(obj) -> tuple[object, list]:
+    """``(spec, leaves)`` of nested tuples, lists and dicts (anything else is a leaf)."""
+    leaves: list = []
+
+    def go(o):
+        if isinstance(o, tuple):
+            return ("t", [go(x) for x in o])
+        if isinstance(o, list):
+            return ("l", [go(x) for x in o])
+        if isinstance(o, dict):
+            return ("d", [(k, go(v)) for k, v in o.items()])
+        leaves.append(o)
+        return ("*", len(leaves) - 1)
+
+    return go(obj), leaves
+
+
+def unflatten(spec, leaves: list):
+    """The inverse of :func:`flatten` with new leaves."""
+    kind, body = spec
+    if kind == "*":
+        return leaves[body]
+    if kind == "t":
+        return tuple(unflatten(s, leaves) for s in body)
+    if kind == "l":
+        return [unflatten(s, leaves) for s in body]
+    return {k: unflatten(s, leaves) for k, s in body}
+
+
+SHARED, TILED, PER_PROMPT, CONST = "shared", "tiled", "per prompt", "const"
+
+
+@dataclass
+class SlotCall:
+    """The call of one slot: ``build(rows)`` gives ``(args, kwargs)`` (after the hidden states) for rows whose
+    prompts are ``rows`` (a LongTensor [n])."""
+
+    spec: object
+    kinds: list[str]
+    values: list  # CONST: the value; SHARED / TILED: the batch-1 tensor; PER_PROMPT: [P·k, ...] of every prompt
+    mult: list[int]  # rows of a leaf per prompt row (TILED, PER_PROMPT); 0 otherwise
+    _tiles: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def per_row(self) -> bool:
+        """Whether any argument has a row per prompt row (tiled or per prompt)."""
+        return any(k in (TILED, PER_PROMPT) for k in self.kinds)
+
+    def build(self, rows: torch.Tensor) -> tuple[tuple, dict]:
+        n = int(rows.shape[0])
+        out = []
+        for k, (kind, v, m) in enumerate(zip(self.kinds, self.values, self.mult)):
+            if kind == TILED:
+                key = (k, n)
+                if key not in self._tiles:
+                    self._tiles.clear() if len(self._tiles) > 64 else None
+                    self._tiles[key] = v.repeat(n, *([1] * (v.dim() - 1)))
+                v = self._tiles[key]
+            elif kind == PER_PROMPT:
+                v = v.view(-1, m, *v.shape[1:]).index_select(0, rows.to(v.device)).reshape(n * m, *v.shape[1:])
+            out.append(v)
+        args, kwargs = unflatten(self.spec, out)
+        return args, kwargs
+
+    def to(self, dev: torch.device) -> SlotCall:
+        """The same call with its tensors on ``dev``."""
+        moved = [v.to(dev) if isinstance(v, torch.Tensor) else v for v in self.values]
+        return SlotCall(self.spec, self.kinds, moved, self.mult)
+
+
+class CallRecorder:
+    """Records the call of every slot through the baseline's probes and chunks.
+
+    ``phase(name, start)`` before each forward: ``"one"`` (the first prompt alone), ``"two"`` (it twice), then
+    ``"chunk"`` with the chunk's first prompt; ``record(slot, args, kwargs)`` from each block's pre-hook (args and
+    kwargs without the hidden states); ``finish(P)`` -> one :class:`SlotCall` per slot."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.one: dict[int, tuple] = {}
+        self.two: dict[int, list] = {}
+        self.kinds: dict[int, list] = {}
+        self.chunks: dict[int, list[list]] = {s: [] for s in range(num_slots)}  # per slot: per chunk, per leaf
+        self._phase = "one"
+
+    def phase(self, name: str) -> None:
+        self._phase = name
+        if name == "chunk" and not self.kinds:
+            for s in self.one:
+                self.kinds[s] = self._classify(s)
+
+    def drop_chunk(self, recorded: dict[int, int]) -> None:
+        """Forget the chunks recorded after ``recorded`` (slot -> chunks kept): a chunk that failed and is redone."""
+        for s, n in recorded.items():
+            del self.chunks[s][n:]
+
+    def sizes(self) -> dict[int, int]:
+        return {s: len(c) for s, c in self.chunks.items()}
+
+    def record(self, slot: int, args: tuple, kwargs: dict) -> None:
+        spec, leaves = flatten((args, kwargs))
+        if self._phase == "one":
+            self.one.setdefault(slot, (spec, leaves))
+        elif self._phase == "two":
+            self.two.setdefault(slot, leaves)
+        else:
+            kinds = self.kinds[slot]
+            self.chunks[slot].append([x if kinds[k] == PER_PROMPT else None for k, x in enumerate(leaves)])
+
+    def _classify(self, slot: int) -> list[str]:
+        spec, one = self.one[slot]
+        two = self.two.get(slot)
+        kinds = []
+        for k, a in enumerate(one):
+            b = two[k] if two is not None else a
+            if not isinstance(a, torch.Tensor):
+                if two is not None and not _same_value(a, b):
+                    raise UnsupportedCall(f"a block argument ({type(a).__name__}) changes with the batch size")
+                kinds.append(CONST)
+            elif a.shape == b.shape:
+                kinds.append(SHARED)
+            elif a.dim() >= 1 and b.dim() == a.dim() and b.shape[0] == 2 * a.shape[0] and b.shape[1:] == a.shape[1:]:
+                kinds.append(PER_PROMPT)  # until the chunks show it is the same for every prompt (tiled)
+            else:
+                raise UnsupportedCall(f"a block argument of shape {tuple(a.shape)} takes shape {tuple(b.shape)} at two "
+                                      "rows: not a batch along its first dimension")
+        return kinds
+
+    def finish(self, num_prompts: int) -> list[SlotCall]:
+        if not self.kinds:
+            self.phase("chunk")
+        joined: dict = {}  # the same tensors passed to several slots are joined once
+        calls = []
+        for s in range(self.num_slots):
+            spec, one = self.one[s]
+            kinds, values, mult = list(self.kinds[s]), [], []
+            for k, (kind, a) in enumerate(zip(kinds, one)):
+                if kind != PER_PROMPT:
+                    values.append(a)
+                    mult.append(0)
+                    continue
+                parts = [c[k] for c in self.chunks[s]]
+                key = tuple(id(p) for p in parts)
+                if key not in joined:
+                    full = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+                    m = a.shape[0]
+                    if full.shape[0] != num_prompts * m:
+                        raise UnsupportedCall(f"a block argument has {full.shape[0]} rows for {num_prompts} prompts")
+                    same = torch.equal(full.view(num_prompts, m, *a.shape[1:]),
+                                       a.to(full.device).unsqueeze(0).expand(num_prompts, *a.shape))
+                    joined[key] = (TILED, a) if same else (PER_PROMPT, full)
+                kind, v = joined[key]
+                kinds[k] = kind
+                values.append(v)
+                mult.append(a.shape[0])
+            calls.append(SlotCall(spec, kinds, values, mult))
+        self.chunks = {}
+        return calls
+
+
+def _same_value(a, b) -> bool:
+    try:
+        return bool(a == b) if not isinstance(a, torch.nn.Module) else a is b
+    except Exception:  # an object without a usable equality: the same object counts
+        return a is b

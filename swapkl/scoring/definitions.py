@@ -1,0 +1,124 @@
+"""The two definitions of "block j in slot i" (docs/method.md §1), one class each, found by name in :data:`DEFINITIONS`.
+
+* :class:`SlotDefinition` (``slot``, the paper's and the default): slot i's own module runs with block j's weights
+  (``torch.func.functional_call``, the same as copying them in) and with slot i's call, so the moved block gets the
+  slot's per-layer settings (rotary or none, attention type, window, layer-index constants).  Defined only where the
+  two share a structure: the same state-dict names and shapes (of the unit moved); a pair of a dense and an MoE
+  block, an attention and a state-space block, or two head sizes is undefined, with the reason.
+* :class:`BlockDefinition` (``block``): block j's own module runs in slot i with block j's own call, everything the
+  model gives block j at its own position (its mask, window, rotary table, per-layer inputs): what removal does.
+  Defined for every pair.  For a sublayer unit, slot i's block runs with block j's unit modules in place of its own,
+  with the call of the block whose attention runs (block j's for the attention unit, slot i's for the MLP unit).
+
+Both are exact; on a stack whose layers all have the same settings they give the same numbers.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.func import functional_call
+
+from swapkl.contract import BLOCK, PER_LAYER, SLOT, SUBLAYERS, check_per_layer
+
+#: the sublayer unit that carries a block's per-layer call (masks, rotary tables): its attention
+CALL_UNIT = SUBLAYERS[0]
+
+
+class PerLayerDefinition:
+    """What runs when slot ``slot`` takes block ``block``'s unit (``runner``: a
+    :class:`~swapkl.scoring.slots.BlockRunner`)."""
+
+    name: str = ""
+    summary: str = ""
+
+    def undefined(self, runner, slot: int, block: int) -> str | None:
+        """None when the move is defined, else the reason (one line)."""
+        return None
+
+    def run(self, runner, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SlotDefinition(PerLayerDefinition):
+    name = SLOT
+    summary = "block j's weights in slot i's module, with the slot's per-layer settings (the paper's)"
+
+    def undefined(self, runner, slot: int, block: int) -> str | None:
+        return structure_difference(runner.structure(slot), runner.structure(block), slot, block, runner.unit)
+
+    def run(self, runner, slot, block, h, rows):
+        mod = runner.blocks[slot]
+        dev = runner.block_device(slot)
+        args, kwargs = runner.call(slot, rows, dev)
+        args = (h.to(dev),) + args
+        if block == slot:
+            return _hidden(mod(*args, **kwargs))
+        return _hidden(functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs))
+
+
+class BlockDefinition(PerLayerDefinition):
+    name = "block"
+    summary = "block j's own module in slot i, with its own per-layer settings (what removal does)"
+
+    def run(self, runner, slot, block, h, rows):
+        if block == slot or runner.unit == BLOCK:
+            mod, dev = runner.blocks[block], runner.block_device(block)
+            args, kwargs = runner.call(block, rows, dev)
+            return _hidden(mod(h.to(dev), *args, **kwargs))
+        mod, dev = runner.hybrid(slot, block), runner.block_device(slot)
+        caller = block if runner.unit == CALL_UNIT else slot
+        args, kwargs = runner.call(caller, rows, dev)
+        return _hidden(mod(h.to(dev), *args, **kwargs))
+
+
+#: the definitions by name (the names are :data:`swapkl.contract.PER_LAYER`)
+DEFINITIONS: dict[str, PerLayerDefinition] = {d.name: d for d in (SlotDefinition(), BlockDefinition())}
+assert tuple(DEFINITIONS) == PER_LAYER
+
+
+def definition(name: str) -> PerLayerDefinition:
+    """The definition called ``name`` (raises the contract's one-line error for another name)."""
+    return DEFINITIONS[check_per_layer(name)]
+
+
+def structure(weights: dict, keys=None) -> dict:
+    """``{name: (shape, dtype)}`` of a state dict's entries (those in ``keys`` when given)."""
+    return {k: (tuple(t.shape), t.dtype) for k, t in weights.items() if keys is None or k in keys}
+
+
+def structure_difference(a: dict, b: dict, slot: int, block: int, unit: str) -> str | None:
+    """None when structures ``a`` (slot's) and ``b`` (block's) are the same, else why block ``block``'s ``unit``
+    cannot run in slot ``slot``'s module."""
+    what = "blocks" if unit == BLOCK else f"{unit} units"
+    if a.keys() != b.keys():
+        only = sorted(set(a) ^ set(b))
+        return (f"the {what} of layers {slot} and {block} differ in structure ({len(only)} weights in one only, e.g. "
+                f"{only[0]}): block {block}'s weights do not fit slot {slot}'s module (use --per-layer block)")
+    for k in a:
+        if a[k] != b[k]:
+            return (f"the {what} of layers {slot} and {block} differ in shape ({k}: {list(a[k][0])} vs {list(b[k][0])})"
+                    f": block {block}'s weights do not fit slot {slot}'s module (use --per-layer block)")
+    return None
+
+
+def hybrid_block(own: torch.nn.Module, other: torch.nn.Module, modules) -> torch.nn.Module:
+    """A copy of block ``own`` whose child modules ``modules`` (dotted paths: a sublayer unit) are ``other``'s own
+    module objects; every other module and every tensor stays shared with ``own`` (module objects copied, never
+    weights)."""
+    new = copy.copy(own)
+    new._modules = dict(own._modules)
+    for path in modules:
+        parent, theirs = new, other
+        parts = path.split(".")
+        for part in parts[:-1]:
+            child = copy.copy(parent._modules[part])
+            child._modules = dict(child._modules)
+            parent._modules[part] = child
+            parent, theirs = child, theirs._modules[part]
+        parent._modules[parts[-1]] = theirs._modules[parts[-1]]
+    return new
+
+
+def _hidden(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
