@@ -46,6 +46,8 @@ SIZES: dict[str, object] = {
     "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
     "laurel_rank": 8, "num_kv_shared_layers": 0, "adapter_rank": 8, "attention_hidden_size": 128,
     "router_hidden_size": 16, "o_lora_rank": 16,
+    # output scalings at values that matter (a tiny model's logits are small: a cap of 30 would hardly bend them)
+    "logits_scaling": 4.0, "logit_scale": 0.5, "final_logit_softcapping": 5.0,
 }
 #: keys set even where the default config leaves them None (an MoE config whose defaults name no experts)
 FILL_NONE = frozenset({"head_dim", "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",

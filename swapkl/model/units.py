@@ -173,7 +173,7 @@ def validate_layout(model: torch.nn.Module, blocks: torch.nn.ModuleList, layout:
             out = probe(h, *args, **kwargs)
     except Exception as e:  # any failure means "cannot validate"
         return f"a block could not be run alone ({type(e).__name__})"
-    out = out[0] if isinstance(out, tuple) else out
+    out = out[0] if isinstance(out, (tuple, list)) else out
     tol = 1e-5 if p.dtype == torch.float32 else 1e-2
     if (out.float() - h.float()).abs().max() > tol * h.float().abs().max():
         return "a block with both output projections zeroed is not the identity (post-norm or a non-residual branch)"

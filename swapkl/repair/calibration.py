@@ -107,7 +107,7 @@ def capture_tree(model: torch.nn.Module, slots: set[int], projs: set[int]):
 
     def post(key):
         def hook(mod, args, out):
-            got[key] = out[0] if isinstance(out, tuple) else out
+            got[key] = out[0] if isinstance(out, (tuple, list)) else out
         return hook
 
     for s in slots:

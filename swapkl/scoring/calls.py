@@ -69,7 +69,12 @@ class SlotCall:
     kinds: list[str]
     values: list  # CONST: the value; SHARED / TILED: the batch-1 tensor; PER_PROMPT: [P·k, ...] of every prompt
     mult: list[int]  # rows of a leaf per prompt row (TILED, PER_PROMPT); 0 otherwise
+    keyword: bool = False  # the hidden states went in as the keyword hidden_states (else first positional)
     _tiles: dict = field(default_factory=dict, repr=False)
+
+    def arrange(self, h: torch.Tensor, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The full ``(args, kwargs)`` of a block call with hidden states ``h``, passed as the forward passed them."""
+        return (args, {"hidden_states": h, **kwargs}) if self.keyword else ((h, *args), kwargs)
 
     @property
     def per_row(self) -> bool:
@@ -95,7 +100,7 @@ class SlotCall:
     def to(self, dev: torch.device) -> SlotCall:
         """The same call with its tensors on ``dev``."""
         moved = [v.to(dev) if isinstance(v, torch.Tensor) else v for v in self.values]
-        return SlotCall(self.spec, self.kinds, moved, self.mult)
+        return SlotCall(self.spec, self.kinds, moved, self.mult, self.keyword)
 
 
 class CallRecorder:
@@ -111,6 +116,7 @@ class CallRecorder:
         self.two: dict[int, list] = {}
         self.kinds: dict[int, list] = {}
         self.chunks: dict[int, list[list]] = {s: [] for s in range(num_slots)}  # per slot: per chunk, per leaf
+        self.keyword: dict[int, bool] = {}
         self._phase = "one"
 
     def phase(self, name: str) -> None:
@@ -127,10 +133,12 @@ class CallRecorder:
     def sizes(self) -> dict[int, int]:
         return {s: len(c) for s, c in self.chunks.items()}
 
-    def record(self, slot: int, args: tuple, kwargs: dict) -> None:
+    def record(self, slot: int, args: tuple, kwargs: dict, keyword: bool = False) -> None:
+        """``keyword``: the hidden states were the keyword ``hidden_states`` (not in ``args``/``kwargs`` here)."""
         spec, leaves = flatten((args, kwargs))
         if self._phase == "one":
             self.one.setdefault(slot, (spec, leaves))
+            self.keyword.setdefault(slot, keyword)
         elif self._phase == "two":
             self.two.setdefault(slot, leaves)
         else:
@@ -183,7 +191,7 @@ class CallRecorder:
                 kinds[k] = kind
                 values.append(v)
                 mult.append(a.shape[0])
-            calls.append(SlotCall(spec, kinds, values, mult))
+            calls.append(SlotCall(spec, kinds, values, mult, self.keyword.get(s, False)))
         self.chunks = {}
         return calls
 

@@ -50,8 +50,7 @@ class SlotDefinition(PerLayerDefinition):
     def run(self, runner, slot, block, h, rows):
         mod = runner.blocks[slot]
         dev = runner.block_device(slot)
-        args, kwargs = runner.call(slot, rows, dev)
-        args = (h.to(dev),) + args
+        args, kwargs = runner.call(slot, rows, h, dev)
         if block == slot:
             return _hidden(mod(*args, **kwargs))
         return _hidden(functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs))
@@ -64,12 +63,12 @@ class BlockDefinition(PerLayerDefinition):
     def run(self, runner, slot, block, h, rows):
         if block == slot or runner.unit == BLOCK:
             mod, dev = runner.blocks[block], runner.block_device(block)
-            args, kwargs = runner.call(block, rows, dev)
-            return _hidden(mod(h.to(dev), *args, **kwargs))
+            args, kwargs = runner.call(block, rows, h, dev)
+            return _hidden(mod(*args, **kwargs))
         mod, dev = runner.hybrid(slot, block), runner.block_device(slot)
         caller = block if runner.unit == CALL_UNIT else slot
-        args, kwargs = runner.call(caller, rows, dev)
-        return _hidden(mod(h.to(dev), *args, **kwargs))
+        args, kwargs = runner.call(caller, rows, h, dev)
+        return _hidden(mod(*args, **kwargs))
 
 
 #: the definitions by name (the names are :data:`swapkl.contract.PER_LAYER`)

@@ -303,16 +303,19 @@ def _slot_float32(runner: BlockRunner, slot: int, h: torch.Tensor) -> torch.Tens
     computed at higher precision, one block's float32 copy at a time."""
     mod = runner.blocks[slot]
     dev = runner.block_device(slot)
-    args, kwargs = runner.call(slot, torch.arange(h.shape[0]) % max(1, runner.num_prompts), dev)
-    args = (_float32(h.to(dev)),) + tuple(_float32(a) for a in args)
+    args, kwargs = runner.call(slot, torch.arange(h.shape[0]) % max(1, runner.num_prompts), _float32(h), dev)
+    args = tuple(_float32(a) for a in args)
     kwargs = {k: _float32(v) for k, v in kwargs.items()}
     out = functional_call(mod, {k: _float32(v) for k, v in runner.weights_on(slot, dev).items()}, args, kwargs)
-    return out[0] if isinstance(out, tuple) else out
+    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def _logits_float32(runner: BlockRunner, h_last: torch.Tensor) -> torch.Tensor:
-    """The runner's logits with the final norm and head upcast to float32."""
+    """The runner's logits with the final norm and head upcast to float32 (a model whose output function is its own
+    tail computes it in its dtype from the float32 state)."""
     norm, head = runner.loc.final_norm, runner.loc.head
+    if runner.loc.family.output != "head":
+        return runner.logits(h_last.to(runner.dtype)).float()
     dev = next(head.parameters()).device
     x = functional_call(norm, {k: _float32(v) for k, v in norm.state_dict(keep_vars=True).items()},
                         (_float32(h_last.to(dev)),))

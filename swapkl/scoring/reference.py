@@ -4,10 +4,10 @@ Every variant is a full forward from the token ids, batch of one, on a private c
 ``slot`` definition (docs/method.md §1) the moved weights are copied into the slots by ``load_state_dict`` (and
 restored afterwards); a pair whose weights ``load_state_dict`` refuses (other names or shapes) is undefined.  Under
 the ``block`` definition the block *modules* are moved: the copy's block list holds block j's module object in slot
-i, and every per-layer list of the config (a list with one entry per layer: ``layer_types`` and the like) is moved in
-step.  For a sublayer unit (docs/method.md "Sublayer units") slot i keeps its block and takes unit j: its weights
-(``slot``: :func:`~swapkl.model.units.mixed_weights`) or its modules (``block``; the per-layer lists follow the
-attention).  It is slow on purpose: the engine is tested and benchmarked against it.
+i, called with what the model's forward gives block j in its own slot (its mask, rotary table, per-layer inputs,
+recorded from a forward of the unmodified model on the same prompt).  For a sublayer unit (docs/method.md "Sublayer
+units") slot i keeps its block and takes unit j: its weights (``slot``: :func:`~swapkl.model.units.mixed_weights`)
+or its modules (``block``; the call follows the attention).  It is slow on purpose: the engine is tested and benchmarked against it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import copy
 import torch
 
 from swapkl.model.architectures import locate
-from swapkl.contract import BLOCK
 from swapkl.model.units import layout_for, mixed_weights, unit_keys
 from swapkl.scoring.definitions import CALL_UNIT
 
@@ -34,6 +33,7 @@ class PlainReference:
         self.blocks = self.loc.blocks
         #: each block's weights as they were (cloned: the copy's blocks are overwritten and restored)
         self.original = [{k: v.clone() for k, v in b.state_dict().items()} for b in locate(model).blocks]
+        self._calls: dict[int, list] = {}
         self.base = [self._forward(ids[p]) for p in range(ids.shape[0])]
 
     def _forward(self, row: torch.Tensor) -> torch.Tensor:
@@ -74,38 +74,74 @@ class PlainReference:
                 self.blocks[slot].load_state_dict(self.original[slot])
 
     @torch.inference_mode()
+    def own_calls(self, p: int) -> list[tuple[bool, tuple, dict]]:
+        """What the unmodified model's forward passes each slot for prompt ``p`` besides the hidden states:
+        ``(hidden states as keyword?, args, kwargs)`` per slot (batch of one)."""
+        if p not in self._calls:
+            got: list = [None] * len(self.blocks)
+
+            def pre(slot):
+                def hook(mod, args, kwargs):
+                    got[slot] = (not args, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
+                return hook
+
+            handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
+            try:
+                self.work(input_ids=self.ids[p][None], use_cache=False)
+            finally:
+                for h in handles:
+                    h.remove()
+            self._calls[p] = got
+        return self._calls[p]
+
+    @torch.inference_mode()
     def kl_moved(self, assign: dict, unit: str = "block") -> torch.Tensor:
         """Per-prompt KL [P] of the model whose slot s runs block ``assign[s]``'s own module (``unit`` block), or
-        slot s's block with block ``assign[s]``'s own unit modules; the config's per-layer lists moved in step
-        (for a sublayer, with the attention unit only)."""
-        L = len(self.blocks)
+        slot s's block with block ``assign[s]``'s own unit modules; each moved module called with what the model
+        gives it in its own slot (its call: masks, rotary tables, per-layer inputs; for a sublayer, the call of the
+        block whose attention runs)."""
+        own = [self.own_calls(p) for p in range(self.ids.shape[0])]  # recorded before any module moves
         mods = list(self.blocks)
-        cfg = self.work.config
-        lists = {k: v for k, v in vars(cfg).items() if isinstance(v, (list, tuple)) and len(v) == L}
-        saved_children: list = []
+        caller: dict[int, int] = {}  # id(module) -> the slot whose call it takes
+        saved: list = []
+        if unit == "block":
+            for s, b in assign.items():
+                self.blocks._modules[str(s)] = mods[b]
+                caller[id(mods[b])] = b
+        else:
+            paths = layout_for(self.model, locate(self.model)).spec(unit).modules
+            donors = {(s, path): mods[b].get_submodule(path) for s, b in assign.items() for path in paths}
+            for (s, path), donor in donors.items():  # every donor read before any module is replaced
+                parent_path, _, name = path.rpartition(".")
+                parent = mods[s].get_submodule(parent_path) if parent_path else mods[s]
+                saved.append((parent, name, parent._modules[name]))
+                parent._modules[name] = donor
+            caller = {id(mods[s]): (b if unit == CALL_UNIT else s) for s, b in assign.items()}
+        vals = []
         try:
-            if unit == "block":
-                for s, b in assign.items():
-                    self.blocks._modules[str(s)] = mods[b]
-            else:
-                paths = layout_for(self.model, locate(self.model)).spec(unit).modules
-                donors = {(s, path): mods[b].get_submodule(path) for s, b in assign.items() for path in paths}
-                for (s, path), donor in donors.items():  # every donor read before any module is replaced
-                    parent_path, _, name = path.rpartition(".")
-                    parent = mods[s].get_submodule(parent_path) if parent_path else mods[s]
-                    saved_children.append((parent, name, parent._modules[name]))
-                    parent._modules[name] = donor
-            if unit in (BLOCK, CALL_UNIT):
-                for k, v in lists.items():
-                    setattr(cfg, k, type(v)(v[assign.get(s, s)] for s in range(L)))
-            return self._kls()
+            for p in range(self.ids.shape[0]):
+                calls = own[p]
+
+                def hook(mod, args, kwargs, calls=calls):
+                    h = args[0] if args else kwargs["hidden_states"]
+                    keyword, a, k = calls[caller[id(mod)]]
+                    return (a, {**k, "hidden_states": h}) if keyword else ((h, *a), dict(k))
+
+                handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+                           for m in {id(m): m for m in self.blocks}.values() if id(m) in caller]
+                try:
+                    lp = self._forward(self.ids[p])
+                finally:
+                    for h in handles:
+                        h.remove()
+                vals.append((self.base[p].exp() * (self.base[p] - lp)).sum(-1).mean())
+            return torch.stack(vals)
         finally:
             for s, m in enumerate(mods):
                 self.blocks._modules[str(s)] = m
-            for parent, name, child in reversed(saved_children):
+            for parent, name, child in reversed(saved):
                 parent._modules[name] = child
-            for k, v in lists.items():
-                setattr(cfg, k, v)
+
 
 @torch.inference_mode()
 def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions: str = "all",

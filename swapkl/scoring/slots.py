@@ -208,11 +208,12 @@ class BlockRunner:
             def hook(mod, args, kwargs):
                 h = args[0] if args else kwargs["hidden_states"]
                 inputs[slot].append(h.detach())
-                recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
+                recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"},
+                                keyword=not args)
             return hook
 
         def post(mod, args, out):
-            inputs[L].append((out[0] if isinstance(out, tuple) else out).detach())
+            inputs[L].append((out[0] if isinstance(out, (tuple, list)) else out).detach())
 
         handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
         handles.append(self.blocks[L - 1].register_forward_hook(post))
@@ -249,13 +250,14 @@ class BlockRunner:
         self.num_prompts = int(ids.shape[0])
         return Baseline(states, self.calls)
 
-    def call(self, slot: int, rows: torch.Tensor, dev: torch.device | None = None) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` the model's forward gives slot ``slot``, for rows whose prompts are ``rows``."""
+    def call(self, slot: int, rows: torch.Tensor, h: torch.Tensor, dev: torch.device | None = None) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of the call the model's forward gives slot ``slot`` with hidden states ``h``, for rows
+        whose prompts are ``rows``, on ``dev`` (default: the slot's device)."""
         call = self.calls[slot]
         args, kwargs = call.build(rows)
         if dev is not None and dev != self.block_device(slot):
             args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
-        return args, kwargs
+        return call.arrange(h.to(dev or self.block_device(slot)), args, kwargs)
 
     def structure(self, slot: int) -> dict:
         """The structure of slot ``slot``'s unit: ``{name: (shape, dtype)}`` of its weights."""
@@ -316,11 +318,9 @@ class BlockRunner:
         return self.definition.run(self, slot, block, h, rows)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
-        """Final norm + output head on last-block outputs [..., D] -> logits [..., V]."""
-        norm_dev = next(self.loc.final_norm.parameters(), torch.empty(0, device=h_last.device)).device
-        x = self.loc.final_norm(h_last.to(norm_dev))
-        head_dev = next(self.loc.head.parameters()).device
-        return self.loc.head(x.to(head_dev))
+        """The model's output function on last-block outputs [..., D] -> logits [..., V] (final norm + head, or the
+        model's own tail: :mod:`swapkl.model.outputs`)."""
+        return self.loc.logits(h_last)
 
 
 def undefined_moves(runner: BlockRunner, pairs) -> dict:

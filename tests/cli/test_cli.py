@@ -55,14 +55,13 @@ def test_bad_input_one_line(stories_path, tmp_path, args, msg):
 
 
 def test_unsupported_architecture_cli(tmp_path):
-    import transformers as tf
+    from swapkl.model.tiny import tiny_model
 
-    cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                       word_embed_proj_dim=8)
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
-    r = run_cli("score", str(tmp_path / "opt"))
+    # the hierarchical reasoning model runs its block lists in loops: refused in one line
+    tiny_model("hrm_text").save_pretrained(tmp_path / "hrm")
+    r = run_cli("score", str(tmp_path / "hrm"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "unsupported architecture: opt; supported:" in r.stderr
+    assert "unsupported architecture: hrm_text; supported:" in r.stderr
 
 
 def test_preset_and_explicit_flags(stories_path, tmp_path):

@@ -194,17 +194,16 @@ def test_error_path_and_recovery(cache, tmp_path):
     from swapkl import heavy
 
     with heavy.exclusive():
-        import transformers as tf
 
-        cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                           word_embed_proj_dim=8)
-        tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
+        from swapkl.model.tiny import tiny_model
+
+        tiny_model("hrm_text").save_pretrained(tmp_path / "opt")  # its block lists run in loops: refused
     at.text_input(key="w_local_other").set_value(str(tmp_path / "opt")).run()
     at.button(key="compute").click().run()
     job = _manager().get(at.session_state["job_analysis"])
     assert job.wait(60)
     at.run()
-    assert any("unsupported architecture: opt" in e.value for e in at.error)
+    assert any("unsupported architecture: hrm_text" in e.value for e in at.error)
     # other pages show the failed job without crashing
     at.switch_page("pages/heatmaps.py").run()
     assert not at.exception and any("unsupported architecture" in e.value for e in at.error)

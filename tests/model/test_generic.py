@@ -79,15 +79,36 @@ def test_generic_family_prunes_and_reloads(kind, tmp_path):
     torch.testing.assert_close(back(input_ids=ids, use_cache=False).logits, got, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind,kw", [("opt", {"proj": 16}), ("gemma2", {"head_dim": 8})])
+def test_fallback_takes_the_models_own_tail_when_norm_and_head_do_not_reproduce(kind, kw):
+    # OPT with a projection after the final norm, Gemma-2 with its final logit soft-capping: head(final_norm(h)) is
+    # not their logits; the model's own forward after its last block is, and the engine is exact with it
+    model = _tiny(kind, **kw)
+    if kind == "gemma2":
+        assert model.config.final_logit_softcapping
+    loc = locate(model)
+    assert loc.family.output == "tail"
+    ids = torch.randint(2, 96, (3, 10), generator=torch.Generator().manual_seed(1))
+    pairs = pair_list("all", 4)
+    got = SwapEngine(model, ids, max_live=4, max_rows=2).sweep(pairs)
+    ref = reference_sweep(model, ids, pairs)
+    worst = max((got[p][k].double() - ref[p][k]).abs().max().item() for p in pairs for k in ref[p])
+    assert worst < 1e-5
+    with torch.no_grad():
+        h = torch.randn(2, 5, 32)
+        plain = model.lm_head(loc.final_norm(h)) if kind == "gemma2" else None
+        if plain is not None:  # the soft-capped logits are bounded by the cap, the plain head's are not
+            assert loc.logits(h).abs().max() <= model.config.final_logit_softcapping
+            cap = model.config.final_logit_softcapping
+            torch.testing.assert_close(loc.logits(h), cap * torch.tanh(plain / cap))
+
+
 def test_fallback_refuses_what_it_cannot_reproduce():
-    # OPT with a projection after the final norm: head(final_norm(h)) is not the model's logits
-    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: opt; supported: .*generic fallback"):
-        locate(_tiny("opt", proj=16))
-    # Gemma-2 soft-caps its logits after the head
-    gemma2 = _tiny("gemma2", head_dim=8)
-    assert gemma2.config.final_logit_softcapping
-    with pytest.raises(UnsupportedArchitecture, match="modifies the logits after the head"):
-        locate(gemma2)
+    # a stack whose blocks run in loops (the hierarchical reasoning model): refused in one line, never a traceback
+    from swapkl.model.tiny import tiny_model
+
+    with pytest.raises(UnsupportedArchitecture, match=r"^unsupported architecture: hrm_text; .*could not validate it"):
+        locate(tiny_model("hrm_text"))
 
 
 def test_generic_checkpoint_loads_through_the_cli_path(tmp_path):

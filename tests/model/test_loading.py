@@ -53,10 +53,11 @@ def test_unknown_hub_id_offline_is_clear(monkeypatch):
 def test_unsupported_architecture(tmp_path):
     import transformers as tf
 
-    cfg = tf.OPTConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50,
-                       word_embed_proj_dim=8)
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: opt; supported: .*llama"):
+    from swapkl.model.tiny import tiny_model
+
+    # the hierarchical reasoning model runs its block lists in loops: no stack of blocks to swap
+    tiny_model("hrm_text").save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: hrm_text; supported: .*llama"):
         load_checkpoint(str(tmp_path))
 
 

@@ -30,7 +30,8 @@ DASHBOARD = ("dashboard", "pages", "app")
 TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.units", "swapkl.model.checkpoints", "swapkl.scoring.engine",
                  "swapkl.scoring.kl", "swapkl.scoring.headkl", "swapkl.scoring.memory",
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
-                 "swapkl.scoring.calls", "swapkl.scoring.definitions",
+                 "swapkl.scoring.calls", "swapkl.scoring.definitions", "swapkl.support.check", "swapkl.model.outputs",
+                 "swapkl.model.families", "swapkl.model.discovery",
                  "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.surgery.skip", "swapkl.surgery.sublayer_export", "swapkl.removal.evaluate",
                  "swapkl.repair.bridge", "swapkl.repair.calibration", "swapkl.repair.sweep", "swapkl.repair.joint_kl", "swapkl.repair.bridged_kl", "swapkl.repair.export", "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal", "swapkl.healing.bridged"}
 #: runs the CLI when imported
@@ -176,7 +177,7 @@ def test_import_graph_has_no_cycle():
 #: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
 #: its own (the dashboard -- dashboard/, pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
 #: one tier do not import each other.
-LAYERS = (("commands", "dashboard"), ("jobs",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
+LAYERS = (("commands", "dashboard"), ("jobs",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
 #: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
 ENTRY_POINT = "swapkl.__main__"
 

@@ -1,0 +1,172 @@
+"""The validated generic fallback (as nnterp's default family): a model type that is not in the family table is
+found by its modules and accepted only when what was found reproduces the model's own forward.
+
+Candidates: every ``ModuleList`` holding as many modules as the config has layers (the usual spellings first, then
+the shallowest); for each, the final-norm candidates among its siblings (the usual names, then any module whose
+class is a norm).  On a short random input (``use_cache=False``) a candidate must have every block called exactly
+once, in order; replaying the blocks one slot at a time with the arguments the model passed them must reproduce the
+last block's output (eval mode); and an output function (:mod:`swapkl.model.outputs`) must reproduce the logits from
+it: the final norm and the head when they do, else the model's own tail (soft-capping, scaling, extra heads).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
+from swapkl.model.outputs import OUTPUTS
+
+# The usual spellings, tried first (any other list of the right length follows)
+GENERIC_BLOCK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
+                       "transformer.blocks", "gpt_neox.layers", "model.transformer.h", "backbone.layers")
+GENERIC_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "norm_f", "final_norm", "layer_norm",
+                      "layernorm", "ln_out", "out_norm", "output_layernorm")
+GENERIC_LAYER_IDX = ("self_attn.layer_idx", "attn.layer_idx", "attention.layer_idx", "self_attention.layer_idx",
+                     "layer_idx")
+GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+GENERIC_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+# config entries that change the logits after the output head (soft-capping, scaling): where one is set, the final
+# norm and head alone are not the output function even when they happen to come close on a short probe
+LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                   "logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "lm_head_multiplier",
+                   "logits_mup_width_multiplier", "dim_model_base")
+
+_GENERIC: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
+
+
+def found_family(model: torch.nn.Module) -> Family | None:
+    """The family the fallback found for ``model`` earlier (memoised per model object), or None."""
+    return _GENERIC.get(model)
+
+
+def config_layers(config) -> int | None:
+    """The layer count a config states (the usual keys), or None."""
+    return next((getattr(config, k) for k in GENERIC_LAYER_KEYS
+                 if isinstance(getattr(config, k, None), int) and not isinstance(getattr(config, k), bool)), None)
+
+
+def block_lists(model: torch.nn.Module, n: int | None) -> list[str]:
+    """Paths of the module lists that may be the block list: ``n`` modules (two or more when ``n`` is unknown), the
+    usual spellings first, then by depth."""
+    found = [name for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and (len(mod) == n if n else len(mod) >= 2)]
+    usual = [p for p in GENERIC_BLOCK_PATHS if p in found]
+    return usual + sorted((p for p in found if p not in usual), key=lambda p: (p.count("."), p))
+
+
+def norm_candidates(model: torch.nn.Module, blocks_path: str) -> list[str]:
+    """Paths of the block list's siblings that may be the final norm: the usual names, then any norm module."""
+    parent_path = blocks_path.rpartition(".")[0]
+    parent = get_path(model, parent_path) if parent_path else model
+    children = dict(parent.named_children()) if parent is not None else {}
+    usual = [n for n in GENERIC_NORM_NAMES if isinstance(children.get(n), torch.nn.Module)]
+    other = [n for n, m in children.items() if n not in usual and "norm" in type(m).__name__.lower()]
+    return [f"{parent_path}.{n}" if parent_path else n for n in usual + other]
+
+
+def generic_family(model: torch.nn.Module) -> Family:
+    """A :class:`Family` for a model whose ``model_type`` is not in the table (see the module docstring).  Raises
+    :class:`UnsupportedArchitecture` (the usual message plus why each candidate failed) when none validates.
+    Memoised per model object."""
+    if model in _GENERIC:
+        return _GENERIC[model]
+    mt = getattr(model.config, "model_type", "?")
+    reasons = []
+    for path in block_lists(model, config_layers(model.config)):
+        norms = norm_candidates(model, path)
+        base = Family(name=f"generic:{mt}", model_types=(mt,), blocks=path, final_norm=norms[0] if norms else "",
+                      layer_idx_attrs=GENERIC_LAYER_IDX, num_layers_keys=GENERIC_LAYER_KEYS,
+                      context_keys=GENERIC_CONTEXT_KEYS, generic=True, output="tail",
+                      notes="found and validated by the generic fallback")
+        fam, why = _validate(model, base, norms)
+        if fam is not None:
+            _GENERIC[model] = fam
+            return fam
+        reasons.append(f"{path}: {why}")
+    detail = "; ".join(reasons) if reasons else "no list of blocks as long as its layer count"
+    raise UnsupportedArchitecture(
+        f"unsupported architecture: {mt}; supported: {', '.join(supported_model_types())} "
+        f"(the generic fallback could not validate it: {detail[:300]})"
+    )
+
+
+def _carried_state(outs: list, calls: list) -> str:
+    """The keyword (or position) of a block argument that is a tensor another block returned besides its hidden
+    states (a second stream handed from block to block), or ""."""
+    extras = {id(t) for o in outs if isinstance(o, (tuple, list)) for t in o[1:] if isinstance(t, torch.Tensor)}
+    for _, args, kwargs in calls:
+        for k, v in [*enumerate(args[1:], 1), *kwargs.items()]:
+            if isinstance(v, torch.Tensor) and id(v) in extras:
+                return str(k)
+    return ""
+
+
+@torch.inference_mode()
+def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[Family | None, str]:
+    """``(family, "")`` for the first output function that reproduces ``model``'s forward with ``base``'s blocks,
+    else ``(None, reason)``."""
+    from dataclasses import replace
+
+    try:
+        loc = locate_with(model, base)
+    except UnsupportedArchitecture as e:
+        return None, str(e)
+    V = int(getattr(model.config.get_text_config(), "vocab_size", 0) or loc.head.weight.shape[0])
+    dev = next(model.parameters()).device
+    ids = torch.randint(min(4, V - 1), min(V, 1000), (1, 6), generator=torch.Generator().manual_seed(0)).to(dev)
+    calls: list = []
+    outs: list = []
+
+    def pre(slot):
+        def hook(mod, args, kwargs):
+            calls.append((slot, args, kwargs))
+        return hook
+
+    def post(mod, args, out):
+        outs.append(out)
+
+    handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(loc.blocks)]
+    handles += [b.register_forward_hook(post) for b in loc.blocks]
+    try:
+        logits = model(input_ids=ids, use_cache=False).logits
+    except Exception as e:  # any failure means "cannot validate"
+        return None, f"forward failed ({type(e).__name__})"
+    finally:
+        for h in handles:
+            h.remove()
+    if [c[0] for c in calls] != list(range(len(loc.blocks))) or len(outs) != len(loc.blocks):
+        return None, "the blocks are not each called once per forward, in order"
+    carried = _carried_state(outs, calls)
+    if carried:
+        return None, f"its blocks hand a second state ({carried}) from one block to the next"
+    out = outs[-1]
+    last = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(last, torch.Tensor) or last.dim() != 3 or last.shape[:2] != ids.shape:
+        return None, "a block's output is not a hidden state [batch, tokens, width]"
+    tuple_len = len(out) if isinstance(out, (tuple, list)) else 0
+    tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
+    if not model.training:
+        _, args, kwargs = calls[0]
+        h = args[0] if args else kwargs["hidden_states"]
+        try:
+            for block, (_, args, kwargs) in zip(loc.blocks, calls):
+                o = block(h, *args[1:], **kwargs) if args else block(**{**kwargs, "hidden_states": h})
+                h = o[0] if isinstance(o, (tuple, list)) else o
+        except Exception as e:  # a block that cannot be run alone with its recorded call
+            return None, f"a block run alone with its recorded call fails ({type(e).__name__})"
+        if (h.float() - last.float()).abs().max() > tol * last.float().abs().max().clamp_min(1.0):
+            return None, "replaying the blocks slot by slot does not reproduce the forward"
+    scale = logits.float().abs().max().clamp_min(1.0)
+    text = model.config.get_text_config()
+    modified = any(getattr(text, k, None) not in (None, 1, 1.0, False) for k in LOGIT_MODIFIERS)
+    options = [] if modified else [replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
+    options.append(replace(base, output="tail", block_tuple=tuple_len))
+    for fam in options:
+        try:
+            got = OUTPUTS[fam.output].logits(model, locate_with(model, fam), last).float()
+        except Exception:  # this output function does not apply to the model
+            continue
+        if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
+            return fam, ""
+    return None, "neither the final norm and head nor the model's own tail reproduce the logits"

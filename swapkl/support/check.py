@@ -1,0 +1,139 @@
+"""One model type checked as a new user's model would be: a tiny random model of it (:mod:`swapkl.model.tiny`),
+located, scored under both per-layer definitions and compared with the plain implementation, for whole blocks and
+for attention / MLP sublayers.
+
+A check never raises: every outcome is a row field, "exact", or "refused: <the one line swapkl prints>", or, for
+anything else, "traceback: <the error>" (which the family sweep counts as a failure).  Numbers are compared where the
+model computes in float64 (both the engine and the plain implementation: errors of 1e-12, so 1e-6 relative separates
+a wrong number from rounding); a model whose forward needs float32 is compared at 1e-4 relative, with 1e-7 nats of
+absolute slack for KLs that small.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+
+from swapkl.contract import PER_LAYER, SUBLAYERS, pair_list
+from swapkl.errors import SwapklError
+
+#: what a check prints for a pair set computed exactly
+EXACT = "exact"
+#: tolerances (relative, absolute nats) by the dtype the check ran in
+TOLERANCE = {torch.float64: (1e-6, 1e-12), torch.float32: (1e-4, 1e-7)}
+
+
+def one_line(e: BaseException, prefix: str) -> str:
+    """``prefix: message`` of an exception, its first line, at most 300 characters."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return f"{prefix}: {first[:300]}"
+
+
+def tiny_for_check(model_type: str, layers: int = 4):
+    """``(model, ids, dtype)``: the tiny model of ``model_type`` in float64 when its forward runs there (float32
+    otherwise), and 3 prompts of 10 random tokens."""
+    from swapkl.model.tiny import tiny_model
+
+    model = tiny_model(model_type, layers)
+    V = int(model.config.get_text_config().vocab_size)
+    ids = torch.randint(3, min(V, 200), (3, 10), generator=torch.Generator().manual_seed(1))
+    try:
+        wide = model.double()
+        with torch.inference_mode():
+            wide(input_ids=ids[:1], use_cache=False)
+        return wide, ids, torch.float64
+    except Exception:  # a model that hard-codes float32 somewhere: compared in float32
+        return model.float(), ids, torch.float32
+
+
+def compare(model, ids, dtype, unit: str, per_layer: str) -> dict:
+    """Both matrices of every pair of ``model`` under ``per_layer`` for ``unit``: the engine (batched, rows split
+    across calls) against the plain implementation (batch of one, float64 KL).  ``{"status", "worst", "min_kl",
+    "na"}``: status "exact", or "wrong: ..." with the worst pair."""
+    from swapkl.scoring.engine import SwapEngine
+    from swapkl.scoring.reference import reference_sweep
+
+    L = len(_blocks(model))
+    pairs = pair_list("all", L)
+    engine = SwapEngine(model, ids, max_rows=4, max_live=6, unit=unit, per_layer=per_layer, kl_dtype=torch.float64)
+    undefined = engine.undefined(pairs)
+    todo = [p for p in pairs if p not in undefined]
+    got = engine.sweep(todo)
+    ref = reference_sweep(model, ids, pairs, unit=unit, per_layer=per_layer)
+    if set(ref) != set(todo):
+        return {"status": f"wrong: n/a pairs {sorted(undefined)}, the plain implementation's {sorted(set(pairs) - set(ref))}"}
+    rtol, atol = TOLERANCE[dtype]
+    worst, where, min_kl = 0.0, None, None
+    for p in todo:
+        for k, r in ref[p].items():
+            g = got[p][k].double()
+            excess = ((g - r).abs() - atol).clamp_min(0) / r.abs().clamp_min(1e-300)
+            if excess.max().item() > worst:
+                worst, where = excess.max().item(), (p, k)
+            m = r.mean().item()
+            min_kl = m if min_kl is None else min(min_kl, m)
+    out = {"worst": worst, "min_kl": min_kl, "na": len(undefined)}
+    out["status"] = EXACT if worst <= rtol else f"wrong: {where} off by {worst:.2e} relative"
+    return out
+
+
+def _blocks(model):
+    from swapkl.model.architectures import locate
+
+    return locate(model).blocks
+
+
+def check_model_type(model_type: str) -> dict:
+    """The row of one model type (see the module docstring): ``status`` ("exact", "refused", "not decoder-only",
+    "unbuildable", "wrong", "traceback"), ``reason``, and per check ``slot``, ``block``, ``sublayers``."""
+    from swapkl.model.architectures import locate
+    from swapkl.model.tiny import not_decoder_only
+    from swapkl.model.units import layout_for
+
+    t0 = time.perf_counter()
+    row: dict = {"model_type": model_type}
+    skip = not_decoder_only()
+    if model_type in skip:
+        return row | {"status": "not decoder-only", "reason": skip[model_type]}
+    try:
+        model, ids, dtype = tiny_for_check(model_type)
+    except Exception as e:  # transformers itself cannot build or run it at tiny size
+        return row | {"status": "unbuildable", "reason": one_line(e, "transformers cannot build it at tiny size")}
+    row["dtype"] = str(dtype).removeprefix("torch.")
+    try:
+        loc = locate(model)
+    except SwapklError as e:
+        return row | {"status": "refused", "reason": one_line(e, "refused")}
+    except Exception as e:
+        return row | {"status": "traceback", "reason": one_line(e, f"traceback ({type(e).__name__})")}
+    row.update(family=loc.family.name, output=loc.family.output)
+    for per_layer in PER_LAYER:
+        row[per_layer] = _guarded(lambda pl=per_layer: compare(model, ids, dtype, "block", pl))
+    try:
+        layout_for(model, loc)
+        row["sublayers"] = {f"{u}/{pl}": _guarded(lambda u=u, pl=pl: compare(model, ids, dtype, u, pl))
+                            for u in SUBLAYERS for pl in PER_LAYER}
+    except SwapklError as e:
+        row["sublayers"] = {"status": one_line(e, "refused")}
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row | _verdict(row)
+
+
+def _guarded(fn) -> dict:
+    try:
+        return fn()
+    except SwapklError as e:
+        return {"status": one_line(e, "refused")}
+    except Exception as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return {"status": one_line(e, f"traceback ({type(e).__name__} at {where.name}:{where.lineno})")}
+
+
+def _verdict(row: dict) -> dict:
+    parts = [row[pl]["status"] for pl in PER_LAYER]
+    if all(p == EXACT for p in parts):
+        return {"status": "exact", "reason": ""}
+    bad = next(p for p in parts if p != EXACT)
+    kind = "traceback" if bad.startswith("traceback") else "wrong" if bad.startswith("wrong") else "refused"
+    return {"status": kind, "reason": bad}
