@@ -51,7 +51,6 @@ def test_unknown_hub_id_offline_is_clear(monkeypatch):
 
 
 def test_unsupported_architecture(tmp_path):
-    import transformers as tf
 
     from swapkl.model.tiny import tiny_model
 
