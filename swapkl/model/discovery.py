@@ -26,6 +26,9 @@ GENERIC_LAYER_IDX = ("self_attn.layer_idx", "attn.layer_idx", "attention.layer_i
                      "layer_idx")
 GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 GENERIC_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+# config entries that make later blocks read the keys and values an earlier block stored (a second state between
+# blocks, through an argument): a positive value is refused
+KV_SHARING_KEYS = ("num_kv_shared_layers",)
 # config entries that change the logits after the output head (soft-capping, scaling): where one is set, the final
 # norm and head alone are not the output function even when they happen to come close on a short probe
 LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
@@ -40,17 +43,19 @@ def found_family(model: torch.nn.Module) -> Family | None:
     return _GENERIC.get(model)
 
 
-def config_layers(config) -> int | None:
-    """The layer count a config states (the usual keys), or None."""
-    return next((getattr(config, k) for k in GENERIC_LAYER_KEYS
-                 if isinstance(getattr(config, k, None), int) and not isinstance(getattr(config, k), bool)), None)
+def layer_counts(config) -> dict[str, int]:
+    """``{key: count}`` of the layer counts a config states under the usual keys (LongCat-Flash states two: its
+    ``num_layers`` blocks hold two sublayers each, ``num_hidden_layers``)."""
+    return {k: getattr(config, k) for k in GENERIC_LAYER_KEYS
+            if isinstance(getattr(config, k, None), int) and not isinstance(getattr(config, k), bool)}
 
 
-def block_lists(model: torch.nn.Module, n: int | None) -> list[str]:
-    """Paths of the module lists that may be the block list: ``n`` modules (two or more when ``n`` is unknown), the
-    usual spellings first, then by depth."""
+def block_lists(model: torch.nn.Module, counts: dict[str, int]) -> list[str]:
+    """Paths of the module lists that may be the block list: as many modules as one of the config's layer
+    ``counts`` (two or more when it states none), the usual spellings first, then by depth."""
+    sizes = set(counts.values())
     found = [name for name, mod in model.named_modules()
-             if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and (len(mod) == n if n else len(mod) >= 2)]
+             if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0 and (len(mod) in sizes if sizes else len(mod) >= 2)]
     usual = [p for p in GENERIC_BLOCK_PATHS if p in found]
     return usual + sorted((p for p in found if p not in usual), key=lambda p: (p.count("."), p))
 
@@ -72,11 +77,16 @@ def generic_family(model: torch.nn.Module) -> Family:
     if model in _GENERIC:
         return _GENERIC[model]
     mt = getattr(model.config, "model_type", "?")
-    reasons = []
-    for path in block_lists(model, config_layers(model.config)):
+    text = model.config.get_text_config()
+    shared = [k for k in KV_SHARING_KEYS if isinstance(getattr(text, k, None), int) and getattr(text, k) > 0]
+    reasons = [f"its last {getattr(text, shared[0])} layers reuse keys and values stored by earlier layers "
+               f"({shared[0]}): a second state between blocks"] if shared else []
+    counts = layer_counts(text)
+    for path in block_lists(model, counts) if not shared else ():
+        keys = tuple(k for k, v in counts.items() if v == len(get_path(model, path))) + GENERIC_LAYER_KEYS
         norms = norm_candidates(model, path)
         base = Family(name=f"generic:{mt}", model_types=(mt,), blocks=path, final_norm=norms[0] if norms else "",
-                      layer_idx_attrs=GENERIC_LAYER_IDX, num_layers_keys=GENERIC_LAYER_KEYS,
+                      layer_idx_attrs=GENERIC_LAYER_IDX, num_layers_keys=tuple(dict.fromkeys(keys)),
                       context_keys=GENERIC_CONTEXT_KEYS, generic=True, output="tail",
                       notes="found and validated by the generic fallback")
         fam, why = _validate(model, base, norms)
@@ -91,14 +101,55 @@ def generic_family(model: torch.nn.Module) -> Family:
     )
 
 
-def _carried_state(outs: list, calls: list) -> str:
-    """The keyword (or position) of a block argument that is a tensor another block returned besides its hidden
-    states (a second stream handed from block to block), or ""."""
+def _handed_on(outs: list, calls: list) -> str:
+    """The argument of a block that is a tensor an earlier block returned besides its hidden states (a router
+    state or top-k indices handed from block to block), as ``"argument A of block k"``, or ""."""
     extras = {id(t) for o in outs if isinstance(o, (tuple, list)) for t in o[1:] if isinstance(t, torch.Tensor)}
-    for _, args, kwargs in calls:
+    for slot, args, kwargs in calls:
         for k, v in [*enumerate(args[1:], 1), *kwargs.items()]:
             if isinstance(v, torch.Tensor) and id(v) in extras:
-                return str(k)
+                return f"argument {k} of block {slot}"
+    return ""
+
+
+def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list) -> str:
+    """Where a block reads a state that an earlier block changes besides the hidden states (a second stream: a
+    router state or top-k indices handed on, earlier blocks' states gathered, a reversible pair), found by running the
+    forward again with block 0's output nudged: ``"argument A of block k"``, or "" when every later call is the same."""
+    from swapkl.scoring.calls import flatten
+
+    again: list = []
+
+    def nudge(mod, args, out):
+        h = out[0] if isinstance(out, (tuple, list)) else out
+        h2 = h + 0.1 * h.abs().mean().clamp_min(1e-3) * torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(h)
+        return (h2, *out[1:]) if isinstance(out, (tuple, list)) else h2
+
+    def pre(slot):
+        def hook(mod, args, kwargs):
+            again.append((slot, args, kwargs))
+        return hook
+
+    handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(blocks)]
+    handles.append(blocks[0].register_forward_hook(nudge))
+    try:
+        model(input_ids=ids, use_cache=False)
+    except Exception as e:  # a forward that fails nudged fails below as a replay
+        return f"a nudged forward fails ({type(e).__name__})"
+    finally:
+        for h in handles:
+            h.remove()
+    for (slot, args, kwargs), (_, args2, kwargs2) in zip(calls[1:], again[1:]):
+        names = [*range(1, len(args)), *[k for k in kwargs if k != "hidden_states"]]
+        first = [args[k] if isinstance(k, int) else kwargs[k] for k in names]
+        second = [args2[k] if isinstance(k, int) else kwargs2[k] for k in names]
+        for name, x, y in zip(names, first, second):
+            xs, ys = flatten(x)[1], flatten(y)[1]
+            for u, v in zip(xs, ys):
+                if isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor) and (
+                        u.shape != v.shape or (u.is_floating_point() and not torch.equal(u, v))
+                        or (not u.is_floating_point() and not torch.equal(u, v))):
+                    return f"argument {name} of block {slot}"
     return ""
 
 
@@ -114,7 +165,7 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
         return None, str(e)
     V = int(getattr(model.config.get_text_config(), "vocab_size", 0) or loc.head.weight.shape[0])
     dev = next(model.parameters()).device
-    ids = torch.randint(min(4, V - 1), min(V, 1000), (1, 6), generator=torch.Generator().manual_seed(0)).to(dev)
+    ids = torch.randint(min(4, V - 1), min(V, 1000), (2, 7), generator=torch.Generator().manual_seed(0)).to(dev)
     calls: list = []
     outs: list = []
 
@@ -137,13 +188,16 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
             h.remove()
     if [c[0] for c in calls] != list(range(len(loc.blocks))) or len(outs) != len(loc.blocks):
         return None, "the blocks are not each called once per forward, in order"
-    carried = _carried_state(outs, calls)
-    if carried:
-        return None, f"its blocks hand a second state ({carried}) from one block to the next"
+    second = _handed_on(outs, calls) or _second_state(model, loc.blocks, ids, calls)
+    if second:
+        return None, f"its blocks read a second state that earlier blocks change ({second})"
     out = outs[-1]
     last = out[0] if isinstance(out, (tuple, list)) else out
-    if not isinstance(last, torch.Tensor) or last.dim() != 3 or last.shape[:2] != ids.shape:
-        return None, "a block's output is not a hidden state [batch, tokens, width]"
+    if not isinstance(last, torch.Tensor) or last.dim() < 3 or 2 not in last.shape:
+        return None, "a block's output is not a hidden state with a batch dimension"
+    if 7 not in last.shape:
+        return None, ("its blocks run over other positions than the input's tokens (a hidden state of shape "
+                      f"{list(last.shape)} for {ids.shape[1]} tokens)")
     tuple_len = len(out) if isinstance(out, (tuple, list)) else 0
     tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
     if not model.training:

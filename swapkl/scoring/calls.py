@@ -60,6 +60,39 @@ def unflatten(spec, leaves: list):
 SHARED, TILED, PER_PROMPT, CONST = "shared", "tiled", "per prompt", "const"
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """Where the batch and the tokens are in the hidden state the blocks pass on.  The sweeps keep states as rows,
+    ``[batch, tokens, ...]``; a model whose state is laid out otherwise (Gemma-3n's AltUp streams ``[streams, batch,
+    tokens, width]``) gets its own layout back before each block and its output function."""
+
+    batch: int = 0
+    tokens: int = 1
+
+    @property
+    def plain(self) -> bool:
+        return (self.batch, self.tokens) == (0, 1)
+
+    def rows(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.plain else h.movedim((self.batch, self.tokens), (0, 1))
+
+    def model(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.plain else h.movedim((0, 1), (self.batch, self.tokens))
+
+
+def state_layout(one: tuple, two: tuple, tokens: int) -> StateLayout:
+    """The layout of a hidden state of shape ``one`` at one row and ``two`` at two rows of ``tokens`` tokens."""
+    grown = [d for d, (a, b) in enumerate(zip(one, two)) if b == 2 * a]
+    if len(one) != len(two) or len(grown) != 1 or len(one) < 3:
+        raise UnsupportedCall(f"the hidden state the blocks pass on ({list(one)} at one row, {list(two)} at two) has "
+                              "no single batch dimension")
+    at = [d for d, n in enumerate(two) if n == tokens and d != grown[0]]
+    if not at:
+        raise UnsupportedCall(f"the hidden state the blocks pass on ({list(two)}) has no dimension of the "
+                              f"{tokens} tokens")
+    return StateLayout(grown[0], at[0])
+
+
 @dataclass
 class SlotCall:
     """The call of one slot: ``build(rows)`` gives ``(args, kwargs)`` (after the hidden states) for rows whose
@@ -197,6 +230,13 @@ class CallRecorder:
 
 
 def _same_value(a, b) -> bool:
+    """Whether a non-tensor argument is the same at two batch sizes.  A mapping of one type counts as the same: a
+    scratch container the blocks may write into (Gemma-4's KV-sharing dict; a model whose blocks *read* another
+    block's entries there is refused when it is located, swapkl.model.discovery.KV_SHARING_KEYS)."""
+    from collections.abc import Mapping
+
+    if isinstance(a, Mapping) and type(a) is type(b):
+        return True
     try:
         return bool(a == b) if not isinstance(a, torch.nn.Module) else a is b
     except Exception:  # an object without a usable equality: the same object counts

@@ -52,8 +52,8 @@ class SlotDefinition(PerLayerDefinition):
         dev = runner.block_device(slot)
         args, kwargs = runner.call(slot, rows, h, dev)
         if block == slot:
-            return _hidden(mod(*args, **kwargs))
-        return _hidden(functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs))
+            return runner.layout.rows(_hidden(mod(*args, **kwargs)))
+        return runner.layout.rows(_hidden(functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs)))
 
 
 class BlockDefinition(PerLayerDefinition):
@@ -64,11 +64,11 @@ class BlockDefinition(PerLayerDefinition):
         if block == slot or runner.unit == BLOCK:
             mod, dev = runner.blocks[block], runner.block_device(block)
             args, kwargs = runner.call(block, rows, h, dev)
-            return _hidden(mod(*args, **kwargs))
+            return runner.layout.rows(_hidden(mod(*args, **kwargs)))
         mod, dev = runner.hybrid(slot, block), runner.block_device(slot)
         caller = block if runner.unit == CALL_UNIT else slot
         args, kwargs = runner.call(caller, rows, h, dev)
-        return _hidden(mod(*args, **kwargs))
+        return runner.layout.rows(_hidden(mod(*args, **kwargs)))
 
 
 #: the definitions by name (the names are :data:`swapkl.contract.PER_LAYER`)

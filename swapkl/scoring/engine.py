@@ -307,7 +307,7 @@ def _slot_float32(runner: BlockRunner, slot: int, h: torch.Tensor) -> torch.Tens
     args = tuple(_float32(a) for a in args)
     kwargs = {k: _float32(v) for k, v in kwargs.items()}
     out = functional_call(mod, {k: _float32(v) for k, v in runner.weights_on(slot, dev).items()}, args, kwargs)
-    return out[0] if isinstance(out, (tuple, list)) else out
+    return runner.layout.rows(out[0] if isinstance(out, (tuple, list)) else out)
 
 
 def _logits_float32(runner: BlockRunner, h_last: torch.Tensor) -> torch.Tensor:

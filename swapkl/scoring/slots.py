@@ -15,7 +15,7 @@ import torch
 from swapkl.model.architectures import locate
 from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
 from swapkl.errors import ModelLoadError, SwapklError, is_oom
-from swapkl.scoring.calls import CallRecorder, SlotCall
+from swapkl.scoring.calls import CallRecorder, SlotCall, StateLayout, state_layout
 from swapkl.scoring.definitions import definition, hybrid_block, structure
 
 ProgressFn = Callable[[int, int, str], None]
@@ -152,6 +152,7 @@ class BlockRunner:
         self.unit = check_unit(unit)
         self.definition = definition(per_layer)
         self.calls: list[SlotCall] = []
+        self.layout = StateLayout()
         self.num_prompts = 0
         self._structures: dict = {}
         self._hybrids: dict = {}
@@ -203,17 +204,22 @@ class BlockRunner:
         L = self.num_layers
         inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
         recorder = CallRecorder(L)
+        shapes: list = []
 
         def pre(slot):
             def hook(mod, args, kwargs):
                 h = args[0] if args else kwargs["hidden_states"]
-                inputs[slot].append(h.detach())
+                if slot == 0 and len(shapes) < 2:
+                    shapes.append(tuple(h.shape))
+                    if len(shapes) == 2:
+                        self.layout = state_layout(*shapes, ids.shape[1])
+                inputs[slot].append(self.layout.rows(h.detach()))
                 recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"},
                                 keyword=not args)
             return hook
 
         def post(mod, args, out):
-            inputs[L].append((out[0] if isinstance(out, (tuple, list)) else out).detach())
+            inputs[L].append(self.layout.rows((out[0] if isinstance(out, (tuple, list)) else out).detach()))
 
         handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
         handles.append(self.blocks[L - 1].register_forward_hook(post))
@@ -257,7 +263,7 @@ class BlockRunner:
         args, kwargs = call.build(rows)
         if dev is not None and dev != self.block_device(slot):
             args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
-        return call.arrange(h.to(dev or self.block_device(slot)), args, kwargs)
+        return call.arrange(self.layout.model(h.to(dev or self.block_device(slot))), args, kwargs)
 
     def structure(self, slot: int) -> dict:
         """The structure of slot ``slot``'s unit: ``{name: (shape, dtype)}`` of its weights."""
@@ -320,7 +326,7 @@ class BlockRunner:
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """The model's output function on last-block outputs [..., D] -> logits [..., V] (final norm + head, or the
         model's own tail: :mod:`swapkl.model.outputs`)."""
-        return self.loc.logits(h_last)
+        return self.loc.logits(self.layout.model(h_last))
 
 
 def undefined_moves(runner: BlockRunner, pairs) -> dict:
