@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
 from swapkl.model.outputs import OUTPUTS
 
@@ -116,8 +117,6 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
     """Where a block reads a state that an earlier block changes besides the hidden states (a second stream: a
     router state or top-k indices handed on, earlier blocks' states gathered, a reversible pair), found by running the
     forward again with block 0's output nudged: ``"argument A of block k"``, or "" when every later call is the same."""
-    from swapkl.scoring.calls import flatten
-
     again: list = []
 
     def nudge(mod, args, out):
