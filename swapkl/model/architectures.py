@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Iterable
 
 import torch
 
@@ -88,20 +87,6 @@ def set_layer_index(block: torch.nn.Module, fam: Family, idx: int) -> None:
         parent = get_path(block, parent_path) if parent_path else block
         if parent is not None and hasattr(parent, attr):
             setattr(parent, attr, idx)
-
-
-def keep_layers_in_config(config, fam: Family, keep: Iterable[int]) -> None:
-    """Rewrite ``config`` in place for a stack that keeps the blocks ``keep`` (old indices, in order)."""
-    keep = list(keep)
-    for key in fam.num_layers_keys:
-        if isinstance(getattr(config, key, None), int):
-            setattr(config, key, len(keep))
-    for key in fam.per_layer_keys:
-        v = getattr(config, key, None)
-        if isinstance(v, (list, tuple)) and v:
-            setattr(config, key, [v[k] for k in keep])
-    # Qwen2-style: sliding window applied to layers >= max_window_layers. Keep each kept layer's old type
-    # by materialising layer_types above (if present); max_window_layers is left as the library handles it.
 
 
 def cached_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache=None, **kw):

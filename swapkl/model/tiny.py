@@ -43,7 +43,7 @@ SIZES: dict[str, object] = {
     "sliding_window": 8, "window_size": 8, "attention_window_size": 8, "sliding_window_size": 8,
     "attention_chunk_size": 8, "rotary_dim": 8,
     "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
-    "first_k_dense_replace": 1, "num_dense_layers": 1, "moe_layer_start_index": 1,
+    "first_k_dense_replace": 2, "num_dense_layers": 2, "moe_layer_start_index": 2,
     "laurel_rank": 8, "num_kv_shared_layers": 0, "adapter_rank": 8, "attention_hidden_size": 128,
     "router_hidden_size": 16, "o_lora_rank": 16,
     # output scalings at values that matter (a tiny model's logits are small: a cap of 30 would hardly bend them)

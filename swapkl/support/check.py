@@ -10,6 +10,7 @@ absolute slack for KLs that small.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 import traceback
 
@@ -78,6 +79,61 @@ def compare(model, ids, dtype, unit: str, per_layer: str) -> dict:
     return out
 
 
+#: the removal sets an export is checked on (one middle block, then two: the default candidates leave the first and
+#: last layer alone)
+EXPORT_SETS = ((1,), (1, 2))
+
+
+def plain_removal(model, ids, remove) -> torch.Tensor:
+    """Logits of ``model`` with the blocks ``remove`` skipped (each passes its input on): the plain removal."""
+    blocks = _blocks(model)
+
+    def skip(mod, args, kwargs, out):
+        h = args[0] if args else kwargs["hidden_states"]
+        return (h, *out[1:]) if isinstance(out, (tuple, list)) else h
+
+    hooks = [blocks[k].register_forward_hook(skip, with_kwargs=True) for k in remove]
+    try:
+        with torch.inference_mode():
+            return model(input_ids=ids, use_cache=False).logits
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def check_export(model, ids, dtype, folder) -> dict:
+    """Each of :data:`EXPORT_SETS` removed in memory (``pruned_copy``) and exported (``save_pruned``, reloaded with
+    stock ``AutoModelForCausalLM.from_pretrained``): both equal the plain removal.  ``{"status"}``: "exact",
+    "refused: ..." (the export's one line) or "wrong: ..."."""
+    import transformers as tf
+
+    from swapkl.surgery.prune import pruned_copy, save_pruned
+
+    rtol, atol = TOLERANCE[dtype]
+    for k, remove in enumerate(EXPORT_SETS):
+        want = plain_removal(model, ids, remove).double()
+        try:
+            with torch.inference_mode():
+                mem = pruned_copy(model, list(remove))(input_ids=ids, use_cache=False).logits.double()
+        except SwapklError:
+            raise
+        except Exception as e:  # the model's own forward cannot run its shortened stack
+            return {"status": one_line(e, f"refused: the model's forward fails without layers {list(remove)} "
+                                          f"({type(e).__name__})")}
+        if (mem - want).abs().max() > 10 * rtol * want.abs().max():
+            return {"status": f"wrong: the in-memory removal of {list(remove)} differs from the plain removal by "
+                              f"{(mem - want).abs().max().item():.2e}"}
+        out = save_pruned(model, list(remove), f"{folder}/{k}")
+        back = tf.AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
+        with torch.inference_mode():
+            got = back(input_ids=ids, use_cache=False).logits.double()
+        if got.shape != want.shape or (got - want).abs().max() > 10 * rtol * want.abs().max():
+            diff = (got - want).abs().max().item() if got.shape == want.shape else f"shape {list(got.shape)}"
+            return {"status": f"wrong: the reloaded export without {list(remove)} differs from the plain removal "
+                              f"by {diff}"}
+    return {"status": EXACT}
+
+
 def _blocks(model):
     from swapkl.model.architectures import locate
 
@@ -116,6 +172,8 @@ def check_model_type(model_type: str) -> dict:
                             for u in SUBLAYERS for pl in PER_LAYER}
     except SwapklError as e:
         row["sublayers"] = {"status": one_line(e, "refused")}
+    with tempfile.TemporaryDirectory() as folder:
+        row["export"] = _guarded(lambda: check_export(model, ids, dtype, folder))
     row["seconds"] = round(time.perf_counter() - t0, 2)
     return row | _verdict(row)
 
@@ -131,7 +189,7 @@ def _guarded(fn) -> dict:
 
 
 def _verdict(row: dict) -> dict:
-    parts = [row[pl]["status"] for pl in PER_LAYER]
+    parts = [row[pl]["status"] for pl in PER_LAYER] + [row["export"]["status"]]
     if all(p == EXACT for p in parts):
         return {"status": "exact", "reason": ""}
     bad = next(p for p in parts if p != EXACT)

@@ -4,8 +4,8 @@
 the input is shallow-copied (its own ``__dict__``, its own ``_modules`` / ``_parameters`` / ``_buffers`` / hook
 dicts), parameters and buffers are shared, the copied block list keeps only the surviving blocks, each kept
 block's attention gets its new ``layer_idx`` (0..L'-1 in order), and the copy gets its own config cut with
-:func:`swapkl.model.architectures.keep_layers_in_config` (``num_hidden_layers`` and per-layer lists such as
-``layer_types``).  The input model, its config, its hooks and its ``layer_idx`` values are never changed, so a
+:func:`swapkl.model.config_cut.cut_config` (layer counts, per-layer lists such as ``layer_types``, lists of layer
+indices, "first k layers" counts).  The input model, its config, its hooks and its ``layer_idx`` values are never changed, so a
 model shared between callers (a dashboard's cached model, another thread) stays valid.  Memory cost: module
 objects only (kilobytes), no weight copies.
 
@@ -18,11 +18,13 @@ The core of :mod:`swapkl.surgery.prune` (which re-exports it and saves pruned co
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Iterable
 
 import torch
 
 from swapkl.model import architectures as arch
+from swapkl.model.config_cut import cut_config, outside_difference
 from swapkl.surgery.removal_set import PruneError, validate_remove
 
 __all__ = ["PruneError", "validate_remove", "pruned_copy"]
@@ -68,8 +70,8 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
     rem = validate_remove(remove, loc.num_layers)
     keep = [i for i in range(loc.num_layers) if i not in set(rem)]
     old_cfg = model.config
-    new_cfg = copy.deepcopy(old_cfg)
-    arch.keep_layers_in_config(new_cfg, fam, keep)
+    new_cfg = cut_config(old_cfg, keep, loc.num_layers)
+    _check_outside(model, loc, len(keep), new_cfg)
     new = _shallow(model, {}, old_cfg, new_cfg)
     new_blocks = arch.get_path(new, fam.blocks)
     kept = [new_blocks[i] for i in keep]
@@ -80,6 +82,21 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
     for pos, block in enumerate(kept):
         _renumber(block, fam, pos)
     return new
+
+
+_OUTSIDE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept count: None or the reason}
+
+
+def _check_outside(model: torch.nn.Module, loc, n_new: int, config) -> None:
+    """Refuse (one line) a removal that would leave per-layer weights outside the blocks uncut; memoised per model
+    and kept count (a curve removes many sets of a few sizes)."""
+    if n_new == loc.num_layers:
+        return
+    seen = _OUTSIDE.setdefault(model, {})
+    if n_new not in seen:
+        seen[n_new] = outside_difference(model, config, loc.family.blocks)
+    if seen[n_new] is not None:
+        raise PruneError(f"cannot remove layers from {getattr(model.config, 'model_type', 'this model')}: {seen[n_new]}")
 
 
 def _renumber(block: torch.nn.Module, fam: arch.Family, idx: int) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from swapkl import __version__
 from swapkl.model import architectures as arch
+from swapkl.model.config_cut import structure_difference
 from swapkl.surgery.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.surgery.merge import merge_plan, merged_copy
 from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, save_model_folder
@@ -59,6 +60,10 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     "average" | "laco"}``.  ``remove`` may then be None (it is derived: every group member but the lowest) or must
     equal the derived set.  The merge (groups, mode, formula) is recorded in ``swapkl_prune.json``.
 
+    Before anything is written, the shortened config is checked to rebuild the kept blocks
+    (:func:`swapkl.model.config_cut.structure_difference`); a removal the config cannot describe raises
+    :class:`PruneError` in one line.
+
     ``remove`` may be a :class:`~swapkl.surgery.removal_set.RemovalSet` with attention / MLP sublayers: they are saved
     as zeroed output projections (:func:`swapkl.surgery.sublayer_export.save_sublayer_pruned`), blocks as here.
     """
@@ -85,6 +90,11 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
         raise PruneError("give the layers to remove (or a merge)")
     rem = validate_remove(remove, n_src)
     pruned = pruned_copy(model, rem) if plan is None else merged_copy(model, plan["groups"], plan["mode"])
+    kept = [i for i in range(n_src) if i not in rem]
+    path = arch.locate(model).family.blocks
+    why = structure_difference(arch.get_path(pruned, path), kept, pruned.config, path)
+    if why is not None:
+        raise PruneError(f"cannot export the model without layers {rem}: {why}")
     if getattr(pruned, "hf_quantizer", None) is not None:
         pruned.hf_quantizer.remove_quantization_config(pruned)
     record = {"source": src, "removed": rem, "kept": [i for i in range(n_src) if i not in rem],

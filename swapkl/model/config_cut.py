@@ -1,0 +1,199 @@
+"""The config of a shortened stack: rewritten so that stock ``transformers`` builds the same blocks, or refused.
+
+Removing blocks changes what a config's per-layer settings mean: a list with one entry per layer is cut in step; a
+list of layer indices, a "first k layers" count and a dict keyed by layer index are renumbered; layer counts shrink
+(proportionally where a model counts sublayers).  What the rules cover is data (:data:`INDEX_LISTS`,
+:data:`PREFIX_COUNTS`); whatever a rule does, :func:`structure_difference` then builds the shortened model from the
+new config on the ``meta`` device (no memory, no weights) and compares every new block with the kept block it must
+be - class, weight names and shapes, and plain settings (attention type, window, head size, constants derived from
+the layer index) - so a config whose meaning shifts in a way no rule follows is refused in one line, never exported
+wrong.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from swapkl.errors import SwapklError
+
+
+class ConfigCutError(SwapklError):
+    """A shortened stack that its config cannot describe (one line: which setting, which layer)."""
+
+
+#: keys counting layers (the first equal to the block count counts blocks; a multiple counts sublayers)
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers", "num_blocks")
+#: keys holding a list of layer indices (a layer has the property when its index is listed)
+INDEX_LISTS = ("mlp_only_layers", "hybrid_layer_ids", "moe_layers", "full_attn_idxs", "cross_attention_layers",
+               "ple_layer_ids", "attn_layer_indices", "expert_layer_indices", "global_attn_layers",
+               "sliding_window_layers", "swa_layers", "no_rope_layer_ids", "dense_layer_ids")
+#: keys counting the first layers that have a property (DeepSeek's dense layers, Qwen2's full-attention layers)
+PREFIX_COUNTS = ("first_k_dense_replace", "num_dense_layers", "max_window_layers", "moe_layer_start_index")
+#: keys holding a pattern that repeats over the layers (layer i has ``pattern[i % len(pattern)]``): the cut stack
+#: gets its own layers' entries as the pattern (RecurrentGemma's ``block_types``)
+CYCLES = ("block_types",)
+#: keys holding a dict keyed by layer index (as a string or an int)
+INDEX_DICTS = ("per_layer_config",)
+#: keys that put a property on every p-th layer: ``mod`` (layer i has it when i % period == offset) or ``step`` (when
+#: (i + 1) % period == 0); a cut stack gets the period (and offset) that describes its kept layers, when one does
+#: (a key naming a per-layer list that, when the config has it, says the same explicitly: the period is then left alone)
+PERIODIC = ((("expert_layer_period", "expert_layer_offset"), "mod", ""), (("attn_layer_period", "attn_layer_offset"), "mod", ""),
+            (("decoder_sparse_step",), "step", ""), (("moe_layer_interval",), "step", ""),
+            (("interleave_moe_layer_step",), "step", ""), (("sliding_window_pattern",), "step", "layer_types"))
+#: module attributes that are the layer's index itself (renumbered on purpose), never compared
+INDEX_ATTRS = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "idx", "block_idx"})
+
+
+def cut_config(config, keep: Iterable[int], num_layers: int):
+    """A new config like ``config`` for the stack that keeps blocks ``keep`` (old indices, in order) of
+    ``num_layers``, built from the rewritten dict form (``to_dict`` / ``from_dict``: per-layer overrides of a
+    heterogeneous config included).  Raises :class:`ConfigCutError` when a prefix count no longer describes the kept
+    layers."""
+    keep = list(keep)
+    d = config.to_dict()
+    text = config.get_text_config()
+    name = next((k for k in (getattr(config, "sub_configs", None) or {}) if getattr(config, k, None) is text), None)
+    cut_dict(d[name] if name and isinstance(d.get(name), dict) else d, keep, num_layers)
+    new = type(config).from_dict(d)
+    try:
+        new._attn_implementation = config._attn_implementation
+    except Exception:  # a config class without a settable attention implementation keeps its default
+        pass
+    return new
+
+
+def cut_dict(own: dict, keep: list[int], num_layers: int) -> None:
+    """:func:`cut_config` on a config's dict form, in place."""
+    n_old, n_new = num_layers, len(keep)
+    for key, value in list(own.items()):
+        if key in INDEX_LISTS and isinstance(value, (list, tuple)) and all(isinstance(i, int) for i in value):
+            own[key] = [pos for pos, old in enumerate(keep) if old in set(value)]
+        elif key in PREFIX_COUNTS and isinstance(value, int) and not isinstance(value, bool):
+            has = [old < value for old in keep]
+            count = sum(has)
+            if has != [True] * count + [False] * (n_new - count):
+                raise ConfigCutError(f"the config counts the first {value} layers as different ({key}); the kept "
+                                     f"layers {keep} no longer start with all of them: no {key} describes them")
+            own[key] = count
+        elif key in CYCLES and isinstance(value, (list, tuple)) and value:
+            own[key] = [value[old % len(value)] for old in keep]
+        elif key in INDEX_DICTS and isinstance(value, dict):
+            own[key] = _renumber_dict(value, keep)
+        elif isinstance(value, (list, tuple)) and n_old and len(value) % n_old == 0 and len(value) > 0:
+            per = len(value) // n_old  # entries per layer (a model that lists its sublayers: two per layer)
+            own[key] = [value[old * per + k] for old in keep for k in range(per)]
+    for keys, form, explicit in PERIODIC:
+        if explicit and isinstance(own.get(explicit), (list, tuple)):
+            continue
+        if all(isinstance(own.get(k), int) and not isinstance(own.get(k), bool) for k in keys) and own[keys[0]] > 0:
+            p = own[keys[0]]
+            o = own[keys[1]] if len(keys) > 1 else p - 1
+            found = _period([old % p == o for old in keep], form)
+            if found is not None:
+                own[keys[0]] = found[0]
+                if len(keys) > 1:
+                    own[keys[1]] = found[1]
+    for key in LAYER_COUNT_KEYS:
+        value = own.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value and value % n_old == 0:
+            own[key] = value // n_old * n_new
+
+
+def _period(flags: list[bool], form: str) -> tuple[int, int] | None:
+    """The smallest ``(period, offset)`` with ``flags[i] == (i % period == offset)`` (``step``: offset = period - 1),
+    or None."""
+    n = len(flags)
+    for p in range(1, n + 2):
+        for o in (range(p) if form == "mod" else (p - 1,)):
+            if [i % p == o for i in range(n)] == flags:
+                return p, o
+    return None
+
+
+def _renumber_dict(value: dict, keep: list[int]) -> dict:
+    """A dict keyed by layer index (``3``, ``"3"`` or zero-padded ``"03"``) for the kept layers, renumbered in the
+    same spelling."""
+    out = {}
+    for k, v in value.items():
+        try:
+            old = int(k)
+        except (TypeError, ValueError):
+            out[k] = v  # not a layer index: kept as it is
+            continue
+        if old in keep:
+            pos = keep.index(old)
+            out[pos if isinstance(k, int) else (f"{pos:0{len(k)}d}" if k.startswith("0") and len(k) > 1 else str(pos))] = v
+    return out
+
+
+def settings(module) -> dict:
+    """The plain settings of ``module`` and its submodules (numbers, strings, booleans and tuples of them), keyed by
+    ``submodule.attribute``; the layer's index itself left out."""
+    out = {}
+    for name, mod in module.named_modules():
+        for attr, v in vars(mod).items():
+            if attr.startswith("_") or attr == "training" or attr in INDEX_ATTRS:
+                continue
+            if isinstance(v, (bool, int, float, str, type(None))) or (
+                    isinstance(v, tuple) and all(isinstance(x, (bool, int, float, str)) for x in v)):
+                out[f"{name}.{attr}" if name else attr] = v
+    return out
+
+
+def _meta_build(cls, config):
+    """``(model, "")`` built from ``config`` on the ``meta`` device (no memory, no weights), as class ``cls`` or (None)
+    as stock ``AutoModelForCausalLM`` would; ``(None, why)`` when it does not build."""
+    import torch
+    import transformers as tf
+
+    try:
+        with torch.device("meta"):
+            return (cls._from_config(config) if cls is not None else tf.AutoModelForCausalLM.from_config(config)), ""
+    except Exception as e:  # the rewritten config does not build
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        return None, f"the shortened config does not build ({type(e).__name__}: {first})"
+
+
+def outside_difference(model, config, blocks_path: str) -> str | None:
+    """None when a model of ``model``'s class built from ``config`` (on the ``meta`` device) has the same weights
+    outside its blocks as ``model`` (names and shapes), else the first difference: weights kept per layer outside
+    the blocks (Gemma-3n's per-layer embeddings) that a shortened stack would need cut too."""
+    built, why = _meta_build(type(model), config)
+    if built is None:
+        return why
+    prefix = blocks_path + "."
+    a = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith(prefix)}
+    b = {k: tuple(v.shape) for k, v in built.state_dict().items() if not k.startswith(prefix)}
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) != b.get(k):
+            return (f"it keeps weights per layer outside its blocks ({k}: {list(a.get(k) or [])} here, "
+                    f"{list(b.get(k) or [])} for the shortened stack), which removal does not cut")
+    return None
+
+
+def structure_difference(blocks, keep: list[int], config, blocks_path: str) -> str | None:
+    """None when the model stock ``AutoModelForCausalLM`` builds from ``config`` (what a saved folder reloads as) has,
+    at ``blocks_path``, in order, blocks of the same class, weights and settings as ``blocks`` (the shortened stack's
+    blocks, old layer ``keep[pos]`` at position ``pos``), else the first difference (one line)."""
+    from swapkl.model.families import get_path
+
+    built, why = _meta_build(None, config)
+    if built is None:
+        return why
+    new_blocks = get_path(built, blocks_path)
+    if new_blocks is None or len(new_blocks) != len(keep):
+        return f"the shortened config builds {len(new_blocks or [])} blocks, not {len(keep)}"
+    for pos, old in enumerate(keep):
+        a, b = blocks[pos], new_blocks[pos]
+        if type(a) is not type(b):
+            return f"layer {old} would come back as {type(b).__name__}, not {type(a).__name__}"
+        sa = {k: tuple(t.shape) for k, t in a.state_dict().items()}
+        sb = {k: tuple(t.shape) for k, t in b.state_dict().items()}
+        if sa != sb:
+            diff = sorted(set(sa.items()) ^ set(sb.items()))[0][0]
+            return f"layer {old} would come back with other weights ({diff})"
+        xa, xb = settings(a), settings(b)
+        for k in sorted(set(xa) | set(xb)):
+            if xa.get(k) != xb.get(k):
+                return (f"layer {old} would come back with {k} = {xb.get(k)!r}, not {xa.get(k)!r} (a setting the "
+                        "config derives from the layer's position)")
+    return None
