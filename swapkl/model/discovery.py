@@ -36,6 +36,10 @@ LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "
                    "logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "lm_head_multiplier",
                    "logits_mup_width_multiplier", "dim_model_base")
 
+# where a block's MLP output projection usually is (the linear bridge folds into it, docs/repair.md)
+GENERIC_MLP_OUTS = ("mlp.down_proj", "mlp.c_proj", "mlp.dense_4h_to_h", "fc2", "mlp.fc2", "feed_forward.down_proj",
+                    "ffn.down_proj", "mlp.w2", "feed_forward.w2", "mlp.dense_out", "mlp.out_proj")
+
 _GENERIC: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
 
 
@@ -152,6 +156,37 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
     return ""
 
 
+def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, str]:
+    """``(path, layout)`` of the block's MLP output projection when its output goes into the residual stream as it is
+    (doubling its weight and bias adds exactly its output once more to the block's output: no norm after it), else
+    ``("", "linear")``.  Layout ``conv1d`` for GPT-2's Conv1D (weight [in, out]), else ``linear``."""
+    from torch.func import functional_call
+
+    _, args, kwargs = call
+    for path in GENERIC_MLP_OUTS:
+        proj = get_path(block, path)
+        w = getattr(proj, "weight", None)
+        if not isinstance(proj, torch.nn.Module) or not isinstance(w, torch.Tensor) or w.dim() != 2:
+            continue
+        layout = "conv1d" if type(proj).__name__ == "Conv1D" else "linear"
+        seen: list = []
+        hook = proj.register_forward_hook(lambda m, a, o: seen.append(o.clone()))  # a block may add into it in place
+        try:
+            one = block(*args, **kwargs)
+            doubled = {f"{path}.{n}": 2 * t for n, t in proj.named_parameters(recurse=False)}
+            two = functional_call(block, doubled, args, kwargs)
+        except Exception:  # a block that cannot run alone here: no fold found
+            return "", "linear"
+        finally:
+            hook.remove()
+        one, two = (x[0] if isinstance(x, (tuple, list)) else x for x in (one, two))
+        if len(seen) != 2 or seen[0].numel() != one.numel():
+            continue
+        if (two - one - seen[0].reshape(one.shape)).abs().max() <= tol * one.abs().max().clamp_min(1.0):
+            return path, layout
+    return "", "linear"
+
+
 @torch.inference_mode()
 def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[Family | None, str]:
     """``(family, "")`` for the first output function that reproduces ``model``'s forward with ``base``'s blocks,
@@ -221,5 +256,6 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
         except Exception:  # this output function does not apply to the model
             continue
         if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
-            return fam, ""
+            path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
+            return replace(fam, mlp_out=path, mlp_out_layout=layout), ""
     return None, "neither the final norm and head nor the model's own tail reproduce the logits"

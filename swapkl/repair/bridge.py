@@ -82,8 +82,10 @@ def fold_target(model: torch.nn.Module, start: int) -> torch.nn.Module:
                           "projection: a linear map cannot be folded into it exactly; use --form residual")
     proj = arch.get_path(loc.blocks[start - 1], fam.mlp_out) if fam.mlp_out else None
     if not isinstance(proj, torch.nn.Module) or getattr(proj, "weight", None) is None:
-        raise NoExactFold(f"the {fam.name} family names no MLP output projection to fold the bridge into; "
-                          "use --form residual")
+        what = (f"block {start - 1} of the {fam.name} family has no MLP output projection" if fam.mlp_out else
+                f"the {fam.name} family has no MLP output projection whose output is added to the residual stream as "
+                "it is (a norm after it, or none under the usual names)")
+        raise NoExactFold(f"{what} to fold the bridge into; use --form residual")
     return proj
 
 

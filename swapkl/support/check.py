@@ -134,6 +134,41 @@ def check_export(model, ids, dtype, folder) -> dict:
     return {"status": EXACT}
 
 
+def check_fold(model, ids, dtype) -> dict:
+    """The folded bridge of span [1, 2) on a random map ``W`` near the identity: the bridged model
+    (:func:`~swapkl.repair.bridge.bridged_model`, block 1 removed, ``W`` folded into block 0's MLP output projection)
+    equals the plain definition (block 1 skipped, the projection's output multiplied by ``W`` by a hook).
+    ``{"status"}``: "folded into PATH", "residual only: <why>" or "wrong: ..."."""
+    import numpy as np
+
+    from swapkl.repair.bridge import Bridge, NoExactFold, bridged_model, fold_target
+
+    try:
+        proj = fold_target(model, 1)
+    except NoExactFold as e:
+        return {"status": f"residual only: {str(e).split(': use --form')[0].removesuffix('; use --form residual')}"}
+    D = proj.weight.shape[0] if type(proj).__name__ != "Conv1D" else proj.weight.shape[1]
+    W = np.eye(D) + 0.1 * np.random.default_rng(0).standard_normal((D, D))
+    Wt = torch.as_tensor(W, dtype=proj.weight.dtype)
+    hook = proj.register_forward_hook(lambda m, a, o: o @ Wt)
+    try:
+        want = plain_removal(model, ids, (1,)).double()
+    finally:
+        hook.remove()
+    with torch.inference_mode():
+        got = bridged_model(model, [Bridge(1, 2, "folded", W)])(input_ids=ids, use_cache=False).logits.double()
+    rtol, _ = TOLERANCE[dtype]
+    if (got - want).abs().max() > 10 * rtol * want.abs().max():
+        return {"status": f"wrong: the folded bridge differs from its definition by {(got - want).abs().max().item():.2e}"}
+    return {"status": f"folded into {locate_family(model).mlp_out}"}
+
+
+def locate_family(model):
+    from swapkl.model.architectures import locate
+
+    return locate(model).family
+
+
 def _blocks(model):
     from swapkl.model.architectures import locate
 
@@ -174,6 +209,7 @@ def check_model_type(model_type: str) -> dict:
         row["sublayers"] = {"status": one_line(e, "refused")}
     with tempfile.TemporaryDirectory() as folder:
         row["export"] = _guarded(lambda: check_export(model, ids, dtype, folder))
+    row["bridge"] = _guarded(lambda: check_fold(model, ids, dtype))
     row["seconds"] = round(time.perf_counter() - t0, 2)
     return row | _verdict(row)
 
