@@ -170,7 +170,7 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
             continue
         layout = "conv1d" if type(proj).__name__ == "Conv1D" else "linear"
         seen: list = []
-        hook = proj.register_forward_hook(lambda m, a, o: seen.append(o.clone()))  # a block may add into it in place
+        hook = proj.register_forward_hook(lambda m, a, o, seen=seen: seen.append(o.clone()))  # added into in place
         try:
             one = block(*args, **kwargs)
             doubled = {f"{path}.{n}": 2 * t for n, t in proj.named_parameters(recurse=False)}

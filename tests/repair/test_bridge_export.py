@@ -39,15 +39,13 @@ def test_no_exact_fold_writes_nothing(tmp_path):
 
     from swapkl.errors import SwapklError
 
-    import transformers as tf
+    from swapkl.model.tiny import tiny_model as tiny_of
 
-    torch.manual_seed(0)
-    opt = tf.OPTForCausalLM(tf.OPTConfig(num_hidden_layers=3, hidden_size=32, ffn_dim=64, num_attention_heads=4,
-                                         vocab_size=96, word_embed_proj_dim=32, max_position_embeddings=64)).eval()
+    gemma2 = tiny_of("gemma2")  # a norm after each MLP output projection: no exact fold
     model = tiny_model("llama")
     for m, br, why in ((model, Bridge(0, 1, "folded", None), "starts at block 0"),
                        (model, Bridge(1, 2, "residual", None), "residual form"),
-                       (opt, Bridge(1, 2, "folded", None), "generic:opt family names no MLP output projection")):
+                       (gemma2, Bridge(1, 2, "folded", None), "generic:gemma2 family has no MLP output projection")):
         with pytest.raises(SwapklError, match=why) as e:
             save_bridged(m, [br], tmp_path / "m")
         assert "\n" not in str(e.value)

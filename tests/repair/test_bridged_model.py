@@ -43,15 +43,21 @@ def test_folded_refusals():
     model = tiny_model("llama")
     with pytest.raises(NoExactFold, match="starts at block 0.*residual"):
         bridged_model(model, [Bridge(0, 2, "folded", np.eye(32))])
+    from swapkl.model.tiny import tiny_model as tiny_of
+
+    gemma2 = tiny_of("gemma2")  # Gemma's sandwich norm after each MLP output projection: no exact fold
+    assert arch.locate(gemma2).family.generic
+    with pytest.raises(NoExactFold, match="no MLP output projection whose output is added to the residual") as e:
+        bridged_model(gemma2, [Bridge(1, 2, "folded", np.eye(64))])
+    assert "\n" not in str(e.value)
+    # OPT's fold is found on the model (fc2) and validated: no refusal
     import transformers as tf
 
     torch.manual_seed(0)
     opt = tf.OPTForCausalLM(tf.OPTConfig(num_hidden_layers=3, hidden_size=32, ffn_dim=64, num_attention_heads=4,
                                          vocab_size=96, word_embed_proj_dim=32, max_position_embeddings=64)).eval()
-    assert arch.locate(opt).family.generic
-    with pytest.raises(NoExactFold, match="names no MLP output projection") as e:
-        bridged_model(opt, [Bridge(1, 2, "folded", np.eye(32))])
-    assert "\n" not in str(e.value)
+    assert arch.locate(opt).family.mlp_out == "fc2"
+    bridged_model(opt, [Bridge(1, 2, "folded", np.eye(32))])
 
 
 @pytest.mark.parametrize("form", ["residual", "folded"])
