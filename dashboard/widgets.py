@@ -7,12 +7,13 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.session import ROOT, policy
-from swapkl.contract import UNITS, Contract
+from swapkl.contract import PER_LAYER, UNITS, Contract
 from swapkl.errors import SwapklError
 from swapkl.jobs import AnalysisRequest, defaults
 from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, evaluator_choices
 from swapkl.jobs.forms import (BRIDGE_FORMS, BRIDGE_TOKENS, BRIDGE_TOKENS_RANGE, REPAIR_CHOICES, analysis_request,
                                query_params, query_settings, spec_source, unit_note)
+from swapkl.jobs.forms import family_note as forms_family_note
 from swapkl.jobs.policy import DEMO_MAX_BRIDGE_TOKENS, Policy, PolicyError
 from swapkl.removal import methods as methods_registry
 
@@ -40,7 +41,7 @@ def init_defaults() -> None:
     d = {"w_source": SOURCES[0], "w_hub": "", "w_rev": "", "w_local": (local_model_folders() or [OTHER])[0],
          "w_local_other": "", "w_gguf": "", "w_pairs": c.pairs, "w_prompts": c.prompts, "w_tokens": c.tokens,
          "w_positions": c.positions, "w_dtype": c.dtype, "w_device": c.device, "w_aggregation": c.aggregation,
-         "w_seed": c.seed, "w_unit": c.unit, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
+         "w_seed": c.seed, "w_unit": c.unit, "w_per_layer": c.per_layer, "w_evaluator": next(iter(evs)), "w_budget": DEFAULT_BUDGET,
          "w_methods": list(methods_registry.default_set("dashboard")), "w_repair": "none",
          "w_bridge_form": BRIDGE_FORMS[0], "w_bridge_tokens": BRIDGE_TOKENS}
     q = st.query_params
@@ -114,6 +115,13 @@ def model_widgets() -> tuple[str, str | None]:
     return (spec or "").strip(), rev
 
 
+@st.cache_data(show_spinner=False, max_entries=64, ttl=3600)
+def family_note(spec: str, rev: str | None) -> tuple[bool, str] | None:
+    """Whether a typed model's family is supported, from its config alone (:func:`swapkl.jobs.forms.family_note`;
+    memoised: a hub config is fetched once per spec and revision)."""
+    return forms_family_note(spec, rev)
+
+
 def contract_widgets() -> tuple[Contract | None, str | None]:
     """Contract widgets -> (Contract, None) or (None, error message)."""
     if st.session_state.get("w_unit") not in UNITS:
@@ -121,6 +129,13 @@ def contract_widgets() -> tuple[Contract | None, str | None]:
     unit = st.radio("Unit", UNITS, key="w_unit", horizontal=True,
                     help="what each protocol moves between layers i and j: the whole block, or only its attention "
                          "or MLP sublayer with that sublayer's norms (docs/method.md, 'Sublayer units')")
+    if st.session_state.get("w_per_layer") not in PER_LAYER:
+        st.session_state["w_per_layer"] = PER_LAYER[0]
+    per_layer = st.radio("Per-layer settings", PER_LAYER, key="w_per_layer", horizontal=True,
+                         help="what 'block j in slot i' means (docs/method.md §1): slot, the paper's: block j's "
+                              "weights run in slot i's module with the slot's per-layer settings (pairs of blocks "
+                              "of different structure are n/a); block: block j's own module with its own settings, "
+                              "as removal does. The two coincide where every layer has the same settings.")
     c1, c2, c3, c4 = st.columns(4)
     pol = policy()
     offered = tuple(p for p in PAIR_SETS if p in pol.pair_sets) if pol.demo else PAIR_SETS
@@ -140,7 +155,7 @@ def contract_widgets() -> tuple[Contract | None, str | None]:
     seed = c8.number_input("Prompt seed", 0, 10**6, key="w_seed", step=1)
     try:
         c = Contract(pairs=pairs, prompts=int(prompts), tokens=int(tokens), positions=positions, dtype=dtype,
-                     device=device, aggregation=aggregation, seed=int(seed), unit=unit)
+                     device=device, aggregation=aggregation, seed=int(seed), unit=unit, per_layer=per_layer)
         pol.check_contract(c)
         return c, None
     except SwapklError as e:
@@ -198,6 +213,9 @@ def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
     init_defaults()
     st.subheader("1 · Checkpoint")
     spec, rev = model_widgets()
+    note = family_note(spec, rev)
+    if note:
+        (st.success if note[0] else st.warning)(note[1])
     st.subheader("2 · Evaluation contract")
     contract, err = contract_widgets()
     if unit_note(contract):

@@ -74,6 +74,8 @@ def results(d: dict, ek: tuple, suffix: str = "") -> str:
     st.plotly_chart(figs["agreement"], key="ev_agreement" + suffix)
     st.plotly_chart(figs["ground_truth"], key="ev_ground_truth" + suffix)
     st.plotly_chart(figs["stability"], key="ev_stability" + suffix)
+    if (d.get("definitions") or {}).get("statement"):  # which per-layer definition predicts the removal cost better
+        st.markdown(f"**Per-layer definitions.** {d['definitions']['statement']}")
     unstable = [f"{s} n={n}" for s, per in d["stability"].items() for n, v in per.items() if v["unstable"]]
     if unstable:
         st.warning("unstable (P(same set) < 0.8): " + ", ".join(unstable))

@@ -63,6 +63,8 @@ def agreement_table(d: dict) -> list[str]:
     for key in ("headline", "headline_kl"):
         if d.get(key):
             lines.append(d[key])
+    if (d.get("definitions") or {}).get("statement"):
+        lines.append("per-layer definitions: " + d["definitions"]["statement"])
     return lines
 
 

@@ -198,12 +198,14 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
                      n_stability: int = DEFAULT_B_STABILITY, n_regions: int = 2, calib_tokens: int | None = None,
                      signals=REGISTRY_SIGNALS, use_cache: bool = True, progress=None, should_stop=None,
                      batch_size: int | None = None, compare_contracts=(), sets: bool = True,
-                     repair=None) -> EvidenceResult:
+                     repair=None, definitions: bool = True) -> EvidenceResult:
     """Everything the evidence page and ``swapkl evidence`` show, for checkpoint ``ck`` (a loaded
     :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``.
     ``compare_contracts``: :class:`~swapkl.evidence.contracts.Comparison` (or plain contracts for the same
     checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`); ``repair``: a
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`)."""
+    :class:`~swapkl.repair.bridged_kl.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`);
+    ``definitions``: also score the other per-layer definition and say which predicts the removal cost better
+    (:mod:`swapkl.evidence.definitions`)."""
     from swapkl.evidence import contracts as K
     from swapkl.evidence import sets as SA
     from swapkl.removal.memo import EvalMemo, disk_memo
@@ -252,6 +254,11 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
                                spacing, cache=cache and cache.with_name(f"sets-b{budget}-{cache.name[8:]}"))
     report("contract comparisons")
     contracts = K.agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
+    per_layer = None
+    if definitions:
+        from swapkl.evidence.definitions import compare_definitions
+
+        per_layer = compare_definitions(ck, contract, res, gt, n_boot, use_cache, should_stop)
     if region is None:
         notes.append("no second evaluation region (the corpus's evaluation region holds one evaluator text only)")
     contract_d = _contract_record(ck, res, ev, corpus, spans, n_boot, n_stability, spacing)
@@ -263,7 +270,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
             "headline": A.headline(comparison["ground_truth_ppl"]),
             "headline_kl": A.headline(comparison["ground_truth_kl"], "single-layer KL to the base"),
             "stability": stab, "region": region, "contracts": contracts, "set_agreement": set_agree,
-            "budget": budget, "contract": contract_d, "notes": notes,
+            "budget": budget, "contract": contract_d, "notes": notes, "definitions": per_layer,
             "timing": {"seconds": time.perf_counter() - t0, "steps": steps,
                        "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
                        "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}}

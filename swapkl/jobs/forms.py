@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from swapkl import views
-from swapkl.contract import BLOCK, Contract
+from swapkl.contract import BLOCK, SLOT, Contract
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.removal import plan as _plan
@@ -17,7 +17,7 @@ from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, 
 #: the contract fields and analysis settings a shared link carries, with their types
 QUERY_FIELDS = (("pairs", str), ("prompts", int), ("tokens", int), ("positions", str), ("dtype", str),
                 ("device", str), ("aggregation", str), ("seed", int), ("budget", int), ("evaluator", str),
-                ("unit", str), ("repair", str), ("bridge_form", str), ("bridge_tokens", int))
+                ("unit", str), ("per_layer", str), ("repair", str), ("bridge_form", str), ("bridge_tokens", int))
 
 #: the Start form's repair choices with their labels (the plan's ``repair`` field; docs/repair.md)
 REPAIR_CHOICES = {"none": "none", "bridge": "linear bridge"}
@@ -194,6 +194,8 @@ def query_params(req: AnalysisRequest) -> dict[str, str]:
         q["revision"] = req.revision
     if c.unit != "block":
         q["unit"] = c.unit
+    if c.per_layer != SLOT:
+        q["per_layer"] = c.per_layer
     if req.repair != "none":
         q.update(repair=req.repair, bridge_form=req.bridge.get("form", BRIDGE_FORMS[0]),
                  bridge_tokens=req.bridge.get("calib_tokens", BRIDGE_TOKENS))
@@ -221,6 +223,25 @@ def query_settings(query, offered_methods) -> dict:
     if "methods" in query:
         out["methods"] = [m for m in str(query["methods"]).split(",") if m in offered_methods]
     return out
+
+
+def family_note(spec: str, revision: str | None = None) -> tuple[bool, str] | None:
+    """``(supported, one line)`` for a typed model spec from its config alone (a hub id's ``config.json`` is the
+    only file fetched; a local folder's is read and checked), through swapkl's support table
+    (:func:`swapkl.model.supported.support_line`); None for the built-in default, a GGUF file, an empty spec, a
+    config that cannot be read (the analysis says why) or a model type the table does not know."""
+    if not spec or spec_source(spec) in ("builtin", "gguf"):
+        return None
+    from swapkl.model.checkpoints import load_config, parse_spec  # deferred: pulls torch
+    from swapkl.model.supported import support_line
+
+    try:
+        config = load_config(parse_spec(spec, revision or None))
+        text = config.get_text_config()
+    except Exception:  # unreadable, offline, several text configs: the analysis itself will say why
+        return None
+    ok, line = support_line(config.model_type, text.model_type if text is not config else None)
+    return None if ok is None else (ok, line)
 
 
 def spec_source(spec: str) -> str:

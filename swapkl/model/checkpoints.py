@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from swapkl.model.architectures import Family, generic_family, known_family, locate
+from swapkl.model.architectures import Family, UnsupportedArchitecture, generic_family, known_family, locate
+from swapkl.model.supported import located_refusal
 from swapkl.errors import ModelLoadError, is_oom
 from swapkl.model import builtin
 from swapkl.model import gguf
@@ -288,6 +289,9 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
     # a listed family is known before any weights are read; anything else must pass the validated generic
     # fallback on the loaded model (UnsupportedArchitecture otherwise)
     fam = known_family(getattr(config, "model_type", "?"))
+    early = None if fam is not None else located_refusal(config)
+    if early is not None:  # the support table knows this family cannot be located: say so before any download
+        raise UnsupportedArchitecture(early)
     dev = pick_device(device)
     if sp.kind == "hub":
         source = sp.source

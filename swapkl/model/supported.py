@@ -55,3 +55,25 @@ def support_line(model_type: str, text_type: str | None = None) -> tuple[bool | 
     version = table.get("transformers")
     return None, (f"{model_type}: not in swapkl's support table (measured on transformers {version}); it is checked "
                   "when the model loads")
+
+
+def located_refusal(config) -> str | None:
+    """The one-line refusal the table holds for ``config``'s model type when swapkl cannot even locate its blocks
+    (its family is refused for scoring, or it is not a decoder-only language model), else None: said before any
+    weights are downloaded.  A wrapper (a config with a text config of another type) is judged by its text model."""
+    mt = getattr(config, "model_type", None)
+    try:
+        text = config.get_text_config()
+    except Exception:  # several text configs (an encoder-decoder): judged by the model type alone
+        text = config
+    text_type = getattr(text, "model_type", None) if text is not config else None
+    row = support_row(text_type or mt) if (text_type or mt) else None
+    if row is None or "slot" in row or row["status"] in ("exact",):
+        return None
+    t = text_type or mt
+    if row["status"] == "not decoder-only":
+        return f"unsupported architecture: {t}; supported: decoder-only language models ({t} is {row['reason']})"
+    if row["status"] in ("refused", "unbuildable"):
+        return (f"unsupported architecture: {t}; supported: the exact rows of docs/families.md (swapkl's support "
+                f"table: {row['reason']})")
+    return None

@@ -33,12 +33,12 @@ def one_line(e: BaseException, prefix: str) -> str:
 
 def tiny_for_check(model_type: str, layers: int = 4):
     """``(model, ids, dtype)``: the tiny model of ``model_type`` in float64 when its forward runs there (float32
-    otherwise), and 3 prompts of 10 random tokens."""
+    otherwise), and 2 prompts of 10 random tokens (the engine's calls of 3 rows split the prompts' row sets)."""
     from swapkl.model.tiny import tiny_model
 
     model = tiny_model(model_type, layers)
     V = int(model.config.get_text_config().vocab_size)
-    ids = torch.randint(3, min(V, 200), (3, 10), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, min(V, 200), (2, 10), generator=torch.Generator().manual_seed(1))
     try:
         wide = model.double()
         with torch.inference_mode():
@@ -48,16 +48,16 @@ def tiny_for_check(model_type: str, layers: int = 4):
         return model.float(), ids, torch.float32
 
 
-def compare(model, ids, dtype, unit: str, per_layer: str) -> dict:
-    """Both matrices of every pair of ``model`` under ``per_layer`` for ``unit``: the engine (batched, rows split
+def compare(model, ids, dtype, unit: str, per_layer: str, pairs: str = "all") -> dict:
+    """Both matrices of ``model``'s ``pairs`` under ``per_layer`` for ``unit``: the engine (batched, rows split
     across calls) against the plain implementation (batch of one, float64 KL).  ``{"status", "worst", "min_kl",
     "na"}``: status "exact", or "wrong: ..." with the worst pair."""
     from swapkl.scoring.engine import SwapEngine
     from swapkl.scoring.reference import reference_sweep
 
     L = len(_blocks(model))
-    pairs = pair_list("all", L)
-    engine = SwapEngine(model, ids, max_rows=4, max_live=6, unit=unit, per_layer=per_layer, kl_dtype=torch.float64)
+    pairs = pair_list(pairs, L)
+    engine = SwapEngine(model, ids, max_rows=3, max_live=6, unit=unit, per_layer=per_layer, kl_dtype=torch.float64)
     undefined = engine.undefined(pairs)
     todo = [p for p in pairs if p not in undefined]
     got = engine.sweep(todo)
@@ -203,7 +203,7 @@ def check_model_type(model_type: str) -> dict:
         row[per_layer] = _guarded(lambda pl=per_layer: compare(model, ids, dtype, "block", pl))
     try:
         layout_for(model, loc)
-        row["sublayers"] = {f"{u}/{pl}": _guarded(lambda u=u, pl=pl: compare(model, ids, dtype, u, pl))
+        row["sublayers"] = {f"{u}/{pl}": _guarded(lambda u=u, pl=pl: compare(model, ids, dtype, u, pl, "adjacent"))
                             for u in SUBLAYERS for pl in PER_LAYER}
     except SwapklError as e:
         row["sublayers"] = {"status": one_line(e, "refused")}

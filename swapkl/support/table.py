@@ -39,6 +39,9 @@ def run_checks(types: list[str], workers: int = 2, on_row: Callable[[dict], None
             if on_row:
                 on_row(out[t])
         return out
+    from swapkl.model.tiny import tiny_model
+
+    tiny_model("llama")  # transformers' first model import (seconds) happens once, before the children fork
     pending, running, out = list(types), {}, {}
     while pending or running:
         while pending and len(running) < max(1, workers):
@@ -76,6 +79,9 @@ def _fork(model_type: str, fn, seconds: int) -> dict:
     if pid == 0:  # the child: one check, its row on the pipe, then gone
         os.close(r)
         try:
+            import torch
+
+            torch.set_num_threads(1)  # children share the cores: one intra-op thread each (spinning threads collapse)
             resource.setrlimit(resource.RLIMIT_AS, (CHILD_BYTES, CHILD_BYTES))
             signal.alarm(seconds)
             row = fn(model_type)

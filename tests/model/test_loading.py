@@ -56,7 +56,7 @@ def test_unsupported_architecture(tmp_path):
 
     # the hierarchical reasoning model runs its block lists in loops: no stack of blocks to swap
     tiny_model("hrm_text").save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: hrm_text; supported: .*llama"):
+    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture: hrm_text; supported: "):
         load_checkpoint(str(tmp_path))
 
 
