@@ -185,6 +185,15 @@ def _after_repair(repair, report, ck, contract, ev, corpus, res, sigs, gt, n_boo
     return after_repair(ck, contract, ev, corpus, res, sigs, gt, repair, n_boot, use_cache, batch_size, should_stop)
 
 
+def _definitions(wanted, ck, contract, res, gt, n_boot, use_cache, should_stop):
+    """Which per-layer definition predicts the removal cost better (:mod:`swapkl.evidence.definitions`), or None."""
+    if not wanted:
+        return None
+    from swapkl.evidence.definitions import compare_definitions
+
+    return compare_definitions(ck, contract, res, gt, n_boot, use_cache, should_stop)
+
+
 def _contract_record(ck, res, ev, corpus, spans, n_boot, n_stability, spacing) -> dict:
     """The ``contract`` entry of the evidence result: what every number of it was measured under."""
     return {"model": ck.identity, "scoring": res.contract, "prompts": res.num_prompts,
@@ -254,11 +263,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
                                spacing, cache=cache and cache.with_name(f"sets-b{budget}-{cache.name[8:]}"))
     report("contract comparisons")
     contracts = K.agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
-    per_layer = None
-    if definitions:
-        from swapkl.evidence.definitions import compare_definitions
-
-        per_layer = compare_definitions(ck, contract, res, gt, n_boot, use_cache, should_stop)
+    per_layer = _definitions(definitions, ck, contract, res, gt, n_boot, use_cache, should_stop)
     if region is None:
         notes.append("no second evaluation region (the corpus's evaluation region holds one evaluator text only)")
     contract_d = _contract_record(ck, res, ev, corpus, spans, n_boot, n_stability, spacing)
