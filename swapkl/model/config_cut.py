@@ -31,6 +31,9 @@ PREFIX_COUNTS = ("first_k_dense_replace", "num_dense_layers", "max_window_layers
 #: keys holding a pattern that repeats over the layers (layer i has ``pattern[i % len(pattern)]``): the cut stack
 #: gets its own layers' entries as the pattern (RecurrentGemma's ``block_types``)
 CYCLES = ("block_types",)
+#: keys that a model divides by a power of the layer count (MiniCPM's residual scale ``scale_depth / √L``): rescaled
+#: by ``(L' / L) ** power`` so that every kept layer keeps its constant
+COUNT_SCALED = {"scale_depth": 0.5}
 #: keys holding a dict keyed by layer index (as a string or an int)
 INDEX_DICTS = ("per_layer_config",)
 #: keys that put a property on every p-th layer: ``mod`` (layer i has it when i % period == offset) or ``step`` (when
@@ -92,6 +95,9 @@ def cut_dict(own: dict, keep: list[int], num_layers: int) -> None:
                 own[keys[0]] = found[0]
                 if len(keys) > 1:
                     own[keys[1]] = found[1]
+    for key, power in COUNT_SCALED.items():
+        if isinstance(own.get(key), (int, float)) and not isinstance(own.get(key), bool):
+            own[key] = own[key] * (n_new / n_old) ** power
     for key in LAYER_COUNT_KEYS:
         value = own.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value and value % n_old == 0:
@@ -153,10 +159,42 @@ def _meta_build(cls, config):
         return None, f"the shortened config does not build ({type(e).__name__}: {first})"
 
 
+def outside_cuts(model, config, blocks_path: str, keep: list[int], num_layers: int) -> tuple[dict, str | None]:
+    """The weights outside the blocks that a stack of ``keep`` needs cut, and how: ``({name: (dim, group)}, None)``
+    where a model of ``model``'s class built from ``config`` (on the ``meta`` device) holds ``len(keep) · group``
+    rows along ``dim`` of a weight that ``model`` holds ``num_layers · group`` of (per-layer embeddings and their
+    projection, layer by layer: Gemma-3n, Gemma-4), or ``({}, why)`` when another weight outside the blocks differs."""
+    built, why = _meta_build(type(model), config)
+    if built is None:
+        return {}, why
+    prefix = blocks_path + "."
+    a = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith(prefix)}
+    b = {k: tuple(v.shape) for k, v in built.state_dict().items() if not k.startswith(prefix)}
+    cuts = {}
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) == b.get(k):
+            continue
+        dims = [d for d, (x, y) in enumerate(zip(a.get(k) or (), b.get(k) or ())) if x != y]
+        old, new = a.get(k), b.get(k)
+        if old is None or new is None or len(old) != len(new) or len(dims) != 1 or old[dims[0]] % num_layers or \
+                new[dims[0]] != old[dims[0]] // num_layers * len(keep):
+            return {}, (f"it keeps weights outside its blocks that the shortened stack changes ({k}: {list(old or [])} "
+                        f"here, {list(new or [])} for {len(keep)} layers), not layer by layer")
+        cuts[k] = (dims[0], old[dims[0]] // num_layers)
+    return cuts, None
+
+
+def cut_rows(t, dim: int, group: int, keep: list[int]):
+    """``t`` with only the kept layers' ``group`` rows along ``dim`` (layer-major), in order."""
+    import torch
+
+    idx = torch.tensor([k * group + r for k in keep for r in range(group)], device=t.device)
+    return t.index_select(dim, idx)
+
+
 def outside_difference(model, config, blocks_path: str) -> str | None:
     """None when a model of ``model``'s class built from ``config`` (on the ``meta`` device) has the same weights
-    outside its blocks as ``model`` (names and shapes), else the first difference: weights kept per layer outside
-    the blocks (Gemma-3n's per-layer embeddings) that a shortened stack would need cut too."""
+    outside its blocks as ``model`` (names and shapes), else the first difference."""
     built, why = _meta_build(type(model), config)
     if built is None:
         return why
@@ -170,16 +208,35 @@ def outside_difference(model, config, blocks_path: str) -> str | None:
     return None
 
 
-def structure_difference(blocks, keep: list[int], config, blocks_path: str) -> str | None:
-    """None when the model stock ``AutoModelForCausalLM`` builds from ``config`` (what a saved folder reloads as) has,
-    at ``blocks_path``, in order, blocks of the same class, weights and settings as ``blocks`` (the shortened stack's
-    blocks, old layer ``keep[pos]`` at position ``pos``), else the first difference (one line)."""
+def roundtrip_noise(blocks, config, blocks_path: str, num_layers: int) -> list[set]:
+    """Per block, the settings a rebuild from ``config`` itself (its dict form, no layer cut) already gives other
+    values (a tuple read back as a list, an infinite bound as None): not the removal's doing, so not compared."""
+    built, _ = _meta_build(None, cut_config(config, range(num_layers), num_layers))
+    new_blocks = None if built is None else _path(built, blocks_path)
+    if new_blocks is None or len(new_blocks) != len(blocks):
+        return [set() for _ in blocks]
+    out = []
+    for a, b in zip(blocks, new_blocks):
+        xa, xb = settings(a), settings(b)
+        out.append({k for k in set(xa) | set(xb) if xa.get(k) != xb.get(k)})
+    return out
+
+
+def _path(model, path: str):
     from swapkl.model.families import get_path
 
+    return get_path(model, path)
+
+
+def structure_difference(blocks, keep: list[int], config, blocks_path: str, noise: list[set] | None = None) -> str | None:
+    """None when the model stock ``AutoModelForCausalLM`` builds from ``config`` (what a saved folder reloads as) has,
+    at ``blocks_path``, in order, blocks of the same class, weights and settings as ``blocks`` (the shortened stack's
+    blocks, old layer ``keep[pos]`` at position ``pos``), else the first difference (one line).  ``noise``: per old
+    layer, settings not compared (:func:`roundtrip_noise`)."""
     built, why = _meta_build(None, config)
     if built is None:
         return why
-    new_blocks = get_path(built, blocks_path)
+    new_blocks = _path(built, blocks_path)
     if new_blocks is None or len(new_blocks) != len(keep):
         return f"the shortened config builds {len(new_blocks or [])} blocks, not {len(keep)}"
     for pos, old in enumerate(keep):
@@ -192,8 +249,9 @@ def structure_difference(blocks, keep: list[int], config, blocks_path: str) -> s
             diff = sorted(set(sa.items()) ^ set(sb.items()))[0][0]
             return f"layer {old} would come back with other weights ({diff})"
         xa, xb = settings(a), settings(b)
+        skip = noise[old] if noise else set()
         for k in sorted(set(xa) | set(xb)):
-            if xa.get(k) != xb.get(k):
+            if xa.get(k) != xb.get(k) and k not in skip:
                 return (f"layer {old} would come back with {k} = {xb.get(k)!r}, not {xa.get(k)!r} (a setting the "
                         "config derives from the layer's position)")
     return None

@@ -5,7 +5,9 @@ the input is shallow-copied (its own ``__dict__``, its own ``_modules`` / ``_par
 dicts), parameters and buffers are shared, the copied block list keeps only the surviving blocks, each kept
 block's attention gets its new ``layer_idx`` (0..L'-1 in order), and the copy gets its own config cut with
 :func:`swapkl.model.config_cut.cut_config` (layer counts, per-layer lists such as ``layer_types``, lists of layer
-indices, "first k layers" counts).  The input model, its config, its hooks and its ``layer_idx`` values are never changed, so a
+indices, "first k layers" counts); weights kept per layer outside the blocks (per-layer embeddings) are replaced on the
+copy by their kept layers' rows.  The input model, its config, its hooks and its ``layer_idx`` values are never
+changed, so a
 model shared between callers (a dashboard's cached model, another thread) stays valid.  Memory cost: module
 objects only (kilobytes), no weight copies.
 
@@ -24,7 +26,7 @@ from typing import Iterable
 import torch
 
 from swapkl.model import architectures as arch
-from swapkl.model.config_cut import cut_config, outside_difference
+from swapkl.model.config_cut import cut_config, cut_rows, outside_cuts
 from swapkl.surgery.removal_set import PruneError, validate_remove
 
 __all__ = ["PruneError", "validate_remove", "pruned_copy"]
@@ -71,7 +73,7 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
     keep = [i for i in range(loc.num_layers) if i not in set(rem)]
     old_cfg = model.config
     new_cfg = cut_config(old_cfg, keep, loc.num_layers)
-    _check_outside(model, loc, len(keep), new_cfg)
+    cuts = _outside(model, loc, keep, new_cfg)
     new = _shallow(model, {}, old_cfg, new_cfg)
     new_blocks = arch.get_path(new, fam.blocks)
     kept = [new_blocks[i] for i in keep]
@@ -81,22 +83,40 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
         new_blocks._modules[str(pos)] = block
     for pos, block in enumerate(kept):
         _renumber(block, fam, pos)
+    _cut_outside(new, cuts, keep)
     return new
 
 
-_OUTSIDE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept count: None or the reason}
+_OUTSIDE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept count: (cuts, reason)}
 
 
-def _check_outside(model: torch.nn.Module, loc, n_new: int, config) -> None:
-    """Refuse (one line) a removal that would leave per-layer weights outside the blocks uncut; memoised per model
-    and kept count (a curve removes many sets of a few sizes)."""
-    if n_new == loc.num_layers:
-        return
+def _outside(model: torch.nn.Module, loc, keep: list[int], config) -> dict:
+    """``{name: (dim, group)}``: the weights outside the blocks that a stack of ``keep`` needs cut layer by layer
+    (:func:`~swapkl.model.config_cut.outside_cuts`); refuses (one line) a removal that would leave other weights
+    outside the blocks wrong.  Memoised per model and kept count (a curve removes many sets of a few sizes)."""
+    if len(keep) == loc.num_layers:
+        return {}
     seen = _OUTSIDE.setdefault(model, {})
-    if n_new not in seen:
-        seen[n_new] = outside_difference(model, config, loc.family.blocks)
-    if seen[n_new] is not None:
-        raise PruneError(f"cannot remove layers from {getattr(model.config, 'model_type', 'this model')}: {seen[n_new]}")
+    if len(keep) not in seen:
+        seen[len(keep)] = outside_cuts(model, config, loc.family.blocks, keep, loc.num_layers)
+    cuts, why = seen[len(keep)]
+    if why is not None:
+        raise PruneError(f"cannot remove layers from {getattr(model.config, 'model_type', 'this model')}: {why}")
+    return cuts
+
+
+def _cut_outside(new: torch.nn.Module, cuts: dict, keep: list[int]) -> None:
+    """On the private copy ``new``: each weight of ``cuts`` replaced by its kept layers' rows (new tensors; the
+    caller's weights untouched)."""
+    for name, (dim, group) in cuts.items():
+        owner_path, _, attr = name.rpartition(".")
+        owner = new.get_submodule(owner_path) if owner_path else new
+        old = getattr(owner, attr)
+        cut = cut_rows(old.detach(), dim, group, keep)
+        if attr in owner._parameters:
+            owner._parameters[attr] = torch.nn.Parameter(cut, requires_grad=old.requires_grad)
+        else:
+            owner._buffers[attr] = cut
 
 
 def _renumber(block: torch.nn.Module, fam: arch.Family, idx: int) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from swapkl import __version__
 from swapkl.model import architectures as arch
-from swapkl.model.config_cut import structure_difference
+from swapkl.model.config_cut import roundtrip_noise, structure_difference
 from swapkl.surgery.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.surgery.merge import merge_plan, merged_copy
 from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, save_model_folder
@@ -91,8 +91,10 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     rem = validate_remove(remove, n_src)
     pruned = pruned_copy(model, rem) if plan is None else merged_copy(model, plan["groups"], plan["mode"])
     kept = [i for i in range(n_src) if i not in rem]
-    path = arch.locate(model).family.blocks
-    why = structure_difference(arch.get_path(pruned, path), kept, pruned.config, path)
+    loc = arch.locate(model)
+    path = loc.family.blocks
+    noise = roundtrip_noise(loc.blocks, model.config, path, n_src)
+    why = structure_difference(arch.get_path(pruned, path), kept, pruned.config, path, noise)
     if why is not None:
         raise PruneError(f"cannot export the model without layers {rem}: {why}")
     if getattr(pruned, "hf_quantizer", None) is not None:
