@@ -39,13 +39,20 @@ def tiny_for_check(model_type: str, layers: int = 4):
     model = tiny_model(model_type, layers)
     V = int(model.config.get_text_config().vocab_size)
     ids = torch.randint(3, min(V, 200), (2, 10), generator=torch.Generator().manual_seed(1))
+    model, dtype = widest(model, ids)
+    return model, ids, dtype
+
+
+def widest(model, ids) -> tuple[torch.nn.Module, torch.dtype]:
+    """``(model, dtype)``: ``model`` in float64 when its forward runs there on ``ids``, else in float32 (a model
+    that hard-codes float32 somewhere, or whose MoE experts run a grouped matmul without a float64 kernel)."""
     try:
         wide = model.double()
         with torch.inference_mode():
             wide(input_ids=ids[:1], use_cache=False)
-        return wide, ids, torch.float64
-    except Exception:  # a model that hard-codes float32 somewhere: compared in float32
-        return model.float(), ids, torch.float32
+        return wide, torch.float64
+    except Exception:
+        return model.float(), torch.float32
 
 
 def compare(model, ids, dtype, unit: str, per_layer: str, pairs: str = "all") -> dict:
