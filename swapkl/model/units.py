@@ -4,8 +4,9 @@ A sublayer unit is the sublayer's module **together with the norms that belong t
 "Sublayer units"), so that the two units of a block partition its parameters: exchanging both units of blocks i
 and j is exactly exchanging the blocks, and copying both is exactly the block replacement.  Each family names a
 :class:`UnitLayout` (a row of :data:`LAYOUTS`) in its ``units`` field; a family found by the generic fallback gets
-the first layout that :func:`validate_layout` accepts on the loaded model, or none (sublayers are then refused
-with a one-line message naming the family).
+the first layout that :func:`validate_layout` accepts on the loaded model, else the layout found on the model by
+:mod:`swapkl.model.unit_discovery` (validated the same way), or none (sublayers are then refused with a one-line
+message naming the family).
 
 What a layout says, for each sublayer unit:
 
@@ -22,82 +23,16 @@ Nothing here dispatches on ``model_type``: the family table says which layout a 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
 from swapkl.contract import BLOCK, SUBLAYERS, UNITS, check_unit  # noqa: F401  (the unit names, defined once there)
 from swapkl.errors import SwapklError
+from swapkl.model.layouts import LAYOUTS, SublayerSpec, UnitLayout, _get, zero_out  # noqa: F401  (re-exported)
 
 
 class UnsupportedUnit(SwapklError):
     """A sublayer unit asked of a family whose sublayers are not defined or could not be validated."""
-
-
-@dataclass(frozen=True)
-class SublayerSpec:
-    """One sublayer unit of a block: ``modules`` (its weights, norms included), ``out`` (the output
-    projection(s) zeroed to skip it), ``core`` (the module whose output is the residual branch)."""
-
-    modules: tuple[str, ...]
-    out: tuple[str, ...]
-    core: str
-
-
-@dataclass(frozen=True)
-class UnitLayout:
-    """Where a block keeps its attention and MLP sublayer units (paths relative to one block)."""
-
-    name: str
-    attention: SublayerSpec
-    mlp: SublayerSpec
-    notes: str = ""
-
-    def spec(self, unit: str) -> SublayerSpec:
-        if check_unit(unit) == BLOCK:
-            raise ValueError("a block is not a sublayer unit")
-        return getattr(self, unit)
-
-
-#: every layout swapkl knows, as data (a family names one in ``Family.units``; the generic fallback tries them in
-#: this order and keeps the first that validates)
-LAYOUTS: dict[str, UnitLayout] = {
-    "sandwich": UnitLayout(
-        name="sandwich",
-        attention=SublayerSpec(("input_layernorm", "self_attn", "post_attention_layernorm"), ("self_attn.o_proj",),
-                               "self_attn"),
-        mlp=SublayerSpec(("pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"), ("mlp.down_proj",), "mlp"),
-        notes="Gemma 2/3: a norm before and after each sublayer (post_attention_layernorm belongs to attention here)."),
-    "pre-norm": UnitLayout(
-        name="pre-norm",
-        attention=SublayerSpec(("input_layernorm", "self_attn"), ("self_attn.o_proj",), "self_attn"),
-        mlp=SublayerSpec(("post_attention_layernorm", "mlp"), ("mlp.down_proj",), "mlp"),
-        notes="Llama / Mistral / Qwen2/3 / SmolLM (and Gemma 1, OLMo): h + attn(norm1(h)), then + mlp(norm2(.))."),
-    "gpt-neox": UnitLayout(
-        name="gpt-neox",
-        attention=SublayerSpec(("input_layernorm", "attention"), ("attention.dense",), "attention"),
-        mlp=SublayerSpec(("post_attention_layernorm", "mlp"), ("mlp.dense_4h_to_h",), "mlp"),
-        notes="GPT-NeoX / Pythia: parallel residual (use_parallel_residual): both sublayers read the block input."),
-    "gpt2": UnitLayout(
-        name="gpt2",
-        attention=SublayerSpec(("ln_1", "attn"), ("attn.c_proj",), "attn"),
-        mlp=SublayerSpec(("ln_2", "mlp"), ("mlp.c_proj",), "mlp"),
-        notes="GPT-2: pre-norm, Conv1D projections (weight [in, out])."),
-    "opt": UnitLayout(
-        name="opt",
-        attention=SublayerSpec(("self_attn_layer_norm", "self_attn"), ("self_attn.out_proj",), "self_attn"),
-        mlp=SublayerSpec(("final_layer_norm", "fc1", "fc2"), ("fc2",), "fc2"),
-        notes="OPT with do_layer_norm_before (a post-norm OPT fails validation: skipping is not zeroing there)."),
-}
-
-
-def _get(root: torch.nn.Module, path: str):
-    obj = root
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 def unit_keys(block: torch.nn.Module, layout: UnitLayout, unit: str) -> frozenset[str]:
@@ -131,18 +66,6 @@ def partition_error(block: torch.nn.Module, layout: UnitLayout) -> str | None:
     if att | mlp != everything:
         return f"weights outside both units ({sorted(everything - (att | mlp))[0]})"
     return None
-
-
-def zero_out(block: torch.nn.Module, layout: UnitLayout, unit: str) -> None:
-    """Set the output projection(s) of ``unit`` in ``block`` to zero (weight and bias), in place: exactly
-    skipping that residual sublayer.  ``block`` must be a private copy (never a shared model's block)."""
-    with torch.no_grad():
-        for path in layout.spec(unit).out:
-            mod = _get(block, path)
-            for name in ("weight", "bias"):
-                t = getattr(mod, name, None)
-                if isinstance(t, torch.Tensor):
-                    t.zero_()
 
 
 _VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -195,6 +118,19 @@ def layout_for(model: torch.nn.Module, loc) -> UnitLayout:
             _VALIDATED[model] = layout
             return layout
         reasons.append(f"{layout.name}: {why}")
+    if fam.generic:
+        from swapkl.model.unit_discovery import find_layout
+
+        found = find_layout(model, loc.blocks)
+        why = found if isinstance(found, str) else validate_layout(model, loc.blocks, found)
+        if why is None:
+            from swapkl.model.unit_discovery import skip_error
+
+            why = skip_error(model, loc.blocks, found)
+        if why is None:
+            _VALIDATED[model] = found
+            return found
+        reasons.insert(0, f"found on the model: {why}")
     detail = "; ".join(reasons) if reasons else "no sublayer layout is defined for it"
     raise UnsupportedUnit(f"attention/MLP units are not available for the '{fam.name}' family ({detail[:240]}); "
                           "use --unit block")

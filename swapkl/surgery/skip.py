@@ -81,8 +81,8 @@ def skipping_copy(model: torch.nn.Module, removal, unit: str = "block") -> torch
     for block, spec, u in subs:
         width = out_features(arch.get_path(block, spec.out[-1]))
         _put(block, spec.core, SkippedSublayer(width, returns_tuple=(u == "attention"), unit=u))
-        for path in spec.modules:  # the unit's norms only feed (or follow) its core: nothing left to compute
-            if path != spec.core and not path.startswith(spec.core + "."):
+        for path in spec.modules:  # the unit's own norms only feed (or follow) its core: nothing left to compute
+            if path != spec.core and not path.startswith(spec.core + ".") and path not in spec.shared:
                 _put(block, path, torch.nn.Identity())
     if any(u == "attention" for _, _, u in subs):
         _renumber_attention(new, layout.attention.core)

@@ -89,9 +89,9 @@ def test_generic_families_get_the_layout_that_validates(mt, kw, layout):
 
 
 def test_generic_family_without_valid_sublayers_is_refused_in_one_line():
-    phi = _generic("phi", intermediate_size=64)  # one input_layernorm feeds both sublayers: no partition
-    with pytest.raises(UnsupportedUnit, match=r"^attention/MLP units are not available for the 'generic:phi' family") as e:
-        layout_for(phi, locate(phi))
+    bloom = tiny_model("bloom")  # its attention module adds the residual inside: no residual branch to skip
+    with pytest.raises(UnsupportedUnit, match=r"^attention/MLP units are not available for the 'generic:bloom' family") as e:
+        layout_for(bloom, locate(bloom))
     assert "\n" not in str(e.value) and "--unit block" in str(e.value)
     # a layout whose "output projection" does not silence the branch fails the identity check
     from dataclasses import replace
