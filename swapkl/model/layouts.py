@@ -77,13 +77,22 @@ def _get(root: torch.nn.Module, path: str):
     return obj
 
 
+def out_tensors(block: torch.nn.Module, path: str) -> list[tuple[torch.nn.Module, str]]:
+    """The tensors an output path names, as ``(owning module, parameter name)``: a projection module's ``weight``
+    and ``bias``, or one parameter (MoE experts keep their down projections as ``[E, d, I]`` parameters)."""
+    obj = _get(block, path)
+    if isinstance(obj, torch.nn.Module):
+        return [(obj, n) for n in ("weight", "bias") if isinstance(obj._parameters.get(n), torch.Tensor)]
+    parent_path, _, attr = path.rpartition(".")
+    parent = _get(block, parent_path) if parent_path else block
+    return [(parent, attr)] if isinstance(obj, torch.Tensor) else []
+
+
 def zero_out(block: torch.nn.Module, layout: UnitLayout, unit: str) -> None:
-    """Set the output projection(s) of ``unit`` in ``block`` to zero (weight and bias), in place: exactly
-    skipping that residual sublayer.  ``block`` must be a private copy (never a shared model's block)."""
+    """Set the output projection(s) of ``unit`` in ``block`` to zero (weight and bias, or the experts' down
+    projections), in place: exactly skipping that residual sublayer.  ``block`` must be a private copy (never a
+    shared model's block)."""
     with torch.no_grad():
         for path in layout.spec(unit).out:
-            mod = _get(block, path)
-            for name in ("weight", "bias"):
-                t = getattr(mod, name, None)
-                if isinstance(t, torch.Tensor):
-                    t.zero_()
+            for mod, name in out_tensors(block, path):
+                mod._parameters[name].zero_()

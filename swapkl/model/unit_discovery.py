@@ -11,14 +11,15 @@ Found from one unmodified forward with hooks on the first block's direct childre
   Gemma's sandwich) and the MLP's otherwise (the pre-MLP norm); called after the MLP core, it is the MLP's when it
   reads the MLP core's output;
 * each core's **output projection** is its last projection (a module with a 2-D weight, ``Linear`` or GPT-2's
-  ``Conv1D``) called whose output is as wide as the block's input.
+  ``Conv1D``) called whose output is as wide as the block's input; an MoE feed-forward's are its experts' stacked
+  down projections (``experts.down_proj`` ``[E, d, I]`` and its bias) and its shared expert's last projection.
 
 The result is a :class:`~swapkl.model.layouts.UnitLayout` named ``found``; :func:`swapkl.model.units.validate_layout`
 then checks it like any other (the two units partition every block's weights; with both projections zeroed a block
 is the identity), and :func:`skip_error` checks on the model that skipping each unit (its core's output replaced by
 zeros, its own norms by the identity, as :mod:`swapkl.surgery.skip` does) equals zeroing its projection: a block
-whose attention adds the residual inside its module (BLOOM) fails here.  A block with MoE experts (weights not in a projection module), a child that holds weights but is
-called nowhere, or a core that returns a tuple of another length than attention's pair is not described: the caller
+whose attention adds the residual inside its module (BLOOM) fails here.  A block whose feed-forward keeps its output in fused weights of other names, a child that holds
+weights but is called nowhere, or a core that returns a tuple of another length than attention's pair is not described: the caller
 gets the reason in one line.
 """
 from __future__ import annotations
@@ -29,7 +30,9 @@ from swapkl.contract import SUBLAYERS
 from swapkl.model.layouts import SublayerSpec, UnitLayout, zero_out
 
 ATTENTION_WORDS = ("attn", "attention")
-MLP_WORDS = ("mlp", "feed_forward", "ffn", "feedforward")
+MLP_WORDS = ("mlp", "feed_forward", "ffn", "feedforward", "moe")
+#: the names MoE experts give their stacked down projections (``[E, d, I]`` parameters and their biases)
+EXPERT_OUTS = ("down_proj", "down_proj_bias", "w2", "w2_bias")
 
 
 def _has_words(name: str, words: tuple[str, ...]) -> bool:
@@ -119,8 +122,10 @@ def find_layout(model: torch.nn.Module, blocks) -> UnitLayout | str:
     specs = {}
     for unit, core in (("attention", att), ("mlp", mlp)):
         wide = [path for path, w in projections.get(core, []) if w == width]
-        if not wide:
-            return f"'{core}' has no projection back to the block's width (MoE experts or fused weights)"
+        experts = [f"{core}.{n}" for n, prm in block.get_submodule(core).named_parameters()
+                   if n.rpartition(".")[2] in EXPERT_OUTS and prm.dim() >= 2] if unit == "mlp" else []
+        if not wide and not experts:
+            return f"'{core}' has no projection back to the block's width (fused weights)"
         result = out[core]
         if isinstance(result, (tuple, list)) and (unit == "mlp" or len(result) != 2):
             return f"'{core}' returns a tuple of {len(result)} (a skipped {unit} could not stand in for it)"
@@ -128,7 +133,7 @@ def find_layout(model: torch.nn.Module, blocks) -> UnitLayout | str:
             return f"'{core}' returns a tensor, not attention's (output, weights) pair"
         shared = tuple(n for n in units[core] if out[n] is not None and all(
             c[1] is _first_tensor(out[n]) for c in calls if c[0] in (att, mlp)))
-        specs[unit] = SublayerSpec(_ordered(units[core], core, names), (wide[-1],), core, shared)
+        specs[unit] = SublayerSpec(_ordered(units[core], core, names), (*experts, *wide[-1:]), core, shared)
     return UnitLayout(name="found", attention=specs["attention"], mlp=specs["mlp"],
                       notes=f"found on the model: attention '{att}', feed-forward '{mlp}'")
 

@@ -56,8 +56,11 @@ def partition_error(block: torch.nn.Module, layout: UnitLayout) -> str | None:
     (every entry in exactly one unit), else why not."""
     for unit in SUBLAYERS:
         spec = layout.spec(unit)
-        for path in (*spec.modules, *spec.out, spec.core):
+        for path in (*spec.modules, spec.core):
             if not isinstance(_get(block, path), torch.nn.Module):
+                return f"its blocks have no '{path}'"
+        for path in spec.out:
+            if not isinstance(_get(block, path), (torch.nn.Module, torch.Tensor)):
                 return f"its blocks have no '{path}'"
     att, mlp = (unit_keys(block, layout, u) for u in SUBLAYERS)
     everything = set(block.state_dict(keep_vars=True).keys())

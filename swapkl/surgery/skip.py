@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from swapkl.model import architectures as arch
+from swapkl.model.layouts import out_tensors
 from swapkl.model.units import layout_for
 from swapkl.surgery.blocks import pruned_copy
 from swapkl.surgery.removal_set import as_removal_set
@@ -79,7 +80,8 @@ def skipping_copy(model: torch.nn.Module, removal, unit: str = "block") -> torch
     replaced by :class:`SkippedSublayer`; see the module docstring).  ``model`` is never changed."""
     new, rs, subs, layout = _sublayers(model, removal, unit)
     for block, spec, u in subs:
-        width = out_features(arch.get_path(block, spec.out[-1]))
+        last = arch.get_path(block, spec.out[-1])
+        width = out_features(last) if isinstance(last, torch.nn.Module) else int(model.config.get_text_config().hidden_size)
         _put(block, spec.core, SkippedSublayer(width, returns_tuple=(u == "attention"), unit=u))
         for path in spec.modules:  # the unit's own norms only feed (or follow) its core: nothing left to compute
             if path != spec.core and not path.startswith(spec.core + ".") and path not in spec.shared:
@@ -125,11 +127,8 @@ def zeroed_copy(model: torch.nn.Module, removal, unit: str = "block") -> torch.n
     new, _, subs, _ = _sublayers(model, removal, unit)
     for block, spec, _u in subs:
         for path in spec.out:
-            mod = arch.get_path(block, path)
-            for name in ("weight", "bias"):
-                t = mod._parameters.get(name)
-                if isinstance(t, torch.Tensor):
-                    mod._parameters[name] = torch.nn.Parameter(torch.zeros_like(t), requires_grad=False)
+            for mod, name in out_tensors(block, path):
+                mod._parameters[name] = torch.nn.Parameter(torch.zeros_like(mod._parameters[name]), requires_grad=False)
     return new
 
 

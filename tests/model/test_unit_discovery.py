@@ -19,6 +19,7 @@ def _tiny(model_type):
     ("starcoder2", ("input_layernorm", "self_attn"), ("post_attention_layernorm", "mlp"), ()),
     ("olmo2", ("self_attn", "post_attention_layernorm"), ("mlp", "post_feedforward_layernorm"), ()),
     ("falcon", ("input_layernorm", "self_attention"), ("mlp",), ("input_layernorm",)),
+    ("qwen2_moe", ("input_layernorm", "self_attn"), ("post_attention_layernorm", "mlp"), ()),
 ])
 def test_found_layout_and_skipping(model_type, attention, mlp, shared):
     from swapkl.model.architectures import locate
@@ -32,6 +33,8 @@ def test_found_layout_and_skipping(model_type, attention, mlp, shared):
     assert layout.name == "found"
     assert layout.attention.modules == attention and layout.mlp.modules == mlp
     assert layout.attention.shared == shared
+    if model_type == "qwen2_moe":  # the experts' stacked down projections and the shared expert's
+        assert layout.mlp.out == ("mlp.experts.down_proj", "mlp.shared_expert.down_proj")
     blocks = loc.blocks
     for unit, spec in (("attention", layout.attention), ("mlp", layout.mlp)):
         # the plain removal of one residual branch: the core's output replaced by zeros through a hook
@@ -56,7 +59,7 @@ def test_found_layout_and_skipping(model_type, attention, mlp, shared):
 
 @pytest.mark.parametrize("model_type, why", [
     ("bloom", "skipping its attention is not zeroing 'self_attention.dense'"),
-    ("mixtral", "'mlp' has no projection back to the block's width"),
+    ("deepseek_v3", "its blocks have no 'mlp.down_proj'"),  # a dense block before MoE blocks: no one layout
 ])
 def test_found_layout_refused(model_type, why):
     from swapkl.model.architectures import locate
