@@ -68,6 +68,15 @@ LAYOUTS: dict[str, UnitLayout] = {
 }
 
 
+def representatives(blocks) -> list[int]:
+    """The index of the first block of each structure (modules' names and classes): a dense block and an MoE block
+    are two structures, a uniform stack one."""
+    seen: dict = {}
+    for k, b in enumerate(blocks):
+        seen.setdefault(tuple((n, type(m).__name__) for n, m in b.named_modules()), k)
+    return list(seen.values())
+
+
 def _get(root: torch.nn.Module, path: str):
     obj = root
     for part in path.split("."):

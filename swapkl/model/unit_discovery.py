@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from swapkl.contract import SUBLAYERS
-from swapkl.model.layouts import SublayerSpec, UnitLayout, zero_out
+from swapkl.model.layouts import SublayerSpec, UnitLayout, representatives, zero_out
 
 ATTENTION_WORDS = ("attn", "attention")
 MLP_WORDS = ("mlp", "feed_forward", "ffn", "feedforward", "moe")
@@ -89,8 +89,25 @@ def _record(model: torch.nn.Module, block: torch.nn.Module) -> tuple[list, dict,
 
 
 def find_layout(model: torch.nn.Module, blocks) -> UnitLayout | str:
-    """The layout of ``model``'s blocks found as the module docstring says, or why there is none (one line)."""
-    block = blocks[0]
+    """The layout of ``model``'s blocks found as the module docstring says, or why there is none (one line).
+    Found on one block of each structure (dense and MoE blocks): their cores and norms must agree; the output
+    projections are those of all of them (a path a block lacks is not zeroed there)."""
+    found = [_block_layout(model, blocks[k]) for k in representatives(blocks)]
+    why = next((f for f in found if isinstance(f, str)), None)
+    if why is not None:
+        return why
+    first = found[0]
+    if any((f.attention.modules, f.mlp.modules) != (first.attention.modules, first.mlp.modules) for f in found):
+        return "its blocks differ in their sublayer modules"
+    specs = {u: first.spec(u) for u in ("attention", "mlp")}
+    for u, spec in specs.items():
+        outs = tuple(dict.fromkeys(p for f in found for p in f.spec(u).out))
+        specs[u] = SublayerSpec(spec.modules, outs, spec.core, spec.shared)
+    return UnitLayout(name="found", attention=specs["attention"], mlp=specs["mlp"], notes=first.notes)
+
+
+def _block_layout(model: torch.nn.Module, block: torch.nn.Module) -> UnitLayout | str:
+    """The layout of one block (see the module docstring), or why there is none."""
     try:
         calls, projections, width = _record(model, block)
     except Exception as e:  # a forward that the hooks' model cannot run: no layout
@@ -149,7 +166,7 @@ def _model_logits(model, ids) -> torch.Tensor:
 
 
 def skip_error(model: torch.nn.Module, blocks, layout: UnitLayout) -> str | None:
-    """None when, for each unit of the first block, the model with the unit skipped (hooks: the core returns zeros
+    """None when, for each unit of one block of each structure, the model with the unit skipped (hooks: the core returns zeros
     shaped as its output, the unit's own norms return their input) gives the same logits as the model with the
     unit's projections zeroed, else why not.  The model is restored before returning."""
     import copy
@@ -157,16 +174,16 @@ def skip_error(model: torch.nn.Module, blocks, layout: UnitLayout) -> str | None
     p = next(model.parameters())
     V = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 16)
     ids = torch.randint(3, max(4, min(V, 200)), (1, 6), generator=torch.Generator().manual_seed(1)).to(p.device)
-    block = blocks[0]
-    for unit in SUBLAYERS:
+    for k, unit in [(k, u) for k in representatives(blocks) for u in SUBLAYERS]:
+        block = blocks[k]
         spec = layout.spec(unit)
         probe = copy.deepcopy(block)
         zero_out(probe, layout, unit)
-        blocks[0] = probe
+        blocks[k] = probe
         try:
             zeroed = _model_logits(model, ids)
         finally:
-            blocks[0] = block
+            blocks[k] = block
 
         def core_hook(mod, args, out):
             t = _first_tensor(out)

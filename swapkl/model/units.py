@@ -28,7 +28,7 @@ import torch
 
 from swapkl.contract import BLOCK, SUBLAYERS, UNITS, check_unit  # noqa: F401  (the unit names, defined once there)
 from swapkl.errors import SwapklError
-from swapkl.model.layouts import LAYOUTS, SublayerSpec, UnitLayout, _get, zero_out  # noqa: F401  (re-exported)
+from swapkl.model.layouts import LAYOUTS, SublayerSpec, UnitLayout, _get, representatives, zero_out  # noqa: F401  (re-exported)
 
 
 class UnsupportedUnit(SwapklError):
@@ -59,9 +59,8 @@ def partition_error(block: torch.nn.Module, layout: UnitLayout) -> str | None:
         for path in (*spec.modules, spec.core):
             if not isinstance(_get(block, path), torch.nn.Module):
                 return f"its blocks have no '{path}'"
-        for path in spec.out:
-            if not isinstance(_get(block, path), (torch.nn.Module, torch.Tensor)):
-                return f"its blocks have no '{path}'"
+        if not any(isinstance(_get(block, path), (torch.nn.Module, torch.Tensor)) for path in spec.out):
+            return f"its blocks have none of '{', '.join(spec.out)}'"
     att, mlp = (unit_keys(block, layout, u) for u in SUBLAYERS)
     everything = set(block.state_dict(keep_vars=True).keys())
     if att & mlp:
@@ -77,7 +76,7 @@ _VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def validate_layout(model: torch.nn.Module, blocks: torch.nn.ModuleList, layout: UnitLayout) -> str | None:
     """None if ``layout`` describes ``model``'s sublayers, else why not.  Checked on the loaded model: the two
     units partition every block's weights (so swapping both units is swapping the block), and with both output
-    projections of the first block zeroed the block is the identity on a random input (so each unit is a
+    projections of one block of each structure zeroed the block is the identity on a random input (so each unit is a
     residual branch and zeroing its projection skips it; a post-norm block fails here)."""
     import copy
 
@@ -85,24 +84,25 @@ def validate_layout(model: torch.nn.Module, blocks: torch.nn.ModuleList, layout:
         why = partition_error(b, layout)
         if why is not None:
             return why
-    probe = copy.deepcopy(blocks[0]).eval()
-    for unit in SUBLAYERS:
-        zero_out(probe, layout, unit)
-    p = next(probe.parameters())
-    hidden = int(getattr(model.config, "hidden_size", 0) or getattr(model.config, "n_embd", 0) or p.shape[-1])
-    h = torch.randn(1, 5, hidden, generator=torch.Generator().manual_seed(0)).to(p.device, p.dtype)
-    try:
-        from swapkl.model.architectures import block_call_args
+    for k in representatives(blocks):
+        probe = copy.deepcopy(blocks[k]).eval()
+        for unit in SUBLAYERS:
+            zero_out(probe, layout, unit)
+        p = next(probe.parameters())
+        hidden = int(getattr(model.config, "hidden_size", 0) or getattr(model.config, "n_embd", 0) or p.shape[-1])
+        h = torch.randn(1, 5, hidden, generator=torch.Generator().manual_seed(0)).to(p.device, p.dtype)
+        try:
+            from swapkl.model.architectures import block_call_args
 
-        args, kwargs = block_call_args(model, 5)
-        with torch.inference_mode():
-            out = probe(h, *args, **kwargs)
-    except Exception as e:  # any failure means "cannot validate"
-        return f"a block could not be run alone ({type(e).__name__})"
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    tol = 1e-5 if p.dtype == torch.float32 else 1e-2
-    if (out.float() - h.float()).abs().max() > tol * h.float().abs().max():
-        return "a block with both output projections zeroed is not the identity (post-norm or a non-residual branch)"
+            args, kwargs = block_call_args(model, 5)
+            with torch.inference_mode():
+                out = probe(h, *args, **kwargs)
+        except Exception as e:  # any failure means "cannot validate"
+            return f"a block could not be run alone ({type(e).__name__})"
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        tol = 1e-5 if p.dtype == torch.float32 else 1e-2
+        if (out.float() - h.float()).abs().max() > tol * h.float().abs().max():
+            return "a block with both output projections zeroed is not the identity (post-norm or a non-residual branch)"
     return None
 
 
