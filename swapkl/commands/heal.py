@@ -6,10 +6,12 @@ import sys
 import time
 
 from swapkl.commands import heal_tasks
-from swapkl.commands.common import evaluator_and_corpus, add_model_args, check_outputs, emit, load_from_args, model_inputs
+from swapkl.commands.common import (add_form_arg, add_model_args, bridge_settings_of, check_outputs, emit,
+                                   evaluator_and_corpus, load_from_args, model_inputs)
 from swapkl.errors import SwapklError, require_extra
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.repair import forms
 from swapkl.scoring import corpora
 
 # Deferred imports: torch, transformers, peft and the torch-based swapkl modules are imported by run(): the CLI's
@@ -85,30 +87,29 @@ def _add_repair_args(p) -> None:
     g.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: the heal starts from the bridged model (each removed span replaced by a linear map "
                         "fitted on calibration text kept out of the training text) (default %(default)s)")
-    g.add_argument("--form", default="folded", choices=["folded", "residual"],
-                   help="the bridge form (default folded: exports as an ordinary checkpoint; residual refuses --out)")
+    add_form_arg(g, forms.DEFAULT, "the bridge form (default folded: exports as an ordinary checkpoint; residual "
+                                   "refuses --out)")
     g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
     g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
     g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
     g.add_argument("--ridge", type=float, default=None, help="relative ridge of the fit (default 1e-4)")
 
 
-def bridge_from_args(a) -> dict | None:
-    """The ``HealSetup.bridge`` dict of the flags (checked: one line for a bad setting); None without a repair.
+def bridge_from_args(a):
+    """The :class:`~swapkl.repair.settings.BridgeSettings` of the flags (one line for a bad setting); None without a
+    repair.
     Refuses bridge flags without ``--repair bridge`` and ``--train bridge`` without it."""
     given = {k: v for k, v in (("calib_tokens", a.calib_tokens), ("calib_window", a.calib_window),
                                ("ridge", a.ridge)) if v is not None}
     if a.repair == "none":
         if a.part == "bridge":
             raise SwapklError("--train bridge trains the bridge matrices: it needs --repair bridge")
-        if given or a.form != "folded" or a.calib_seed != 0:
+        if given or a.form != forms.DEFAULT or a.calib_seed != 0:
             raise SwapklError("--form, --calib-tokens, --calib-window, --calib-seed and --ridge go with --repair bridge")
         return None
-    if a.out and a.form == "residual":
-        raise SwapklError("a residual bridge is no ordinary checkpoint: --out needs --form folded")
-    from swapkl.healing.bridged import settings_of
-
-    return settings_of(dict(given, form=a.form, calib_seed=a.calib_seed)).to_dict()
+    if a.out and not forms.get(a.form).exports:
+        raise SwapklError(f"a {a.form} bridge is no ordinary checkpoint: --out needs --form {forms.DEFAULT}")
+    return bridge_settings_of(a)
 
 
 def parse_removed(s: str) -> list[int]:
@@ -261,7 +262,8 @@ def _select(a, ck, corpus, ev):
 
     scores = _scores(a, ck)
     (method,), (n,) = a.methods, a.ns
-    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, corpus, ev, spacing=a.spacing)
+    plan = RemovalPlan(budget=n, methods=(method,), spacing=a.spacing, evaluator=ev)
+    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, plan, corpus)
     if scores is not None:
         sel["scores"] = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "seed": a.prompt_seed}
     return removed, sel

@@ -83,8 +83,9 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     memo = disk_memo(setup.identity, kl=False) if setup.use_cache else EvalMemo()
     shared = shared if shared is not None else {}
     shared["memo"] = memo
-    chosen = [(m, n, *chosen_set(model, tokenizer, m, n, scores, setup.corpus, setup.evaluator, spacing=plan.spacing,
-                                 memo=memo, should_stop=hooks.should_stop)) for m in methods for n in ns]
+    chosen = [(m, n, *chosen_set(model, tokenizer, m, n, scores, plan, setup.corpus, memo=memo,
+                                 hooks=RunHooks(should_stop=hooks.should_stop, contract=hooks.contract)))
+              for m in methods for n in ns]
     unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in chosen))
     per = 2 * recipe.steps + (4 + (setup.repair == "bridge")) * (1 + (setup.heldout is not None))
     total = per * len(unique)

@@ -22,7 +22,6 @@ from swapkl import __version__
 from swapkl.contract import Provenance, stable_hash
 from swapkl.errors import ComputeInterrupted
 from swapkl.removal import lmeval
-from swapkl.removal import methods as M
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.scoring.results import finite_json
 from swapkl.store import CorruptEntry, cache_root, dump_json, read_entry, warn_unwritable, write_entry
@@ -101,14 +100,10 @@ def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks
     hooks = hooks if hooks is not None else RunHooks()
     c = plan.check(arch.locate(model).num_layers, scores)
     progress = hooks.progress
-    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=c.scores, num_layers=c.num_layers,
-                          candidates=list(c.candidates), spacing=plan.spacing, partners=plan.partners,
-                          corpus=hooks.corpus if hooks.corpus is not None else load_corpus(),
-                          evaluator=plan_evaluator(plan), seeds=list(c.seeds),
-                          memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
-                          should_stop=hooks.should_stop, batch_size=plan.batch_size,
-                          progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None,
-                          params=plan.params(), unit=plan.unit, bridger=bridger, contract=hooks.contract)
+    ctx = c.context(model, tokenizer, hooks, corpus=hooks.corpus if hooks.corpus is not None else load_corpus(),
+                    evaluator=plan_evaluator(plan),
+                    memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
+                    progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None, bridger=bridger)
     return {spec.name: spec.func(ctx, plan.budget) for spec in c.specs}
 
 
@@ -246,11 +241,11 @@ def _bridger(model, tokenizer, plan: RemovalPlan, hooks: RunHooks):
     text from ``hooks.corpus`` avoiding ``hooks.contract``'s scoring prompts, the plan's bridge settings."""
     if plan.repair != "bridge":
         return None
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
     from swapkl.scoring.corpora import load_corpus
 
     corpus = hooks.corpus if hooks.corpus is not None else load_corpus()
-    return Bridger(model, tokenizer, corpus, dict(plan.bridge), hooks.contract)
+    return Bridger(model, tokenizer, corpus, plan.bridge_settings, hooks.contract)
 
 
 def _plain_sets(sets: dict) -> list[list[int]]:

@@ -294,6 +294,7 @@ def test_method_set_is_the_methods_own_choice(stories, small_corpus):
     from swapkl.healing.heal import chosen_set
     from swapkl.removal.selection import select
     from swapkl.errors import SwapklError
+    from swapkl.removal.plan import RemovalPlan
 
     L = stories.num_layers
     d = np.full((L, L), np.nan)
@@ -301,9 +302,11 @@ def test_method_set_is_the_methods_own_choice(stories, small_corpus):
         d[i, i + 1] = d[i + 1, i] = [0.5, 0.1, 0.3, 0.9][i]
     scores = {"interchange": d, "replacement": d[::-1, ::-1].copy()}
     for method in ("interchange", "replacement"):
-        got, sel = chosen_set(stories.model, stories.tokenizer, method, 2, scores, small_corpus, EV, spacing=0)
+        got, sel = chosen_set(stories.model, stories.tokenizer, method, 2, scores,
+                              RemovalPlan(2, spacing=0, evaluator=EV), small_corpus)
         assert got == select(scores[method], 2, spacing=0)[-1] and sel["method"] == method and sel["n"] == 2
     with pytest.raises(SwapklError, match="seeded"):
-        chosen_set(stories.model, stories.tokenizer, "random", 1, scores, small_corpus, EV)
+        chosen_set(stories.model, stories.tokenizer, "random", 1, scores, RemovalPlan(1, evaluator=EV), small_corpus)
     with pytest.raises(SwapklError, match="budget 3 is larger"):  # one line from the selection rule
-        chosen_set(stories.model, stories.tokenizer, "interchange", 3, scores, small_corpus, EV, spacing=1)
+        chosen_set(stories.model, stories.tokenizer, "interchange", 3, scores, RemovalPlan(3, spacing=1, evaluator=EV),
+                   small_corpus)

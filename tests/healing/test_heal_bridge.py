@@ -37,6 +37,14 @@ def _bridges(model, spans, form):
     return [fits[s] for s in spans]
 
 
+def _bridger(ck, corpus):
+    """The heal's bridges of BRIDGE: calibration text outside the heal's scoring prompts (16 × 64 tokens, seed 0)."""
+    from swapkl.contract import Contract
+    from swapkl.repair.bridger import Bridger
+
+    return Bridger(ck.model, ck.tokenizer, corpus, BRIDGE, Contract(prompts=16, tokens=64, seed=0))
+
+
 # ----------------------------------------------------------------------------------------- --repair bridge
 def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus):
     ks = {}
@@ -46,8 +54,8 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
     (b,) = ks["healed"].bridges
     assert (b.start, b.end, b.form) == (2, 3, "folded")
     # the fit is the plain one on the same calibration text
-    calib = B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)
-    assert np.array_equal(b.W, fit_bridges(stories.model, calib, [(2, 3)], "folded")[(2, 3)].W)
+    calib = _bridger(stories, small_corpus)
+    assert np.array_equal(b.W, fit_bridges(stories.model, calib.calib, [(2, 3)], "folded")[(2, 3)].W)
     x = _chunks(n=2, t=30, vocab=500)
     healed = TR.healed_model(stories.model, [2], r0, ks["healed"], bridges=ks["healed"].bridges)
     assert torch.equal(_logits(healed, x), _logits(bridged_model(stories.model, [b]), x))
@@ -62,7 +70,7 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
     assert r.repair["eval"]["recovered_by_bridge"] == pytest.approx(rec)
     # the contract records the bridge and its calibration; the training text was cut around the calibration windows
     assert r.contract["repair"]["settings"]["calib_tokens"] == 512 and r.contract["repair"]["calibration"]["windows"] == 8
-    win = B.avoid_windows(calib)
+    win = calib.avoid_windows()
     assert [tuple(w) for w in r.train_text["bridge_calibration_windows"]] == win
     assert "repair: linear bridge (folded)" in " ".join(r.provenance().extra)
 
@@ -70,8 +78,8 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
 def test_training_text_avoids_the_calibration_windows(stories, small_corpus):
     from swapkl.healing import text as T
 
-    calib = B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)
-    win = B.avoid_windows(calib)
+    calib = _bridger(stories, small_corpus)
+    win = calib.avoid_windows()
     plain = T.corpus_train_text(small_corpus, stories.tokenizer, 32)
     tt = T.corpus_train_text(small_corpus, stories.tokenizer, 32, avoid=win)
     touches = [s for s in plain.spans if any(s[0] < b + n and b < s[1] for b, n in win)]
@@ -225,7 +233,7 @@ def test_kd_heal_after_a_bridge_checks_its_teacher_against_the_bridged_start(sto
     from swapkl.healing.heal import training_text
 
     tt = training_text(stories.model, stories.tokenizer, small_corpus, r,
-                       avoid=B.avoid_windows(B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)))
+                       avoid=_bridger(stories, small_corpus).avoid_windows())
     x = tt.chunks[:2]
     want = check_topk(_logits(stories.model, x), _logits(bridged_model(stories.model, list(ks["healed"].bridges)), x),
                       r.temperature, r.top_k)
@@ -254,7 +262,7 @@ def test_an_interrupted_bridged_heal_resumes_to_the_uninterrupted_result(stories
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # Linear and GPT-2 Conv1D projections
 def test_two_spans_of_mixed_forms_train_together(kind):
-    from swapkl.repair.bridged_kl import span_forms
+    from swapkl.repair.forms import resolve as span_forms
 
     model = tiny_model(kind, num_layers=5)
     spans = [(0, 1), (3, 5)]  # block 0 has no MLP before it: residual; [3, 5) runs to the end: folded into block 2

@@ -32,13 +32,13 @@ def block_scores(bridger, candidates) -> dict[int, float]:
     """``{l: mean over the bridger's scoring prompts of KL(base ‖ block l bridged)}`` (nats) for ``candidates``."""
     import torch
 
+    from swapkl.repair.bridge import captured_blocks
     from swapkl.repair.sweep import BridgedSweep
 
-    bridger.fit_spans([(int(c), int(c) + 1) for c in candidates])
-    bridges = [bridger.bridges([int(c)])[0] for c in candidates]
+    bridges = bridger.span_bridges([(int(c), int(c) + 1) for c in candidates])
     c = bridger.contract
     sweep = BridgedSweep(bridger.model, bridger.prompts.ids, c.positions, getattr(torch, c.kl_dtype),
-                         folded={b.start - 1 for b in bridges if b.form == "folded"})
+                         folded=captured_blocks(bridges))
     vecs = sweep.sweep(bridges)
     return {b.start: float(vecs[(b.start, b.end)]["bridged"].double().mean()) for b in bridges}
 
