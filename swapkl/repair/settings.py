@@ -43,10 +43,13 @@ class BridgeSettings:
         for name, what, lo in (("calib_window", "calibration window", 2), ("calib_seed", "calibration seed", 0),
                                ("calib_tokens", "calibration tokens", 0)):
             _int(f"the bridge's {what}", getattr(self, name), lo)
-        if self.calib_tokens < self.calib_window:
-            raise ContractError(f"--calib-tokens ({self.calib_tokens}) must be at least the calibration window "
-                                f"({self.calib_window})")
-        _int("the bridge's calibration tokens", self.calib_tokens, MIN_CALIB_TOKENS)
+        n, w = self.calib_tokens, self.calib_window
+        if n < MIN_CALIB_TOKENS and n < w:
+            raise ContractError(f"the bridge's calibration tokens must be an integer of at least {MIN_CALIB_TOKENS} "
+                                f"(got {n}), and --calib-tokens must be at least the calibration window ({w})")
+        if n < w:
+            raise ContractError(f"--calib-tokens ({n}) must be at least the calibration window ({w})")
+        _int("the bridge's calibration tokens", n, MIN_CALIB_TOKENS)
         r = self.ridge
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 or math.isinf(r):
             raise ContractError(f"the bridge's ridge must be a finite number >= 0 (got {r!r})")
