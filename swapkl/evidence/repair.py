@@ -80,7 +80,7 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
                  batch_size=None, should_stop=None) -> dict:
     """The ``repair`` part of the evidence result for checkpoint ``ck``, scoring ``contract`` (its result ``res``),
     evaluator ``ev`` on ``corpus``, the raw ``signals`` and ground truth ``gt``, and
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` ``settings`` (module docstring)."""
+    :class:`~swapkl.repair.settings.BridgeSettings` ``settings`` (module docstring)."""
     from swapkl.removal.bridged_truth import bridged_ground_truth
     from swapkl.removal.evaluate import eval_ids
     from swapkl.removal.ground_truth import text_key

@@ -212,7 +212,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``.
     ``compare_contracts``: :class:`~swapkl.evidence.contracts.Comparison` (or plain contracts for the same
     checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`); ``repair``: a
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`);
+    :class:`~swapkl.repair.settings.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`);
     ``definitions``: also score the other per-layer definition and say which predicts the removal cost better
     (:mod:`swapkl.evidence.definitions`)."""
     from swapkl.evidence import contracts as K

@@ -100,7 +100,7 @@ class HealSetup:
     adapters on disk) and ``heldout``: a corpus of a second text domain that no run trains on
     (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``); ``repair``: ``none`` or
     ``bridge`` (the heal starts from the bridged model, :mod:`swapkl.healing.bridged`) with ``bridge``, a dict of
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` fields (None or {}: the defaults)."""
+    :class:`~swapkl.repair.settings.BridgeSettings` fields (None or {}: the defaults)."""
 
     corpus: object = None
     evaluator: object = "matched"

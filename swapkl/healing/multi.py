@@ -115,7 +115,7 @@ def _with_repair(setup, plan):
     """``setup`` with the plan's repair when the setup names none (``plan.repair`` / ``plan.bridge``, read with
     defaults: plans without those fields heal without a repair)."""
     if setup.repair == "none" and getattr(plan, "repair", "none") == "bridge":
-        return dataclasses.replace(setup, repair="bridge", bridge=dict(getattr(plan, "bridge", None) or {}))
+        return dataclasses.replace(setup, repair="bridge", bridge=plan.bridge_settings)
     return setup
 
 

@@ -10,6 +10,7 @@ from swapkl import __version__
 from swapkl.model import builtin
 from swapkl.removal import methods as M
 from swapkl.removal.plan import REPAIRS, RemovalPlan
+from swapkl.repair import forms
 from swapkl.store import file_sha256, folder_fingerprint
 from swapkl.contract import BLOCK, Contract, stable_hash
 from swapkl.errors import ContractError
@@ -35,7 +36,7 @@ class AnalysisRequest:
     :class:`~swapkl.removal.evaluate.Evaluator`, or its dict (stored as the dict).  ``repair``: what is done after
     each removal (``"none"``, or ``"bridge"``: a linear bridge fitted in place of each removed span, the curves
     drawn raw and bridged); ``bridge``: the bridge's settings (fields of
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings`, e.g. ``{"form": "folded", "calib_tokens": 8192}``; ``{}``:
+    :class:`~swapkl.repair.settings.BridgeSettings`, e.g. ``{"form": "folded", "calib_tokens": 8192}``; ``{}``:
     the defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Both reach the plan unchanged
     (:meth:`plan_fields`)."""
 
@@ -107,7 +108,7 @@ class EvidenceRequest:
     under ``contract``; ``budget``: stability for n = 1..budget; ``n_boot``: prompt resamples for stability
     (the agreement CIs use ``5 * n_boot``).  ``repair`` ``"bridge"``: also the "after repair" part (each block
     removed with its linear bridge, ``compute_evidence(repair=BridgeSettings(**bridge))``; docs/evidence.md);
-    ``bridge``: the bridge's settings (fields of :class:`~swapkl.repair.bridged_kl.BridgeSettings`, ``{}``: the
+    ``bridge``: the bridge's settings (fields of :class:`~swapkl.repair.settings.BridgeSettings`, ``{}``: the
     defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Without a repair the request's dict (and so
     its job key) is what it was before the field existed."""
 
@@ -140,18 +141,15 @@ class EvidenceRequest:
         return d
 
     def bridge_settings(self):
-        """The :class:`~swapkl.repair.bridged_kl.BridgeSettings` of the repair (None without one); settings the
+        """The :class:`~swapkl.repair.settings.BridgeSettings` of the repair (None without one); settings the
         bridge refuses raise :class:`~swapkl.errors.ContractError` (one line)."""
         if self.repair == "none":
             return None
         if self.repair != "bridge":
             raise ContractError(f"unknown repair '{self.repair}'; choose one of: none, bridge")
-        from swapkl.repair.bridged_kl import BridgeSettings  # deferred: imports numpy and the repair package
+        from swapkl.repair.settings import BridgeSettings  # deferred: imports numpy and the repair package
 
-        try:
-            return BridgeSettings(**self.bridge)
-        except TypeError as e:
-            raise ContractError(f"unknown bridge setting in {sorted(self.bridge)}: {e}") from None
+        return BridgeSettings.from_dict(self.bridge)
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
@@ -159,7 +157,7 @@ class EvidenceRequest:
         rep = ""
         if self.repair != "none":
             b = self.bridge
-            rep = (f" · after a linear bridge ({b.get('form', 'folded')}, "
+            rep = (f" · after a linear bridge ({b.get('form', forms.DEFAULT)}, "
                    f"{b.get('calib_tokens', 'default')} calibration tokens)")
         return (f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · "
                 f"B={self.n_boot}{rep}")

@@ -90,7 +90,7 @@ def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks
     or ``runs`` per seed, ``variant`` for a merge, ``notes``, ``settings``).  The methods run with the context the
     curves runner gives them (the plan checked against the model, its candidates, spacing, partners and seeds, the
     calibration text of ``hooks.corpus`` and the perplexity memo of ``hooks.identity``), so the sets are the curves'
-    sets.  ``bridger``: the run's :class:`~swapkl.removal.bridging.Bridger` (``repair="bridge"``: the ``bridge``
+    sets.  ``bridger``: the run's :class:`~swapkl.repair.bridger.Bridger` (``repair="bridge"``: the ``bridge``
     method scores with its bridges)."""
     from swapkl.model import architectures as arch  # deferred: torch
     from swapkl.removal.curves import plan_evaluator
@@ -237,7 +237,7 @@ class _Runner:
 
 
 def _bridger(model, tokenizer, plan: RemovalPlan, hooks: RunHooks):
-    """The run's :class:`~swapkl.removal.bridging.Bridger` when ``plan.repair == "bridge"`` (else None): calibration
+    """The run's :class:`~swapkl.repair.bridger.Bridger` when ``plan.repair == "bridge"`` (else None): calibration
     text from ``hooks.corpus`` avoiding ``hooks.contract``'s scoring prompts, the plan's bridge settings."""
     if plan.repair != "bridge":
         return None
