@@ -48,6 +48,15 @@ def short_prompts_note(bridger: Bridger) -> str | None:
             f"on the default model (docs/repair.md)")
 
 
+def finish_notes(out, bridger: Bridger, own: bool) -> None:
+    """Append a bridge-guided method's closing notes to its output ``out``: the short-prompts note
+    (:func:`short_prompts_note`) and, when it fitted its own bridges (``own``), that its sets are evaluated raw."""
+    if (note := short_prompts_note(bridger)) is not None:
+        out.notes.append(note)
+    if own:
+        out.notes.append("its sets are evaluated without a bridge here; --repair bridge adds their bridged curve")
+
+
 class RepairedCurves:
     """The bridged side of one :class:`~swapkl.removal.curves.CurvesRun` (module docstring)."""
 

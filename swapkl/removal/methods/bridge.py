@@ -44,7 +44,7 @@ def block_scores(bridger, candidates) -> dict[int, float]:
 
 
 def bridge(ctx, budget):
-    from swapkl.removal.bridging import method_bridger, short_prompts_note
+    from swapkl.removal.bridging import finish_notes, method_bridger
 
     bridger, own = method_bridger(ctx, calib_tokens(ctx, "bridge"))
     scores = block_scores(bridger, ctx.candidates)
@@ -58,8 +58,5 @@ def bridge(ctx, budget):
                                  "calib_tokens": bridger.settings.calib_tokens, "bridge": bridger.settings.to_dict()})
     if len(sets) < budget:
         out.notes.append(f"the score order stops after {len(sets)} layers under spacing Δ={ctx.spacing}")
-    if (note := short_prompts_note(bridger)) is not None:
-        out.notes.append(note)
-    if own:
-        out.notes.append("its sets are evaluated without a bridge here; --repair bridge adds their bridged curve")
+    finish_notes(out, bridger, own)
     return out
