@@ -18,6 +18,7 @@ from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.repair.bridge import bridged_model
 from swapkl.repair.calibration import CalibrationText, fit_bridges
 from conftest import tiny_model
+from support.tensors import logits
 
 EV = Evaluator("tiny", 300, 128, 64)
 BRIDGE = {"calib_tokens": 512, "calib_window": 64}
@@ -25,11 +26,6 @@ BRIDGE = {"calib_tokens": 512, "calib_window": 64}
 
 def _chunks(n=8, t=24, seed=3, vocab=96):
     return torch.randint(1, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
-
-
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
 
 
 def _bridges(model, spans, form):
@@ -58,7 +54,7 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
     assert np.array_equal(b.W, fit_bridges(stories.model, calib.calib, [(2, 3)], "folded")[(2, 3)].W)
     x = _chunks(n=2, t=30, vocab=500)
     healed = TR.healed_model(stories.model, [2], r0, ks["healed"], bridges=ks["healed"].bridges)
-    assert torch.equal(_logits(healed, x), _logits(bridged_model(stories.model, [b]), x))
+    assert torch.equal(logits(healed, x), logits(bridged_model(stories.model, [b]), x))
     rows = r.repair["eval"]["rows"]
     plain = evaluate_ppl(bridged_model(stories.model, [b]), eval_ids(small_corpus, stories.tokenizer, EV), EV.window,
                          EV.stride, EV.drop_first_target)
@@ -101,8 +97,8 @@ def test_train_bridge_starts_at_the_fit_and_counts_lora_plus_d_squared(form):
     state, stats = TR.train(model, [2, 3], _chunks(), r, bridges=br)
     assert stats["trainable_params"] == lora + 32 * 32 == lora + B.trainable_count(br)
     x = _chunks(n=2, t=20, seed=5)
-    ref = _logits(bridged_model(model, br), x)
-    torch.testing.assert_close(_logits(TR.healed_model(model, [2, 3], r, state, bridges=br), x), ref,
+    ref = logits(bridged_model(model, br), x)
+    torch.testing.assert_close(logits(TR.healed_model(model, [2, 3], r, state, bridges=br), x), ref,
                                rtol=1e-5, atol=1e-5)  # W in float32 vs the float64 fold: rounding only
     # one step moves W (gradients reach it)
     r1 = Recipe(steps=1, rank=2, seq_len=24, batch=2, part="bridge", lr=1e-2, warmup=0)
@@ -164,12 +160,12 @@ def test_folded_bridge_training_exports_an_ordinary_checkpoint(stories, tmp_path
     out = export_healed(stories.model, [2], r, B.BridgedState(state, br), tmp_path / "healed", stories.tokenizer,
                         stories.identity)
     x = _chunks(n=2, t=30, seed=2, vocab=500)
-    mine = _logits(TR.healed_model(stories.model, [2], r, state, bridges=br), x)
+    mine = logits(TR.healed_model(stories.model, [2], r, state, bridges=br), x)
     again = AutoModelForCausalLM.from_pretrained(out).eval()
-    torch.testing.assert_close(_logits(again, x), mine, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(again, x), mine, rtol=1e-5, atol=1e-5)
     unmerged = TR.trainable_model(stories.model, [2], r, br)
     TR.load_adapter_state(unmerged, state)
-    torch.testing.assert_close(_logits(unmerged.eval(), x), mine, rtol=1e-4, atol=1e-4)  # the fold is exact
+    torch.testing.assert_close(logits(unmerged.eval(), x), mine, rtol=1e-4, atol=1e-4)  # the fold is exact
     res = _bridges(stories.model, [(2, 3)], "residual")
     with pytest.raises(SwapklError, match="residual form.*--form folded"):
         export_healed(stories.model, [2], r, B.BridgedState(state, res), tmp_path / "r", stories.tokenizer,
@@ -235,7 +231,7 @@ def test_kd_heal_after_a_bridge_checks_its_teacher_against_the_bridged_start(sto
     tt = training_text(stories.model, stories.tokenizer, small_corpus, r,
                        avoid=_bridger(stories, small_corpus).avoid_windows())
     x = tt.chunks[:2]
-    want = check_topk(_logits(stories.model, x), _logits(bridged_model(stories.model, list(ks["healed"].bridges)), x),
+    want = check_topk(logits(stories.model, x), logits(bridged_model(stories.model, list(ks["healed"].bridges)), x),
                       r.temperature, r.top_k)
     assert chk == want
     assert res.ppl["base_finetuned"] == res.ppl["base"]  # the kd control is the base itself, repair or not
@@ -276,5 +272,5 @@ def test_two_spans_of_mixed_forms_train_together(kind):
             lora = sum(p.numel() for _, p in TR.trainable(TR.trainable_model(model, [0, 3, 4], Recipe(rank=2))))
             assert stats["trainable_params"] == lora + extra
         x = _chunks(n=2, t=20, seed=4)
-        torch.testing.assert_close(_logits(TR.healed_model(model, [0, 3, 4], r, state, bridges=br), x),
-                                   _logits(bridged_model(model, br), x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits(TR.healed_model(model, [0, 3, 4], r, state, bridges=br), x),
+                                   logits(bridged_model(model, br), x), rtol=1e-5, atol=1e-5)

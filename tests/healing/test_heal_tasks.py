@@ -18,6 +18,7 @@ from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.tasks import TaskSettings
 from test_heal_curves import fake_scores
 from test_tasks import counting_loads
+from support.tensors import logits
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -83,11 +84,6 @@ def test_pruned_and_base_rows_are_the_swapkl_tasks_cache_entries(run, stories):
         assert r._read(r._path(e["removed"], None, task))["metrics"] == e["pruned"]["metrics"]
 
 
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
-
-
 def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, small_corpus):
     """The model the runner evaluates has the logits of the merged healed model built from the cached adapter, the
     PPL the heal reported, and lm-eval's own simple_evaluate on an HFLM around it gives the same metrics."""
@@ -109,7 +105,7 @@ def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, 
                          batch_size=16, use_cache=False, progress=None, should_stop=None, total=1,
                          states={",".join(map(str, rem)): state}, recipe=TINY)
     x = torch.randint(1, 500, (2, 24), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(_logits(runner._build(rem, heal_tag(hc)), x), _logits(merged, x))
+    assert torch.equal(logits(runner._build(rem, heal_tag(hc)), x), logits(merged, x))
     ids = E.eval_ids(small_corpus, stories.tokenizer, EV)
     assert E.evaluate_ppl(merged, ids, EV.window, EV.stride, EV.drop_first_target).ppl == entry["ppl"]["healed"]
     lm = HFLM(pretrained=merged, tokenizer=stories.tokenizer, batch_size=16)

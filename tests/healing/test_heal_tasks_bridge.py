@@ -18,6 +18,7 @@ from swapkl.removal.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
 from swapkl.removal.tasks import TaskSettings
 from support.cli_run import run_swapkl
+from support.tensors import logits
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -46,11 +47,6 @@ def run(request, tasks_env, stories, small_corpus):
     ht = heal_task_accuracy(stories.model, stories.tokenizer, hc, settings, recipe, adapters=shared["adapters"],
                             bridges=shared["bridges"], hooks=RunHooks(identity=stories.identity))
     return recipe, res, states, shared, hc, ht
-
-
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
 
 
 def _close(a, b):
@@ -108,7 +104,7 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
     ids = E.eval_ids(small_corpus, stories.tokenizer, EV)
     rows = res.repair["eval"]["rows"]
     for role in ("bridged", "healed"):
-        _close(_logits(built[role], x), _logits(by_hand[role], x))
+        _close(logits(built[role], x), logits(by_hand[role], x))
         ppl = E.evaluate_ppl(built[role], ids, EV.window, EV.stride, EV.drop_first_target).ppl
         assert ppl == pytest.approx(rows[role]["ppl"], rel=1e-6)
         plain = _plain_lm_eval(by_hand[role], stories.tokenizer)
@@ -117,7 +113,7 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
             assert e[role]["stderr"][TASK][f"{m},none"] == plain[f"{m}_stderr,none"]
     assert rows["healed"]["ppl"] == res.ppl["healed"]
     # the training changed the model (the check above could not pass by evaluating the bridged model twice)
-    assert not torch.allclose(_logits(by_hand["healed"], x), _logits(by_hand["bridged"], x))
+    assert not torch.allclose(logits(by_hand["healed"], x), logits(by_hand["bridged"], x))
     if recipe.part == "bridge":  # the trained W moved from its least-squares fit (the healed model carries it)
         (w,) = [v for k, v in states["healed"].items() if k.endswith("swapkl_bridge.W")]
         assert not torch.allclose(w.double(), torch.as_tensor(hb.bridges[0].W))
