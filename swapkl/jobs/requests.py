@@ -88,7 +88,7 @@ class AnalysisRequest:
 
     def removal_plan(self) -> RemovalPlan:
         """The removal plan of the curves (:class:`~swapkl.removal.plan.RemovalPlan` of :meth:`plan_fields`,
-        checked: one-line errors, a repair this build's plan does not know included)."""
+        checked: one-line errors, an unknown repair included)."""
         f = self.plan_fields()
         if f.get("repair", "none") not in REPAIRS:
             raise ContractError(f"unknown repair '{f['repair']}'; choose one of: {', '.join(REPAIRS)}")
@@ -110,7 +110,7 @@ class EvidenceRequest:
     removed with its linear bridge, ``compute_evidence(repair=BridgeSettings(**bridge))``; docs/evidence.md);
     ``bridge``: the bridge's settings (fields of :class:`~swapkl.repair.settings.BridgeSettings`, ``{}``: the
     defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Without a repair the request's dict (and so
-    its job key) is what it was before the field existed."""
+    its job key) holds neither field."""
 
     model: str = "default"
     revision: str | None = None
