@@ -135,12 +135,12 @@ class _Runner:
     """One run: the loaded tasks, the variants evaluated so far (a set chosen by two methods is evaluated once),
     the disk cache and the counters."""
 
-    def __init__(self, model, tokenizer, tasks: list[dict], tm, *, identity, limit, num_fewshot, batch_size,
-                 use_cache, progress, should_stop, total):
+    def __init__(self, model, tokenizer, tasks: list[dict], tm, *, identity, settings: TaskSettings, hooks: RunHooks,
+                 total: int):
         self.model, self.tok, self.tasks, self.tm = model, copy.deepcopy(tokenizer), tasks, tm
-        self.limit, self.num_fewshot, self.batch_size = limit, num_fewshot, batch_size
-        self.ident = _cache_key(identity) if use_cache else None
-        self.progress, self.should_stop = progress, should_stop
+        self.limit, self.num_fewshot, self.batch_size = settings.limit, settings.num_fewshot, settings.batch_size
+        self.ident = _cache_key(identity) if settings.use_cache else None
+        self.progress, self.should_stop = hooks.progress, hooks.should_stop
         self.done, self.total = 0, total
         self.on_partial, self.result = None, None
         self.memo: dict = {}
@@ -318,9 +318,8 @@ def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, sett
     total = 1 + sum((len(o.sets) if o.runs is None else sum(len(v) for v in o.runs.values())) for o in sets.values())
     total += sum(len(o.sets) for o in sets.values() if o.runs is None and not o.variant) if bridger else 0
     limit, num_fewshot, batch_size = settings.limit, settings.num_fewshot, settings.batch_size
-    run = _Runner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
-                  batch_size=batch_size, use_cache=settings.use_cache, progress=progress, should_stop=should_stop,
-                  total=total)
+    run = _Runner(model, tokenizer, loaded, tm, identity=identity, settings=settings,
+                  hooks=RunHooks(progress=progress, should_stop=should_stop), total=total)
     run.bridger = bridger
     if settings.share_prefix:
         from swapkl.removal.prefix import PrefixStore

@@ -77,8 +77,8 @@ def test_pruned_and_base_rows_are_the_swapkl_tasks_cache_entries(run, stories):
 
     _, ht = run
     _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
-    r = _Runner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None, batch_size=16,
-                use_cache=True, progress=None, should_stop=None, total=1)
+    r = _Runner(None, None, [task], None, identity=stories.identity,
+                settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16), hooks=RunHooks(), total=1)
     assert r._read(r._path([], None, task))["metrics"] == ht["base"]["metrics"]
     for e in ht["methods"]["interchange"]:
         assert r._read(r._path(e["removed"], None, task))["metrics"] == e["pruned"]["metrics"]
@@ -101,9 +101,9 @@ def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, 
     fp, tk = hc.contract["model_fingerprint"], hc.train_text["key"]
     _, state = TR.read_cached(TR.heal_dir(fp, rem, TINY, tk), TR.ADAPTER_KIND, TINY)
     merged = TR.healed_model(stories.model, rem, TINY, state)
-    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None, limit=LIMIT, num_fewshot=None,
-                         batch_size=16, use_cache=False, progress=None, should_stop=None, total=1,
-                         states={",".join(map(str, rem)): state}, recipe=TINY)
+    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None,
+                         settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16, use_cache=False),
+                         hooks=RunHooks(), total=1, states={",".join(map(str, rem)): state}, recipe=TINY)
     x = torch.randint(1, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     assert torch.equal(logits(runner._build(rem, heal_tag(hc)), x), logits(merged, x))
     ids = E.eval_ids(small_corpus, stories.tokenizer, EV)

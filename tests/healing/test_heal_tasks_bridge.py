@@ -94,9 +94,10 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
     (e,) = ht["methods"]["given"]
     hb = shared["bridges"][tuple(REMOVED)]
     key = ",".join(map(str, REMOVED))
-    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None, limit=LIMIT, num_fewshot=None,
-                         batch_size=16, use_cache=False, progress=None, should_stop=None, total=1,
-                         states={key: dict(states["healed"])}, recipe=recipe, bridges={key: hb})
+    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None,
+                         settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16, use_cache=False),
+                         hooks=RunHooks(), total=1, states={key: dict(states["healed"])}, recipe=recipe,
+                         bridges={key: hb})
     by_hand = {"bridged": bridged_model(stories.model, list(hb.bridges)),
                "healed": TR.healed_model(stories.model, REMOVED, recipe, states["healed"], bridges=hb.bridges)}
     built = {"bridged": runner._build(REMOVED, bridged_tag(hc, hb)), "healed": runner._build(REMOVED, heal_tag(hc, hb))}
@@ -128,8 +129,9 @@ def test_cache_keys_carry_the_bridge(run, stories):
     recipe, _, _, shared, hc, ht = run
     hb = shared["bridges"][tuple(REMOVED)]
     _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
-    r = _HealRunner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None,
-                    batch_size=16, use_cache=True, progress=None, should_stop=None, total=1, states={}, recipe=recipe)
+    r = _HealRunner(None, None, [task], None, identity=stories.identity,
+                    settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16), hooks=RunHooks(), total=1,
+                    states={}, recipe=recipe)
     paths = [r._path(REMOVED, tag, task) for tag in (None, bridged_tag(hc, hb), heal_tag(hc, hb), heal_tag(hc))]
     assert len(set(paths)) == 4
     (e,) = ht["methods"]["given"]
