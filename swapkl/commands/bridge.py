@@ -3,7 +3,7 @@ span to the last block), KL(base ‖ the span replaced by a linear bridge fitted
 span removed without a bridge, with prompt-bootstrap CIs; cached and resumable (docs/repair.md)."""
 from __future__ import annotations
 
-from swapkl.commands.common import (ProgressPrinter, add_form_arg, bridge_settings_of, add_contract_args, add_model_args, block_unit_only,
+from swapkl.commands.common import (add_fit_args, ProgressPrinter, add_form_arg, bridge_settings_of, add_contract_args, add_model_args, block_unit_only,
                                     check_outputs, contract_from_args, emit, load_from_args)
 from swapkl.repair import forms
 
@@ -23,9 +23,7 @@ def add_bridge_args(p) -> None:
     add_form_arg(p, forms.DEFAULT, "folded (ReplaceMe: into the MLP before the span; a span from block 0 uses "
                                    "residual) or residual (a map on the residual stream)")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens per fit (default 8192)")
-    p.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    p.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
-    p.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    add_fit_args(p)
 
 
 def run(a) -> int:

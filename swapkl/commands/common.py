@@ -172,6 +172,18 @@ def add_form_arg(g, default: str | None = None, help: str = "") -> None:
     g.add_argument("--form", default=default, choices=list(forms.NAMES), help=help)
 
 
+def add_fit_args(g) -> None:
+    """``--calib-window``, ``--calib-seed`` (default 0) and ``--ridge``: the bridge fit's flags of a command that
+    always fits a bridge or refuses them without ``--repair bridge`` (bridge, heal, evidence, prune)."""
+    from swapkl.repair.settings import DEFAULT_CALIB_WINDOW, DEFAULT_RIDGE
+
+    g.add_argument("--calib-window", type=int, default=None,
+                   help=f"tokens per calibration window (default {DEFAULT_CALIB_WINDOW})")
+    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
+    g.add_argument("--ridge", type=float, default=None,
+                   help=f"relative ridge ε/mean eigenvalue of XᵀX (default {DEFAULT_RIDGE:g})")
+
+
 def bridge_settings_of(a, tokens: str = "calib_tokens"):
     """The :class:`~swapkl.repair.settings.BridgeSettings` of a command's bridge flags (``--form``,
     ``--calib-window``, ``--calib-seed``, ``--ridge`` and the calibration tokens under ``tokens``), built once here:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (add_form_arg, bridge_settings_of, evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+from swapkl.commands.common import (add_fit_args, add_form_arg, bridge_settings_of, evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
                                     load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
@@ -59,9 +59,7 @@ def _add_repair_args(p) -> None:
                                    "block 0)")
     g.add_argument("--bridge-tokens", type=int, default=None, help="calibration tokens of each bridge fit "
                    "(default 8192)")
-    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
-    g.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    add_fit_args(g)
 
 
 def bridge_settings(a):

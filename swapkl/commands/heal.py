@@ -6,7 +6,7 @@ import sys
 import time
 
 from swapkl.commands import heal_tasks
-from swapkl.commands.common import (add_form_arg, add_model_args, bridge_settings_of, check_outputs, emit,
+from swapkl.commands.common import (add_fit_args, add_form_arg, add_model_args, bridge_settings_of, check_outputs, emit,
                                    evaluator_and_corpus, load_from_args, model_inputs)
 from swapkl.errors import SwapklError, require_extra
 from swapkl.healing.recipe import Recipe
@@ -90,9 +90,7 @@ def _add_repair_args(p) -> None:
     add_form_arg(g, forms.DEFAULT, "the bridge form (default folded: exports as an ordinary checkpoint; residual "
                                    "refuses --out)")
     g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
-    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
-    g.add_argument("--ridge", type=float, default=None, help="relative ridge of the fit (default 1e-4)")
+    add_fit_args(g)
 
 
 def bridge_from_args(a):

@@ -4,7 +4,7 @@ Hugging Face folder with ``swapkl_bridge.json`` beside it; ``--max-ppl-increase 
 a bridged model whose held-out ΔPPL is above P %; ``--verify`` reloads it with stock transformers."""
 from __future__ import annotations
 
-from swapkl.commands.common import add_form_arg, bridge_settings_of
+from swapkl.commands.common import add_fit_args, add_form_arg, bridge_settings_of
 from swapkl.errors import SwapklError
 from swapkl.repair import forms
 
@@ -18,9 +18,7 @@ def add_repair_args(p) -> None:
                         "the MLP before it (ReplaceMe); the export stays an ordinary checkpoint")
     add_form_arg(g, forms.DEFAULT, "the bridge form; only folded exports (residual is for 'swapkl bridge')")
     g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
-    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
-    g.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    add_fit_args(g)
     g.add_argument("--max-ppl-increase", type=float, default=None, metavar="P",
                    help="refuse (exit 1, write nothing) when the bridged model's held-out ΔPPL is above P %%")
     g.add_argument("--evaluator", default="matched", choices=["matched", "standard"], help="held-out evaluator")
