@@ -223,9 +223,8 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
     cr = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
                         plan, RunHooks(should_stop=should_stop, memo=memo, identity=ck.identity, corpus=corpus))
     found = chosen_sets(cr.methods, b)
-    ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
-                          candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
-                          evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=plan.params())
+    ctx = plan.check(ck.num_layers).context(ck.model, ck.tokenizer, RunHooks(should_stop=should_stop),
+                                            corpus=corpus, evaluator=ev, memo=memo)
     sleb_tokens = M.calib_tokens(ctx, "sleb")
     for f in found:
         f["sleb_set"] = ctx.calib_ppl(f["set"], sleb_tokens)

@@ -19,6 +19,7 @@ from swapkl.removal.tasks import TaskSettings
 from test_heal_curves import fake_scores
 from test_tasks import counting_loads
 from support.tensors import logits
+from support.app_util import heal_panel_app
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -281,19 +282,6 @@ def test_heal_job_with_tasks_runs_and_is_snapshotted(tasks_env, stories, stories
         m2.shutdown()
 
 
-def _panel_app():
-    import json
-    import os
-
-    from dashboard import heal_panel
-    from swapkl.healing.curves import HealCurves
-    from swapkl.jobs import HealRequest, Job
-
-    job = Job("heal-tasks-panel-test", HealRequest())
-    job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
-    heal_panel.body(job)
-
-
 def test_panel_draws_the_dashed_task_curves(run, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
@@ -302,7 +290,7 @@ def test_panel_draws_the_dashed_task_curves(run, tmp_path, monkeypatch):
     f = tmp_path / "heal.json"
     hc.to_json(f)
     monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
-    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    at = AppTest.from_function(heal_panel_app, default_timeout=60).run()
     assert not at.exception, at.exception
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert len(charts) == 2  # the ΔPPL figure, then the task figure
