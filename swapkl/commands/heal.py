@@ -195,7 +195,7 @@ def _run(a, removed, recipe, ev, corpus) -> int:
         removed, selection = _select(a, ck, corpus, ev)
     states, shared = {}, {}
     result = heal(ck.model, ck.tokenizer, removed, recipe, _setup(a, ck, corpus, ev), RunHooks(progress=_Progress(a.quiet)),
-                  selection=selection, keep_states=states, shared=shared)
+                  plan=_plan(a, ev, max(1, len(removed))), selection=selection, keep_states=states, shared=shared)
     if result.gate_line() and not (a.out and not a.force):  # refused below: the error line says it
         result.notes.append(result.gate_line() + ("; exported anyway (--force)" if a.out else ""))
     if a.out:
@@ -238,7 +238,7 @@ def _curves(a, ck, recipe, corpus, ev) -> int:
     from swapkl.healing.multi import heal_curves
 
     shared: dict = {}
-    plan = RemovalPlan(budget=max(a.ns), methods=tuple(a.methods), spacing=a.spacing, evaluator=ev)
+    plan = _plan(a, ev, max(a.ns), a.methods)
     hc = heal_curves(ck.model, ck.tokenizer, _scores(a, ck), plan, a.ns, recipe, _setup(a, ck, corpus, ev),
                      RunHooks(progress=_Progress(a.quiet)), shared=shared)
     if a.task_names:
@@ -252,7 +252,14 @@ def _setup(a, ck, corpus, ev):
 
     return HealSetup(corpus=corpus, evaluator=ev, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
                      prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
-                     heldout=getattr(a, "heldout", None), repair=a.repair, bridge=getattr(a, "bridge", None))
+                     heldout=getattr(a, "heldout", None))
+
+
+def _plan(a, ev, budget: int, methods=()):
+    """The removal plan of a heal: the budget, methods, spacing and evaluator, and the repair its heals start from
+    (``--repair`` with the :class:`~swapkl.repair.settings.BridgeSettings` of the flags)."""
+    return RemovalPlan(budget=budget, methods=tuple(methods), spacing=a.spacing, evaluator=ev, repair=a.repair,
+                       bridge=getattr(a, "bridge", None) or {})
 
 
 def _select(a, ck, corpus, ev):
@@ -260,8 +267,7 @@ def _select(a, ck, corpus, ev):
 
     scores = _scores(a, ck)
     (method,), (n,) = a.methods, a.ns
-    plan = RemovalPlan(budget=n, methods=(method,), spacing=a.spacing, evaluator=ev)
-    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, plan, corpus)
+    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, _plan(a, ev, n, (method,)), corpus)
     if scores is not None:
         sel["scores"] = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "seed": a.prompt_seed}
     return removed, sel

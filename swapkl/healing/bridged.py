@@ -145,15 +145,14 @@ def trainable_count(bridges) -> int:
     return sum(int(b.W.shape[0]) * int(b.W.shape[1]) for b in bridges or ())
 
 
-def prepare(shared: dict, model, tokenizer, corpus, removed, recipe, setup) -> HealBridge | None:
-    """The bridges of ``removed`` a heal with ``setup.repair == "bridge"`` starts from (None without the repair),
-    from one :class:`~swapkl.repair.bridger.Bridger` per session ``shared`` (``shared["bridger"]``: its calibration
+def prepare(shared: dict, model, tokenizer, corpus, removed, recipe, setup, settings) -> HealBridge | None:
+    """The bridges of ``removed`` a heal with the repair ``settings`` (the plan's
+    :class:`~swapkl.repair.settings.BridgeSettings`; None: no repair) starts from, from one
+    :class:`~swapkl.repair.bridger.Bridger` per session ``shared`` (``shared["bridger"]``: its calibration
     text avoids the scoring prompts ``setup.prompts`` × ``setup.tokens`` from ``setup.prompt_seed``; the records per
     removed set under ``shared["bridges"]``).  Refuses (one line) ``--train bridge`` without the repair and QLoRA
     with it."""
-    if setup.repair not in ("none", "bridge"):
-        raise SwapklError(f"--repair must be none or bridge (got {setup.repair})")
-    if setup.repair == "none":
+    if settings is None:
         if recipe.part == "bridge":
             raise SwapklError("--train bridge trains the bridge matrices: it needs --repair bridge")
         return None
@@ -164,7 +163,7 @@ def prepare(shared: dict, model, tokenizer, corpus, removed, recipe, setup) -> H
         from swapkl.repair.bridger import Bridger
 
         scoring = Contract(prompts=setup.prompts, tokens=setup.tokens, seed=setup.prompt_seed)
-        shared["bridger"] = Bridger(model, tokenizer, corpus, setup.bridge, scoring)
+        shared["bridger"] = Bridger(model, tokenizer, corpus, settings, scoring)
     bridger = shared["bridger"]
     fits = shared.setdefault("bridges", {})
     key = tuple(sorted(int(i) for i in removed))

@@ -98,9 +98,8 @@ class HealSetup:
     ``scoring_corpus`` and its ``prompts`` × ``tokens`` from ``prompt_seed`` (kept out of the training text),
     ``identity`` (names the weights: the disk memo and the result), ``use_cache`` (the evaluation memo and the
     adapters on disk) and ``heldout``: a corpus of a second text domain that no run trains on
-    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``); ``repair``: ``none`` or
-    ``bridge`` (the heal starts from the bridged model, :mod:`swapkl.healing.bridged`) with ``bridge``, a dict of
-    :class:`~swapkl.repair.settings.BridgeSettings` fields (None or {}: the defaults)."""
+    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``).  The repair the heal
+    starts from is the plan's (:func:`heal`'s ``plan``), not the setup's."""
 
     corpus: object = None
     evaluator: object = "matched"
@@ -112,20 +111,20 @@ class HealSetup:
     identity: dict | None = None
     use_cache: bool = True
     heldout: object = None
-    repair: str = "none"
-    bridge: dict | None = None
 
 
 def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSetup | None = None,
-         hooks: RunHooks | None = None, *, selection: dict | None = None, keep_states: dict | None = None,
-         shared: dict | None = None) -> HealResult:
+         hooks: RunHooks | None = None, *, plan: RemovalPlan | None = None, selection: dict | None = None,
+         keep_states: dict | None = None, shared: dict | None = None) -> HealResult:
     """Heal ``model`` without ``removed`` with ``recipe`` and measure it against the control (module docstring), on
     the texts and evaluator of ``setup`` (:class:`HealSetup`).  ``hooks.progress(done, total, message)``: units are
     training updates plus one per evaluation; ``hooks.should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted`
     (training resumes on the next call).  ``selection``: how ``removed`` was chosen (recorded).  ``keep_states``: a
     dict that receives the two adapter states (for export; the ``kd`` control's is ``{}``: it is the base itself).
     ``shared``: a dict kept across calls with the same model, texts and recipe (training text, fingerprint, memo,
-    adapters, teacher: the control trains once; :func:`swapkl.healing.multi.heal_curves`)."""
+    adapters, teacher: the control trains once; :func:`swapkl.healing.multi.heal_curves`).  ``plan``: the removal
+    plan the set comes from; with ``plan.repair == "bridge"`` the heal starts from the bridged model of
+    ``plan.bridge_settings`` (:mod:`swapkl.healing.bridged`)."""
     setup = setup if setup is not None else HealSetup()
     hooks = hooks if hooks is not None else RunHooks()
     corpus, identity, use_cache, heldout = setup.corpus, setup.identity, setup.use_cache, setup.heldout
@@ -141,7 +140,8 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
                        "use an evaluator whose window is at most {limit} tokens")
     texts = _texts(corpus, heldout, tokenizer, ev)
     shared = shared if shared is not None else {}
-    hb = B.prepare(shared, model, tokenizer, corpus, removed, recipe, setup)
+    repair = plan.bridge_settings if plan is not None and plan.repair == "bridge" else None
+    hb = B.prepare(shared, model, tokenizer, corpus, removed, recipe, setup, repair)
     if "text" not in shared:
         shared["text"] = training_text(model, tokenizer, corpus, recipe, setup.train_path, setup.scoring_corpus,
                                        setup.prompts, setup.tokens, setup.prompt_seed,

@@ -77,7 +77,7 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
         raise SwapklError(f"at most {MAX_SETS} heals in one run (methods × n); got {len(methods) * len(ns)}")
     if pair is not None and (len(pair) != 2 or any(m not in methods for m in pair)):
         raise SwapklError(f"the compared pair must be two of the healed methods ({', '.join(methods)})")
-    setup = _with_repair(dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan)), plan)
+    setup = dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan))
     if setup.corpus is None:
         setup = dataclasses.replace(setup, corpus=load_corpus())
     memo = disk_memo(setup.identity, kl=False) if setup.use_cache else EvalMemo()
@@ -87,7 +87,7 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
                                  hooks=RunHooks(should_stop=hooks.should_stop, contract=hooks.contract)))
               for m in methods for n in ns]
     unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in chosen))
-    per = 2 * recipe.steps + (4 + (setup.repair == "bridge")) * (1 + (setup.heldout is not None))
+    per = 2 * recipe.steps + (4 + (plan.repair == "bridge")) * (1 + (setup.heldout is not None))
     total = per * len(unique)
     heals, done_sets = [], {}
     for m, n, removed, sel in chosen:
@@ -100,7 +100,8 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
                     hooks.progress(base + d, total, f"{m} n={n}: {msg}")
 
             done_sets[k] = heal(model, tokenizer, removed, recipe, setup,
-                                RunHooks(progress=prog, should_stop=hooks.should_stop), selection=sel, shared=shared)
+                                RunHooks(progress=prog, should_stop=hooks.should_stop), plan=plan, selection=sel,
+                                shared=shared)
         h = done_sets[k].to_dict()
         heals.append((m, n, dict(h, selection=sel)))
         if hooks.on_partial is not None:
@@ -109,14 +110,6 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     if hooks.progress is not None:
         hooks.progress(total, total, "healed curves finished")
     return HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0, notes=notes)
-
-
-def _with_repair(setup, plan):
-    """``setup`` with the plan's repair when the setup names none (``plan.repair`` / ``plan.bridge``, read with
-    defaults: plans without those fields heal without a repair)."""
-    if setup.repair == "none" and getattr(plan, "repair", "none") == "bridge":
-        return dataclasses.replace(setup, repair="bridge", bridge=plan.bridge_settings)
-    return setup
 
 
 def _shared_sets(plan) -> list[tuple[str, str, int]]:

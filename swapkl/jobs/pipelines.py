@@ -214,7 +214,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
     shared: dict = {}
     plan = req.removal_plan()
     setup = HealSetup(corpus=load_corpus(c.corpus), prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed,
-                      identity=ck.identity, **req.setup_fields())
+                      identity=ck.identity)
     job.heal = heal_curves(ck.model, ck.tokenizer, scores, plan, req.ns, recipe, setup,
                            RunHooks(progress=job.tick, should_stop=job.should_stop,
                                     on_partial=lambda h: setattr(job, "heal", h)), shared=shared)

@@ -268,7 +268,7 @@ class HealRequest:
     lm-eval task accuracy of the fine-tuned base and each healed model (:mod:`swapkl.healing.tasks`; ``limit``,
     ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way).  ``repair``
     ``"bridge"``: every heal starts from the bridged model (the linear bridge of ``bridge``'s settings in place of
-    each removed span, ``HealSetup(repair=..., bridge=...)``), as ``heal --repair bridge``."""
+    each removed span, the plan's repair), as ``heal --repair bridge``."""
 
     model: str = "default"
     revision: str | None = None
@@ -308,9 +308,10 @@ class HealRequest:
         return Recipe.from_dict(self.recipe)
 
     def removal_plan(self) -> RemovalPlan:
-        """The plan whose sets are healed: budget = the largest n, ``methods``, ``spacing`` and the evaluator."""
+        """The plan whose sets are healed: budget = the largest n, ``methods``, ``spacing``, the evaluator and the
+        repair every heal starts from."""
         return RemovalPlan(budget=max(self.ns, default=0), methods=self.methods, spacing=self.spacing,
-                           evaluator=self.evaluator or "matched")
+                           evaluator=self.evaluator or "matched", repair=self.repair, bridge=self.bridge)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": self.model, "revision": self.revision,
@@ -321,7 +322,8 @@ class HealRequest:
                 **({"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {})}
 
     def setup_fields(self) -> dict:
-        """The repair's keyword arguments of the heal's ``HealSetup`` (``{}`` without a repair)."""
+        """The request's repair, ``{"repair", "bridge"}`` (``{}`` without one): what :meth:`removal_plan` gives the
+        plan every heal of the job starts from."""
         return {"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {}
 
     def label(self) -> str:

@@ -15,6 +15,7 @@ from swapkl.healing import train as TR
 from swapkl.healing.heal import HealSetup, export_healed, heal
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.removal.plan import RemovalPlan
 from swapkl.repair.bridge import bridged_model
 from swapkl.repair.calibration import CalibrationText, fit_bridges
 from conftest import tiny_model
@@ -22,6 +23,8 @@ from support.tensors import logits
 
 EV = Evaluator("tiny", 300, 128, 64)
 BRIDGE = {"calib_tokens": 512, "calib_window": 64}
+#: the plan a bridged heal starts from: its repair, with BRIDGE's settings
+BRIDGED = RemovalPlan(1, repair="bridge", bridge=BRIDGE)
 
 
 def _chunks(n=8, t=24, seed=3, vocab=96):
@@ -45,8 +48,8 @@ def _bridger(ck, corpus):
 def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus):
     ks = {}
     r0 = Recipe(steps=0, seq_len=32)
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False, repair="bridge", bridge=BRIDGE)
-    r = heal(stories.model, stories.tokenizer, [2], r0, setup, keep_states=ks)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False)
+    r = heal(stories.model, stories.tokenizer, [2], r0, setup, plan=BRIDGED, keep_states=ks)
     (b,) = ks["healed"].bridges
     assert (b.start, b.end, b.form) == (2, 3, "folded")
     # the fit is the plain one on the same calibration text
@@ -222,9 +225,9 @@ def test_kd_heal_after_a_bridge_checks_its_teacher_against_the_bridged_start(sto
     from swapkl.healing.teacher import check_topk
 
     r = Recipe(steps=1, rank=2, seq_len=32, batch=2, objective="kd", top_k=16, part="bridge")
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False, repair="bridge", bridge=BRIDGE)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False)
     ks = {}
-    res = heal(stories.model, stories.tokenizer, [2], r, setup, keep_states=ks)
+    res = heal(stories.model, stories.tokenizer, [2], r, setup, plan=BRIDGED, keep_states=ks)
     chk = res.training["healed"]["kd_topk_check"]
     from swapkl.healing.heal import training_text
 
@@ -241,17 +244,18 @@ def test_an_interrupted_bridged_heal_resumes_to_the_uninterrupted_result(stories
     from swapkl.removal.plan import RunHooks
 
     r = Recipe(steps=4, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, checkpoint_every=2, part="bridge")
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity, repair="bridge", bridge=BRIDGE)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity)
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "a"))
-    ref = heal(stories.model, stories.tokenizer, [2], r, setup)
+    ref = heal(stories.model, stories.tokenizer, [2], r, setup, plan=BRIDGED)
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "b"))
     seen = []  # stop once the healed model's third update is done
 
     def progress(d, t, msg):
         seen.append("healed: step 3/" in msg)
     with pytest.raises(ComputeInterrupted, match="step 3"):
-        heal(stories.model, stories.tokenizer, [2], r, setup, RunHooks(progress=progress, should_stop=lambda: any(seen)))
-    got = heal(stories.model, stories.tokenizer, [2], r, setup)
+        heal(stories.model, stories.tokenizer, [2], r, setup, RunHooks(progress=progress, should_stop=lambda: any(seen)),
+             plan=BRIDGED)
+    got = heal(stories.model, stories.tokenizer, [2], r, setup, plan=BRIDGED)
     assert got.training["healed"]["resumed_from"] == 3 and got.ppl == ref.ppl
     assert got.repair["eval"]["rows"] == ref.repair["eval"]["rows"]
 

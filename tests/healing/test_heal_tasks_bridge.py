@@ -15,7 +15,7 @@ import torch
 from swapkl.healing.curves import HealCurves
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.plan import RunHooks
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.tasks import TaskSettings
 from support.cli_run import run_swapkl
 from support.tensors import logits
@@ -40,8 +40,9 @@ def run(request, tasks_env, stories, small_corpus):
     from swapkl.healing.tasks import heal_task_accuracy
 
     recipe, shared, states = _recipe(request.param), {}, {}
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity, repair="bridge", bridge=BRIDGE)
-    res = heal(stories.model, stories.tokenizer, REMOVED, recipe, setup, keep_states=states, shared=shared)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity)
+    res = heal(stories.model, stories.tokenizer, REMOVED, recipe, setup, plan=RemovalPlan(1, repair="bridge", bridge=BRIDGE),
+               keep_states=states, shared=shared)
     hc = HealCurves.from_heals([("given", 1, res)])
     settings = TaskSettings((TASK,), include_path=str(FIXTURE_TASKS), limit=LIMIT)
     ht = heal_task_accuracy(stories.model, stories.tokenizer, hc, settings, recipe, adapters=shared["adapters"],
