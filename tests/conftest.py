@@ -186,6 +186,18 @@ def stories(stories_path):
 
 
 @pytest.fixture(scope="module")
+def stories_hf(stories_path, wikitext_path):
+    """``(model, tokenizer, corpus)``: stories260K as plain transformers objects (no swapkl loader) and the shipped
+    WikiText-2 test text (one per module)."""
+    import transformers as tf
+
+    from swapkl.scoring.corpora import from_file
+
+    return (tf.AutoModelForCausalLM.from_pretrained(stories_path).eval(),
+            tf.AutoTokenizer.from_pretrained(stories_path), from_file(wikitext_path))
+
+
+@pytest.fixture(scope="module")
 def corpus(wikitext_path):
     """The shipped WikiText-2 test text as a swapkl corpus (one per module)."""
     from swapkl.scoring.corpora import from_file

@@ -3,8 +3,9 @@ span to the last block), KL(base ‖ the span replaced by a linear bridge fitted
 span removed without a bridge, with prompt-bootstrap CIs; cached and resumable (docs/repair.md)."""
 from __future__ import annotations
 
-from swapkl.commands.common import (ProgressPrinter, add_contract_args, add_model_args, block_unit_only,
+from swapkl.commands.common import (add_fit_args, ProgressPrinter, add_form_arg, bridge_settings_of, add_contract_args, add_model_args, block_unit_only,
                                     check_outputs, contract_from_args, emit, load_from_args)
+from swapkl.repair import forms
 
 
 def register(sub) -> None:
@@ -19,22 +20,18 @@ def register(sub) -> None:
 
 def add_bridge_args(p) -> None:
     """The bridge settings' flags (``bridge`` and its torchrun form, ``bridge-distributed``)."""
-    p.add_argument("--form", default="folded", choices=["folded", "residual"],
-                   help="folded (ReplaceMe: into the MLP before the span; a span from block 0 uses residual) or "
-                        "residual (a map on the residual stream)")
+    add_form_arg(p, forms.DEFAULT, "folded (ReplaceMe: into the MLP before the span; a span from block 0 uses "
+                                   "residual) or residual (a map on the residual stream)")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens per fit (default 8192)")
-    p.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    p.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
-    p.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    add_fit_args(p)
 
 
 def run(a) -> int:
-    from swapkl.commands.prune_repair import settings_of
     from swapkl.repair.bridged_kl import bridged_scores  # deferred: pulls torch; the CLI's --help must not
 
     contract = contract_from_args(a)
     block_unit_only(a, "bridge")
-    settings = settings_of(a)
+    settings = bridge_settings_of(a)
     check_outputs(a, {"--json": a.json})
     ck = load_from_args(a)
     res = bridged_scores(ck, contract, settings, progress=ProgressPrinter(a.quiet), use_cache=not a.no_cache)

@@ -11,7 +11,7 @@ lives in :mod:`swapkl.repair.bridged_distributed`.
 from __future__ import annotations
 
 from swapkl.commands.bridge import add_bridge_args, render
-from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, add_rank_args, \
+from swapkl.commands.common import ProgressPrinter, add_contract_args, add_model_args, add_rank_args, bridge_settings_of, \
     block_unit_only, check_outputs, contract_from_args
 from swapkl.scoring.distributed import rank_info, restrict_gpus
 
@@ -31,12 +31,11 @@ def add_cli_args(p) -> None:
 
 def run(a) -> int:
     """The command: parsed ``a`` -> this rank's share of spans, merged and summarised on rank 0."""
-    from swapkl.commands.prune_repair import settings_of
     from swapkl.repair.bridged_distributed import bridged_distributed
 
     contract = contract_from_args(a)  # validates before any loading
     block_unit_only(a, "bridge")
-    settings = settings_of(a)
+    settings = bridge_settings_of(a)
     check_outputs(a, {"--json": a.json})
     info = rank_info()
     if a.gpus_per_rank:

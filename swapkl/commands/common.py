@@ -165,6 +165,35 @@ def evaluator_and_corpus(a, drop_first_target: bool | None = None):
     return ev, (load_corpus(a.eval_text) if a.eval_text else load_corpus())
 
 
+def add_form_arg(g, default: str | None = None, help: str = "") -> None:
+    """``--form``, its choices the bridge forms' registry (:data:`swapkl.repair.forms.NAMES`)."""
+    from swapkl.repair import forms
+
+    g.add_argument("--form", default=default, choices=list(forms.NAMES), help=help)
+
+
+def add_fit_args(g) -> None:
+    """``--calib-window``, ``--calib-seed`` (default 0) and ``--ridge``: the bridge fit's flags of a command that
+    always fits a bridge or refuses them without ``--repair bridge`` (bridge, heal, evidence, prune)."""
+    from swapkl.repair.settings import DEFAULT_CALIB_WINDOW, DEFAULT_RIDGE
+
+    g.add_argument("--calib-window", type=int, default=None,
+                   help=f"tokens per calibration window (default {DEFAULT_CALIB_WINDOW})")
+    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
+    g.add_argument("--ridge", type=float, default=None,
+                   help=f"relative ridge ε/mean eigenvalue of XᵀX (default {DEFAULT_RIDGE:g})")
+
+
+def bridge_settings_of(a, tokens: str = "calib_tokens"):
+    """The :class:`~swapkl.repair.settings.BridgeSettings` of a command's bridge flags (``--form``,
+    ``--calib-window``, ``--calib-seed``, ``--ridge`` and the calibration tokens under ``tokens``), built once here:
+    a bad value is one line before any model loads."""
+    from swapkl.repair.settings import BridgeSettings
+
+    return BridgeSettings.from_dict({"form": a.form, "calib_tokens": getattr(a, tokens, None),
+                                     "calib_window": a.calib_window, "calib_seed": a.calib_seed, "ridge": a.ridge})
+
+
 def add_bridge_args(p) -> None:
     """``--repair none|bridge`` and the bridge's settings for a removal command (curves, recommend); the command's
     ``--calib-tokens`` also sets the bridge's calibration tokens (docs/repair.md, "Removal with repair")."""
@@ -172,9 +201,8 @@ def add_bridge_args(p) -> None:
     g.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: evaluate every set also with a linear bridge in place of each removed span "
                         "(fitted on calibration text, no training), on the same windows, with the paired CI")
-    g.add_argument("--form", default=None, choices=["folded", "residual"],
-                   help="the bridge form (default folded: ReplaceMe's, into the MLP before the span; residual where "
-                        "no exact fold exists)")
+    add_form_arg(g, None, "the bridge form (default folded: ReplaceMe's, into the MLP before the span; residual "
+                          "where no exact fold exists)")
     g.add_argument("--calib-window", type=int, default=None, help="tokens per bridge calibration window (default 256)")
     g.add_argument("--calib-seed", type=int, default=None, help="which bridge calibration windows are drawn (default 0)")
     g.add_argument("--ridge", type=float, default=None, help="the bridge's relative ridge (default 1e-4)")

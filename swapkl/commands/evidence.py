@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
+from swapkl.commands.common import (add_fit_args, add_form_arg, bridge_settings_of, evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
                                     load_from_args)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
+from swapkl.repair import forms
 
 SIGNALS = ("bi", "cka", "taylor", "sleb")
 
@@ -54,29 +55,23 @@ def _add_repair_args(p) -> None:
     g.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: also the ground truth with each block's linear bridge in its place, the bridged "
                         "KL signal and every signal's agreement with both ground truths (docs/evidence.md)")
-    g.add_argument("--form", default="folded", choices=["folded", "residual"],
-                   help="bridge form (folded falls back to residual where no exact fold exists, e.g. block 0)")
+    add_form_arg(g, forms.DEFAULT, "bridge form (folded falls back to residual where no exact fold exists, e.g. "
+                                   "block 0)")
     g.add_argument("--bridge-tokens", type=int, default=None, help="calibration tokens of each bridge fit "
                    "(default 8192)")
-    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
-    g.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    add_fit_args(g)
 
 
 def bridge_settings(a):
-    """The :class:`~swapkl.repair.bridged_kl.BridgeSettings` of ``--repair bridge`` (None without it); bad values
+    """The :class:`~swapkl.repair.settings.BridgeSettings` of ``--repair bridge`` (None without it); bad values
     fail here, before the model is loaded."""
     bridge_flags = (a.bridge_tokens, a.calib_window, a.ridge)
     if a.repair == "none":
-        if any(v is not None for v in bridge_flags) or a.form != "folded" or a.calib_seed != 0:
+        if any(v is not None for v in bridge_flags) or a.form != forms.DEFAULT or a.calib_seed != 0:
             raise SwapklError("--form, --bridge-tokens, --calib-window, --calib-seed and --ridge go with "
                               "--repair bridge")
         return None
-    from swapkl.repair.bridged_kl import BridgeSettings
-
-    kw = {k: v for k, v in (("calib_tokens", a.bridge_tokens), ("calib_window", a.calib_window),
-                            ("ridge", a.ridge)) if v is not None}
-    return BridgeSettings(form=a.form, calib_seed=a.calib_seed, **kw)
+    return bridge_settings_of(a, "bridge_tokens")
 
 
 def run(a) -> int:

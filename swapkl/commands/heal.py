@@ -6,10 +6,12 @@ import sys
 import time
 
 from swapkl.commands import heal_tasks
-from swapkl.commands.common import evaluator_and_corpus, add_model_args, check_outputs, emit, load_from_args, model_inputs
+from swapkl.commands.common import (add_fit_args, add_form_arg, add_model_args, bridge_settings_of, check_outputs, emit,
+                                   evaluator_and_corpus, load_from_args, model_inputs)
 from swapkl.errors import SwapklError, require_extra
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.plan import RemovalPlan, RunHooks
+from swapkl.repair import forms
 from swapkl.scoring import corpora
 
 # Deferred imports: torch, transformers, peft and the torch-based swapkl modules are imported by run(): the CLI's
@@ -85,30 +87,27 @@ def _add_repair_args(p) -> None:
     g.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: the heal starts from the bridged model (each removed span replaced by a linear map "
                         "fitted on calibration text kept out of the training text) (default %(default)s)")
-    g.add_argument("--form", default="folded", choices=["folded", "residual"],
-                   help="the bridge form (default folded: exports as an ordinary checkpoint; residual refuses --out)")
+    add_form_arg(g, forms.DEFAULT, "the bridge form (default folded: exports as an ordinary checkpoint; residual "
+                                   "refuses --out)")
     g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
-    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
-    g.add_argument("--ridge", type=float, default=None, help="relative ridge of the fit (default 1e-4)")
+    add_fit_args(g)
 
 
-def bridge_from_args(a) -> dict | None:
-    """The ``HealSetup.bridge`` dict of the flags (checked: one line for a bad setting); None without a repair.
+def bridge_from_args(a):
+    """The :class:`~swapkl.repair.settings.BridgeSettings` of the flags (one line for a bad setting); None without a
+    repair.
     Refuses bridge flags without ``--repair bridge`` and ``--train bridge`` without it."""
     given = {k: v for k, v in (("calib_tokens", a.calib_tokens), ("calib_window", a.calib_window),
                                ("ridge", a.ridge)) if v is not None}
     if a.repair == "none":
         if a.part == "bridge":
             raise SwapklError("--train bridge trains the bridge matrices: it needs --repair bridge")
-        if given or a.form != "folded" or a.calib_seed != 0:
+        if given or a.form != forms.DEFAULT or a.calib_seed != 0:
             raise SwapklError("--form, --calib-tokens, --calib-window, --calib-seed and --ridge go with --repair bridge")
         return None
-    if a.out and a.form == "residual":
-        raise SwapklError("a residual bridge is no ordinary checkpoint: --out needs --form folded")
-    from swapkl.healing.bridged import settings_of
-
-    return settings_of(dict(given, form=a.form, calib_seed=a.calib_seed)).to_dict()
+    if a.out and not forms.get(a.form).exports:
+        raise SwapklError(f"a {a.form} bridge is no ordinary checkpoint: --out needs --form {forms.DEFAULT}")
+    return bridge_settings_of(a)
 
 
 def parse_removed(s: str) -> list[int]:
@@ -196,7 +195,7 @@ def _run(a, removed, recipe, ev, corpus) -> int:
         removed, selection = _select(a, ck, corpus, ev)
     states, shared = {}, {}
     result = heal(ck.model, ck.tokenizer, removed, recipe, _setup(a, ck, corpus, ev), RunHooks(progress=_Progress(a.quiet)),
-                  selection=selection, keep_states=states, shared=shared)
+                  plan=_plan(a, ev, max(1, len(removed))), selection=selection, keep_states=states, shared=shared)
     if result.gate_line() and not (a.out and not a.force):  # refused below: the error line says it
         result.notes.append(result.gate_line() + ("; exported anyway (--force)" if a.out else ""))
     if a.out:
@@ -239,7 +238,7 @@ def _curves(a, ck, recipe, corpus, ev) -> int:
     from swapkl.healing.multi import heal_curves
 
     shared: dict = {}
-    plan = RemovalPlan(budget=max(a.ns), methods=tuple(a.methods), spacing=a.spacing, evaluator=ev)
+    plan = _plan(a, ev, max(a.ns), a.methods)
     hc = heal_curves(ck.model, ck.tokenizer, _scores(a, ck), plan, a.ns, recipe, _setup(a, ck, corpus, ev),
                      RunHooks(progress=_Progress(a.quiet)), shared=shared)
     if a.task_names:
@@ -253,7 +252,14 @@ def _setup(a, ck, corpus, ev):
 
     return HealSetup(corpus=corpus, evaluator=ev, train_path=a.train_text, prompts=a.prompts, tokens=a.tokens,
                      prompt_seed=a.prompt_seed, identity=ck.identity, use_cache=not a.no_cache,
-                     heldout=getattr(a, "heldout", None), repair=a.repair, bridge=getattr(a, "bridge", None))
+                     heldout=getattr(a, "heldout", None))
+
+
+def _plan(a, ev, budget: int, methods=()):
+    """The removal plan of a heal: the budget, methods, spacing and evaluator, and the repair its heals start from
+    (``--repair`` with the :class:`~swapkl.repair.settings.BridgeSettings` of the flags)."""
+    return RemovalPlan(budget=budget, methods=tuple(methods), spacing=a.spacing, evaluator=ev, repair=a.repair,
+                       bridge=getattr(a, "bridge", None) or {})
 
 
 def _select(a, ck, corpus, ev):
@@ -261,7 +267,7 @@ def _select(a, ck, corpus, ev):
 
     scores = _scores(a, ck)
     (method,), (n,) = a.methods, a.ns
-    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, corpus, ev, spacing=a.spacing)
+    removed, sel = chosen_set(ck.model, ck.tokenizer, method, n, scores, _plan(a, ev, n, (method,)), corpus)
     if scores is not None:
         sel["scores"] = {"pairs": a.pairs, "prompts": a.prompts, "tokens": a.tokens, "seed": a.prompt_seed}
     return removed, sel

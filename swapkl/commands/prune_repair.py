@@ -4,7 +4,9 @@ Hugging Face folder with ``swapkl_bridge.json`` beside it; ``--max-ppl-increase 
 a bridged model whose held-out ΔPPL is above P %; ``--verify`` reloads it with stock transformers."""
 from __future__ import annotations
 
+from swapkl.commands.common import add_fit_args, add_form_arg, bridge_settings_of
 from swapkl.errors import SwapklError
+from swapkl.repair import forms
 
 # Deferred imports: torch and the torch-based swapkl modules are imported by run_repair(), not at import time.
 
@@ -14,12 +16,9 @@ def add_repair_args(p) -> None:
     g.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: replace each removed span by a linear map fitted on calibration text, folded into "
                         "the MLP before it (ReplaceMe); the export stays an ordinary checkpoint")
-    g.add_argument("--form", default="folded", choices=["folded", "residual"],
-                   help="the bridge form; only folded exports (residual is for 'swapkl bridge')")
+    add_form_arg(g, forms.DEFAULT, "the bridge form; only folded exports (residual is for 'swapkl bridge')")
     g.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens of the bridge fit (default 8192)")
-    g.add_argument("--calib-window", type=int, default=None, help="tokens per calibration window (default 256)")
-    g.add_argument("--calib-seed", type=int, default=0, help="which calibration windows are drawn")
-    g.add_argument("--ridge", type=float, default=None, help="relative ridge ε/mean eigenvalue of XᵀX (default 1e-4)")
+    add_fit_args(g)
     g.add_argument("--max-ppl-increase", type=float, default=None, metavar="P",
                    help="refuse (exit 1, write nothing) when the bridged model's held-out ΔPPL is above P %%")
     g.add_argument("--evaluator", default="matched", choices=["matched", "standard"], help="held-out evaluator")
@@ -37,22 +36,15 @@ def check_repair_args(a, remove: list[int] | None = None) -> None:
     if a.merge is not None or a.format not in ("hf", "gguf") or (a.unit or "block") != "block":
         raise SwapklError("--repair bridge removes whole blocks and exports a Hugging Face folder or, from a GGUF "
                           "source, a GGUF (--format hf|gguf, no --merge, --unit block)")
-    if a.form != "folded":
-        raise SwapklError("--repair bridge exports the folded form only (the residual form is no ordinary "
-                          "checkpoint); use --form folded")
+    kind = forms.get(a.form)
+    if not kind.exports:
+        raise SwapklError(f"--repair bridge exports the {forms.DEFAULT} form only (the {a.form} form is no ordinary "
+                          f"checkpoint); use --form {forms.DEFAULT}")
     if remove:
-        from swapkl.repair.bridge import check_fold_start, spans_of
+        from swapkl.repair.bridge import spans_of
 
         for start, _ in spans_of(remove):
-            check_fold_start(start)
-
-
-def settings_of(a):
-    from swapkl.repair.bridged_kl import BridgeSettings
-
-    kw = {k: v for k, v in (("calib_tokens", a.calib_tokens), ("calib_window", a.calib_window),
-                            ("ridge", a.ridge)) if v is not None}
-    return BridgeSettings(form=a.form, calib_seed=a.calib_seed, **kw)
+            kind.check_start(start)
 
 
 def run_repair(a, ck, remove) -> int:
@@ -62,22 +54,18 @@ def run_repair(a, ck, remove) -> int:
     from swapkl.contract import Contract
     from swapkl.removal.evaluate import delta_pct, eval_ids, evaluate_ppl
     from swapkl.repair.bridge import bridged_model, spans_of
-    from swapkl.repair.calibration import calibration_text, fit_bridges
+    from swapkl.repair.bridger import Bridger
     from swapkl.repair.export import BRIDGE_FILE, check_foldable, save_bridged
-    from swapkl.scoring.prompts import make_prompts
     from swapkl.surgery.blocks import pruned_copy, validate_remove
 
-    settings = settings_of(a)
+    settings = bridge_settings_of(a)
     ev, corpus = evaluator_and_corpus(a)
     remove = validate_remove(remove, ck.num_layers)
     spans = spans_of(remove)
-    check_foldable(ck.model, [_probe(s) for s in spans])  # one line, before any work
+    check_foldable(ck.model, [_probe(s, settings.form) for s in spans])  # one line, before any work
     scoring = Contract()  # the calibration text avoids the default contract's scoring prompts
-    prompts = make_prompts(ck.tokenizer, corpus, scoring.prompts, scoring.tokens, scoring.seed, scoring.bos)
-    calib = calibration_text(ck.tokenizer, corpus, prompts.description, scoring.tokens, settings.calib_tokens,
-                             settings.calib_window, settings.calib_seed)
-    fits = fit_bridges(ck.model, calib, spans, "folded", settings.ridge)
-    bridges = [fits[s] for s in spans]
+    bridger = Bridger(ck.model, ck.tokenizer, corpus, settings, scoring)
+    bridges = bridger.span_bridges(spans)
     ids = eval_ids(corpus, ck.tokenizer, ev)
     ppl = {}
     for name, model in (("base", ck.model), ("raw", pruned_copy(ck.model, remove)),
@@ -89,8 +77,7 @@ def run_repair(a, ck, remove) -> int:
     if a.max_ppl_increase is not None and d_bridged > a.max_ppl_increase:
         raise SwapklError(f"the bridged model's held-out ΔPPL is {d_bridged:+.2f} %, above --max-ppl-increase "
                           f"{a.max_ppl_increase:g} %: nothing written")
-    prov = {"contract": {"bridge": settings.to_dict(), "calibration": {k: v for k, v in calib.description.items()
-                                                                         if k != "window_starts"},
+    prov = {"contract": {"bridge": settings.to_dict(), "calibration": bridger.calibration(),
                          "scoring_prompts_avoided": scoring.to_dict(), "evaluator": ev.to_dict(),
                          "eval_text": corpus.label},
             "heldout": {"ppl_base": ppl["base"].ppl, "ppl_raw": ppl["raw"].ppl, "ppl_bridged": ppl["bridged"].ppl,
@@ -142,8 +129,8 @@ def _save_gguf(a, ck, bridges, prov) -> int:
     return 0
 
 
-def _probe(span):
-    """A placeholder folded bridge of ``span`` (for the refusal check before any fit)."""
+def _probe(span, form: str):
+    """A placeholder bridge of ``span`` in ``form`` (for the refusal check before any fit)."""
     from swapkl.repair.bridge import Bridge
 
-    return Bridge(span[0], span[1], "folded", None)
+    return Bridge(span[0], span[1], form, None)

@@ -80,12 +80,12 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
                  batch_size=None, should_stop=None) -> dict:
     """The ``repair`` part of the evidence result for checkpoint ``ck``, scoring ``contract`` (its result ``res``),
     evaluator ``ev`` on ``corpus``, the raw ``signals`` and ground truth ``gt``, and
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` ``settings`` (module docstring)."""
+    :class:`~swapkl.repair.settings.BridgeSettings` ``settings`` (module docstring)."""
     from swapkl.removal.bridged_truth import bridged_ground_truth
     from swapkl.removal.evaluate import eval_ids
     from swapkl.removal.ground_truth import text_key
     from swapkl.repair.bridged_kl import bridged_scores
-    from swapkl.repair.calibration import calibration_text
+    from swapkl.repair.bridger import Bridger
     from swapkl.scoring.score import contract_prompts
 
     L = ck.num_layers
@@ -93,9 +93,8 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
                         should_stop=should_stop)
     sig = bridged_kl_signal(br, L)
     scoring_corpus, prompts, _ = contract_prompts(ck, contract)
-    calib = calibration_text(ck.tokenizer, scoring_corpus, prompts.description, contract.tokens,
-                             settings.calib_tokens, settings.calib_window, settings.calib_seed)
-    bgt, rec = bridged_ground_truth(ck.model, eval_ids(corpus, ck.tokenizer, ev), ev, calib, settings,
+    bridger = Bridger(ck.model, ck.tokenizer, scoring_corpus, settings, contract, prompts)
+    bgt, rec = bridged_ground_truth(bridger, eval_ids(corpus, ck.tokenizer, ev), ev,
                                     {"text": text_key(corpus, ev), "identity": ck.identity} if use_cache else None,
                                     region=gt.region, batch_size=batch_size, should_stop=should_stop)
     sigs = [*signals, sig]

@@ -89,8 +89,7 @@ def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_ca
     scores) are cached per contract through :mod:`swapkl.store` (:func:`_signal_cache`)."""
     import torch
 
-    from swapkl.evidence.signals import Signal, prompt_signals, registry_signals, swap_signals
-    from swapkl.removal import methods as M
+    from swapkl.evidence.signals import Signal, prompt_signals, registry_signals, signal_context, swap_signals
     from swapkl.removal.methods.angular import residual_stats
 
     path = _signal_cache(ck, res, corpus, ev, calib_tokens, names) if use_cache else None
@@ -105,10 +104,7 @@ def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_ca
         reg = [Signal(r["name"], np.asarray(r["values"], float), r["source"]) for r in cached["registry"]]
     else:
         stats = residual_stats(ck.model, torch.as_tensor(res.prompt_token_ids, dtype=torch.long))
-        params = M.calibration_params(calib_tokens, names)
-        ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
-                              candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
-                              evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=params)
+        ctx = signal_context(ck, corpus, ev, memo, names, calib_tokens, should_stop=should_stop)
         reg = registry_signals(ctx, ck.num_layers, names)
         if path is not None:
             data = {"stats": {k: np.asarray(v).tolist() for k, v in stats.items()},
@@ -212,7 +208,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``.
     ``compare_contracts``: :class:`~swapkl.evidence.contracts.Comparison` (or plain contracts for the same
     checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`); ``repair``: a
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`);
+    :class:`~swapkl.repair.settings.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`);
     ``definitions``: also score the other per-layer definition and say which predicts the removal cost better
     (:mod:`swapkl.evidence.definitions`)."""
     from swapkl.evidence import contracts as K

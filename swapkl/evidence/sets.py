@@ -220,12 +220,12 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
             getattr(memo.peek(key, f["set"]), "kl", None) is not None for f in hit["sets"]):
         return hit["sets"], hit["notes"]
     plan = RemovalPlan(budget=b, methods=tuple(SET_METHODS), spacing=spacing, evaluator=ev, calib_tokens=calib_tokens)
-    cr = removal_curves(ck.model, ck.tokenizer, {"replacement": res.replacement(), "interchange": res.interchange()},
-                        plan, RunHooks(should_stop=should_stop, memo=memo, identity=ck.identity, corpus=corpus))
+    scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    cr = removal_curves(ck.model, ck.tokenizer, scores, plan,
+                        RunHooks(should_stop=should_stop, memo=memo, identity=ck.identity, corpus=corpus))
     found = chosen_sets(cr.methods, b)
-    ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=ck.num_layers,
-                          candidates=list(range(ck.num_layers)), spacing=0, partners=None, corpus=corpus,
-                          evaluator=ev, seeds=[], memo=memo, should_stop=should_stop, params=plan.params())
+    ctx = plan.check(ck.num_layers, scores).context(ck.model, ck.tokenizer, RunHooks(should_stop=should_stop),
+                                            corpus=corpus, evaluator=ev, memo=memo)
     sleb_tokens = M.calib_tokens(ctx, "sleb")
     for f in found:
         f["sleb_set"] = ctx.calib_ppl(f["set"], sleb_tokens)

@@ -70,6 +70,19 @@ def prompt_signals(stats: dict) -> list[Signal]:
                    lambda idx: a1[idx].mean(1))]
 
 
+def signal_context(ck, corpus, evaluator, memo, names, calib_tokens=None, unit: str = "block", should_stop=None):
+    """The method context the registry signals ``names`` run in on checkpoint ``ck``: the plan of every layer, no
+    spacing, the run's ``calib_tokens`` for each calibration method (:class:`~swapkl.removal.plan.RemovalPlan`
+    with ``exclude_boundary=False``, ``spacing=0``), through the plan's one constructor
+    (:meth:`~swapkl.removal.plan.CheckedPlan.context`)."""
+    from swapkl.removal.plan import RemovalPlan, RunHooks
+
+    plan = RemovalPlan(budget=1, methods=tuple(names), unit=unit, spacing=0, exclude_boundary=False,
+                       evaluator=evaluator, calib_tokens=calib_tokens)
+    return plan.check(ck.num_layers, {}).context(ck.model, ck.tokenizer, RunHooks(should_stop=should_stop),
+                                                 corpus=corpus, evaluator=evaluator, memo=memo)
+
+
 def registry_signals(ctx, L: int, names=("bi", "cka", "taylor", "sleb")) -> list[Signal]:
     """The registry methods' own per-layer scores on calibration text (``ctx``: a
     :class:`~swapkl.removal.methods.MethodContext`)."""

@@ -19,9 +19,8 @@ UNIT_SIGNALS = ("bi", "sleb")
 def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_stability: int,
                           calib_tokens: int | None = None, use_cache: bool = True, progress=None, should_stop=None,
                           batch_size: int | None = None, signals=UNIT_SIGNALS, spans: dict | None = None):
-    from swapkl.evidence.signals import registry_signals, swap_signals
+    from swapkl.evidence.signals import registry_signals, signal_context, swap_signals
     from swapkl.removal import evaluate as E
-    from swapkl.removal import methods as M
     from swapkl.removal.ground_truth import text_key, unit_ground_truth
     from swapkl.removal.memo import EvalMemo, disk_memo
     from swapkl.removal.selection import default_candidates, max_feasible
@@ -44,10 +43,7 @@ def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_
                            region={"words": (spans or {}).get("evaluation")}, should_stop=should_stop)
     report("signals")
     names = [n for n in signals if n in UNIT_SIGNALS]
-    params = M.calibration_params(calib_tokens, names)
-    ctx = M.MethodContext(model=ck.model, tokenizer=ck.tokenizer, scores={}, num_layers=L,
-                          candidates=list(range(L)), spacing=0, partners=None, corpus=corpus, evaluator=ev,
-                          seeds=[], memo=memo, should_stop=should_stop, params=params, unit=unit)
+    ctx = signal_context(ck, corpus, ev, memo, names, calib_tokens, unit, should_stop)
     sigs = swap_signals(res) + registry_signals(ctx, L, names)
     report("agreement")
     vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot)

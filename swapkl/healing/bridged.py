@@ -10,11 +10,11 @@ the evaluation region and a held-out text are disjoint from the prompt region by
 ``--train bridge`` trains the matrices too, with LoRA: each ``W`` is a trainable float32 parameter of a
 :class:`BridgeMap` initialised at its least-squares fit, hooked where its form acts:
 
-* ``residual``: in front of block j (the final norm when the span runs to the last block), ``h ↦ h W``;
-* ``folded``: on the output of block i−1's MLP output projection (LoRA included), ``m ↦ m W``; merged, the trained
-  ``W`` folds into that projection exactly as the least-squares one does (:func:`merge_with_maps`), so a folded
-  bridge-trained heal exports as an ordinary checkpoint.  A residual bridge is no ordinary checkpoint: its export is
-  refused (:func:`check_exportable`).
+where its form hooks it (:meth:`~swapkl.repair.forms.BridgeForm.attach_map`: the residual form in front of block j,
+the folded one on the output of block i−1's MLP output projection, LoRA included).  Merged, a form that folds puts
+the trained ``W`` into its weights exactly as the least-squares one (:func:`merge_with_maps`), so a folded
+bridge-trained heal exports as an ordinary checkpoint; a form that does not export is refused in one line
+(:func:`check_exportable`).  The bridges come from one :class:`~swapkl.repair.bridger.Bridger` per heal session.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 from swapkl.contract import stable_hash
 from swapkl.errors import SwapklError
 from swapkl.model import architectures as arch
-from swapkl.repair.bridge import Bridge, folded_weights, spans_of
+from swapkl.repair.bridge import Bridge, new_index, spans_of
 
 #: the attribute name a :class:`BridgeMap` is registered under on the module it hooks
 MAP_NAME = "swapkl_bridge"
@@ -34,7 +34,7 @@ MAP_NAME = "swapkl_bridge"
 @dataclass(frozen=True)
 class HealBridge:
     """The bridges one heal starts from: ``bridges`` (one :class:`~swapkl.repair.bridge.Bridge` per span of the
-    removed set, in span order), ``settings`` (:class:`~swapkl.repair.bridged_kl.BridgeSettings` as a dict),
+    removed set, in span order), ``settings`` (:class:`~swapkl.repair.settings.BridgeSettings` as a dict),
     ``calibration`` (the calibration text's description, without its window list) and ``forms`` (``{"i-j": why the
     span uses the residual form}`` where ``folded`` was asked and no exact fold exists)."""
 
@@ -64,60 +64,13 @@ class BridgedState(dict):
         self.bridges = tuple(bridges)
 
 
-def settings_of(bridge: dict | None):
-    """:class:`~swapkl.repair.bridged_kl.BridgeSettings` from a dict of its fields ({} or None: the defaults)."""
-    from swapkl.repair.bridged_kl import BridgeSettings
-
-    names = BridgeSettings.__dataclass_fields__
-    unknown = sorted(set(bridge or {}) - set(names))
-    if unknown:
-        raise SwapklError(f"unknown bridge setting(s) {', '.join(unknown)}; known: {', '.join(names)}")
-    return BridgeSettings(**(bridge or {}))
-
-
-def calibration(tokenizer, corpus, bridge: dict | None, prompts: int, tokens: int, prompt_seed: int):
-    """The calibration text of ``bridge``'s settings on ``corpus``, outside the scoring prompts (``prompts`` ×
-    ``tokens`` from ``prompt_seed``, the ones the training text avoids too)."""
-    from swapkl.repair.calibration import calibration_text
-    from swapkl.scoring.prompts import make_prompts
-
-    s = settings_of(bridge)
-    desc = make_prompts(tokenizer, corpus, prompts, tokens, prompt_seed).description
-    return calibration_text(tokenizer, corpus, desc, tokens, s.calib_tokens, s.calib_window, s.calib_seed)
-
-
-def avoid_windows(calib) -> list[tuple[int, int]]:
-    """The calibration windows as ``(begin, length)`` in the prompt region's token coordinates (for the training
-    text's cut)."""
-    return [(int(b), int(e) - int(b)) for b, e in calib.spans]
-
-
-def fit(model, calib, removed, bridge: dict | None) -> HealBridge:
-    """Fit one bridge per span of ``removed`` on ``calib`` (``folded`` spans without an exact fold use the residual
-    form, recorded in ``forms``)."""
-    from swapkl.repair.bridged_kl import span_forms
-    from swapkl.repair.calibration import fit_bridges
-
-    s = settings_of(bridge)
-    spans = spans_of(removed)
-    forms = span_forms(model, spans, s.form)
-    out = {}
-    for form in ("folded", "residual"):
-        mine = [sp for sp in spans if forms[sp][0] == form]
-        if mine:
-            out.update(fit_bridges(model, calib, mine, form, s.ridge))
-    d = {k: v for k, v in calib.description.items() if k != "window_starts"}
-    return HealBridge(tuple(out[sp] for sp in spans), s.to_dict(), d,
-                      {f"{i}-{j}": why for (i, j), (_, why) in forms.items() if why})
-
-
 def check_exportable(bridges) -> None:
-    """Refuse (one line) an export of a model with a residual bridge: a map on the residual stream between blocks is
-    no module of a stock checkpoint (the folded form is)."""
-    res = [f"{b.start}..{b.end - 1}" for b in bridges or () if b.form == "residual"]
-    if res:
-        raise SwapklError(f"the bridge over layers {', '.join(res)} is in the residual form, which is no ordinary "
-                          "checkpoint: --out needs --form folded (or heal without --out)")
+    """Refuse (one line) an export of a model with a bridge whose form is no module of a stock checkpoint
+    (:meth:`~swapkl.repair.forms.BridgeForm.export_refusal`)."""
+    for b in bridges or ():
+        why = b.kind.export_refusal(b)
+        if why:
+            raise SwapklError(why)
 
 
 class BridgeMap(torch.nn.Module):
@@ -142,33 +95,23 @@ class BridgeMap(torch.nn.Module):
         return self(out)
 
 
-def _new_index(removed: set, old: int) -> int:
-    return old - sum(1 for k in removed if k < old)
-
-
-def _target(loc, b: Bridge, gone: set, num_layers: int) -> torch.nn.Module:
-    """The module a bridge's map hooks: block i−1's MLP output projection (folded), else block j or the final norm."""
-    if b.form == "folded":
-        return arch.get_path(loc.blocks[_new_index(gone, b.start - 1)], loc.family.mlp_out)
-    return loc.final_norm if b.end == num_layers else loc.blocks[_new_index(gone, b.end)]
+def _sites(model: torch.nn.Module, bridges, num_layers: int) -> list:
+    """``[(bridge, the module its form acts on)]`` in the pruned ``model`` (``num_layers``: the source's count)."""
+    loc = arch.locate(model)
+    index = new_index(bridges)
+    return [(b, b.kind.site(loc, b, index, num_layers)) for b in bridges]
 
 
 def attach_maps(model: torch.nn.Module, bridges, num_layers: int) -> list[BridgeMap]:
     """Hook one :class:`BridgeMap` per bridge onto ``model`` (the pruned model, changed in place; under peft its
     base model, after LoRA is applied, so a folded map acts on the LoRA-adapted projection's output); returns the
     maps in bridge order.  ``num_layers``: the source model's block count."""
-    loc = arch.locate(model)
-    gone = {k for b in bridges for k in range(b.start, b.end)}
     dev = next(model.parameters()).device
     maps = []
-    for b in bridges:
+    for b, site in _sites(model, bridges, num_layers):
         m = BridgeMap(b.W, dev)
-        target = _target(loc, b, gone, num_layers)
-        if b.form == "folded":
-            target.register_forward_hook(m.post_hook)
-        else:
-            target.register_forward_pre_hook(m.pre_hook, with_kwargs=True)
-        target.add_module(MAP_NAME, m)
+        b.kind.attach_map(site, m)
+        site.add_module(MAP_NAME, m)
         maps.append(m)
     return maps
 
@@ -176,11 +119,9 @@ def attach_maps(model: torch.nn.Module, bridges, num_layers: int) -> list[Bridge
 def trained_bridges(model: torch.nn.Module, bridges, num_layers: int) -> list[Bridge]:
     """The bridges with the ``W`` (float64 numpy) of the :class:`BridgeMap` modules :func:`attach_maps` hooked onto
     ``model`` (under peft: its base model)."""
-    loc = arch.locate(model)
-    gone = {k for b in bridges for k in range(b.start, b.end)}
     out = []
-    for b in bridges:
-        m = getattr(_target(loc, b, gone, num_layers), MAP_NAME, None)
+    for b, site in _sites(model, bridges, num_layers):
+        m = getattr(site, MAP_NAME, None)
         if not isinstance(m, BridgeMap):
             raise SwapklError(f"internal: no bridge map on the model for the span [{b.start}, {b.end})")
         out.append(Bridge(b.start, b.end, b.form, m.W.detach().double().cpu().numpy(), dict(b.fit, trained=True)))
@@ -188,18 +129,14 @@ def trained_bridges(model: torch.nn.Module, bridges, num_layers: int) -> list[Br
 
 
 def merge_with_maps(pm, bridges, num_layers: int) -> torch.nn.Module:
-    """The LoRA merged (``merge_and_unload``) and every folded map folded into its projection
-    (:func:`~swapkl.repair.bridge.folded_weights`: exact, since the map acts on that projection's whole output);
-    a residual map stays hooked on its block (the block object survives the merge)."""
+    """The LoRA merged (``merge_and_unload``) and every map merged by its form
+    (:meth:`~swapkl.repair.forms.BridgeForm.merge`: a folded map into its projection, exact since it acts on that
+    projection's whole output; a residual map stays hooked on its block, which survives the merge)."""
     trained = trained_bridges(pm.get_base_model(), bridges, num_layers)
     merged = pm.merge_and_unload()
     loc = arch.locate(merged)
-    gone = {k for b in bridges for k in range(b.start, b.end)}
-    for b in trained:
-        if b.form == "folded":
-            proj = arch.get_path(loc.blocks[_new_index(gone, b.start - 1)], loc.family.mlp_out)
-            for name, t in folded_weights(proj, loc.family.mlp_out_layout, b.W).items():
-                proj._parameters[name] = torch.nn.Parameter(t, requires_grad=False)
+    for b, site in _sites(merged, trained, num_layers):
+        b.kind.merge(site, b, loc)
     return merged.eval()
 
 
@@ -208,24 +145,33 @@ def trainable_count(bridges) -> int:
     return sum(int(b.W.shape[0]) * int(b.W.shape[1]) for b in bridges or ())
 
 
-def prepare(shared: dict, model, tokenizer, corpus, removed, recipe, setup) -> HealBridge | None:
-    """The bridges of ``removed`` a heal with ``setup.repair == "bridge"`` starts from (None without the repair),
-    fitted once per session ``shared`` (the calibration text under ``shared["calib"]``, the fits per removed set
-    under ``shared["bridges"]``).  Refuses (one line) ``--train bridge`` without the repair and QLoRA with it."""
-    if setup.repair not in ("none", "bridge"):
-        raise SwapklError(f"--repair must be none or bridge (got {setup.repair})")
-    if setup.repair == "none":
+def prepare(shared: dict, model, tokenizer, corpus, removed, recipe, setup, settings) -> HealBridge | None:
+    """The bridges of ``removed`` a heal with the repair ``settings`` (the plan's
+    :class:`~swapkl.repair.settings.BridgeSettings`; None: no repair) starts from, from one
+    :class:`~swapkl.repair.bridger.Bridger` per session ``shared`` (``shared["bridger"]``: its calibration
+    text avoids the scoring prompts ``setup.prompts`` × ``setup.tokens`` from ``setup.prompt_seed``; the records per
+    removed set under ``shared["bridges"]``).  Refuses (one line) ``--train bridge`` without the repair and QLoRA
+    with it."""
+    if settings is None:
         if recipe.part == "bridge":
             raise SwapklError("--train bridge trains the bridge matrices: it needs --repair bridge")
         return None
     if recipe.qlora:
         raise SwapklError("--qlora does not combine with --repair bridge")
-    if "calib" not in shared:
-        shared["calib"] = calibration(tokenizer, corpus, setup.bridge, setup.prompts, setup.tokens, setup.prompt_seed)
+    if "bridger" not in shared:
+        from swapkl.contract import Contract
+        from swapkl.repair.bridger import Bridger
+
+        scoring = Contract(prompts=setup.prompts, tokens=setup.tokens, seed=setup.prompt_seed)
+        shared["bridger"] = Bridger(model, tokenizer, corpus, settings, scoring)
+    bridger = shared["bridger"]
     fits = shared.setdefault("bridges", {})
     key = tuple(sorted(int(i) for i in removed))
     if key not in fits:
-        fits[key] = fit(model, shared["calib"], key, setup.bridge)
+        spans = spans_of(key)
+        fits[key] = HealBridge(tuple(bridger.span_bridges(spans)), bridger.settings.to_dict(),
+                               bridger.calibration(),
+                               {f"{i}-{j}": why for (i, j), why in bridger.fallback_notes(spans).items()})
     return fits[key]
 
 

@@ -25,8 +25,7 @@ from swapkl.model import architectures as arch
 from swapkl.removal import evaluate as E
 from swapkl.removal import methods as M
 from swapkl.removal.memo import EvalMemo, disk_memo
-from swapkl.removal.plan import RunHooks
-from swapkl.removal.selection import default_candidates
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.repair.bridge import bridged_model
 from swapkl.scoring.corpora import load_corpus
 from swapkl.store import atomic_write_text
@@ -37,20 +36,25 @@ from swapkl.surgery.prune import source_folders
 HEAL_FILE = "swapkl_heal.json"
 
 
-def chosen_set(model, tokenizer, method: str, n: int, scores: dict | None, corpus, evaluator="matched", *,
-               spacing: int = 1, memo: EvalMemo | None = None, should_stop=None) -> tuple[list[int], dict]:
-    """The set of ``n`` layers that removal method ``method`` chooses (its own code, via the registry), and its
-    settings.  Seeded methods and merges are refused (give the set with ``removed``)."""
+def chosen_set(model, tokenizer, method: str, n: int, scores: dict | None, plan: RemovalPlan, corpus, *,
+               memo: EvalMemo | None = None, hooks: RunHooks | None = None) -> tuple[list[int], dict]:
+    """The set of ``n`` layers that removal method ``method`` chooses under ``plan`` (its own code, via the registry,
+    with the context :meth:`~swapkl.removal.plan.CheckedPlan.context` gives every run of the plan: its candidates,
+    boundary, spacing, partners, per-method parameters and unit), so the set is the one ``removal_curves`` shows for
+    ``method`` at ``n`` under the same plan; and its settings.  ``scores``: the swap-KL matrices a guided method
+    reads; ``corpus``: the calibration and evaluation text.  Seeded methods and merges are refused (give the set
+    with ``removed``)."""
+    from swapkl.removal.curves import plan_evaluator
+
     (spec,) = M.resolve([method], scores) if method not in M.GROUPS else (None,)
     if spec is None:
         raise SwapklError(f"--method wants one method, not the group '{method}'")
     if spec.seeded:
         raise SwapklError(f"method '{method}' is seeded (a different set per seed); give the set with --removed")
-    L = arch.locate(model).num_layers
-    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=scores or {}, num_layers=L,
-                          candidates=default_candidates(L), spacing=spacing, partners=None, corpus=corpus,
-                          evaluator=E.get_evaluator(evaluator), seeds=[0], memo=memo or EvalMemo(),
-                          should_stop=should_stop)
+    plan = plan.with_(methods=(method,), budget=n)
+    checked = plan.check(arch.locate(model).num_layers, scores)
+    ctx = checked.context(model, tokenizer, hooks, corpus=corpus, evaluator=plan_evaluator(plan),
+                          memo=memo or EvalMemo())
     out = spec.func(ctx, n)
     if out.variant is not None:
         raise SwapklError(f"method '{method}' merges layers; healing takes plain removal (give --removed)")
@@ -94,9 +98,8 @@ class HealSetup:
     ``scoring_corpus`` and its ``prompts`` × ``tokens`` from ``prompt_seed`` (kept out of the training text),
     ``identity`` (names the weights: the disk memo and the result), ``use_cache`` (the evaluation memo and the
     adapters on disk) and ``heldout``: a corpus of a second text domain that no run trains on
-    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``); ``repair``: ``none`` or
-    ``bridge`` (the heal starts from the bridged model, :mod:`swapkl.healing.bridged`) with ``bridge``, a dict of
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings` fields (None or {}: the defaults)."""
+    (:func:`heldout_ids`), where the four models are also measured (``HealResult.held_out``).  The repair the heal
+    starts from is the plan's (:func:`heal`'s ``plan``), not the setup's."""
 
     corpus: object = None
     evaluator: object = "matched"
@@ -108,20 +111,20 @@ class HealSetup:
     identity: dict | None = None
     use_cache: bool = True
     heldout: object = None
-    repair: str = "none"
-    bridge: dict | None = None
 
 
 def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSetup | None = None,
-         hooks: RunHooks | None = None, *, selection: dict | None = None, keep_states: dict | None = None,
-         shared: dict | None = None) -> HealResult:
+         hooks: RunHooks | None = None, *, plan: RemovalPlan | None = None, selection: dict | None = None,
+         keep_states: dict | None = None, shared: dict | None = None) -> HealResult:
     """Heal ``model`` without ``removed`` with ``recipe`` and measure it against the control (module docstring), on
     the texts and evaluator of ``setup`` (:class:`HealSetup`).  ``hooks.progress(done, total, message)``: units are
     training updates plus one per evaluation; ``hooks.should_stop()`` → :class:`~swapkl.errors.ComputeInterrupted`
     (training resumes on the next call).  ``selection``: how ``removed`` was chosen (recorded).  ``keep_states``: a
     dict that receives the two adapter states (for export; the ``kd`` control's is ``{}``: it is the base itself).
     ``shared``: a dict kept across calls with the same model, texts and recipe (training text, fingerprint, memo,
-    adapters, teacher: the control trains once; :func:`swapkl.healing.multi.heal_curves`)."""
+    adapters, teacher: the control trains once; :func:`swapkl.healing.multi.heal_curves`).  ``plan``: the removal
+    plan the set comes from; with ``plan.repair == "bridge"`` the heal starts from the bridged model of
+    ``plan.bridge_settings`` (:mod:`swapkl.healing.bridged`)."""
     setup = setup if setup is not None else HealSetup()
     hooks = hooks if hooks is not None else RunHooks()
     corpus, identity, use_cache, heldout = setup.corpus, setup.identity, setup.use_cache, setup.heldout
@@ -137,11 +140,12 @@ def heal(model, tokenizer, removed: Sequence[int], recipe: Recipe, setup: HealSe
                        "use an evaluator whose window is at most {limit} tokens")
     texts = _texts(corpus, heldout, tokenizer, ev)
     shared = shared if shared is not None else {}
-    hb = B.prepare(shared, model, tokenizer, corpus, removed, recipe, setup)
+    repair = plan.bridge_settings if plan is not None and plan.repair == "bridge" else None
+    hb = B.prepare(shared, model, tokenizer, corpus, removed, recipe, setup, repair)
     if "text" not in shared:
         shared["text"] = training_text(model, tokenizer, corpus, recipe, setup.train_path, setup.scoring_corpus,
                                        setup.prompts, setup.tokens, setup.prompt_seed,
-                                       B.avoid_windows(shared["calib"]) if hb is not None else ())
+                                       shared["bridger"].avoid_windows() if hb is not None else ())
     memo = _session(shared, model, identity, use_cache)
     tt, fp = shared["text"], shared["fingerprint"]
     teacher = _teacher(shared, model, recipe, fp, use_cache)

@@ -77,16 +77,17 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
         raise SwapklError(f"at most {MAX_SETS} heals in one run (methods × n); got {len(methods) * len(ns)}")
     if pair is not None and (len(pair) != 2 or any(m not in methods for m in pair)):
         raise SwapklError(f"the compared pair must be two of the healed methods ({', '.join(methods)})")
-    setup = _with_repair(dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan)), plan)
+    setup = dataclasses.replace(setup or HealSetup(), evaluator=plan_evaluator(plan))
     if setup.corpus is None:
         setup = dataclasses.replace(setup, corpus=load_corpus())
     memo = disk_memo(setup.identity, kl=False) if setup.use_cache else EvalMemo()
     shared = shared if shared is not None else {}
     shared["memo"] = memo
-    chosen = [(m, n, *chosen_set(model, tokenizer, m, n, scores, setup.corpus, setup.evaluator, spacing=plan.spacing,
-                                 memo=memo, should_stop=hooks.should_stop)) for m in methods for n in ns]
+    chosen = [(m, n, *chosen_set(model, tokenizer, m, n, scores, plan, setup.corpus, memo=memo,
+                                 hooks=RunHooks(should_stop=hooks.should_stop, contract=hooks.contract)))
+              for m in methods for n in ns]
     unique = list(dict.fromkeys(set_key(rem) for _, _, rem, _ in chosen))
-    per = 2 * recipe.steps + (4 + (setup.repair == "bridge")) * (1 + (setup.heldout is not None))
+    per = 2 * recipe.steps + (4 + (plan.repair == "bridge")) * (1 + (setup.heldout is not None))
     total = per * len(unique)
     heals, done_sets = [], {}
     for m, n, removed, sel in chosen:
@@ -99,7 +100,8 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
                     hooks.progress(base + d, total, f"{m} n={n}: {msg}")
 
             done_sets[k] = heal(model, tokenizer, removed, recipe, setup,
-                                RunHooks(progress=prog, should_stop=hooks.should_stop), selection=sel, shared=shared)
+                                RunHooks(progress=prog, should_stop=hooks.should_stop), plan=plan, selection=sel,
+                                shared=shared)
         h = done_sets[k].to_dict()
         heals.append((m, n, dict(h, selection=sel)))
         if hooks.on_partial is not None:
@@ -108,14 +110,6 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     if hooks.progress is not None:
         hooks.progress(total, total, "healed curves finished")
     return HealCurves.from_heals(heals, pair=pair, seconds=time.perf_counter() - t0, notes=notes)
-
-
-def _with_repair(setup, plan):
-    """``setup`` with the plan's repair when the setup names none (``plan.repair`` / ``plan.bridge``, read with
-    defaults: plans without those fields heal without a repair)."""
-    if setup.repair == "none" and getattr(plan, "repair", "none") == "bridge":
-        return dataclasses.replace(setup, repair="bridge", bridge=dict(getattr(plan, "bridge", None) or {}))
-    return setup
 
 
 def _shared_sets(plan) -> list[tuple[str, str, int]]:

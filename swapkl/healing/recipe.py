@@ -15,8 +15,8 @@ OBJECTIVES = ("lm", "kd", "kd+lm")
 #: what is trained: LoRA on every linear layer of the kept blocks, the last k kept blocks and lm_head in full, or
 #: LoRA together with the bridge matrices of a ``--repair bridge`` heal (one d×d W per removed span)
 PARTS = ("lora", "last-k", "bridge")
-#: the settings each objective / part does not read: left out of the key, so an ``lm`` LoRA heal keeps the key
-#: it had before objectives and parts existed, and a ``kd`` heal never shares an ``lm`` heal's folder
+#: the settings each objective / part does not read: left out of the key, so the key of an ``lm`` LoRA heal holds
+#: no KD or last-k setting, and a ``kd`` heal never shares an ``lm`` heal's folder
 _UNUSED = {"lm": ("temperature", "kd_weight", "top_k"), "kd": ("kd_weight",), "kd+lm": (),
            "lora": ("last_k",), "last-k": ("rank", "alpha", "dropout", "qlora"), "bridge": ("last_k",)}
 

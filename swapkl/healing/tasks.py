@@ -150,7 +150,7 @@ def heal_task_accuracy(model, tokenizer, hc, settings: TaskSettings, recipe: Rec
     ``progress(done, total, message)`` after each model, ``should_stop()`` →
     :class:`~swapkl.errors.ComputeInterrupted`."""
     hooks = hooks if hooks is not None else RunHooks()
-    identity, include_path, limit, num_fewshot = hooks.identity, settings.include_path, settings.limit, settings.num_fewshot
+    identity, include_path = hooks.identity, settings.include_path
     t0 = time.perf_counter()
     hc = hc if isinstance(hc, HealCurves) else HealCurves.from_dict(hc)
     recipe = recipe if recipe is not None else Recipe.from_dict(hc.recipe)
@@ -161,10 +161,8 @@ def heal_task_accuracy(model, tokenizer, hc, settings: TaskSettings, recipe: Rec
     hbs = heal_bridges(hc, bridges)
     states = adapter_states(model, hc, recipe, adapters, hbs)
     sets = heal_sets(hc)
-    run = _HealRunner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
-                      batch_size=settings.batch_size, use_cache=settings.use_cache, progress=hooks.progress,
-                      should_stop=hooks.should_stop, total=2 + (2 + bool(hbs)) * (len(sets) - 1), states=states,
-                      recipe=recipe, bridges=hbs)
+    run = _HealRunner(model, tokenizer, loaded, tm, identity=identity, settings=settings, hooks=hooks,
+                      total=2 + (2 + bool(hbs)) * (len(sets) - 1), states=states, recipe=recipe, bridges=hbs)
     base = run.variant(())
     run.tick("base")
     out = {"format": FORMAT, "model": identity or {"name_or_path": getattr(model, "name_or_path", None)},

@@ -31,9 +31,9 @@ CPU_EVAL_WORDS, CPU_EVAL_WINDOW, CPU_EVAL_STRIDE = 600, 256, 192
 # GPU: the canonical contract size and the paper's "matched" evaluator
 GPU_PROMPTS, GPU_TOKENS = 64, 128
 # GPU: |i-j| <= 3 (3L-6 pairs: 84 for SmolLM2) so the first view has real heatmaps.  The dashboard scores the
-# adjacent pairs first (verdict and guided curves need only those), then widens.  Sizing, not a measurement:
-# the CPU's adjacent default takes ~60 s of a ~130 s run on two cores; gap:3 is 2.9x the pairs, and one GPU
-# forward of 64 x 128 tokens through a 135M model is milliseconds, so it fits the same minute-scale budget.
+# adjacent pairs first (verdict and guided curves need only those), then widens.  gap:3 is about 3x the adjacent
+# pairs, and a GPU forward of 64 x 128 tokens through a 135M model is short, so the first view stays within the
+# minutes a CPU run of the adjacent default takes.
 GPU_PAIRS = "gap:3"
 
 

@@ -12,6 +12,7 @@ from swapkl.contract import BLOCK, SLOT, Contract
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.removal import plan as _plan
+from swapkl.repair import forms
 from swapkl.jobs.requests import AnalysisRequest, EvidenceRequest, HealRequest, TasksRequest, TrajectoryRequest
 
 #: the contract fields and analysis settings a shared link carries, with their types
@@ -35,7 +36,7 @@ SUBLAYER_NOTE = ("Attention and MLP units: both protocols move only that sublaye
 
 
 # ============================================================================================ requests
-def bridge_settings(repair: str, form: str = "folded", calib_tokens=BRIDGE_TOKENS) -> dict:
+def bridge_settings(repair: str, form: str = forms.DEFAULT, calib_tokens=BRIDGE_TOKENS) -> dict:
     """The Start form's repair -> the plan's ``bridge`` dict (``{"form", "calib_tokens"}``; ``{}`` without a repair).
     A repair, form or token count outside :data:`REPAIR_CHOICES`, :data:`BRIDGE_FORMS` and
     :data:`BRIDGE_TOKENS_RANGE` (an integer) is refused in one line (:class:`~swapkl.errors.SwapklError`)."""
@@ -43,8 +44,7 @@ def bridge_settings(repair: str, form: str = "folded", calib_tokens=BRIDGE_TOKEN
         raise SwapklError(f"unknown repair '{repair}'; choose one of: {', '.join(REPAIR_CHOICES)}")
     if repair == "none":
         return {}
-    if form not in BRIDGE_FORMS:
-        raise SwapklError(f"unknown bridge form '{form}'; choose one of: {', '.join(BRIDGE_FORMS)}")
+    forms.get(form)  # the forms registry's one-line refusal
     lo, hi = BRIDGE_TOKENS_RANGE
     if isinstance(calib_tokens, bool) or not isinstance(calib_tokens, int) or not lo <= calib_tokens <= hi:
         raise SwapklError(f"calibration tokens must be an integer in {lo}..{hi} (got {calib_tokens!r})")

@@ -49,9 +49,9 @@ def export_healed_model(manager, job, method: str, n: int, out, replace: bool = 
     ck = manager.checkpoint_for(req.model, req.revision, c.dtype, c.device)
     recipe = req.recipe_obj()
     setup = HealSetup(corpus=load_corpus(c.corpus), evaluator=plan_evaluator(req.removal_plan()), prompts=c.prompts,
-                      tokens=c.tokens, prompt_seed=c.seed, identity=ck.identity, **req.setup_fields())
+                      tokens=c.tokens, prompt_seed=c.seed, identity=ck.identity)
     states: dict = {}
-    result = heal(ck.model, ck.tokenizer, entry["removed"], recipe, setup, keep_states=states)
+    result = heal(ck.model, ck.tokenizer, entry["removed"], recipe, setup, plan=req.removal_plan(), keep_states=states)
     if result.gate_line():  # measured again: the same numbers as the job's (same windows, cached adapter)
         if not anyway:
             raise SwapklError(f"{result.gate_line()}; not exported (tick 'export anyway' to export it)")

@@ -67,9 +67,9 @@ def import_job_modules() -> None:
 def warm_up() -> threading.Thread:
     """Import the heavy modules (torch, transformers and the classes loading a model resolves, then swapkl's
     engine and curves) on a daemon thread, once per process and under the import lock of
-    :mod:`swapkl.heavy`: the first Compute of a freshly started server does not wait for them (~5-8 s on 2
-    cores), and a job that starts meanwhile waits for them instead of racing them (a first-import race in
-    transformers failed every visitor of a fresh demo server)."""
+    :mod:`swapkl.heavy`: the first Compute of a freshly started server does not wait for them, and a job that
+    starts meanwhile waits for them instead of racing them (transformers' first imports are not safe to run from
+    two threads at once)."""
     return heavy.start_background(then=import_job_modules)
 
 

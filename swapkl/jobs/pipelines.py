@@ -92,15 +92,11 @@ def run_analysis(job: Job, models: ModelCache) -> None:
 def run_bridged(job: Job, ck, res) -> dict:
     """The third matrix on the request's contract and the result's pairs, with the request's bridge settings
     (:func:`swapkl.repair.bridged_kl.bridged_scores`), as its dict (what the heatmaps page draws)."""
-    from swapkl.repair.bridged_kl import BridgeSettings, bridged_scores  # deferred: torch
-    from swapkl.errors import ContractError
+    from swapkl.repair.bridged_kl import bridged_scores  # deferred: torch
+    from swapkl.repair.settings import BridgeSettings
 
     req: AnalysisRequest = job.request
-    try:
-        settings = BridgeSettings(**req.bridge)
-    except TypeError as e:
-        raise ContractError(f"unknown bridge setting in {sorted(req.bridge)}: {e}") from None
-    br = bridged_scores(ck, req.contract, settings, progress=job.tick, should_stop=job.should_stop,
+    br = bridged_scores(ck, req.contract, BridgeSettings.from_dict(req.bridge), progress=job.tick, should_stop=job.should_stop,
                         pairs=list(res.pairs))
     return br.to_dict()
 
@@ -152,7 +148,7 @@ def run_trajectory(job: Job) -> None:
 
 def run_evidence(job: Job, models: ModelCache) -> None:
     """Ground truth, every signal, agreement and stability (:func:`swapkl.evidence.run.compute_evidence`); with the
-    request's repair also the "after repair" part (its :class:`~swapkl.repair.bridged_kl.BridgeSettings`)."""
+    request's repair also the "after repair" part (its :class:`~swapkl.repair.settings.BridgeSettings`)."""
     from swapkl.evidence.run import compute_evidence  # deferred: torch-based modules behind it
 
     req = job.request
@@ -218,7 +214,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
     shared: dict = {}
     plan = req.removal_plan()
     setup = HealSetup(corpus=load_corpus(c.corpus), prompts=c.prompts, tokens=c.tokens, prompt_seed=c.seed,
-                      identity=ck.identity, **req.setup_fields())
+                      identity=ck.identity)
     job.heal = heal_curves(ck.model, ck.tokenizer, scores, plan, req.ns, recipe, setup,
                            RunHooks(progress=job.tick, should_stop=job.should_stop,
                                     on_partial=lambda h: setattr(job, "heal", h)), shared=shared)

@@ -10,6 +10,7 @@ from swapkl import __version__
 from swapkl.model import builtin
 from swapkl.removal import methods as M
 from swapkl.removal.plan import REPAIRS, RemovalPlan
+from swapkl.repair import forms
 from swapkl.store import file_sha256, folder_fingerprint
 from swapkl.contract import BLOCK, Contract, stable_hash
 from swapkl.errors import ContractError
@@ -35,7 +36,7 @@ class AnalysisRequest:
     :class:`~swapkl.removal.evaluate.Evaluator`, or its dict (stored as the dict).  ``repair``: what is done after
     each removal (``"none"``, or ``"bridge"``: a linear bridge fitted in place of each removed span, the curves
     drawn raw and bridged); ``bridge``: the bridge's settings (fields of
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings`, e.g. ``{"form": "folded", "calib_tokens": 8192}``; ``{}``:
+    :class:`~swapkl.repair.settings.BridgeSettings`, e.g. ``{"form": "folded", "calib_tokens": 8192}``; ``{}``:
     the defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Both reach the plan unchanged
     (:meth:`plan_fields`)."""
 
@@ -87,7 +88,7 @@ class AnalysisRequest:
 
     def removal_plan(self) -> RemovalPlan:
         """The removal plan of the curves (:class:`~swapkl.removal.plan.RemovalPlan` of :meth:`plan_fields`,
-        checked: one-line errors, a repair this build's plan does not know included)."""
+        checked: one-line errors, an unknown repair included)."""
         f = self.plan_fields()
         if f.get("repair", "none") not in REPAIRS:
             raise ContractError(f"unknown repair '{f['repair']}'; choose one of: {', '.join(REPAIRS)}")
@@ -107,9 +108,9 @@ class EvidenceRequest:
     under ``contract``; ``budget``: stability for n = 1..budget; ``n_boot``: prompt resamples for stability
     (the agreement CIs use ``5 * n_boot``).  ``repair`` ``"bridge"``: also the "after repair" part (each block
     removed with its linear bridge, ``compute_evidence(repair=BridgeSettings(**bridge))``; docs/evidence.md);
-    ``bridge``: the bridge's settings (fields of :class:`~swapkl.repair.bridged_kl.BridgeSettings`, ``{}``: the
+    ``bridge``: the bridge's settings (fields of :class:`~swapkl.repair.settings.BridgeSettings`, ``{}``: the
     defaults), checked by :func:`swapkl.jobs.forms.bridge_settings`.  Without a repair the request's dict (and so
-    its job key) is what it was before the field existed."""
+    its job key) holds neither field."""
 
     model: str = "default"
     revision: str | None = None
@@ -140,18 +141,15 @@ class EvidenceRequest:
         return d
 
     def bridge_settings(self):
-        """The :class:`~swapkl.repair.bridged_kl.BridgeSettings` of the repair (None without one); settings the
+        """The :class:`~swapkl.repair.settings.BridgeSettings` of the repair (None without one); settings the
         bridge refuses raise :class:`~swapkl.errors.ContractError` (one line)."""
         if self.repair == "none":
             return None
         if self.repair != "bridge":
             raise ContractError(f"unknown repair '{self.repair}'; choose one of: none, bridge")
-        from swapkl.repair.bridged_kl import BridgeSettings  # deferred: imports numpy and the repair package
+        from swapkl.repair.settings import BridgeSettings  # deferred: imports numpy and the repair package
 
-        try:
-            return BridgeSettings(**self.bridge)
-        except TypeError as e:
-            raise ContractError(f"unknown bridge setting in {sorted(self.bridge)}: {e}") from None
+        return BridgeSettings.from_dict(self.bridge)
 
     def label(self) -> str:
         m = self.model + (f"@{self.revision}" if self.revision else "")
@@ -159,7 +157,7 @@ class EvidenceRequest:
         rep = ""
         if self.repair != "none":
             b = self.bridge
-            rep = (f" · after a linear bridge ({b.get('form', 'folded')}, "
+            rep = (f" · after a linear bridge ({b.get('form', forms.DEFAULT)}, "
                    f"{b.get('calib_tokens', 'default')} calibration tokens)")
         return (f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · "
                 f"B={self.n_boot}{rep}")
@@ -270,7 +268,7 @@ class HealRequest:
     lm-eval task accuracy of the fine-tuned base and each healed model (:mod:`swapkl.healing.tasks`; ``limit``,
     ``num_fewshot``, ``include_path`` as in :class:`TasksRequest`, bounded in demo mode the same way).  ``repair``
     ``"bridge"``: every heal starts from the bridged model (the linear bridge of ``bridge``'s settings in place of
-    each removed span, ``HealSetup(repair=..., bridge=...)``), as ``heal --repair bridge``."""
+    each removed span, the plan's repair), as ``heal --repair bridge``."""
 
     model: str = "default"
     revision: str | None = None
@@ -310,9 +308,10 @@ class HealRequest:
         return Recipe.from_dict(self.recipe)
 
     def removal_plan(self) -> RemovalPlan:
-        """The plan whose sets are healed: budget = the largest n, ``methods``, ``spacing`` and the evaluator."""
+        """The plan whose sets are healed: budget = the largest n, ``methods``, ``spacing``, the evaluator and the
+        repair every heal starts from."""
         return RemovalPlan(budget=max(self.ns, default=0), methods=self.methods, spacing=self.spacing,
-                           evaluator=self.evaluator or "matched")
+                           evaluator=self.evaluator or "matched", repair=self.repair, bridge=self.bridge)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": self.model, "revision": self.revision,
@@ -323,7 +322,8 @@ class HealRequest:
                 **({"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {})}
 
     def setup_fields(self) -> dict:
-        """The repair's keyword arguments of the heal's ``HealSetup`` (``{}`` without a repair)."""
+        """The request's repair, ``{"repair", "bridge"}`` (``{}`` without one): what :meth:`removal_plan` gives the
+        plan every heal of the job starts from."""
         return {"repair": self.repair, "bridge": dict(self.bridge)} if self.repair != "none" else {}
 
     def label(self) -> str:

@@ -1,7 +1,7 @@
 """GGUF file -> Hugging Face model folder, converted once and kept in the cache.
 
 transformers reads a GGUF directly (``from_pretrained(folder, gguf_file=name)``) and dequantises every tensor
-to float32, which takes ~11 s for a 135M-parameter model on two cores (20 s without :func:`_parsed_once`).
+to float32, which takes seconds per 100M parameters (:func:`_parsed_once` parses the file's header once).
 :func:`gguf_to_hf_folder` does that once and saves an ordinary float32 safetensors folder (model + tokenizer) under
 ``<cache>/models/<stem>-<sha256 prefix>/``; later calls return the folder at once, and the folder loads with
 plain ``from_pretrained(folder)`` without the ``gguf`` package.
@@ -13,7 +13,7 @@ without it, or with a different sha256, is not trusted and is converted again.  
 is not an error: the conversion then goes into the system's temporary folder for the life of the process
 (warned once, :func:`swapkl.store.warn_unwritable`).
 
-The sha256 of a big file costs ~0.3 s per 100 MB; it is memoised in ``<cache>/sha256.json`` keyed by
+The sha256 of a big file is memoised in ``<cache>/sha256.json`` keyed by
 (resolved path, size in bytes, mtime in ns), so an unchanged file is hashed once.
 
 Remote code is never run (``trust_remote_code=False``).
@@ -147,10 +147,10 @@ def _parsed_once():
     """Within the block, a GGUF file's header is parsed once and gguf's tensor-name map built once per
     (architecture, layers).
 
-    transformers' loader parses the whole header (every metadata field: the default model's 49,152-token
-    vocabulary is ~4 s of it) for the config, again for the weights and again for the tokenizer, and builds the
-    name map anew for each of the model's ~400 modules (~5 s): about 8 of the default's 20 s of conversion
-    (``tests/model/test_gguf_parse_once.py`` counts the parses and compares with transformers' own loading).  Both are
+    transformers' loader parses the whole header (every metadata field, the vocabulary included) for the config,
+    again for the weights and again for the tokenizer, and builds the name map anew for each of the model's
+    modules (``tests/model/test_gguf_parse_once.py`` counts the parses and compares with transformers' own
+    loading).  Both are
     read-only and depend only on their arguments, so the block hands transformers one ``gguf.GGUFReader`` per
     file (keyed by resolved path, size and mtime) and one map per arguments; gguf's own attributes are restored
     on exit.  Blocks run one at a time (a lock), so no other thread sees a half-installed patch."""
@@ -183,8 +183,8 @@ def _parsed_once():
 
 def load_gguf(gguf_path: str | os.PathLike, with_tokenizer: bool = True):
     """Load ``(model, tokenizer)`` straight from a GGUF file, dequantised to float32, in eval mode, with the
-    leftover quantisation setting removed (so the model can be saved).  Takes ~11 s for 135M parameters
-    (~1.5 s of it the tokenizer; ``with_tokenizer=False`` returns ``(model, None)``)."""
+    leftover quantisation setting removed (so the model can be saved); ``with_tokenizer=False`` returns
+    ``(model, None)`` without reading the tokenizer."""
     p = check_gguf_file(gguf_path)
     require_gguf_packages()
     import torch

@@ -4,8 +4,8 @@
 For every block ℓ the span ``[ℓ, ℓ+1)`` is replaced by its linear bridge (:mod:`swapkl.repair`): folded into block
 ℓ−1's MLP output projection where an exact fold exists, else on the residual stream (block 0, a family without a
 known projection or with a norm after it; the form used and why are recorded per block).  Every bridge is fitted on
-one calibration text (:func:`swapkl.repair.calibration.calibration_text`: the scoring contract's prompt region minus
-its prompts, drawn with the bridge settings), and the bridged model is evaluated on the *same* evaluator windows as
+one calibration text (a :class:`~swapkl.repair.bridger.Bridger`: the scoring contract's prompt region minus its prompts,
+drawn with the bridge settings), and the bridged model is evaluated on the *same* evaluator windows as
 the raw ground truth (:mod:`swapkl.removal.ground_truth`), with KL(base ‖ bridged) per window from a base reference.
 So the two ground truths are paired window by window.
 
@@ -27,27 +27,28 @@ from swapkl.store import CorruptEntry, cache_root, read_entry, warn_unwritable, 
 KIND = "bridged-truth"
 
 
-def bridged_ground_truth(model, ids, ev, calib, settings, store: dict | None = None, layers=None,
-                         region: dict | None = None, batch_size=None, should_stop=None) -> tuple[GroundTruth, dict]:
-    """``(GroundTruth, record)`` of removing each block of ``layers`` (default all) with its bridge.
+def bridged_ground_truth(bridger, ids, ev, store: dict | None = None, layers=None, region: dict | None = None,
+                         batch_size=None, should_stop=None) -> tuple[GroundTruth, dict]:
+    """``(GroundTruth, record)`` of removing each block of ``layers`` (default all) of ``bridger.model`` with its
+    bridge.
 
-    ``ids``: the evaluation token ids (1-D); ``ev``: the evaluator (window, stride); ``calib``: a
-    :class:`~swapkl.repair.calibration.CalibrationText`; ``settings``: a
-    :class:`~swapkl.repair.bridged_kl.BridgeSettings`; ``store``: where the entry is filed, ``{"text": the
+    ``bridger``: the :class:`~swapkl.repair.bridger.Bridger` whose calibration text and settings fit the bridges;
+    ``ids``: the evaluation token ids (1-D); ``ev``: the evaluator (window, stride); ``store``: where the entry is filed, ``{"text": the
     evaluation text's key (:func:`swapkl.removal.ground_truth.text_key`), "identity": the checkpoint identity}``
     (None, or an identity that cannot name the weights: no cache).
     ``record``: ``{"settings", "calibration", "forms": {ℓ: {"form", "note", "residual"}}}``."""
     from swapkl.model import architectures as arch
 
     t0 = time.perf_counter()
+    model, settings = bridger.model, bridger.settings
     L = arch.locate(model).num_layers
     layers = list(range(L)) if layers is None else [int(x) for x in layers]
-    calib_desc = {k: v for k, v in calib.description.items()}
+    calib_desc = dict(bridger.calib.description)
     path = _entry_path(store.get("identity"), store.get("text"), settings, calib_desc) if store else None
     data = _read(path, layers)
     computed = 0
     if data is None:
-        data = _compute(model, ids, ev, calib, settings, layers, batch_size, should_stop)
+        data = _compute(bridger, ids, ev, layers, batch_size, should_stop)
         computed = len(layers)
         if path is not None:
             try:
@@ -63,21 +64,16 @@ def bridged_ground_truth(model, ids, ev, calib, settings, store: dict | None = N
     return gt, record
 
 
-def _compute(model, ids, ev, calib, settings, layers, batch_size, should_stop) -> dict:
+def _compute(bridger, ids, ev, layers, batch_size, should_stop) -> dict:
     """Fit every block's bridge and sweep base and bridged removals on ``ev``'s windows of ``ids`` with prefix reuse
     (:func:`swapkl.removal.ground_truth.single_removal_sweep` with ``bridges``): per-window NLL and KL sums (nats)
     and per block the form used."""
     from swapkl.removal.ground_truth import single_removal_sweep
-    from swapkl.repair.bridged_kl import span_forms
-    from swapkl.repair.calibration import fit_bridges
 
     spans = [(ell, ell + 1) for ell in layers]
-    forms = span_forms(model, spans, settings.form)
-    bridges = {}
-    for f in ("folded", "residual"):
-        mine = [s for s in spans if forms[s][0] == f]
-        if mine:
-            bridges.update(fit_bridges(model, calib, mine, f, settings.ridge))
+    bridges = dict(zip(spans, bridger.span_bridges(spans)))
+    forms = bridger.forms
+    model = bridger.model
 
     sw = single_removal_sweep(model, ids, ev.window, ev.stride, ev.drop_first_target, layers=layers,
                               batch_size=batch_size, should_stop=should_stop,

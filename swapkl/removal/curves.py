@@ -275,14 +275,9 @@ class CurvesRun:
         return e
 
     def context(self) -> M.MethodContext:
-        return M.MethodContext(model=self.model, tokenizer=self.tokenizer, scores=self.scores, num_layers=self.L,
-                               candidates=list(self.checked.candidates), spacing=self.plan.spacing,
-                               partners=self.plan.partners, corpus=self.corpus, evaluator=self.ev,
-                               seeds=list(self.checked.seeds), memo=self.memo, batch_size=self.plan.batch_size,
-                               should_stop=self.hooks.should_stop, progress=lambda d, t, msg: self.report(msg),
-                               params=self.plan.params(), unit=self.unit,
-                               bridger=self.repair.bridger if self.repair is not None else None,
-                               contract=self.hooks.contract)
+        return self.checked.context(self.model, self.tokenizer, self.hooks, corpus=self.corpus, evaluator=self.ev,
+                                    memo=self.memo, progress=lambda d, t, msg: self.report(msg),
+                                    bridger=self.repair.bridger if self.repair is not None else None)
 
     def run_method(self, spec, ctx, result: CurvesResult) -> None:
         """Run one method and evaluate the sets it returns into ``result``."""

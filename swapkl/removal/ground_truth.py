@@ -80,8 +80,8 @@ def single_removal_sweep(model, input_ids, window: int, stride: int, drop_first_
     """The baseline and every single-layer removal of ``layers`` (default all) on the sliding windows of
     ``input_ids``, with prefix reuse (module docstring).  ``bridges``: ``{ℓ: Bridge}`` of the spans ``[ℓ, ℓ+1)``
     (:mod:`swapkl.repair.bridge`): block ℓ is then removed *with its bridge*, the state entering block ℓ+1 being
-    ``h_ℓ W`` (residual) or ``h_ℓ + m_{ℓ−1}(W − I)`` (folded: block ℓ−1's MLP output ``m`` mapped by ``W``, what
-    the fold into its output projection computes).  Returns a :class:`Sweep`."""
+    the bridge's start state (:func:`swapkl.repair.bridge.start_state`: ``h_ℓ W`` residual, ``h_ℓ + m_{ℓ−1}(W − I)``
+    folded).  Returns a :class:`Sweep`."""
     import torch
 
     for ell, b in (bridges or {}).items():
@@ -91,17 +91,6 @@ def single_removal_sweep(model, input_ids, window: int, stride: int, drop_first_
     with torch.no_grad():
         return _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_size, kl, should_stop,
                       bridges or {})
-
-
-def _bridged_state(bridge, h, mouts):
-    """The state that enters block ℓ+1 when block ℓ is replaced by ``bridge`` (float32 arithmetic)."""
-    import torch
-
-    W = torch.as_tensor(bridge.W, dtype=torch.float32, device=h.device)
-    if bridge.form == "residual":
-        return (h.float() @ W).to(h.dtype)
-    m = mouts[bridge.start - 1].float()
-    return (h.float() + m @ W - m).to(h.dtype)
 
 
 def _base_pass(priv, blocks, x, keep, projs=None):
@@ -133,6 +122,7 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
 
     from swapkl.model import architectures as arch
     from swapkl.removal import evaluate as E
+    from swapkl.repair.bridge import captured_blocks, start_state
     from swapkl.surgery.prune import pruned_copy
 
     t0 = time.perf_counter()
@@ -144,8 +134,8 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
     L = len(blocks)
     layers = list(range(L)) if layers is None else sorted({int(i) for i in layers})
     suffixes = {ell: suffix_model(priv, ell) for ell in layers}
-    projs = {b.start - 1: arch.get_path(blocks[b.start - 1], arch.locate(priv).family.mlp_out)
-             for b in bridges.values() if b.form == "folded"}
+    projs = {k: arch.get_path(blocks[k], arch.locate(priv).family.mlp_out)
+             for k in captured_blocks(bridges.values())}
     dev = E._device_of(model)
     W = len(wins)
     counts = np.array([w.n_scored for w in wins], dtype=np.int64)
@@ -175,7 +165,7 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
             del logits
             for ell in layers:
                 suffix, holder = suffixes[ell]
-                h = _bridged_state(bridges[ell], ins[ell], mouts) if ell in bridges else ins[ell]
+                h = start_state(bridges[ell], ins[ell], mouts) if ell in bridges else ins[ell]
                 holder["h"], holder["template"] = h, outs[ell]
                 lp = torch.log_softmax(E._forward_logits(suffix, x, keep)[:, :-1].float(), dim=-1)
                 nll[ell][chunk] = (-lp.gather(-1, targets).squeeze(-1)).double().sum(1).cpu().numpy()

@@ -196,9 +196,8 @@ def _no_environment_report():
     """Within the block, this thread's ``simple_evaluate`` leaves out lm-eval's environment report.
 
     ``simple_evaluate`` ends every evaluation with ``add_env_info``, whose ``torch.utils.collect_env`` report runs
-    ``python -m pip list`` and a few system commands in subprocesses: ~0.55 s of CPU per evaluated model (a
-    ``swapkl tasks`` run on stories260K with 5 models: 2.7 of its 10 s), for a text swapkl never reads
-    (:func:`rows_of` keeps the metrics; the contract records the versions).  lm-eval's function is wrapped once
+    ``python -m pip list`` and a few system commands in subprocesses for every evaluated model, for a text swapkl
+    never reads (:func:`rows_of` keeps the metrics; the contract records the versions).  lm-eval's function is wrapped once
     (``lm_eval.evaluator.add_env_info``); the wrapper calls it as before in every other thread and outside the
     block, so other code that uses lm-eval in the same process gets the full report."""
     require_extra("tasks", WHAT)

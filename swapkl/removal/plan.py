@@ -25,18 +25,17 @@ from swapkl.errors import ContractError, SwapklError
 from swapkl.removal import methods as M
 from swapkl.removal.checks import check_scores
 from swapkl.removal.selection import as_matrix, check_budget, default_candidates
+from swapkl.repair import forms
+from swapkl.repair.settings import FIELDS, BridgeSettings
 
 #: the repairs a plan may ask for after removal: none, or a linear bridge in place of each removed span
 #: (:mod:`swapkl.repair`; docs/repair.md "Removal with repair")
 REPAIRS = ("none", "bridge")
-#: the fields of a plan's ``bridge`` settings (:class:`swapkl.repair.bridged_kl.BridgeSettings`; absent = its default)
-BRIDGE_FIELDS = ("form", "calib_tokens", "calib_window", "calib_seed", "ridge")
-#: the bridge forms (:data:`swapkl.repair.bridge.FORMS`) and the defaults of
-#: :class:`~swapkl.repair.bridged_kl.BridgeSettings`, spelled here too because this module imports no torch (a test
-#: holds them equal)
-BRIDGE_FORMS = ("folded", "residual")
-BRIDGE_DEFAULTS = {"form": "folded", "calib_tokens": 8192, "calib_window": 256, "calib_seed": 0, "ridge": 1e-4}
-
+#: the fields of a plan's ``bridge`` settings, its forms and their defaults (:class:`swapkl.repair.settings.BridgeSettings`,
+#: the one place they are checked)
+BRIDGE_FIELDS = FIELDS
+BRIDGE_FORMS = forms.NAMES
+BRIDGE_DEFAULTS = BridgeSettings().to_dict()
 
 def _freeze(v):
     """A read-only copy of a JSON-like value: dicts become mappings that refuse writes, lists tuples."""
@@ -56,35 +55,14 @@ def _thaw(v):
     return v
 
 
-def _bridge(d, repair: str) -> dict:
-    """The plan's bridge settings checked in one line each (unknown field or form, calibration tokens below
-    :data:`~swapkl.removal.methods.MIN_CALIB_TOKENS` or under the window, a negative ridge); ``{}``: the defaults."""
-    if not isinstance(d, Mapping):
-        raise ContractError(f"bridge settings must be a dict of {', '.join(BRIDGE_FIELDS)} (got {d!r})")
-    d = {str(k): v for k, v in d.items() if v is not None}
-    bad = sorted(set(d) - set(BRIDGE_FIELDS))
-    if bad:
-        raise ContractError(f"unknown bridge setting(s) {', '.join(bad)}; known: {', '.join(BRIDGE_FIELDS)}")
-    if d and repair != "bridge":
+def _bridge(d, repair: str) -> tuple[dict, BridgeSettings]:
+    """The fields the plan was given (what it records) and the :class:`BridgeSettings` they make (checked there, one
+    line each); ``{}``: the defaults.  Settings without ``repair="bridge"`` are refused."""
+    settings = BridgeSettings.from_dict(d)
+    given = {f: getattr(settings, f) for f in FIELDS if isinstance(d, BridgeSettings) or (d or {}).get(f) is not None}
+    if given and repair != "bridge":
         raise ContractError("bridge settings go with repair 'bridge'")
-    if "form" in d and d["form"] not in BRIDGE_FORMS:
-        raise ContractError(f"unknown bridge form '{d['form']}'; choose one of: {', '.join(BRIDGE_FORMS)}")
-    if "calib_tokens" in d:
-        _int("the bridge's calibration tokens", d["calib_tokens"], M.MIN_CALIB_TOKENS)
-    if "calib_window" in d:
-        _int("the bridge's calibration window", d["calib_window"], 2)
-    if "calib_seed" in d:
-        _int("the bridge's calibration seed", d["calib_seed"], 0)
-    if "ridge" in d:
-        r = d["ridge"]
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 or r == float("inf"):
-            raise ContractError(f"the bridge's ridge must be a finite number >= 0 (got {r!r})")
-        d["ridge"] = float(r)
-    full = BRIDGE_DEFAULTS | d
-    if full["calib_tokens"] < full["calib_window"]:
-        raise ContractError(f"the bridge's calibration tokens ({full['calib_tokens']}) must be at least its "
-                            f"calibration window ({full['calib_window']})")
-    return d
+    return given, settings
 
 
 def _int(name: str, v, lo: int) -> int:
@@ -130,8 +108,9 @@ class RemovalPlan:
     (None: each method's registered default; given, it is written into ``method_params`` of each such method); ``method_params``: ``{method: {option: value}}``, read-only (a
     writable copy: :meth:`params`); ``batch_size``: windows per forward (None = the evaluator's default); ``kl``: also
     KL(base || pruned) per token; ``repair``: what is done after removal (``"none"``, or ``"bridge"``: every set is
-    also evaluated with a linear bridge in place of each removed span, blocks only); ``bridge``: the bridge's settings
-    (:data:`BRIDGE_FIELDS`, those of :class:`swapkl.repair.bridged_kl.BridgeSettings`; ``{}`` = its defaults)."""
+    also evaluated with a linear bridge in place of each removed span, blocks only); ``bridge``: the bridge's settings,
+    a :class:`swapkl.repair.settings.BridgeSettings` or a dict of some of its fields (``{}`` = its defaults); the
+    plan records the fields given and hands the validated object on as :attr:`bridge_settings`."""
 
     budget: int
     methods: tuple = ()
@@ -184,7 +163,15 @@ class RemovalPlan:
         if self.repair == "bridge" and self.unit != BLOCK:
             raise ContractError(f"--repair bridge replaces whole blocks: a bridge cannot stand in for the {self.unit} "
                                 "sublayer (use --unit block)")
-        put("bridge", _freeze(_bridge(self.bridge or {}, self.repair)))
+        given, settings = _bridge(self.bridge or {}, self.repair)
+        put("bridge", _freeze(given))
+        put("_settings", settings)
+
+    @property
+    def bridge_settings(self) -> BridgeSettings:
+        """The bridge's settings as the one validated object (the defaults where the plan gives none): what every
+        bridge of the run is fitted with (:class:`~swapkl.repair.bridger.Bridger`)."""
+        return self._settings
 
     def params(self) -> dict:
         """``method_params`` as a plain, writable dict (a copy: the plan stays as it is)."""
@@ -256,6 +243,21 @@ class CheckedPlan:
     specs: tuple
     candidates: list
     seeds: list
+
+    def context(self, model, tokenizer, hooks: RunHooks | None = None, *, corpus, evaluator, memo, progress=None,
+                bridger=None) -> M.MethodContext:
+        """The one :class:`~swapkl.removal.methods.MethodContext` of this plan: every method of every run of the plan
+        (curves, task accuracy, a heal's chosen set, evidence) sees the same scores, candidates, spacing, partners,
+        seeds, per-method parameters and unit, so it chooses the same sets.  ``hooks``: the stop flag and the scoring
+        contract; ``corpus``, ``evaluator``, ``memo``: the run's; ``progress(done, total, message)``: a method's
+        progress; ``bridger``: the run's :class:`~swapkl.repair.bridger.Bridger` with ``repair="bridge"``."""
+        hooks = hooks if hooks is not None else RunHooks()
+        plan = self.plan
+        return M.MethodContext(model=model, tokenizer=tokenizer, scores=self.scores, num_layers=self.num_layers,
+                               candidates=list(self.candidates), spacing=plan.spacing, partners=plan.partners,
+                               corpus=corpus, evaluator=evaluator, seeds=list(self.seeds), memo=memo,
+                               batch_size=plan.batch_size, should_stop=hooks.should_stop, progress=progress,
+                               params=plan.params(), unit=plan.unit, bridger=bridger, contract=hooks.contract)
 
     def expected_evaluations(self) -> int:
         """See :meth:`RemovalPlan.expected_evaluations`."""

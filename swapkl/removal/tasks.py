@@ -22,7 +22,6 @@ from swapkl import __version__
 from swapkl.contract import Provenance, stable_hash
 from swapkl.errors import ComputeInterrupted
 from swapkl.removal import lmeval
-from swapkl.removal import methods as M
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.scoring.results import finite_json
 from swapkl.store import CorruptEntry, cache_root, dump_json, read_entry, warn_unwritable, write_entry
@@ -91,7 +90,7 @@ def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks
     or ``runs`` per seed, ``variant`` for a merge, ``notes``, ``settings``).  The methods run with the context the
     curves runner gives them (the plan checked against the model, its candidates, spacing, partners and seeds, the
     calibration text of ``hooks.corpus`` and the perplexity memo of ``hooks.identity``), so the sets are the curves'
-    sets.  ``bridger``: the run's :class:`~swapkl.removal.bridging.Bridger` (``repair="bridge"``: the ``bridge``
+    sets.  ``bridger``: the run's :class:`~swapkl.repair.bridger.Bridger` (``repair="bridge"``: the ``bridge``
     method scores with its bridges)."""
     from swapkl.model import architectures as arch  # deferred: torch
     from swapkl.removal.curves import plan_evaluator
@@ -101,14 +100,10 @@ def removal_sets(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks
     hooks = hooks if hooks is not None else RunHooks()
     c = plan.check(arch.locate(model).num_layers, scores)
     progress = hooks.progress
-    ctx = M.MethodContext(model=model, tokenizer=tokenizer, scores=c.scores, num_layers=c.num_layers,
-                          candidates=list(c.candidates), spacing=plan.spacing, partners=plan.partners,
-                          corpus=hooks.corpus if hooks.corpus is not None else load_corpus(),
-                          evaluator=plan_evaluator(plan), seeds=list(c.seeds),
-                          memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
-                          should_stop=hooks.should_stop, batch_size=plan.batch_size,
-                          progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None,
-                          params=plan.params(), unit=plan.unit, bridger=bridger, contract=hooks.contract)
+    ctx = c.context(model, tokenizer, hooks, corpus=hooks.corpus if hooks.corpus is not None else load_corpus(),
+                    evaluator=plan_evaluator(plan),
+                    memo=hooks.memo if hooks.memo is not None else disk_memo(hooks.identity, True),
+                    progress=(lambda d, t, msg: progress(0, 1, msg)) if progress else None, bridger=bridger)
     return {spec.name: spec.func(ctx, plan.budget) for spec in c.specs}
 
 
@@ -140,12 +135,12 @@ class _Runner:
     """One run: the loaded tasks, the variants evaluated so far (a set chosen by two methods is evaluated once),
     the disk cache and the counters."""
 
-    def __init__(self, model, tokenizer, tasks: list[dict], tm, *, identity, limit, num_fewshot, batch_size,
-                 use_cache, progress, should_stop, total):
+    def __init__(self, model, tokenizer, tasks: list[dict], tm, *, identity, settings: TaskSettings, hooks: RunHooks,
+                 total: int):
         self.model, self.tok, self.tasks, self.tm = model, copy.deepcopy(tokenizer), tasks, tm
-        self.limit, self.num_fewshot, self.batch_size = limit, num_fewshot, batch_size
-        self.ident = _cache_key(identity) if use_cache else None
-        self.progress, self.should_stop = progress, should_stop
+        self.limit, self.num_fewshot, self.batch_size = settings.limit, settings.num_fewshot, settings.batch_size
+        self.ident = _cache_key(identity) if settings.use_cache else None
+        self.progress, self.should_stop = hooks.progress, hooks.should_stop
         self.done, self.total = 0, total
         self.on_partial, self.result = None, None
         self.memo: dict = {}
@@ -242,15 +237,15 @@ class _Runner:
 
 
 def _bridger(model, tokenizer, plan: RemovalPlan, hooks: RunHooks):
-    """The run's :class:`~swapkl.removal.bridging.Bridger` when ``plan.repair == "bridge"`` (else None): calibration
+    """The run's :class:`~swapkl.repair.bridger.Bridger` when ``plan.repair == "bridge"`` (else None): calibration
     text from ``hooks.corpus`` avoiding ``hooks.contract``'s scoring prompts, the plan's bridge settings."""
     if plan.repair != "bridge":
         return None
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
     from swapkl.scoring.corpora import load_corpus
 
     corpus = hooks.corpus if hooks.corpus is not None else load_corpus()
-    return Bridger(model, tokenizer, corpus, dict(plan.bridge), hooks.contract)
+    return Bridger(model, tokenizer, corpus, plan.bridge_settings, hooks.contract)
 
 
 def _plain_sets(sets: dict) -> list[list[int]]:
@@ -323,9 +318,8 @@ def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, sett
     total = 1 + sum((len(o.sets) if o.runs is None else sum(len(v) for v in o.runs.values())) for o in sets.values())
     total += sum(len(o.sets) for o in sets.values() if o.runs is None and not o.variant) if bridger else 0
     limit, num_fewshot, batch_size = settings.limit, settings.num_fewshot, settings.batch_size
-    run = _Runner(model, tokenizer, loaded, tm, identity=identity, limit=limit, num_fewshot=num_fewshot,
-                  batch_size=batch_size, use_cache=settings.use_cache, progress=progress, should_stop=should_stop,
-                  total=total)
+    run = _Runner(model, tokenizer, loaded, tm, identity=identity, settings=settings,
+                  hooks=RunHooks(progress=progress, should_stop=should_stop), total=total)
     run.bridger = bridger
     if settings.share_prefix:
         from swapkl.removal.prefix import PrefixStore

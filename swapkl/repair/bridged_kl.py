@@ -10,44 +10,19 @@ interrupted run resumes where it stopped; ``shard=(rank, world)`` computes every
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from swapkl import __version__
 from swapkl.contract import Contract, stable_hash
 from swapkl.errors import ContractError
-from swapkl.repair.bridge import NoExactFold, check_form, fold_target
-from swapkl.repair.calibration import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOW, calibration_text, fit_bridges
-from swapkl.repair.fit import DEFAULT_RIDGE
+from swapkl.repair.settings import BridgeSettings
 from swapkl.scoring.results import bootstrap_indices, percentile_ci
 from swapkl.store import CorruptEntry, cache_root, read_entry, warn_unwritable, write_entry
 
 FORMAT = "swapkl.bridged/1"
 KIND = "bridged-chunk"
-
-
-@dataclass(frozen=True)
-class BridgeSettings:
-    """The bridge's part of the evaluation contract: the form (``folded``, falling back to ``residual`` per span
-    where no exact fold exists, or ``residual``), the calibration tokens, window and seed, and the relative ridge."""
-
-    form: str = "folded"
-    calib_tokens: int = DEFAULT_CALIB_TOKENS
-    calib_window: int = DEFAULT_CALIB_WINDOW
-    calib_seed: int = 0
-    ridge: float = DEFAULT_RIDGE
-
-    def __post_init__(self):
-        check_form(self.form)
-        if self.calib_window < 2 or self.calib_tokens < self.calib_window:
-            raise ContractError(f"--calib-tokens ({self.calib_tokens}) must be at least the calibration window "
-                                f"({self.calib_window})")
-        if not (self.ridge >= 0 and np.isfinite(self.ridge)):
-            raise ContractError(f"--ridge must be a finite number >= 0 (got {self.ridge})")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def bridge_spans(contract: Contract, num_layers: int, pairs=None) -> list[tuple[int, int]]:
@@ -57,21 +32,6 @@ def bridge_spans(contract: Contract, num_layers: int, pairs=None) -> list[tuple[
     spans = {tuple(p) for p in (pairs if pairs is not None else contract.pair_list(L))}
     spans |= {(i, L) for i in range(1, L)}
     return sorted(spans, key=lambda s: (s[1] - s[0], s[0]))
-
-
-def span_forms(model, spans, form: str) -> dict:
-    """``{span: (form used, why it differs or None)}``: a folded span without an exact fold uses the residual form."""
-    out = {}
-    for i, j in spans:
-        if form == "residual":
-            out[(i, j)] = ("residual", None)
-            continue
-        try:
-            fold_target(model, i)
-            out[(i, j)] = ("folded", None)
-        except NoExactFold as e:
-            out[(i, j)] = ("residual", str(e).split(";")[0])
-    return out
 
 
 @dataclass
@@ -213,25 +173,19 @@ def _compute(checkpoint, contract: Contract, settings: BridgeSettings, corpus, p
     calibration's description and the seconds the fits took."""
     import torch
 
+    from swapkl.repair.bridge import captured_blocks
+    from swapkl.repair.bridger import Bridger
     from swapkl.repair.sweep import BridgedSweep
     from swapkl.scoring.score import kl_impl_setting
 
-    forms = span_forms(checkpoint.model, todo, settings.form)
-    calib = calibration_text(checkpoint.tokenizer, corpus, prompts.description, contract.tokens,
-                             settings.calib_tokens, settings.calib_window, settings.calib_seed)
-    calib_desc = {k: v for k, v in calib.description.items() if k != "window_starts"}
+    bridger = Bridger(checkpoint.model, checkpoint.tokenizer, corpus, settings, contract, prompts)
     t0 = time.perf_counter()
-    bridges = {}
-    for f in ("folded", "residual"):
-        mine = [s for s in todo if forms[s][0] == f]
-        if mine:
-            bridges.update(fit_bridges(checkpoint.model, calib, mine, f, settings.ridge))
+    bridges = dict(zip(todo, bridger.span_bridges(todo)))
     fit_seconds = time.perf_counter() - t0
-    for s, (_f, why) in forms.items():
-        bridges[s].fit["form_note"] = why
+    for s in todo:
+        bridges[s].fit["form_note"] = bridger.forms[s][1]
     sweep = BridgedSweep(checkpoint.model, prompts.ids, contract.positions, getattr(torch, contract.kl_dtype),
-                         kl_impl=kl_impl_setting(engine_kw),
-                         folded={i - 1 for (i, _), (f, _) in forms.items() if f == "folded"},
+                         kl_impl=kl_impl_setting(engine_kw), folded=captured_blocks(bridges.values()),
                          **{k: v for k, v in (engine_kw or {}).items() if k in ("max_rows", "max_live")})
     writable = [use_cache]
 
@@ -249,4 +203,4 @@ def _compute(checkpoint, contract: Contract, settings: BridgeSettings, corpus, p
                 warn_unwritable(path, e)
 
     sweep.sweep([bridges[s] for s in todo], on_chunk=on_chunk, progress=progress, should_stop=should_stop)
-    return calib_desc, fit_seconds
+    return bridger.calibration(), fit_seconds

@@ -22,13 +22,12 @@ import torch
 
 from swapkl.errors import SwapklError
 from swapkl.model import architectures as arch
-from swapkl.repair.bridge import Bridge, check_form, fold_target
+from swapkl.repair import forms
+from swapkl.repair.bridge import Bridge
 from swapkl.repair.fit import DEFAULT_RIDGE, NormalEquations
+from swapkl.repair.settings import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOW
 from swapkl.scoring.prompts import adds_bos, tokenize_stream
 from swapkl.surgery.blocks import pruned_copy
-
-DEFAULT_CALIB_TOKENS = 8192
-DEFAULT_CALIB_WINDOW = 256
 
 
 #: the names of the regions in :func:`swapkl.scoring.corpora.check_regions`'s messages
@@ -155,19 +154,19 @@ def _passes(spans_by_start: dict, dim: int, budget_bytes: int) -> list[list[int]
 @torch.inference_mode()
 def fit_bridges(model: torch.nn.Module, calib: CalibrationText, spans, form: str, ridge: float = DEFAULT_RIDGE,
                 batch_rows: int = 4, budget_bytes: int = 1 << 30) -> dict[tuple[int, int], Bridge]:
-    """``{(i, j): Bridge}`` for every span ``[i, j)`` of ``spans``, fitted on ``calib`` (module docstring).
-
-    ``residual``: ``X = h_i``, ``Y = h_j``, ``W = I + (XᵀX+εI)⁻¹Xᵀ(Y−X)``; ``folded``: ``X = m_{i−1}`` (block i−1's MLP
-    output), ``Y = h_j − h_i + m_{i−1}`` (the stream the MLP output must bring to ``h_j``), ``W = (XᵀX+εI)⁻¹XᵀY``.  A
-    folded span without an exact fold raises :class:`~swapkl.repair.bridge.NoExactFold` before any forward."""
-    check_form(form)
+    """``{(i, j): Bridge}`` for every span ``[i, j)`` of ``spans``, all in the form named ``form``, fitted on
+    ``calib`` (module docstring): ``W = (XᵀX+εI)⁻¹XᵀY`` on the rows the form regresses
+    (:meth:`~swapkl.repair.forms.BridgeForm.fit_rows`), the ridge pulling toward the form's
+    :attr:`~swapkl.repair.forms.BridgeForm.toward`.  A span the form does not apply to raises
+    :class:`~swapkl.repair.forms.NoExactFold` before any forward.  The numerical core of
+    :class:`swapkl.repair.bridger.Bridger`, which every consumer fits through."""
+    kind = forms.get(form)
     spans = sorted({(int(i), int(j)) for i, j in spans})
     L = arch.locate(model).num_layers
     for i, j in spans:
         if not 0 <= i < j <= L or (i == 0 and j == L):
             raise SwapklError(f"bad bridge span [{i}, {j}) for {L} layers")
-        if form == "folded":
-            fold_target(model, i)
+        kind.check(model, i)
     by_start: dict[int, list[int]] = {}
     for i, j in spans:
         by_start.setdefault(i, []).append(j)
@@ -177,21 +176,16 @@ def fit_bridges(model: torch.nn.Module, calib: CalibrationText, spans, form: str
     for group in _passes(by_start, dim, budget_bytes):
         eqs = {i: NormalEquations(dim, len(by_start[i])) for i in group}
         slots = {s for i in group for s in (i, *by_start[i])}
-        run, got = capture_tree(model, slots, {i - 1 for i in group} if form == "folded" else set())
+        run, got = capture_tree(model, slots, {k for i in group for k in kind.captures(i)})
         for a in range(0, calib.ids.shape[0], batch_rows):
             run(calib.ids[a:a + batch_rows].to(dev))
             for i in group:
-                hi = got[("h", i)].double()
-                if form == "residual":
-                    eqs[i].add(hi, [got[("h", j)] for j in by_start[i]])
-                else:
-                    m = got[("m", i - 1)].double()
-                    eqs[i].add(m, [got[("h", j)].double() - hi + m for j in by_start[i]])
+                eqs[i].add(*kind.fit_rows(got, i, by_start[i]))
             got.clear()
         for i in group:
             for t, j in enumerate(by_start[i]):
-                fit = eqs[i].solve(ridge, toward="identity" if form == "residual" else "zero", target=t)
-                out[(i, j)] = Bridge(i, j, form, fit.W, fit.summary() | {"calibration": _short(calib)})
+                fit = eqs[i].solve(ridge, toward=kind.toward, target=t)
+                out[(i, j)] = Bridge(i, j, kind.name, fit.W, fit.summary() | {"calibration": _short(calib)})
         del eqs
     return out
 

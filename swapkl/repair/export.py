@@ -29,12 +29,13 @@ FORMAT = "swapkl.bridge-export/1"
 
 
 def check_foldable(model, bridges: list[Bridge]) -> None:
-    """Raise one line unless every bridge is folded and foldable (nothing is written before this passes)."""
+    """Raise one line unless every bridge's form exports (:meth:`~swapkl.repair.forms.BridgeForm.export_refusal`)
+    and applies to its span of ``model`` (nothing is written before this passes)."""
     for b in bridges:
-        if b.form != "folded":
-            raise SwapklError(f"the bridge of layers {b.start}..{b.end - 1} is in the residual form, which is no "
-                              "ordinary checkpoint: export the folded form (--form folded)")
-        fold_target(model, b.start)
+        why = b.kind.export_refusal(b)
+        if why:
+            raise SwapklError(why)
+        b.kind.check(model, b.start)
 
 
 def save_bridged(model, bridges: list[Bridge], out: str | os.PathLike, tokenizer=None, identity: dict | None = None,
@@ -50,7 +51,7 @@ def save_bridged(model, bridges: list[Bridge], out: str | os.PathLike, tokenizer
     fits = [b.summary() for b in bridges]
     record = {"source": identity or {}, "removed": removed, "kept": [i for i in range(n) if i not in removed],
               "num_layers_before": n, "num_layers_after": n - len(removed), "tool": "swapkl",
-              "repair": {"kind": "bridge", "form": "folded", "bridges": fits}, "swapkl_version": __version__}
+              "repair": {"kind": "bridge", "form": bridges[0].form if bridges else None, "bridges": fits}, "swapkl_version": __version__}
     prov = {"format": FORMAT, "removed": removed, "bridges": fits, **(provenance or {}),
             "swapkl_version": __version__}
 

@@ -3,10 +3,10 @@ the same span removed without a bridge, for many spans in one pass (docs/repair.
 
 It is the swap-KL engine's machinery (:mod:`swapkl.scoring.slots`, :mod:`swapkl.scoring.headkl`) with other variants:
 
-* **prefix reuse** - a variant equals the baseline before block i, so it starts from the cached baseline stream:
-  residual form ``h_i W``; folded form ``h_i + m_{i−1} (W − I)`` (block i−1 with the folded projection outputs
-  ``h_i − m + m W``; ``m_{i−1}``, that block's MLP output on the prompts, is read once with hooks on a private tree);
-  removal without a bridge ``h_i``;
+* **prefix reuse** - a variant equals the baseline before block i, so it starts from the cached baseline stream
+  mapped by its form (:func:`swapkl.repair.bridge.start_state`: residual ``h_i W``, folded ``h_i + m_{i−1} (W − I)``,
+  ``m_{i−1}`` that block's MLP output on the prompts, read once with hooks on a private tree); removal without a
+  bridge ``h_i``;
 * **batching** - from slot j on every live variant runs its own block j in slot j (as in the pruned model, whose
   block j keeps its position-dependent behaviour), so all of them run in one call per slot;
 * **head only where scored**, KL chunked over prompts, through the KL implementation of the contract.
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from swapkl.errors import ComputeInterrupted
-from swapkl.repair.bridge import Bridge
+from swapkl.repair.bridge import Bridge, start_state
 from swapkl.repair.calibration import capture_tree
 from swapkl.scoring.engine import SweepStats
 from swapkl.scoring.headkl import HeadKL
@@ -33,7 +33,8 @@ class BridgedSweep:
 
     ``max_rows``: prompt rows per block call (halved on out-of-memory); ``max_live``: variant row sets alive at once
     (two per span: bridged and raw), which bounds memory to about ``max_live · P · T · D`` activations; ``folded``:
-    the blocks whose MLP output the folded variants need (read once on the prompts)."""
+    the blocks whose MLP output the bridges' forms read (:func:`swapkl.repair.bridge.captured_blocks`; read once on
+    the prompts)."""
 
     def __init__(self, model: torch.nn.Module, ids: torch.Tensor, positions: str = "all",
                  kl_dtype: torch.dtype = torch.float32, max_rows: int = 64, max_live: int = 32,
@@ -77,12 +78,7 @@ class BridgedSweep:
 
     def start_state(self, br: Bridge) -> torch.Tensor:
         """The bridged stream where block ``br.end`` starts (module docstring), in the model's dtype."""
-        h = self.base.states[br.start]
-        W = torch.as_tensor(br.W, dtype=torch.float32, device=h.device)
-        if br.form == "residual":
-            return (h.float() @ W).to(h.dtype)
-        m = self.mlp_out[br.start - 1].to(h.device).float()
-        return (h.float() + m @ (W - torch.eye(W.shape[0], device=h.device))).to(h.dtype)
+        return start_state(br, self.base.states[br.start], self.mlp_out)
 
     def sweep(self, bridges: list[Bridge], on_chunk: Callable[[dict], None] | None = None,
               progress: Callable[[int, int, str], None] | None = None,

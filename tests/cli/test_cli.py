@@ -9,13 +9,7 @@ import json
 
 import pytest
 
-from support.cli_run import run_swapkl
-
-
-def run_cli(*args, env_extra=None, process: bool = False, timeout=300):
-    """``python -m swapkl *args`` with ``env_extra`` added to the environment: in process, or a real subprocess if
-    ``process``."""
-    return run_swapkl(*args, env=env_extra, process=process, timeout=timeout)
+from support.cli_run import run_cli
 
 
 def test_score_json(stories_path, tmp_path):

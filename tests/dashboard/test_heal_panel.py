@@ -13,6 +13,7 @@ from swapkl.healing.recipe import Recipe
 from swapkl.jobs import HealRequest
 from swapkl.jobs.policy import Policy, PolicyError
 from swapkl.removal.evaluate import Evaluator
+from support.app_util import heal_panel_app
 
 EV = Evaluator("tiny", 300, 128, 64)
 TINY = Recipe(steps=2, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1)
@@ -100,19 +101,6 @@ def test_heal_job_runs_publishes_and_is_snapshotted(heal_job):
         m2.shutdown()
 
 
-def _panel_app():
-    import json
-    import os
-
-    from dashboard import heal_panel
-    from swapkl.healing.curves import HealCurves
-    from swapkl.jobs import HealRequest, Job
-
-    job = Job("heal-panel-test", HealRequest())
-    job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
-    heal_panel.body(job)
-
-
 def _demo_widgets_app():
     from dashboard import heal_panel
     from swapkl.jobs.policy import Policy
@@ -130,7 +118,7 @@ def test_panel_draws_dashed_healed_curves_headline_and_downloads(heal_job, tmp_p
     f = tmp_path / "heal.json"
     hc.to_json(f)
     monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
-    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    at = AppTest.from_function(heal_panel_app, default_timeout=60).run()
     assert not at.exception, at.exception
     (chart,) = at.get("plotly_chart")
     fig = json.loads(chart.proto.spec)
@@ -269,7 +257,7 @@ def test_a_worse_heal_is_marked_and_gets_no_export_button(heal_job, tmp_path, mo
     f = tmp_path / "heal.json"
     f.write_text(json.dumps(_worse(heal_job[0].heal)))
     monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
-    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    at = AppTest.from_function(heal_panel_app, default_timeout=60).run()
     assert not at.exception, at.exception
     marks = [e.value for e in at.error]
     assert marks == ["interchange, n = 1: the healed model is worse than the pruned model it heals: evaluation PPL "
@@ -320,7 +308,7 @@ def test_healed_points_with_raw_bridged_healed_get_their_figure(heal_job, tmp_pa
     f = tmp_path / "heal.json"
     f.write_text(json.dumps(d))
     monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
-    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    at = AppTest.from_function(heal_panel_app, default_timeout=60).run()
     assert not at.exception, at.exception
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     # the bridged stage is drawn once per method: in the stages figure, or in the healed-curves figure where that

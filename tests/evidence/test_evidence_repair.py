@@ -29,6 +29,14 @@ def setup(stories):
     return corpus, settings, calib, ids
 
 
+def _bridger(ck, corpus, settings):
+    """The bridges of ``settings`` calibrated outside the fixture's scoring prompts (4 × 32 tokens, seed 0)."""
+    from swapkl.contract import Contract
+    from swapkl.repair.bridger import Bridger
+
+    return Bridger(ck.model, ck.tokenizer, corpus, settings, Contract(prompts=4, tokens=32))
+
+
 def _store(ck):
     return {"text": "text-key", "identity": ck.identity}
 
@@ -48,7 +56,7 @@ def _plain_delta(model, ids, calib, ell):
 def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     corpus, settings, calib, ids = setup
     layers = [0, 2, 4]  # residual at block 0, folded inside, folded before the final norm
-    gt, rec = bridged_ground_truth(stories.model, ids, EV, calib, settings, _store(stories),
+    gt, rec = bridged_ground_truth(_bridger(stories, corpus, settings), ids, EV, _store(stories),
                                    layers=layers)
     assert gt.computed == 3 and gt.layers == layers
     for k, ell in enumerate(layers):
@@ -72,13 +80,13 @@ def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     base = evaluate_ppl(stories.model, ids, EV.window, EV.stride)
     assert delta_pct(raw, base) > gt.delta_ppl_pct[1]
     # a second call reads the store entry: same numbers, nothing computed
-    again, _ = bridged_ground_truth(stories.model, ids, EV, calib, settings, _store(stories),
+    again, _ = bridged_ground_truth(_bridger(stories, corpus, settings), ids, EV, _store(stories),
                                     layers=layers)
     assert again.computed == 0 and again.delta_ppl_pct == gt.delta_ppl_pct and again.kl == gt.kl
     assert list((cache_dir / "evidence").glob("bridged-truth-*.json"))
     # other bridge settings are another entry
     other = BridgeSettings(calib_tokens=2048, calib_window=128, ridge=1e-2)
-    third, rec3 = bridged_ground_truth(stories.model, ids, EV, calib, other, _store(stories),
+    third, rec3 = bridged_ground_truth(_bridger(stories, corpus, other), ids, EV, _store(stories),
                                        layers=layers)
     assert third.computed == 3 and rec3["settings"]["ridge"] == 1e-2
 

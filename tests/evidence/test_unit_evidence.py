@@ -12,14 +12,14 @@ from swapkl.commands.cli import main
 from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.removal.ground_truth import text_key, unit_ground_truth
 from swapkl.removal.memo import EvalMemo
-from test_unit_curves import stories, zeroed_plain  # noqa: F401  (the module fixture)
+from test_unit_curves import zeroed_plain
 
 EV = Evaluator("tiny", 200, 128, 64)
 
 
 @pytest.mark.parametrize("unit", ["attention", "mlp"])
-def test_unit_ground_truth_equals_plain(stories, unit):  # noqa: F811
-    model, tok, corpus = stories
+def test_unit_ground_truth_equals_plain(stories_hf, unit):
+    model, tok, corpus = stories_hf
     ids = eval_ids(corpus, tok, EV)
     memo = EvalMemo()
     gt = unit_ground_truth(model, ids, EV, memo, text_key(corpus, EV), unit)

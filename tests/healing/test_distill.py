@@ -19,6 +19,7 @@ from swapkl.removal.plan import RunHooks
 from swapkl.scoring.corpora import from_file
 from swapkl.surgery.blocks import pruned_copy
 from conftest import tiny_model
+from support.tensors import logits
 
 EV = Evaluator("tiny", 300, 128, 64)
 HELDOUT = "tests/fixtures/data/heldout/american-speeches.txt"
@@ -61,18 +62,13 @@ def _plain_coarse_kl(t_logits, s_logits, temperature, k):
     return coarse / n * temperature ** 2, bound / n * temperature ** 2
 
 
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
-
-
 def random_chunks(vocab=96, n=16, t=24, seed=0):
     return torch.randint(1, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
 # ----------------------------------------------------------------------------------------- the loss
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
-def test_kd_loss_equals_a_plain_kl_from_full_teacher_logits(temperature):
+def test_kd_loss_equals_a_plain_kl_from_full_teacherlogits(temperature):
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2, 5, 40, generator=g) * 3
     s = (torch.randn(2, 5, 40, generator=g) * 3).requires_grad_(True)
@@ -140,7 +136,7 @@ def test_distilling_the_base_toward_itself_is_the_identity(stories, part, k):
     one = Recipe(**{**r.__dict__, "batch": 1})
     state, stats = TR.train(model, [], x, one)
     assert all(abs(v) <= 1e-6 for v in stats["losses"]) and len(stats["losses"]) == 3
-    torch.testing.assert_close(_logits(TR.healed_model(model, [], one, state), x), _logits(model, x),
+    torch.testing.assert_close(logits(TR.healed_model(model, [], one, state), x), logits(model, x),
                                rtol=0, atol=1e-6)
 
 
@@ -192,7 +188,7 @@ def test_teacher_cache_reads_back_and_recomputes_a_damaged_file(tmp_path):
     for f in ("logp", "idx", "log_tail"):
         assert torch.equal(getattr(first, f), getattr(second, f))
     # the stored top-k is the top-k of the model's own log-probabilities at T, computed one chunk at a time
-    want = TE.top_k(TE.log_probs(_logits(model, x[:1]), 2.0), 8)
+    want = TE.top_k(TE.log_probs(logits(model, x[:1]), 2.0), 8)
     assert torch.equal(first.logp[0], want.logp[0]) and torch.equal(first.idx[0], want.idx[0])
     victim = sorted(tmp_path.glob("*.pt"))[0]
     victim.write_bytes(victim.read_bytes()[:-7])  # torn: its checksum no longer matches

@@ -22,6 +22,7 @@ from swapkl.scoring.corpora import from_file
 from swapkl.surgery.blocks import pruned_copy
 from conftest import tiny_model
 from test_hostile_cli import assert_user_error, run_cli
+from support.tensors import logits
 
 EV = Evaluator("tiny", 300, 128, 64)
 SMALL = Recipe(steps=4, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, checkpoint_every=2)
@@ -34,11 +35,6 @@ def train_text(stories, small_corpus):
 
 def random_chunks(vocab=96, n=16, t=24, seed=0):
     return torch.randint(1, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
-
-
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
 
 
 # ----------------------------------------------------------------------------------------- the training region
@@ -91,7 +87,7 @@ def test_zero_steps_give_the_pruned_model_exactly():
         assert stats["resumed_from"] == 0 and stats["loss_last"] is None
         healed = TR.healed_model(model, [1], r, state)
         x = random_chunks(n=2, t=20, seed=1)
-        assert torch.equal(_logits(healed, x), _logits(pruned_copy(model, [1]), x))
+        assert torch.equal(logits(healed, x), logits(pruned_copy(model, [1]), x))
         names, conv = TR.lora_targets(pruned_copy(model, [1]))
         assert conv == (kind == "gpt2")
         assert len(names) == 3 * (7 if kind == "llama" else 4)  # q k v o gate up down | c_attn c_proj c_fc c_proj
@@ -215,7 +211,7 @@ def test_zero_steps_heal_equals_the_pruned_model(stories, small_corpus):
     assert r.recovered == 0.0
 
 
-def test_merged_export_reloads_with_equal_logits(stories, tmp_path):
+def test_merged_export_reloads_with_equallogits(stories, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -223,15 +219,15 @@ def test_merged_export_reloads_with_equal_logits(stories, tmp_path):
     state, _ = TR.train(stories.model, [1, 3], random_chunks(vocab=500), r)
     out = export_healed(stories.model, [1, 3], r, state, tmp_path / "healed", stories.tokenizer, stories.identity)
     x = random_chunks(vocab=500, n=2, t=30, seed=2)
-    mine = _logits(TR.healed_model(stories.model, [1, 3], r, state), x)
+    mine = logits(TR.healed_model(stories.model, [1, 3], r, state), x)
     again = AutoModelForCausalLM.from_pretrained(out).eval()
-    assert again.config.num_hidden_layers == 3 and torch.equal(_logits(again, x), mine)
-    assert not torch.allclose(mine, _logits(pruned_copy(stories.model, [1, 3]), x))  # the LoRA did something
+    assert again.config.num_hidden_layers == 3 and torch.equal(logits(again, x), mine)
+    assert not torch.allclose(mine, logits(pruned_copy(stories.model, [1, 3]), x))  # the LoRA did something
     rec = json.loads((out / "swapkl_heal.json").read_text())
     assert rec["removed"] == [1, 3] and rec["kept"] == [0, 2, 4] and rec["recipe"]["steps"] == 3
     base = TR.private_copy(stories.model, [1, 3])
     via_adapter = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
-    torch.testing.assert_close(_logits(via_adapter, x), mine, rtol=1e-4, atol=1e-4)  # unmerged: rounding
+    torch.testing.assert_close(logits(via_adapter, x), mine, rtol=1e-4, atol=1e-4)  # unmerged: rounding
 
 
 # ----------------------------------------------------------------------------------------- the command
@@ -294,6 +290,7 @@ def test_method_set_is_the_methods_own_choice(stories, small_corpus):
     from swapkl.healing.heal import chosen_set
     from swapkl.removal.selection import select
     from swapkl.errors import SwapklError
+    from swapkl.removal.plan import RemovalPlan
 
     L = stories.num_layers
     d = np.full((L, L), np.nan)
@@ -301,9 +298,11 @@ def test_method_set_is_the_methods_own_choice(stories, small_corpus):
         d[i, i + 1] = d[i + 1, i] = [0.5, 0.1, 0.3, 0.9][i]
     scores = {"interchange": d, "replacement": d[::-1, ::-1].copy()}
     for method in ("interchange", "replacement"):
-        got, sel = chosen_set(stories.model, stories.tokenizer, method, 2, scores, small_corpus, EV, spacing=0)
+        got, sel = chosen_set(stories.model, stories.tokenizer, method, 2, scores,
+                              RemovalPlan(2, spacing=0, evaluator=EV), small_corpus)
         assert got == select(scores[method], 2, spacing=0)[-1] and sel["method"] == method and sel["n"] == 2
     with pytest.raises(SwapklError, match="seeded"):
-        chosen_set(stories.model, stories.tokenizer, "random", 1, scores, small_corpus, EV)
+        chosen_set(stories.model, stories.tokenizer, "random", 1, scores, RemovalPlan(1, evaluator=EV), small_corpus)
     with pytest.raises(SwapklError, match="budget 3 is larger"):  # one line from the selection rule
-        chosen_set(stories.model, stories.tokenizer, "interchange", 3, scores, small_corpus, EV, spacing=1)
+        chosen_set(stories.model, stories.tokenizer, "interchange", 3, scores, RemovalPlan(3, spacing=1, evaluator=EV),
+                   small_corpus)

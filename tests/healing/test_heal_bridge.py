@@ -15,21 +15,20 @@ from swapkl.healing import train as TR
 from swapkl.healing.heal import HealSetup, export_healed, heal
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.removal.plan import RemovalPlan
 from swapkl.repair.bridge import bridged_model
 from swapkl.repair.calibration import CalibrationText, fit_bridges
 from conftest import tiny_model
+from support.tensors import logits
 
 EV = Evaluator("tiny", 300, 128, 64)
 BRIDGE = {"calib_tokens": 512, "calib_window": 64}
+#: the plan a bridged heal starts from: its repair, with BRIDGE's settings
+BRIDGED = RemovalPlan(1, repair="bridge", bridge=BRIDGE)
 
 
 def _chunks(n=8, t=24, seed=3, vocab=96):
     return torch.randint(1, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
-
-
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
 
 
 def _bridges(model, spans, form):
@@ -37,20 +36,28 @@ def _bridges(model, spans, form):
     return [fits[s] for s in spans]
 
 
+def _bridger(ck, corpus):
+    """The heal's bridges of BRIDGE: calibration text outside the heal's scoring prompts (16 × 64 tokens, seed 0)."""
+    from swapkl.contract import Contract
+    from swapkl.repair.bridger import Bridger
+
+    return Bridger(ck.model, ck.tokenizer, corpus, BRIDGE, Contract(prompts=16, tokens=64, seed=0))
+
+
 # ----------------------------------------------------------------------------------------- --repair bridge
 def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus):
     ks = {}
     r0 = Recipe(steps=0, seq_len=32)
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False, repair="bridge", bridge=BRIDGE)
-    r = heal(stories.model, stories.tokenizer, [2], r0, setup, keep_states=ks)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False)
+    r = heal(stories.model, stories.tokenizer, [2], r0, setup, plan=BRIDGED, keep_states=ks)
     (b,) = ks["healed"].bridges
     assert (b.start, b.end, b.form) == (2, 3, "folded")
     # the fit is the plain one on the same calibration text
-    calib = B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)
-    assert np.array_equal(b.W, fit_bridges(stories.model, calib, [(2, 3)], "folded")[(2, 3)].W)
+    calib = _bridger(stories, small_corpus)
+    assert np.array_equal(b.W, fit_bridges(stories.model, calib.calib, [(2, 3)], "folded")[(2, 3)].W)
     x = _chunks(n=2, t=30, vocab=500)
     healed = TR.healed_model(stories.model, [2], r0, ks["healed"], bridges=ks["healed"].bridges)
-    assert torch.equal(_logits(healed, x), _logits(bridged_model(stories.model, [b]), x))
+    assert torch.equal(logits(healed, x), logits(bridged_model(stories.model, [b]), x))
     rows = r.repair["eval"]["rows"]
     plain = evaluate_ppl(bridged_model(stories.model, [b]), eval_ids(small_corpus, stories.tokenizer, EV), EV.window,
                          EV.stride, EV.drop_first_target)
@@ -62,7 +69,7 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
     assert r.repair["eval"]["recovered_by_bridge"] == pytest.approx(rec)
     # the contract records the bridge and its calibration; the training text was cut around the calibration windows
     assert r.contract["repair"]["settings"]["calib_tokens"] == 512 and r.contract["repair"]["calibration"]["windows"] == 8
-    win = B.avoid_windows(calib)
+    win = calib.avoid_windows()
     assert [tuple(w) for w in r.train_text["bridge_calibration_windows"]] == win
     assert "repair: linear bridge (folded)" in " ".join(r.provenance().extra)
 
@@ -70,8 +77,8 @@ def test_zero_step_heal_with_a_bridge_is_the_bridged_model(stories, small_corpus
 def test_training_text_avoids_the_calibration_windows(stories, small_corpus):
     from swapkl.healing import text as T
 
-    calib = B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)
-    win = B.avoid_windows(calib)
+    calib = _bridger(stories, small_corpus)
+    win = calib.avoid_windows()
     plain = T.corpus_train_text(small_corpus, stories.tokenizer, 32)
     tt = T.corpus_train_text(small_corpus, stories.tokenizer, 32, avoid=win)
     touches = [s for s in plain.spans if any(s[0] < b + n and b < s[1] for b, n in win)]
@@ -93,8 +100,8 @@ def test_train_bridge_starts_at_the_fit_and_counts_lora_plus_d_squared(form):
     state, stats = TR.train(model, [2, 3], _chunks(), r, bridges=br)
     assert stats["trainable_params"] == lora + 32 * 32 == lora + B.trainable_count(br)
     x = _chunks(n=2, t=20, seed=5)
-    ref = _logits(bridged_model(model, br), x)
-    torch.testing.assert_close(_logits(TR.healed_model(model, [2, 3], r, state, bridges=br), x), ref,
+    ref = logits(bridged_model(model, br), x)
+    torch.testing.assert_close(logits(TR.healed_model(model, [2, 3], r, state, bridges=br), x), ref,
                                rtol=1e-5, atol=1e-5)  # W in float32 vs the float64 fold: rounding only
     # one step moves W (gradients reach it)
     r1 = Recipe(steps=1, rank=2, seq_len=24, batch=2, part="bridge", lr=1e-2, warmup=0)
@@ -156,12 +163,12 @@ def test_folded_bridge_training_exports_an_ordinary_checkpoint(stories, tmp_path
     out = export_healed(stories.model, [2], r, B.BridgedState(state, br), tmp_path / "healed", stories.tokenizer,
                         stories.identity)
     x = _chunks(n=2, t=30, seed=2, vocab=500)
-    mine = _logits(TR.healed_model(stories.model, [2], r, state, bridges=br), x)
+    mine = logits(TR.healed_model(stories.model, [2], r, state, bridges=br), x)
     again = AutoModelForCausalLM.from_pretrained(out).eval()
-    torch.testing.assert_close(_logits(again, x), mine, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(again, x), mine, rtol=1e-5, atol=1e-5)
     unmerged = TR.trainable_model(stories.model, [2], r, br)
     TR.load_adapter_state(unmerged, state)
-    torch.testing.assert_close(_logits(unmerged.eval(), x), mine, rtol=1e-4, atol=1e-4)  # the fold is exact
+    torch.testing.assert_close(logits(unmerged.eval(), x), mine, rtol=1e-4, atol=1e-4)  # the fold is exact
     res = _bridges(stories.model, [(2, 3)], "residual")
     with pytest.raises(SwapklError, match="residual form.*--form folded"):
         export_healed(stories.model, [2], r, B.BridgedState(state, res), tmp_path / "r", stories.tokenizer,
@@ -218,16 +225,16 @@ def test_kd_heal_after_a_bridge_checks_its_teacher_against_the_bridged_start(sto
     from swapkl.healing.teacher import check_topk
 
     r = Recipe(steps=1, rank=2, seq_len=32, batch=2, objective="kd", top_k=16, part="bridge")
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False, repair="bridge", bridge=BRIDGE)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, use_cache=False)
     ks = {}
-    res = heal(stories.model, stories.tokenizer, [2], r, setup, keep_states=ks)
+    res = heal(stories.model, stories.tokenizer, [2], r, setup, plan=BRIDGED, keep_states=ks)
     chk = res.training["healed"]["kd_topk_check"]
     from swapkl.healing.heal import training_text
 
     tt = training_text(stories.model, stories.tokenizer, small_corpus, r,
-                       avoid=B.avoid_windows(B.calibration(stories.tokenizer, small_corpus, BRIDGE, 16, 64, 0)))
+                       avoid=_bridger(stories, small_corpus).avoid_windows())
     x = tt.chunks[:2]
-    want = check_topk(_logits(stories.model, x), _logits(bridged_model(stories.model, list(ks["healed"].bridges)), x),
+    want = check_topk(logits(stories.model, x), logits(bridged_model(stories.model, list(ks["healed"].bridges)), x),
                       r.temperature, r.top_k)
     assert chk == want
     assert res.ppl["base_finetuned"] == res.ppl["base"]  # the kd control is the base itself, repair or not
@@ -237,24 +244,25 @@ def test_an_interrupted_bridged_heal_resumes_to_the_uninterrupted_result(stories
     from swapkl.removal.plan import RunHooks
 
     r = Recipe(steps=4, rank=2, seq_len=32, batch=2, lr=3e-3, warmup=1, checkpoint_every=2, part="bridge")
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity, repair="bridge", bridge=BRIDGE)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity)
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "a"))
-    ref = heal(stories.model, stories.tokenizer, [2], r, setup)
+    ref = heal(stories.model, stories.tokenizer, [2], r, setup, plan=BRIDGED)
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "b"))
     seen = []  # stop once the healed model's third update is done
 
     def progress(d, t, msg):
         seen.append("healed: step 3/" in msg)
     with pytest.raises(ComputeInterrupted, match="step 3"):
-        heal(stories.model, stories.tokenizer, [2], r, setup, RunHooks(progress=progress, should_stop=lambda: any(seen)))
-    got = heal(stories.model, stories.tokenizer, [2], r, setup)
+        heal(stories.model, stories.tokenizer, [2], r, setup, RunHooks(progress=progress, should_stop=lambda: any(seen)),
+             plan=BRIDGED)
+    got = heal(stories.model, stories.tokenizer, [2], r, setup, plan=BRIDGED)
     assert got.training["healed"]["resumed_from"] == 3 and got.ppl == ref.ppl
     assert got.repair["eval"]["rows"] == ref.repair["eval"]["rows"]
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # Linear and GPT-2 Conv1D projections
 def test_two_spans_of_mixed_forms_train_together(kind):
-    from swapkl.repair.bridged_kl import span_forms
+    from swapkl.repair.forms import resolve as span_forms
 
     model = tiny_model(kind, num_layers=5)
     spans = [(0, 1), (3, 5)]  # block 0 has no MLP before it: residual; [3, 5) runs to the end: folded into block 2
@@ -268,5 +276,5 @@ def test_two_spans_of_mixed_forms_train_together(kind):
             lora = sum(p.numel() for _, p in TR.trainable(TR.trainable_model(model, [0, 3, 4], Recipe(rank=2))))
             assert stats["trainable_params"] == lora + extra
         x = _chunks(n=2, t=20, seed=4)
-        torch.testing.assert_close(_logits(TR.healed_model(model, [0, 3, 4], r, state, bridges=br), x),
-                                   _logits(bridged_model(model, br), x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits(TR.healed_model(model, [0, 3, 4], r, state, bridges=br), x),
+                                   logits(bridged_model(model, br), x), rtol=1e-5, atol=1e-5)

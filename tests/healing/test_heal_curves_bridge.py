@@ -35,13 +35,12 @@ def _scores(L=5):
 @pytest.fixture(scope="module")
 def run(stories, wikitext_path):
     corpus = from_text(" ".join(from_file(wikitext_path).words[:12_000]), name="wiki12k", label="wiki 12k")
-    setup = HealSetup(corpus=corpus, use_cache=False, identity=stories.identity, heldout=from_file(HELDOUT),
-                      repair="bridge", bridge={"calib_tokens": 512, "calib_window": 64})
+    setup = HealSetup(corpus=corpus, use_cache=False, identity=stories.identity, heldout=from_file(HELDOUT))
     shared, seen = {}, []
     from swapkl.removal.plan import RunHooks
 
     hc = heal_curves(stories.model, stories.tokenizer, _scores(), RemovalPlan(2, ("interchange", "replacement"),
-                     spacing=0, evaluator=EV), [1], TINY, setup, RunHooks(progress=lambda d, t, m: seen.append((d, t))),
+                     spacing=0, evaluator=EV, repair="bridge", bridge={"calib_tokens": 512, "calib_window": 64}), [1], TINY, setup, RunHooks(progress=lambda d, t, m: seen.append((d, t))),
                      shared=shared)
     return hc, shared, corpus, setup, seen
 

@@ -18,6 +18,8 @@ from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.tasks import TaskSettings
 from test_heal_curves import fake_scores
 from test_tasks import counting_loads
+from support.tensors import logits
+from support.app_util import heal_panel_app
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -76,16 +78,11 @@ def test_pruned_and_base_rows_are_the_swapkl_tasks_cache_entries(run, stories):
 
     _, ht = run
     _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
-    r = _Runner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None, batch_size=16,
-                use_cache=True, progress=None, should_stop=None, total=1)
+    r = _Runner(None, None, [task], None, identity=stories.identity,
+                settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16), hooks=RunHooks(), total=1)
     assert r._read(r._path([], None, task))["metrics"] == ht["base"]["metrics"]
     for e in ht["methods"]["interchange"]:
         assert r._read(r._path(e["removed"], None, task))["metrics"] == e["pruned"]["metrics"]
-
-
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
 
 
 def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, small_corpus):
@@ -105,11 +102,11 @@ def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, 
     fp, tk = hc.contract["model_fingerprint"], hc.train_text["key"]
     _, state = TR.read_cached(TR.heal_dir(fp, rem, TINY, tk), TR.ADAPTER_KIND, TINY)
     merged = TR.healed_model(stories.model, rem, TINY, state)
-    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None, limit=LIMIT, num_fewshot=None,
-                         batch_size=16, use_cache=False, progress=None, should_stop=None, total=1,
-                         states={",".join(map(str, rem)): state}, recipe=TINY)
+    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None,
+                         settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16, use_cache=False),
+                         hooks=RunHooks(), total=1, states={",".join(map(str, rem)): state}, recipe=TINY)
     x = torch.randint(1, 500, (2, 24), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(_logits(runner._build(rem, heal_tag(hc)), x), _logits(merged, x))
+    assert torch.equal(logits(runner._build(rem, heal_tag(hc)), x), logits(merged, x))
     ids = E.eval_ids(small_corpus, stories.tokenizer, EV)
     assert E.evaluate_ppl(merged, ids, EV.window, EV.stride, EV.drop_first_target).ppl == entry["ppl"]["healed"]
     lm = HFLM(pretrained=merged, tokenizer=stories.tokenizer, batch_size=16)
@@ -285,19 +282,6 @@ def test_heal_job_with_tasks_runs_and_is_snapshotted(tasks_env, stories, stories
         m2.shutdown()
 
 
-def _panel_app():
-    import json
-    import os
-
-    from dashboard import heal_panel
-    from swapkl.healing.curves import HealCurves
-    from swapkl.jobs import HealRequest, Job
-
-    job = Job("heal-tasks-panel-test", HealRequest())
-    job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
-    heal_panel.body(job)
-
-
 def test_panel_draws_the_dashed_task_curves(run, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
@@ -306,7 +290,7 @@ def test_panel_draws_the_dashed_task_curves(run, tmp_path, monkeypatch):
     f = tmp_path / "heal.json"
     hc.to_json(f)
     monkeypatch.setenv("SWAPKL_TEST_HEAL", str(f))
-    at = AppTest.from_function(_panel_app, default_timeout=60).run()
+    at = AppTest.from_function(heal_panel_app, default_timeout=60).run()
     assert not at.exception, at.exception
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert len(charts) == 2  # the ΔPPL figure, then the task figure

@@ -15,9 +15,10 @@ import torch
 from swapkl.healing.curves import HealCurves
 from swapkl.healing.recipe import Recipe
 from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.plan import RunHooks
+from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.tasks import TaskSettings
 from support.cli_run import run_swapkl
+from support.tensors import logits
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
@@ -39,18 +40,14 @@ def run(request, tasks_env, stories, small_corpus):
     from swapkl.healing.tasks import heal_task_accuracy
 
     recipe, shared, states = _recipe(request.param), {}, {}
-    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity, repair="bridge", bridge=BRIDGE)
-    res = heal(stories.model, stories.tokenizer, REMOVED, recipe, setup, keep_states=states, shared=shared)
+    setup = HealSetup(corpus=small_corpus, evaluator=EV, identity=stories.identity)
+    res = heal(stories.model, stories.tokenizer, REMOVED, recipe, setup, plan=RemovalPlan(1, repair="bridge", bridge=BRIDGE),
+               keep_states=states, shared=shared)
     hc = HealCurves.from_heals([("given", 1, res)])
     settings = TaskSettings((TASK,), include_path=str(FIXTURE_TASKS), limit=LIMIT)
     ht = heal_task_accuracy(stories.model, stories.tokenizer, hc, settings, recipe, adapters=shared["adapters"],
                             bridges=shared["bridges"], hooks=RunHooks(identity=stories.identity))
     return recipe, res, states, shared, hc, ht
-
-
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
 
 
 def _close(a, b):
@@ -98,9 +95,10 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
     (e,) = ht["methods"]["given"]
     hb = shared["bridges"][tuple(REMOVED)]
     key = ",".join(map(str, REMOVED))
-    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None, limit=LIMIT, num_fewshot=None,
-                         batch_size=16, use_cache=False, progress=None, should_stop=None, total=1,
-                         states={key: dict(states["healed"])}, recipe=recipe, bridges={key: hb})
+    runner = _HealRunner(stories.model, stories.tokenizer, [], None, identity=None,
+                         settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16, use_cache=False),
+                         hooks=RunHooks(), total=1, states={key: dict(states["healed"])}, recipe=recipe,
+                         bridges={key: hb})
     by_hand = {"bridged": bridged_model(stories.model, list(hb.bridges)),
                "healed": TR.healed_model(stories.model, REMOVED, recipe, states["healed"], bridges=hb.bridges)}
     built = {"bridged": runner._build(REMOVED, bridged_tag(hc, hb)), "healed": runner._build(REMOVED, heal_tag(hc, hb))}
@@ -108,7 +106,7 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
     ids = E.eval_ids(small_corpus, stories.tokenizer, EV)
     rows = res.repair["eval"]["rows"]
     for role in ("bridged", "healed"):
-        _close(_logits(built[role], x), _logits(by_hand[role], x))
+        _close(logits(built[role], x), logits(by_hand[role], x))
         ppl = E.evaluate_ppl(built[role], ids, EV.window, EV.stride, EV.drop_first_target).ppl
         assert ppl == pytest.approx(rows[role]["ppl"], rel=1e-6)
         plain = _plain_lm_eval(by_hand[role], stories.tokenizer)
@@ -117,7 +115,7 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
             assert e[role]["stderr"][TASK][f"{m},none"] == plain[f"{m}_stderr,none"]
     assert rows["healed"]["ppl"] == res.ppl["healed"]
     # the training changed the model (the check above could not pass by evaluating the bridged model twice)
-    assert not torch.allclose(_logits(by_hand["healed"], x), _logits(by_hand["bridged"], x))
+    assert not torch.allclose(logits(by_hand["healed"], x), logits(by_hand["bridged"], x))
     if recipe.part == "bridge":  # the trained W moved from its least-squares fit (the healed model carries it)
         (w,) = [v for k, v in states["healed"].items() if k.endswith("swapkl_bridge.W")]
         assert not torch.allclose(w.double(), torch.as_tensor(hb.bridges[0].W))
@@ -132,8 +130,9 @@ def test_cache_keys_carry_the_bridge(run, stories):
     recipe, _, _, shared, hc, ht = run
     hb = shared["bridges"][tuple(REMOVED)]
     _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
-    r = _HealRunner(None, None, [task], None, identity=stories.identity, limit=LIMIT, num_fewshot=None,
-                    batch_size=16, use_cache=True, progress=None, should_stop=None, total=1, states={}, recipe=recipe)
+    r = _HealRunner(None, None, [task], None, identity=stories.identity,
+                    settings=TaskSettings((), limit=LIMIT, num_fewshot=None, batch_size=16), hooks=RunHooks(), total=1,
+                    states={}, recipe=recipe)
     paths = [r._path(REMOVED, tag, task) for tag in (None, bridged_tag(hc, hb), heal_tag(hc, hb), heal_tag(hc))]
     assert len(set(paths)) == 4
     (e,) = ht["methods"]["given"]

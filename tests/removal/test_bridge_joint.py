@@ -59,7 +59,7 @@ def test_admissible_spacing_applies_between_runs_only():
 
 
 def test_sets_are_a_plain_greedy_over_plain_joint_kls(stories, corpus):
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     plan = RemovalPlan(3, ["bridge-joint"], evaluator=EV, repair="bridge", bridge=BRIDGE, spacing=0)
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
@@ -82,7 +82,7 @@ def test_sets_are_a_plain_greedy_over_plain_joint_kls(stories, corpus):
 
 
 def test_one_pass_fits_equal_span_by_span(stories, corpus):
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     together = Bridger(stories.model, stories.tokenizer, corpus, BRIDGE)
     together.fit_spans([(1, 2), (1, 3), (2, 4), (3, 4)])
@@ -94,7 +94,7 @@ def test_one_pass_fits_equal_span_by_span(stories, corpus):
 
 
 def test_without_a_repair_it_fits_its_own_bridges_and_its_sets_are_evaluated_raw(stories, corpus):
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     plan = RemovalPlan(2, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))
@@ -116,7 +116,7 @@ def test_without_a_repair_it_scores_on_the_runs_prompts(stories, corpus):
     step's trial KLs equal plain joint KLs on that contract's prompts, with bridges fitted on calibration text that
     avoids them; the note names the contract's prompt length."""
     from swapkl.contract import Contract
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     contract = Contract(prompts=3, tokens=40, seed=5)
     plan = RemovalPlan(1, ["bridge-joint"], evaluator=EV, method_params={"bridge-joint": {"calib_tokens": 1024}})

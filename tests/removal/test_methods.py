@@ -19,16 +19,6 @@ from swapkl.removal.plan import RemovalPlan, RunHooks
 
 
 
-@pytest.fixture(scope="module")
-def stories(stories_path, wikitext_path):
-    import transformers as tf
-
-    from swapkl.scoring.corpora import from_file
-
-    return (tf.AutoModelForCausalLM.from_pretrained(stories_path).eval(),
-            tf.AutoTokenizer.from_pretrained(stories_path), from_file(wikitext_path))
-
-
 def ctx_for(model, tok, corpus, **params):
     return M.MethodContext(model=model, tokenizer=tok, scores={}, num_layers=5, candidates=[1, 2, 3], spacing=1,
                            partners=None, corpus=corpus, evaluator=Evaluator("tiny", 200, 128, 64),
@@ -46,8 +36,8 @@ def test_registry():
         M.resolve(["interchange"], {"replacement": np.zeros((3, 3))})
 
 
-def test_new_baseline_is_one_function(stories):
-    model, tok, corpus = stories
+def test_new_baseline_is_one_function(stories_hf):
+    model, tok, corpus = stories_hf
 
     @M.register("deepest-first", description="test: deepest candidates first")
     def deepest(ctx, budget):
@@ -83,8 +73,8 @@ def test_block_influence_per_token(kind):
     assert 0 <= bi[3] <= 2
 
 
-def test_bi_method_calibration_is_disjoint(stories):
-    model, tok, corpus = stories
+def test_bi_method_calibration_is_disjoint(stories_hf):
+    model, tok, corpus = stories_hf
     ctx = ctx_for(model, tok, corpus, bi={"calib_tokens": 256})
     out = M.get("bi").func(ctx, 2)
     bi = np.array(out.info["bi"])
@@ -96,8 +86,8 @@ def test_bi_method_calibration_is_disjoint(stories):
     assert all(1 <= i <= 3 for s in out_c.sets for i in s)
 
 
-def test_sleb_iterative(stories):
-    model, tok, corpus = stories
+def test_sleb_iterative(stories_hf):
+    model, tok, corpus = stories_hf
     ctx = ctx_for(model, tok, corpus, sleb={"calib_tokens": 256})
     out = M.get("sleb").func(ctx, 2)
     ids = ctx.calib_ids(256)
@@ -112,8 +102,8 @@ def test_sleb_iterative(stories):
     assert all(k[0].startswith("calib:") for k in ctx.memo.store)
 
 
-def test_random_needs_five_seeds(stories):
-    model, tok, corpus = stories
+def test_random_needs_five_seeds(stories_hf):
+    model, tok, corpus = stories_hf
     ctx = ctx_for(model, tok, corpus, random={"seeds": [0, 1]})
     with pytest.raises(SwapklError, match="at least 5 seeds"):
         M.get("random").func(ctx, 1)

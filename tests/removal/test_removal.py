@@ -110,17 +110,6 @@ def test_regime_verdict_by_hand():
 
 
 # ------------------------------------------------------------------------------------------------ curves
-@pytest.fixture(scope="module")
-def stories(stories_path, wikitext_path):
-    import transformers as tf
-
-    from swapkl.scoring.corpora import from_file
-
-    tok = tf.AutoTokenizer.from_pretrained(stories_path)
-    model = tf.AutoModelForCausalLM.from_pretrained(stories_path).eval()
-    return model, tok, from_file(wikitext_path)
-
-
 def scores5():
     # replacement: layer 1 lowest, then 3 -> [1], [1,3];  interchange: 3 lowest, then 1 -> [3], [1,3]
     r = sym(5, {(0, 1): 0.05, (1, 2): 0.4, (2, 3): 0.3, (3, 4): 0.2})
@@ -128,11 +117,11 @@ def scores5():
     return {"replacement": r, "interchange": i}
 
 
-def test_curves_runner(stories):
+def test_curves_runner(stories_hf):
     from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
     from swapkl.surgery.prune import pruned_copy
 
-    model, tok, corpus = stories
+    model, tok, corpus = stories_hf
     ev = Evaluator("tiny", 200, 128, 64)
     memo = EvalMemo()
     calls = []
@@ -176,10 +165,10 @@ def test_curves_runner(stories):
     assert r2.stats["evaluations"] == 0 and r2.methods["replacement"] == r.methods["replacement"]
 
 
-def test_curves_bad_input(stories):
+def test_curves_bad_input(stories_hf):
     from swapkl.removal.evaluate import Evaluator
 
-    model, tok, corpus = stories
+    model, tok, corpus = stories_hf
     ev = Evaluator("tiny", 200, 128, 64)
     with pytest.raises(BudgetError, match="at most 2"):
         removal_curves(model, tok, scores5(), RemovalPlan(budget=3, methods=["replacement"], evaluator=ev),
@@ -200,11 +189,11 @@ def test_curves_bad_input(stories):
     assert ei.value.partial is not None and not ei.value.partial.complete
 
 
-def test_literature_baselines_not_bound_by_the_rule(stories):
+def test_literature_baselines_not_bound_by_the_rule(stories_hf):
     """SLEB/BI choose from every layer: a budget beyond the rule's maximum (2) is fine for them alone."""
     from swapkl.removal.evaluate import Evaluator
 
-    model, tok, corpus = stories
+    model, tok, corpus = stories_hf
     r = removal_curves(model, tok, None, RemovalPlan(budget=3, methods=["bi"], evaluator=Evaluator("tiny", 200, 128, 64), kl=False, method_params={"bi": {"calib_tokens": 256}}),
                        RunHooks(corpus=corpus))
     assert [len(e["removed"]) for e in r.methods["bi"]] == [1, 2, 3]

@@ -94,7 +94,7 @@ def _spans(removed):
 
 
 def test_every_bridged_point_equals_a_plain_bridged_model(runs, stories, corpus):
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     _raw, r, _memo, _t, plan = runs
     calib_ids = Bridger(stories.model, stories.tokenizer, corpus, dict(plan.bridge)).calib.ids
@@ -157,7 +157,7 @@ def test_result_round_trips_and_old_files_load(runs):
 
 def test_calibration_disjoint_from_prompts_and_evaluation(stories, corpus):
     from swapkl.contract import Contract
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     b = Bridger(stories.model, stories.tokenizer, corpus, dict(BRIDGE), Contract(prompts=8, tokens=64))
     desc = b.prompts.description

@@ -19,7 +19,7 @@ BRIDGE = {"calib_tokens": 1024, "calib_window": 64, "ridge": 0.0}
 
 
 def test_bridge_sets_are_a_plain_greedy_choice_over_plain_bridged_kls(stories, corpus):
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
 
     plan = RemovalPlan(2, ["bridge"], evaluator=EV, repair="bridge", bridge=BRIDGE)
     r = removal_curves(stories.model, stories.tokenizer, None, plan, RunHooks(corpus=corpus, memo=EvalMemo()))

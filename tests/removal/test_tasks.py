@@ -115,14 +115,15 @@ def test_second_run_evaluates_nothing(first_run, stories_path, cache, tmp_path, 
 def test_cache_key_names_each_part():
     """The cache file changes with the weights, removed set, task version and configuration, limit, few-shot count
     and lm-eval version: any of them changes the numbers."""
-    from swapkl.removal.tasks import _Runner
+    from swapkl.removal.plan import RunHooks
+    from swapkl.removal.tasks import TaskSettings, _Runner
 
     task = {"name": TASK, "versions": {TASK: 1.0}, "config_sha": "abc"}
     ident = {"kind": "local", "id": "/m", "fingerprint": "f0", "dtype": "float32"}
 
     def path(removed=(2,), task=task, ident=ident, limit=40, shots=None, version="0.4.13"):
-        r = _Runner(None, None, [task], None, identity=ident, limit=limit, num_fewshot=shots, batch_size=16,
-                    use_cache=True, progress=None, should_stop=None, total=1)
+        r = _Runner(None, None, [task], None, identity=ident,
+                    settings=TaskSettings((), limit=limit, num_fewshot=shots, batch_size=16), hooks=RunHooks(), total=1)
         r.lm_eval_version = version
         return r._path(list(removed), None, task)
 

@@ -49,7 +49,7 @@ def _folded_w(model, calib, i, j):
 def test_bridged_task_accuracy_equals_lm_eval_on_a_plain_bridged_model(stories, wikitext_path, tmp_path,
                                                                       monkeypatch):
     from swapkl.removal import lmeval
-    from swapkl.removal.bridging import Bridger
+    from swapkl.repair.bridger import Bridger
     from swapkl.removal.tasks import TaskSettings, task_accuracy
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))

@@ -26,16 +26,6 @@ from test_removal import scores5
 EV = Evaluator("tiny", 200, 128, 64)
 
 
-@pytest.fixture(scope="module")
-def stories(stories_path, wikitext_path):
-    import transformers as tf
-
-    from swapkl.scoring.corpora import from_file
-
-    return (tf.AutoModelForCausalLM.from_pretrained(stories_path).eval(),
-            tf.AutoTokenizer.from_pretrained(stories_path), from_file(wikitext_path))
-
-
 def zeroed_plain(model, layers, unit):
     m = copy.deepcopy(model)
     layout = layout_for(model, arch.locate(model))
@@ -50,8 +40,8 @@ def zeroed_plain(model, layers, unit):
 
 
 @pytest.mark.parametrize("unit", ["attention", "mlp"])
-def test_unit_curves_equal_plain_reference(stories, unit):
-    model, tok, corpus = stories
+def test_unit_curves_equal_plain_reference(stories_hf, unit):
+    model, tok, corpus = stories_hf
     scores = scores5()
     r = removal_curves(model, tok, scores, RemovalPlan(budget=2, methods=["replacement", "interchange", "bi", "sleb"], evaluator=EV, unit=unit, method_params={"sleb": {"calib_tokens": 256}}),
                        RunHooks(corpus=corpus, memo=EvalMemo()))
@@ -77,8 +67,8 @@ def test_unit_curves_equal_plain_reference(stories, unit):
     assert again.unit == unit and again.sizes == sz
 
 
-def test_unit_curves_separate_memo_keys(stories):
-    model, tok, corpus = stories
+def test_unit_curves_separate_memo_keys(stories_hf):
+    model, tok, corpus = stories_hf
     memo = EvalMemo()
     a = removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["replacement"], evaluator=EV, unit="attention"),
                        RunHooks(corpus=corpus, memo=memo))
@@ -88,8 +78,8 @@ def test_unit_curves_separate_memo_keys(stories):
     assert a.methods["replacement"][0]["ppl"] != b.methods["replacement"][0]["ppl"]
 
 
-def test_block_methods_refused_for_units(stories):
-    model, tok, corpus = stories
+def test_block_methods_refused_for_units(stories_hf):
+    model, tok, corpus = stories_hf
     with pytest.raises(ContractError, match="remove whole blocks only"):
         removal_curves(model, tok, scores5(), RemovalPlan(budget=1, methods=["cka"], evaluator=EV, unit="mlp"),
                        RunHooks(corpus=corpus, memo=EvalMemo()))
@@ -122,8 +112,8 @@ def _plain_sublayer_bi(model, ids, unit):
 
 @pytest.mark.parametrize("kind", ["stories", "gpt_neox", "gpt2"])
 @pytest.mark.parametrize("unit", ["attention", "mlp"])
-def test_sublayer_bi_equals_plain(stories, kind, unit):
-    model = stories[0] if kind == "stories" else tiny_model(kind)
+def test_sublayer_bi_equals_plain(stories_hf, kind, unit):
+    model = stories_hf[0] if kind == "stories" else tiny_model(kind)
     ids = torch.randint(0, 90, (48,), generator=torch.Generator().manual_seed(0))
     got = sublayer_influence(model, ids, unit, window=48, batch_size=1)
     want = _plain_sublayer_bi(model, ids, unit)

@@ -32,3 +32,18 @@ def open_job_page(job, page: str):
     at.switch_page(page).run()
     assert not at.exception, at.exception
     return at
+
+
+def heal_panel_app():
+    """A Streamlit app of the heal panel's body for the healed curves in the file ``$SWAPKL_TEST_HEAL``
+    (``AppTest.from_function``: self-contained)."""
+    import json
+    import os
+
+    from dashboard import heal_panel
+    from swapkl.healing.curves import HealCurves
+    from swapkl.jobs import HealRequest, Job
+
+    job = Job("heal-panel-test", HealRequest())
+    job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
+    heal_panel.body(job)

@@ -62,3 +62,9 @@ def run_swapkl(*args, env: dict | None = None, process: bool = False, timeout: i
             else:
                 os.environ[k] = v
     return CliRun(int(rc), out.getvalue(), err.getvalue())
+
+
+def run_cli(*args, env_extra=None, process: bool = False, timeout=300):
+    """``python -m swapkl *args`` with ``env_extra`` added to the environment: in process, or a real subprocess if
+    ``process`` (a test of the entry point itself)."""
+    return run_swapkl(*args, env=env_extra, process=process, timeout=timeout)

@@ -15,6 +15,7 @@ from swapkl.model.units import layout_for
 from swapkl.surgery.blocks import pruned_copy
 from swapkl.surgery.removal_set import PruneError, RemovalSet
 from swapkl.surgery.skip import SkippedSublayer, removed_copy, skipping_copy, zeroed_copy
+from support.tensors import logits
 
 TOL = 1e-5
 
@@ -37,21 +38,16 @@ def _plain(model, items):
     return pruned_copy(m, [layer for layer, u in items if u == "block"])
 
 
-def _logits(model, x):
-    with torch.no_grad():
-        return model(input_ids=x, use_cache=False).logits
-
-
 def _check(model, items, vocab):
     x = torch.randint(0, vocab, (2, 11), generator=torch.Generator().manual_seed(1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    ref = _logits(_plain(model, items), x)
+    ref = logits(_plain(model, items), x)
     rs = RemovalSet(items)
-    skip = _logits(skipping_copy(model, rs), x)
-    zero = _logits(zeroed_copy(model, rs), x)
+    skip = logits(skipping_copy(model, rs), x)
+    zero = logits(zeroed_copy(model, rs), x)
     assert (skip - ref).abs().max() < TOL
     assert (zero - ref).abs().max() < TOL
-    assert (_logits(model, x) - ref).abs().max() > 1e-3  # the removal changes something
+    assert (logits(model, x) - ref).abs().max() > 1e-3  # the removal changes something
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the caller's model is untouched
 
@@ -86,8 +82,8 @@ def test_skipped_core_is_replaced_and_original_kept():
 def test_block_removal_is_unchanged(kind):
     model = tiny_model(kind)
     x = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(2))
-    a = _logits(removed_copy(model, [1, 2]), x)
-    b = _logits(pruned_copy(model, [1, 2]), x)
+    a = logits(removed_copy(model, [1, 2]), x)
+    b = logits(pruned_copy(model, [1, 2]), x)
     assert torch.equal(a, b)
 
 
@@ -98,7 +94,7 @@ def test_cached_decode_of_the_skipping_model(kind):
     model = tiny_model(kind)
     sk = skipping_copy(model, [0, 2], "attention")
     x = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(3))
-    full = _logits(sk, x)
+    full = logits(sk, x)
     with torch.no_grad():
         out, past = arch.cached_forward(sk, x[:, :6])
         steps = [out.logits[:, -1]]

@@ -16,14 +16,8 @@ from swapkl.views import report
 from swapkl.errors import SwapklError
 from swapkl.removal.curves import CurvesResult
 from swapkl.removal.verdict import regime_verdict
-from support.cli_run import run_swapkl
+from support.cli_run import run_cli
 from test_plots import fake_curves, synthetic
-
-
-def run_cli(*args, env_extra=None, process: bool = False, timeout=300):
-    """``python -m swapkl *args`` with ``env_extra`` added to the environment: in process (``support.cli_run``), or
-    a real subprocess if ``process`` (``test_cli_report_errors`` keeps one, for the entry point)."""
-    return run_swapkl(*args, env=env_extra, process=process, timeout=timeout)
 
 
 def figure_json(doc: str, k: int) -> dict:

@@ -160,7 +160,7 @@ class MethodContext:
     progress: Callable | None = None
     params: dict = field(default_factory=dict)
     unit: str = BLOCK  # what a removed index removes: the block, or its attention / mlp sublayer (skipped)
-    bridger: object = None  # the run's swapkl.removal.bridging.Bridger when it repairs with a bridge, else None
+    bridger: object = None  # the run's swapkl.repair.bridger.Bridger when it repairs with a bridge, else None
     contract: object = None  # the run's scoring Contract: a method's own bridges score on its prompts (None: default)
     _calib_ids: object = None
     _prefix: dict = field(default_factory=dict)  # calibration memo key -> PrefixStore of the base's states on that text

@@ -32,19 +32,19 @@ def block_scores(bridger, candidates) -> dict[int, float]:
     """``{l: mean over the bridger's scoring prompts of KL(base ‖ block l bridged)}`` (nats) for ``candidates``."""
     import torch
 
+    from swapkl.repair.bridge import captured_blocks
     from swapkl.repair.sweep import BridgedSweep
 
-    bridger.fit_spans([(int(c), int(c) + 1) for c in candidates])
-    bridges = [bridger.bridges([int(c)])[0] for c in candidates]
+    bridges = bridger.span_bridges([(int(c), int(c) + 1) for c in candidates])
     c = bridger.contract
     sweep = BridgedSweep(bridger.model, bridger.prompts.ids, c.positions, getattr(torch, c.kl_dtype),
-                         folded={b.start - 1 for b in bridges if b.form == "folded"})
+                         folded=captured_blocks(bridges))
     vecs = sweep.sweep(bridges)
     return {b.start: float(vecs[(b.start, b.end)]["bridged"].double().mean()) for b in bridges}
 
 
 def bridge(ctx, budget):
-    from swapkl.removal.bridging import method_bridger, short_prompts_note
+    from swapkl.removal.bridging import finish_notes, method_bridger
 
     bridger, own = method_bridger(ctx, calib_tokens(ctx, "bridge"))
     scores = block_scores(bridger, ctx.candidates)
@@ -58,8 +58,5 @@ def bridge(ctx, budget):
                                  "calib_tokens": bridger.settings.calib_tokens, "bridge": bridger.settings.to_dict()})
     if len(sets) < budget:
         out.notes.append(f"the score order stops after {len(sets)} layers under spacing Δ={ctx.spacing}")
-    if (note := short_prompts_note(bridger)) is not None:
-        out.notes.append(note)
-    if own:
-        out.notes.append("its sets are evaluated without a bridge here; --repair bridge adds their bridged curve")
+    finish_notes(out, bridger, own)
     return out

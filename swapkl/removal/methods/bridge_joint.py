@@ -41,7 +41,7 @@ def bridge_joint(ctx, budget):
     import torch
 
     from swapkl.errors import ComputeInterrupted
-    from swapkl.removal.bridging import method_bridger, short_prompts_note
+    from swapkl.removal.bridging import finish_notes, method_bridger
     from swapkl.repair.bridge import spans_of
     from swapkl.repair.joint_kl import JointKL
 
@@ -74,8 +74,5 @@ def bridge_joint(ctx, budget):
                                  "bridge": bridger.settings.to_dict()})
     if len(picks) < budget:
         out.notes.append(f"stops after {len(picks)} layers under spacing Δ={ctx.spacing}")
-    if (note := short_prompts_note(bridger)) is not None:
-        out.notes.append(note)
-    if own:
-        out.notes.append("its sets are evaluated without a bridge here; --repair bridge adds their bridged curve")
+    finish_notes(out, bridger, own)
     return out

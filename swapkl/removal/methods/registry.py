@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Sequence
 from swapkl.contract import BLOCK, UNITS, check_unit
 from swapkl.errors import ContractError, SwapklError
 from swapkl.removal.methods.base import DEFAULT_RUNS, VARIANTS, MethodSpec
+from swapkl.repair.settings import MIN_CALIB_TOKENS  # the fewest calibration tokens a run may ask for
 
 PACKAGE = "swapkl.removal.methods"
 #: modules of the package that hold no methods
@@ -37,8 +38,6 @@ _REGISTRY: dict[str, MethodSpec] = {}
 GROUPS: dict[str, tuple[str, ...]] = {}
 #: ``units="any"`` in a declaration: every unit of analysis (:data:`swapkl.contract.UNITS`)
 ANY_UNIT = "any"
-#: the fewest calibration tokens a run may ask for (a handful of windows: fewer says nothing about a layer)
-MIN_CALIB_TOKENS = 16
 
 
 #: the :class:`MethodSpec` fields :func:`register` takes as keywords (how a method is shown and run by default)
