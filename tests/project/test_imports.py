@@ -177,7 +177,7 @@ def test_import_graph_has_no_cycle():
 #: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
 #: its own (the dashboard -- dashboard/, pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
 #: one tier do not import each other.
-LAYERS = (("commands", "dashboard"), ("jobs",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
+LAYERS = (("commands", "dashboard"), ("jobs",), ("study",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
 #: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
 ENTRY_POINT = "swapkl.__main__"
 
