@@ -110,6 +110,8 @@ def run_study(plan: StudyPlan, ev, corpus, load, progress=None, on_row=None, sho
     from swapkl.study.plan import shard as share
 
     models = share(plan.models, *shard) if shard else list(plan.models)
+    for m in models:  # a missing local model is refused before any work
+        row_path(plan, m)
     result = StudyResult(contract=plan.contract_dict(), rows=[], shard=list(shard) if shard else None,
                          complete=False)
     for k, model in enumerate(models, 1):
@@ -128,8 +130,8 @@ def run_study(plan: StudyPlan, ev, corpus, load, progress=None, on_row=None, sho
             row = {"status": "done", **row, "model": model.to_dict(), "cached": False}
             row = finite_json(row)
             write_entry(row_path(plan, model), KIND, row)
-        if tell:
-            tell(1, 1, "read from the study cache" if row.get("cached") else "done")
+        elif tell:
+            tell(1, 1, "read from the study cache")
         result.rows.append(row)
         if on_row:
             on_row(result)
