@@ -197,6 +197,14 @@ class Policy:
             if request.budget > self.max_budget:
                 raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
                                   f"{request.budget} asked")
+        elif request.kind == "study":
+            if request.plan.eval_text:
+                raise PolicyError("this demo server uses its own held-out text; a file cannot be chosen")
+            for m in request.plan.models:
+                self.check_model(m.spec, m.revision)
+            if request.budget > self.max_budget or request.plan.n_boot > 5 * self.max_evidence_boot:
+                raise PolicyError(f"this demo server removes at most {self.max_budget} layers with at most "
+                                  f"{5 * self.max_evidence_boot} bootstrap resamples")
         elif not getattr(request, "train_demo", False):
             self.check_checkpoint_list(request.checkpoints)
 

@@ -341,6 +341,8 @@ def request_key(request) -> str:
     elif request.kind == "compare":
         d["fingerprint"] = [quick_fingerprint(request.model_a, request.revision_a),
                             quick_fingerprint(request.model_b, request.revision_b)]
+    elif request.kind == "study":
+        d["fingerprint"] = [quick_fingerprint(m.spec, m.revision) for m in request.plan.models]
     elif getattr(request, "train_demo", False):
         d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings
     else:

@@ -294,7 +294,7 @@ def test_pages_holds_only_the_pages_app_registers_and_each_hands_over_to_app_nav
     assert first_call(ast.parse('x = 1\ncommon.app_navigation()').body) is None
     app = (ROOT / "app.py").read_text(encoding="utf-8")
     pages = registered_pages(app)
-    assert len(pages) == 5 and "pages/compare.py" in pages
+    assert len(pages) == 6 and "pages/compare.py" in pages and "pages/study.py" in pages
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").iterdir() if p.name != "__pycache__")
     # Streamlit lists every file of pages/ as a page when it discovers the folder: a helper there becomes an address
     assert files == sorted(pages), f"pages/ holds only the pages app.py registers (helpers go to dashboard/): {files}"
