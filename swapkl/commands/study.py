@@ -64,6 +64,7 @@ def build_plan(a) -> P.StudyPlan:
         for k, v in PAPER_CONTRACT["scoring"].items():
             if getattr(a, k, None) == _default(a, k):
                 setattr(a, k, v)
+        a.budget = PAPER_CONTRACT["budget"] if a.budget == 3 else a.budget  # n = 1, 3, 5: the paper's
     if not models:
         raise SwapklError("give the models to study (MODEL..., --models LIST or --preset paper)")
     ev, _ = evaluator_and_corpus(a)
