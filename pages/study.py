@@ -9,19 +9,14 @@ import streamlit as st
 
 from dashboard import common
 from swapkl.errors import SwapklError
-from swapkl.jobs import studies as S
-from swapkl.jobs.contents import content_key
-from swapkl.jobs.defaults import default_contract
-from swapkl.views.captions import contract_caption
+from swapkl.jobs import contents, defaults as D, studies as S
+from swapkl.views import captions
 
 common.app_navigation()  # first: a fresh server's first visit may run this file without app.py
-st.title("Study")
-st.caption("The same analysis on every model of a list, under one contract: regime and protocol gap, removal cost "
-           "of replacement- and interchange-guided sets (I/R with paired CIs), which signal predicts removal cost. "
-           "Each finished model is cached: a study resumes where it stopped, and shares its rows with `swapkl study`.")
+st.title("Study"), st.caption(S.INTRO)
 
 pol = common.policy()
-base = default_contract()
+base = D.default_contract()
 defaults = {"models": "\n".join(pol.models) if pol.demo else "default", "budget": 2, "max_words": 600,
             "n_boot": 200, "prompts": base.prompts, "tokens": base.tokens, "pairs": base.pairs, "evidence": True}
 for k, v in (defaults | S.query_form(st.query_params)).items():
@@ -77,8 +72,8 @@ def body(job) -> None:
     from swapkl.study.across import statements
     from swapkl.study.figures import grid, figures
 
-    sk = (content_key(study.to_dict()),)
-    cap = contract_caption(study.provenance())
+    sk = (contents.content_key(study.to_dict()),)
+    cap = captions.contract_caption(study.provenance())
     for s in statements(study):
         st.markdown(f"- {s}")
     g = common.memo("study_grid", sk, lambda: grid(study)).copy()

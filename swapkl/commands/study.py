@@ -34,11 +34,13 @@ def register(sub) -> None:
     p.add_argument("--shard", default=None, metavar="K/N", help="run share K of N of the models (1-based)")
     p.add_argument("--merge", nargs="+", default=None, metavar="SHARE.json",
                    help="join 'study --shard' outputs into one study (refused when their contracts differ)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the models")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the study JSON here")
-    p.add_argument("--quiet", action="store_true")
+    loading = p.add_argument_group("loading and output")
+    for flags, kw in ((("--dtype",), {"default": "float32", "choices": ["float32", "bfloat16", "float16"]}),
+                      (("--device",), {"default": "auto", "help": "auto | cpu | cuda | cuda:N"}),
+                      (("--trust-remote-code",), {"action": "store_true", "help": "run code shipped with the models"}),
+                      (("--json",), {"default": None, "metavar": "OUT", "help": "write the study JSON here"}),
+                      (("--quiet",), {"action": "store_true"})):
+        loading.add_argument(*flags, **kw)
     add_contract_args(p)
     for act in p._actions:  # --preset also names a ready model list (the paper's)
         if act.dest == "preset":

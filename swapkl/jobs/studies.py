@@ -13,6 +13,10 @@ from swapkl.contract import Contract
 from swapkl.errors import SwapklError
 from swapkl.study.plan import StudyModel, StudyPlan
 
+#: the page's introduction
+INTRO = ("The same analysis on every model of a list, under one contract: regime and protocol gap, removal cost of "
+         "replacement- and interchange-guided sets (I/R with paired CIs), which signal predicts removal cost. Each "
+         "finished model is cached: a study resumes where it stopped, and shares its rows with `swapkl study`.")
 #: the page's evaluator: the matched evaluator's windows on the first ``max_words`` words (labelled so)
 WINDOW, STRIDE = 512, 256
 
@@ -23,14 +27,12 @@ class StudyRequest:
 
     plan: StudyPlan = field(default_factory=StudyPlan)
     kind: str = "study"
+    contract: Contract = field(init=False, compare=False)  # the plan's (what the policy bounds)
+    budget: int = field(init=False, compare=False)
 
-    @property
-    def contract(self) -> Contract:
-        return self.plan.contract
-
-    @property
-    def budget(self) -> int:
-        return self.plan.budget
+    def __post_init__(self):
+        object.__setattr__(self, "contract", self.plan.contract)
+        object.__setattr__(self, "budget", self.plan.budget)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **self.plan.to_dict(), "contract_key": self.plan.key()}

@@ -56,26 +56,20 @@ def test_demo_mode_offers_only_its_models():
 
 @pytest.fixture(scope="module")
 def study_job(tmp_path_factory):
-    import os
+    """One real study job (stories260K, the page's contract at 4 x 32) run by a job manager with its own cache."""
+    from swapkl.jobs.defaults import default_contract
 
     root = tmp_path_factory.mktemp("studyjobs")
-    old = os.environ.get("SWAPKL_CACHE")
-    os.environ["SWAPKL_CACHE"] = str(root / "cache")
-    try:
-        mgr = JobManager(root=root / "dashboard")
-        from swapkl.jobs.defaults import default_contract
-
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SWAPKL_CACHE", str(root / "cache"))
         page = Contract(**(default_contract().to_dict() | {"prompts": 4, "tokens": 32}))  # what the page builds
         req = request(evidence=True, contract=page, eval_text=None)
+        mgr = JobManager(root=root / "dashboard")
         job = mgr.submit(req)
-        assert job.wait(300) and job.status == "done", job.error
+        finished = job.wait(300)
         mgr.shutdown()
+        assert finished and job.status == "done", job.error
         yield root, req, job
-    finally:
-        if old is None:
-            os.environ.pop("SWAPKL_CACHE", None)
-        else:
-            os.environ["SWAPKL_CACHE"] = old
 
 
 def test_the_study_job_runs_publishes_and_is_snapshotted(study_job):
