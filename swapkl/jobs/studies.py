@@ -39,7 +39,7 @@ class StudyRequest:
 
     def label(self) -> str:
         c = self.plan.contract
-        return (f"study of {len(self.plan.models)} models: {', '.join(m.label for m in self.plan.models)} · pairs "
+        return (f"study of {len(self.plan.models)} model(s): {', '.join(m.label for m in self.plan.models)} · pairs "
                 f"{c.pairs} · {c.prompts}×{c.tokens} · budget {self.plan.budget} · evaluator "
                 f"{self.plan.evaluator.get('name')}")
 
