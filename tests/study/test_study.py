@@ -221,3 +221,62 @@ def test_statements_count_the_words_of_the_paired_cis():
     t = table_rows(res)
     assert t[0]["n=3 I vs R"] == "cheaper" and t[4]["n=3 I vs R"] == "tie"
     assert np.isclose(t[0]["n=3 ΔPPL% I"], 5.0)
+
+
+def test_a_study_file_round_trips_and_a_malformed_one_is_one_line(tmp_path):
+    from swapkl.errors import UploadError
+    from swapkl.study.result import StudyResult
+
+    row = {"model": {"spec": "m", "label": "m", "revision": None}, "status": "done", "layers": 4, "params": 10,
+           "verdict": {"regime": "tied"}, "gap": {"median": 0.5, "ci": [0.4, 0.6]},
+           "removal": {"rows": [{"n": 1, "replacement": {"delta_pct": 2.0}, "interchange": {"delta_pct": 1.0},
+                                 "ratio": 0.5, "ratio_ci": [0.3, 0.8], "diff": -1.0, "diff_ci": [-2.0, -0.1],
+                                 "word": "better"}]},
+           "evidence": {"raw": {"replacement": {"rho": 0.5, "ci": [0.1, 0.9]}, "interchange": {"rho": 0.7,
+                                                                                          "ci": [0.2, 0.95]}},
+                        "bridged": None}}
+    res = StudyResult(contract={"budget": 1}, rows=[row, {"model": {"spec": "x", "label": "x", "revision": None},
+                                                          "status": "failed", "error": "no such model"}])
+    path = tmp_path / "s.json"
+    res.to_json(path)
+    back = StudyResult.from_json(path)
+    assert back.to_dict() == res.to_dict() and [r["model"]["label"] for r in back.done()] == ["m"]
+    for bad, words in (({**res.to_dict(), "format": "x"}, "format"),
+                       ({**res.to_dict(), "rows": [dict(row, status="maybe")]}, "status"),
+                       ({**res.to_dict(), "rows": [{k: v for k, v in row.items() if k != "removal"}]}, "removal"),
+                       ({**res.to_dict(), "rows": [dict(row, evidence={"raw": {"replacement": {"rho": 3}}})]}, "rho")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(UploadError, match=words) as e:
+            StudyResult.from_json(path)
+        assert "\n" not in str(e.value)
+
+
+def test_report_study_html_is_self_contained_with_the_grid_and_figures(tmp_path, cli):
+    from swapkl.study.result import StudyResult
+
+    def row(label, ratio, rho_r, rho_i):
+        return {"model": {"spec": label, "label": label, "revision": None}, "status": "done", "layers": 6,
+                "params": 2e6, "verdict": {"regime": "divergent"}, "gap": {"median": 0.3, "ci": [0.2, 0.4]},
+                "removal": {"rows": [{"n": n, "replacement": {"delta_pct": 10.0 * n}, "interchange":
+                                      {"delta_pct": 10.0 * n * ratio}, "ratio": ratio, "ratio_ci": [ratio - .1, ratio + .1],
+                                      "diff": -1.0, "diff_ci": [-2.0, -0.5], "word": "better", "best_baseline": None}
+                                     for n in (1, 2)]},
+                "evidence": {"raw": {"replacement": {"rho": rho_r, "ci": [rho_r - .2, rho_r + .1]},
+                                     "interchange": {"rho": rho_i, "ci": [rho_i - .2, rho_i + .1]},
+                                     "best": "interchange", "best_rho": rho_i, "best_ci": [rho_i - .2, rho_i + .1],
+                                     "pick": {"winner": None, "by": "overlap", "diff_ci": [None, None]}},
+                             "bridged": None},
+                "order": {p: {"values": [0.1, 0.3, 0.2, 0.5, 0.4], "replicates": [[0.1, 0.3, 0.2, 0.5, 0.4]] * 20}
+                          for p in ("replacement", "interchange")},
+                "cost": {"seconds": 3.0, "peak_bytes": 2**30}}
+
+    study = tmp_path / "study.json"
+    StudyResult(contract={"budget": 2, "scoring": {"pairs": "adjacent", "prompts": 4, "tokens": 8}, "n_boot": 20},
+                rows=[row("A", 0.5, 0.6, 0.8), row("B", 0.9, 0.7, 0.4)]).to_json(study)
+    out = tmp_path / "study.html"
+    code, _, err = cli("report", str(study), "--html", "--out", str(out))
+    assert code == 0, err
+    html = out.read_text()
+    assert "2 figures" in err and html.count("Plotly.newPlot(") == 2 and "<script src=" not in html
+    assert "cheaper at n = 2 on 2 of 2 models" in html and "study.csv" in html
+    assert "rank agreement" in html.lower() and "budget 2" in html
