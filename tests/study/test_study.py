@@ -280,3 +280,31 @@ def test_report_study_html_is_self_contained_with_the_grid_and_figures(tmp_path,
     assert "2 figures" in err and html.count("Plotly.newPlot(") == 2 and "<script src=" not in html
     assert "cheaper at n = 2 on 2 of 2 models" in html and "study.csv" in html
     assert "rank agreement" in html.lower() and "budget 2" in html
+
+
+def test_the_paper_preset_is_the_papers_models_at_its_contract_and_sets_the_papers_figures_beside():
+    from swapkl.commands.cli import build_parser
+    from swapkl.commands.study import build_plan
+    from swapkl.study.presets import PAPER_FIGURES, against_paper
+    from swapkl.study.result import StudyResult
+
+    plan = build_plan(build_parser().parse_args(["study", "--preset", "paper"]))
+    labels = [m.label for m in plan.models]
+    assert len(labels) == 14 and {"GPT-2-XL", "OPT-350M", "BLOOM-560M", "Pythia-2.8B", "Qwen3-8B", "Llama-3.1-8B",
+                                  "Mistral-7B"} <= set(labels)
+    c = plan.contract
+    assert (c.pairs, c.prompts, c.tokens, c.positions, c.dtype, plan.budget) == ("adjacent", 100, 128, "all",
+                                                                                "bfloat16", 5)
+    assert build_plan(build_parser().parse_args(["study", "--preset", "paper", "--prompts", "8"])).contract.prompts == 8
+    row = {"model": {"spec": "Qwen/Qwen3-8B", "label": "Qwen3-8B", "revision": None}, "status": "done",
+           "verdict": {"regime": "divergent"}, "gap": {"median": 0.4, "ci": [0.3, 0.5]},
+           "removal": {"rows": [{"n": n, "replacement": {"delta_pct": 10.0, "delta_pct_ci": [8, 12]},
+                                 "interchange": {"delta_pct": 3.0, "delta_pct_ci": [2, 4]}, "ratio": 0.3,
+                                 "ratio_ci": [0.2, 0.4]} for n in (1, 3, 5)]},
+           "evidence": {"raw": {"replacement": {"rho": 0.7, "ci": [0.5, 0.9]},
+                                "interchange": {"rho": 0.5, "ci": [0.2, 0.8]}}}}
+    side = against_paper(StudyResult(contract={}, rows=[row]))
+    ratio = [x for x in side if x["measure"] == "I/R"]
+    assert [(x["n"], x["paper"], x["here"]) for x in ratio] == [(n, PAPER_FIGURES["Qwen3-8B"]["ratio"][n], 0.3)
+                                                               for n in (1, 3, 5)]
+    assert {"regime", "ρ replacement", "ρ interchange"} <= {x["measure"] for x in side}
