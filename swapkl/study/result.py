@@ -37,8 +37,8 @@ class StudyResult:
         c = self.contract
         ev = c.get("evaluator") or {}
         extra = [f"budget {c.get('budget')}", f"methods {', '.join(c.get('methods') or [])}",
-                 f"{c.get('seeds')} random seeds", f"bootstrap B={c.get('n_boot')}",
-                 f"repair {c.get('repair')}"]
+                 *([f"{c.get('seeds')} random seeds"] if "random" in (c.get("methods") or []) else []),
+                 f"bootstrap B={c.get('n_boot')}", f"repair {c.get('repair')}"]
         if c.get("eval_text"):
             extra.append(f"held-out text {c['eval_text']}")
         return Provenance(model=f"study of {len(self.rows)} model(s)", contract=dict(c.get("scoring") or {}),
