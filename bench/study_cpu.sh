@@ -7,7 +7,7 @@
 # (2 windows of 512/256), n = 1..3, the BI baseline (no random seeds: the CPU is shared), 1,000 bootstrap resamples.
 #
 #   bash bench/study_cpu.sh            # assembles the GGUFs once into cache/study-models/, runs, writes
-#                                      # bench/results/study-cpu.json and .txt, and the report study-cpu.html
+#                                      # bench/results/study-cpu.json and .txt, and the report artifacts/study-cpu.html
 # Re-running reads every finished model from the study cache (nothing is computed again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,4 +40,4 @@ export HF_HUB_OFFLINE=1 SWAPKL_CACHE="${SWAPKL_CACHE:-$PWD/cache/study-cache}"
 /usr/bin/time -v python3 -m swapkl study --models "$MODELS/study.yaml" --pairs adjacent --prompts 8 --tokens 64 \
   --corpus "$WIKI" --eval-text "$WIKI" --max-words 500 --budget 3 --methods replacement,interchange,bi --n-boot 1000 --device cpu \
   --json bench/results/study-cpu.json 2> >(tee bench/results/study-cpu.log >&2) | tee bench/results/study-cpu.txt
-python3 -m swapkl report bench/results/study-cpu.json --html --out bench/results/study-cpu.html
+python3 -m swapkl report bench/results/study-cpu.json --html --out artifacts/study-cpu.html

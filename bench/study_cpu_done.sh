@@ -16,4 +16,4 @@ export HF_HUB_OFFLINE=1 SWAPKL_CACHE="${SWAPKL_CACHE:-$PWD/cache/study-cache}"
 python3 -m swapkl study --models "$MODELS/done.yaml" --pairs adjacent --prompts 8 --tokens 64 \
   --corpus "$WIKI" --eval-text "$WIKI" --max-words 500 --budget 3 --methods replacement,interchange,bi --n-boot 1000 \
   --device cpu --json bench/results/study-cpu-done.json | tee bench/results/study-cpu-done.txt
-python3 -m swapkl report bench/results/study-cpu-done.json --html --out bench/results/study-cpu-done.html
+python3 -m swapkl report bench/results/study-cpu-done.json --html --out artifacts/study-cpu-done.html
