@@ -5,7 +5,7 @@ live progress and the summary (the lead figure, the regime verdict with its evid
 recommended removal with its export, best pairs per protocol, gap statistics).  Other pages, registered below with
 ``st.navigation`` and their URLs: ``pages/heatmaps.py`` (/heatmaps), ``pages/curves.py`` (/curves: removal curves
 with the task-accuracy, healing and recommendation panels), ``pages/trajectory.py`` (/trajectory),
-``pages/evidence.py`` (/evidence).  What they share is in ``dashboard/common.py`` and its helper modules
+``pages/evidence.py`` (/evidence), ``pages/compare.py`` (/compare), ``pages/study.py`` (/study: a study across models).  What they share is in ``dashboard/common.py`` and its helper modules
 (docs/architecture.md).  All computation runs in the library through :class:`swapkl.jobs.JobManager` (one per
 server, held by ``st.cache_resource``); pages only draw.
 """
@@ -222,7 +222,8 @@ def main() -> None:
                      url_path="trajectory"),
              st.Page(str(HERE / "pages" / "evidence.py"), title="Evidence", icon=":material/fact_check:",
                      url_path="evidence"),
-             st.Page(str(HERE / "pages" / "compare.py"), title="Compare", icon=":material/compare:", url_path="compare")]
+             st.Page(str(HERE / "pages" / "compare.py"), title="Compare", icon=":material/compare:", url_path="compare"),
+             st.Page(str(HERE / "pages" / "study.py"), title="Study", icon=":material/table_chart:", url_path="study")]
     nav = st.navigation(pages)
     common.sidebar()
     nav.run()

@@ -24,6 +24,8 @@ says so.  ``table`` lists each stage with pass/fail, seconds, share of the measu
 * ``torchrun``: ``torchrun --nproc_per_node=2`` on the one GPU (gloo) equal to one process;
 * ``scaling``: adjacent / gap:3 pairs at 100 prompts and all pairs at 25 / 50 prompts (with ``pythia``'s all pairs
   at 100): seconds against predicted FLOPs (a linear fit), predicted block runs equal to those run;
+* ``study``: ``swapkl study`` on this device (stories260K's row equal to the CPU's), then ``--preset paper`` on
+  every paper model in the local hub cache within the budget, each figure beside the paper's;
 * ``qwen``: the Qwen3-8B shape, gap:3, the real 500 x 128 tokens, bf16: peak memory and seconds measured on the first
   16 pairs (fewer if the budget ends first: ``measured_pairs``), extrapolated to all 102 with the block-run count.
 
@@ -70,7 +72,7 @@ from swapkl.store import atomic_write_text  # noqa: E402
 GIB = 2**30
 #: seconds a stage needs at least to start (full run, smoke run)
 MIN_S = {"env": (5, 1), "correctness": (30, 5), "pythia": (45, 5), "oom": (15, 3), "device_map": (10, 3),
-         "torchrun": (45, 10), "scaling": (20, 3), "qwen": (60, 5)}
+         "torchrun": (45, 10), "scaling": (20, 3), "qwen": (60, 5), "study": (40, 10)}
 
 
 class Run:
@@ -539,8 +541,70 @@ def stage_torchrun(run: Run) -> dict:
                     "stories260K float32 all pairs 8 x 32; pass = within 1e-5 nats of one process"}
 
 
+def _paper_cached() -> list:
+    """The ``--preset paper`` models whose config is in the local hub cache (this script never downloads)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from swapkl.study.presets import preset_models
+
+    return [m for m in preset_models("paper") if isinstance(try_to_load_from_cache(m.spec, "config.json"), str)]
+
+
+def stage_study(run: Run) -> dict:
+    """``swapkl study`` on this device: stories260K's row (removal ΔPPL per n, I/R, the verdict) equal to the same
+    study on the CPU; then ``--preset paper`` (the paper's contract) on every paper model in the local hub cache, as
+    far as the budget allows, each figure beside the paper's (:func:`swapkl.study.presets.against_paper`)."""
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.removal.evaluate import Evaluator
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.study.plan import StudyModel, StudyPlan
+    from swapkl.study.presets import PAPER_CONTRACT, against_paper
+    from swapkl.study.run import run_study
+
+    ev = {"name": "matched@600w", "max_words": 600, "window": 512, "stride": 256, "drop_first_target": False}
+    rows = {}
+    for dev in dict.fromkeys([str(run.dev), "cpu"]):
+        plan = StudyPlan(contract=Contract(prompts=4, tokens=32, device=dev), evaluator=ev, budget=2, n_boot=100,
+                         evidence=False, models=(StudyModel(str(STORIES), None, "stories260K"),))
+        res = run_study(plan, Evaluator.from_dict(ev), load_corpus(), lambda m, d=dev: load_checkpoint(m.spec, device=d))
+        rows[dev] = res.rows[0]
+    here, cpu = rows[str(run.dev)], rows["cpu"]
+    diffs = [abs(a[p]["delta_pct"] - b[p]["delta_pct"]) / max(abs(b[p]["delta_pct"]), 1e-9)
+             for a, b in zip(here["removal"]["rows"], cpu["removal"]["rows"]) for p in ("replacement", "interchange")]
+    out = {"pass": here["status"] == "done" and max(diffs) <= 1e-3 and here["verdict"]["regime"] ==
+           cpu["verdict"]["regime"], "stories_max_rel_diff_vs_cpu": max(diffs), "stories_rows": here["removal"]["rows"],
+           "note": "stories260K, 4 x 32 adjacent, 600 held-out words, n = 1..2: this device against the CPU "
+                   "(pass = ΔPPL within 1e-3 relative, same verdict); then the paper preset on cached models"}
+    cached = [] if run.smoke else _paper_cached()
+    out["paper_models_cached"] = [m.label for m in cached]
+    if cached and run.left() > 60:
+        from swapkl.removal.evaluate import get_evaluator
+
+        sc, pev = PAPER_CONTRACT["scoring"], get_evaluator(PAPER_CONTRACT["evaluator"])
+        plan = StudyPlan(contract=Contract(**sc, device=str(run.dev)), evaluator=pev.to_dict(),
+                         budget=PAPER_CONTRACT["budget"], methods=PAPER_CONTRACT["methods"],
+                         n_boot=PAPER_CONTRACT["n_boot"], models=tuple(cached))
+        deadline = time.perf_counter() + run.left() - 30
+
+        def stop():
+            return time.perf_counter() > deadline
+
+        try:
+            res = run_study(plan, pev, load_corpus(),
+                            lambda m: load_checkpoint(m.spec, dtype=sc["dtype"], device=str(run.dev)),
+                            should_stop=stop)
+        except ComputeInterrupted:
+            res = None
+            out["paper_note"] = "the budget ended during the paper preset; finished models are in the study cache"
+        if res is not None:
+            out["paper_vs_here"] = against_paper(res)
+            out["paper_table"] = [{"model": r["model"]["label"], "status": r["status"]} for r in res.rows]
+    return out
+
+
 STAGES = {"env": stage_env, "correctness": stage_correctness, "pythia": stage_pythia, "oom": stage_oom,
-          "device_map": stage_device_map, "torchrun": stage_torchrun, "scaling": stage_scaling, "qwen": stage_qwen}
+          "device_map": stage_device_map, "torchrun": stage_torchrun, "scaling": stage_scaling, "qwen": stage_qwen,
+          "study": stage_study}
 
 
 def main(argv=None) -> int:

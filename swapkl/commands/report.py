@@ -51,6 +51,8 @@ def register(sub) -> None:
     p.add_argument("--title", default=None, help="report title")
     p.add_argument("--top", type=int, default=10, help="rows of the top-pairs table (default 10)")
     p.add_argument("--out", default="report.html", help="output HTML file (default: %(default)s)")
+    p.add_argument("--html", action="store_true",
+                   help="write HTML (the only format; accepted for 'swapkl report STUDY.json --html')")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
@@ -61,6 +63,8 @@ def _say(a, msg: str) -> None:
 
 
 def run(a) -> int:
+    if a.model and str(a.model).endswith(".json") and _is_study(a.model):
+        return _study_report(a)
     block_unit_only(a, "report")  # sublayer removal is not done here yet: refused before any work
     if a.budget is not None and a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
@@ -105,6 +109,29 @@ def run(a) -> int:
         v = report._verdict(result, curves)
         if v and "sentence" in v:
             print(v["sentence"])
+    return 0
+
+
+def _is_study(path: str) -> bool:
+    """Whether MODEL is a study file (``swapkl study --json``): its first bytes carry the study format tag."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return '"swapkl.study/1"' in f.read(4096)
+    except OSError:
+        return False
+
+
+def _study_report(a) -> int:
+    """``swapkl report STUDY.json --html``: the study's self-contained report (grid, figures, statements)."""
+    from swapkl.study.figures import section
+    from swapkl.study.result import StudyResult
+
+    path, a.model = a.model, None  # a file, not a model spec
+    check_outputs(a, {"--out": a.out}, inputs=[path])
+    study = StudyResult.from_json(path)
+    html = report.build_report(title=a.title or f"swapkl study: {len(study.rows)} models", out=a.out,
+                               sections=[section(study)])
+    _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
     return 0
 
 

@@ -9,7 +9,7 @@ from swapkl.compare.agreement import matrix
 from swapkl.scoring.results import matrix_json
 from swapkl.views.captions import _stamp, contract_caption, fmt_number
 from swapkl.views.links import add_cell_markers
-from swapkl.views.scores import is_adjacent_only
+from swapkl.views.scores import is_adjacent_only, layer_axes
 
 
 def _label(res, side: str) -> str:
@@ -60,8 +60,8 @@ def side_by_side(a, b, protocol: str, caption: str | None = None):
                       coloraxis2={"colorscale": "RdBu_r", "cmin": -max(span, 1e-9), "cmax": max(span, 1e-9),
                                   "colorbar": {"title": {"text": "B − A"}}},
                       height=420, width=1200, plot_bgcolor="white")
-    fig.update_yaxes(autorange="reversed", title_text="layer i", showgrid=False)
-    fig.update_xaxes(title_text="layer j", showgrid=False)
+    for col in (1, 2, 3):
+        layer_axes(fig, L, row=1, col=col)
     return _stamp(fig, title, caption or contract_caption(a), extra_top=18)
 
 

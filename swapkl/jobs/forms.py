@@ -262,6 +262,8 @@ def request_caption(req) -> str:
         return ""
     if req.kind == "trajectory":
         return views.contract_caption(req.contract.provenance(model=f"trajectory: {req.checkpoints[:80]}"))
+    if req.kind == "study":
+        return req.label()
     model = req.model + (f"@{req.revision}" if req.revision else "")
     cap = views.contract_caption(req.contract.provenance(model=model),
                                  evaluator=req.evaluator if req.wants_curves else None)

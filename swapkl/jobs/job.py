@@ -70,7 +70,7 @@ class Job:
         self.request = request
         # per drawable part, how often it was replaced (a page redraws only when a part it shows changed)
         self.updates = {"result": 0, "curves": 0, "trajectory": 0, "evidence": 0, "tasks": 0, "heal": 0,
-                        "comparison": 0, "bridged": 0}
+                        "comparison": 0, "bridged": 0, "study": 0}
         self.progress_path: Path | None = None  # where publish writes the progress JSON (the dashboard's poll)
         self._published = 0.0
         self.status = QUEUED
@@ -81,6 +81,7 @@ class Job:
         self.tasks = None  # a TasksResult (task accuracy jobs)
         self.heal = None  # a HealCurves (healing jobs)
         self.comparison = None  # a CompareResult (compare jobs)
+        self.study = None  # a StudyResult (study jobs; partial while it runs)
         self.bridged = None  # a BridgedResult's dict (analysis jobs with a bridge repair): the third matrix
         self.error: str | None = None
         self.error_kind: str | None = None
@@ -181,10 +182,10 @@ class Job:
         self._cancel.set()
 
     def done_from(self, note: str, result=None, curves=None, trajectory=None, evidence=None, tasks=None,
-                  heal=None, comparison=None, bridged=None) -> None:
+                  heal=None, comparison=None, bridged=None, study=None) -> None:
         """Finished at once without computing (a snapshot or an opened file), holding these parts."""
         for name, part in (("result", result), ("curves", curves), ("trajectory", trajectory), ("evidence", evidence),
-                           ("tasks", tasks), ("heal", heal), ("comparison", comparison), ("bridged", bridged)):
+                           ("tasks", tasks), ("heal", heal), ("comparison", comparison), ("bridged", bridged), ("study", study)):
             if part is not None:
                 setattr(self, name, part)
         self.from_snapshot = True

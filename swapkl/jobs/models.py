@@ -51,6 +51,11 @@ class ModelCache:
                     self._models.popitem(last=False)
         return ck
 
+    def clear(self) -> None:
+        """Drop every loaded checkpoint (a study holds one model at a time)."""
+        with self._lock:
+            self._models.clear()
+
     def keys(self) -> list[tuple]:
         with self._lock:
             return list(self._models)

@@ -197,6 +197,8 @@ class Policy:
             if request.budget > self.max_budget:
                 raise PolicyError(f"this demo server removes at most {self.max_budget} layers; budget "
                                   f"{request.budget} asked")
+        elif request.kind == "study":
+            check_study(self, request)
         elif not getattr(request, "train_demo", False):
             self.check_checkpoint_list(request.checkpoints)
 
@@ -320,3 +322,15 @@ def _models(models) -> tuple:
     if not out:
         raise PolicyError("the demo allow-list of models is empty")
     return out
+
+
+def check_study(pol: Policy, request) -> None:
+    """A study in demo mode: allow-listed models only, the server's held-out text, the budget and bootstrap bounds
+    of an evidence request (5 x its stability bound: the study's CIs are the agreement's)."""
+    if request.plan.eval_text:
+        raise PolicyError("this demo server uses its own held-out text; a file cannot be chosen")
+    for m in request.plan.models:
+        pol.check_model(m.spec, m.revision)
+    if request.budget > pol.max_budget or request.plan.n_boot > 5 * pol.max_evidence_boot:
+        raise PolicyError(f"this demo server removes at most {pol.max_budget} layers with at most "
+                          f"{5 * pol.max_evidence_boot} bootstrap resamples")

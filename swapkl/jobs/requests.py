@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swapkl import __version__
-from swapkl.model import builtin
 from swapkl.removal import methods as M
 from swapkl.removal.plan import REPAIRS, RemovalPlan
 from swapkl.repair import forms
-from swapkl.store import file_sha256, folder_fingerprint
+from swapkl.model.fingerprint import quick_fingerprint
 from swapkl.contract import BLOCK, Contract, stable_hash
 from swapkl.errors import ContractError
 from swapkl.trajectory.checkpoints import parse_checkpoints
@@ -334,22 +333,6 @@ class HealRequest:
                 f"{self.recipe_obj().describe()}{rep}{tasks}")
 
 
-def quick_fingerprint(model: str, revision: str | None = None) -> str:
-    """A content fingerprint of a checkpoint spec without loading the model (sha256s are memoised on disk):
-    built-in / GGUF: the GGUF file's sha256; local folder: its config + weight files; hub: ``id@revision``.
-    Raises :class:`~swapkl.errors.ModelLoadError` for a missing path."""
-    from swapkl.model.checkpoints import parse_spec  # deferred: swapkl.checkpoints imports torch
-
-    sp = parse_spec(model, revision)
-    if sp.kind == "builtin":
-        return "builtin:" + file_sha256(builtin.default_gguf_path())
-    if sp.kind == "gguf":
-        return "gguf:" + file_sha256(sp.source)
-    if sp.kind == "local":
-        return "local:" + folder_fingerprint(sp.source)
-    return f"hub:{sp.source}@{sp.revision or 'main'}"
-
-
 def request_key(request) -> str:
     """The job key: hash of the request, the model fingerprint(s) and the swapkl version."""
     d = request.to_dict()
@@ -358,6 +341,8 @@ def request_key(request) -> str:
     elif request.kind == "compare":
         d["fingerprint"] = [quick_fingerprint(request.model_a, request.revision_a),
                             quick_fingerprint(request.model_b, request.revision_b)]
+    elif request.kind == "study":
+        d["fingerprint"] = [quick_fingerprint(m.spec, m.revision) for m in request.plan.models]
     elif getattr(request, "train_demo", False):
         d["fingerprint"] = "demo"  # what the folder will hold is fixed by the demo's settings
     else:

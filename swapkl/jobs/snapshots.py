@@ -42,6 +42,8 @@ class SnapshotStore:
             data["heal"] = job.heal.to_dict()
         elif job.request.kind == "compare":
             data["comparison"] = job.comparison.to_dict()
+        elif job.request.kind == "study":
+            data["study"] = job.study.to_dict()
         else:
             data["result"] = job.result.to_dict()
             data["curves"] = job.curves.to_dict() if job.curves is not None else None
@@ -87,6 +89,10 @@ class SnapshotStore:
                 from swapkl.compare.result import CompareResult
 
                 parts = {"comparison": CompareResult.from_dict(data["comparison"], f"snapshot {where}")}
+            elif job.request.kind == "study":
+                from swapkl.study.result import StudyResult
+
+                parts = {"study": StudyResult.from_dict(data["study"], f"snapshot {where}")}
             else:
                 if job.request.wants_curves and data.get("curves") is None:
                     return False

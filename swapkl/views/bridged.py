@@ -14,6 +14,7 @@ from swapkl.errors import SwapklError
 from swapkl.removal.verdict import regime_verdict
 from swapkl.scoring.results import matrix_json
 from swapkl.views.captions import _stamp, contract_caption, fmt_number
+from swapkl.views.scores import layer_axes
 
 TIE_NATS = 1e-9  # two bridged means closer than this favour neither pair
 
@@ -142,8 +143,7 @@ def bridged_heatmaps(result, bridged: dict, colorscale: str = "Viridis", caption
         fig.add_trace(go.Heatmap(z=matrix_json(m), x=axis, y=axis, coloraxis="coloraxis", name=short, xgap=1,
                                  ygap=1, hovertemplate="i %{y} · j %{x}: %{z:.4g} nats<extra>" + short + "</extra>"),
                       row=1, col=col)
-        fig.update_yaxes(autorange="reversed", title_text="layer i", dtick=1 if L <= 32 else None, row=1, col=col)
-        fig.update_xaxes(title_text="layer j", dtick=1 if L <= 32 else None, row=1, col=col)
+        layer_axes(fig, L, row=1, col=col)
     fig.update_layout(coloraxis={"colorscale": colorscale, "cmin": zmin, "cmax": zmax,
                                  "colorbar": {"title": {"text": "nats"}}},
                       height=440, width=1280, plot_bgcolor="white")

@@ -89,6 +89,25 @@ def _log_ticks(zmin: float, zmax: float) -> tuple[list, list]:
     return vals, [f"{10.0 ** v:.3g}" for v in vals]
 
 
+def layer_ticks(L: int) -> list[int]:
+    """The tick values of a layer axis: every layer index 0..L-1 up to 32 layers, else every k-th (about 16 ticks),
+    always within 0..L-1."""
+    step = 1 if L <= 32 else math.ceil(L / 16)
+    return list(range(0, L, step))
+
+
+def layer_axes(fig, L: int, x_title: str = "layer j", y_title: str = "layer i", **where):
+    """Fix a heatmap's axes to the real layer indices: x over [-0.5, L-0.5], y the same reversed (row 0 on top),
+    ticks :func:`layer_ticks` -- so nothing drawn on top (the clickable cell markers, marked bands) widens them
+    past the first and last layer.  ``where``: ``row``/``col`` of a subplot."""
+    ticks = layer_ticks(L)
+    fig.update_xaxes(title_text=x_title, range=[-0.5, L - 0.5], autorange=False, tickmode="array", tickvals=ticks,
+                     showgrid=False, zeroline=False, **where)
+    fig.update_yaxes(title_text=y_title, range=[L - 0.5, -0.5], autorange=False, tickmode="array", tickvals=ticks,
+                     showgrid=False, zeroline=False, **where)
+    return fig
+
+
 # ============================================================================================ heatmaps
 def heatmaps(result, scale: str = "linear", directed: bool = False, colorscale: str = "Viridis",
              caption: str | None = None):
@@ -140,13 +159,8 @@ def heatmaps(result, scale: str = "linear", directed: bool = False, colorscale: 
         cbar.update(tickvals=tv, ticktext=tt)
     fig.update_layout(coloraxis={"colorscale": colorscale, "cmin": zmin, "cmax": zmax, "colorbar": cbar},
                       height=480, width=980)
-    fig.update_yaxes(autorange="reversed", title_text="slot i" if directed else "layer i", dtick=1 if L <= 32 else None,
-                     row=1, col=1)
-    fig.update_xaxes(title_text="block j" if directed else "layer j", dtick=1 if L <= 32 else None, row=1, col=1)
-    fig.update_yaxes(autorange="reversed", title_text="layer i", dtick=1 if L <= 32 else None, row=1, col=2)
-    fig.update_xaxes(title_text="layer j", dtick=1 if L <= 32 else None, row=1, col=2)
-    fig.update_xaxes(showgrid=False, zeroline=False)
-    fig.update_yaxes(showgrid=False, zeroline=False)
+    layer_axes(fig, L, "block j" if directed else "layer j", "slot i" if directed else "layer i", row=1, col=1)
+    layer_axes(fig, L, row=1, col=2)
     fig.update_layout(plot_bgcolor="white")
     return _stamp(fig, "Swap-KL by protocol (lower = more redundant)", caption or contract_caption(result),
                   extra_top=18)
@@ -172,11 +186,8 @@ def gap_heatmap(result, colorscale: str = "RdBu_r", caption: str | None = None):
                                zmin=-amp if amp > 0 else None, zmax=amp if amp > 0 else None, text=text,
                                hovertemplate="%{text}<extra>gap</extra>", xgap=1, ygap=1,
                                colorbar={"title": {"text": "d_repl − d_inter (nats)"}}))
-    fig.update_yaxes(autorange="reversed", title_text="layer i", dtick=1 if L <= 32 else None)
-    fig.update_xaxes(title_text="layer j", dtick=1 if L <= 32 else None)
+    layer_axes(fig, L)
     fig.update_layout(height=480, width=560, plot_bgcolor="white")
-    fig.update_xaxes(showgrid=False, zeroline=False)
-    fig.update_yaxes(showgrid=False, zeroline=False)
     return _stamp(fig, "Protocol gap d_repl − d_inter", caption or contract_caption(result))
 
 
@@ -274,7 +285,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
                       annotation_font_size=10)
     L = result.num_layers
     fig.update_xaxes(title_text="layer depth (pair i–i+1 drawn between layers i and i+1)", range=[0, L - 1],
-                     dtick=1 if L <= 32 else None)
+                     autorange=False, tickmode="array", tickvals=layer_ticks(L))
     fig.update_yaxes(title_text="swap-KL, nats" + (" (log scale)" if log_y else ""), type="log" if log_y else "linear")
     fig.update_layout(height=460, width=980, hovermode="x unified", plot_bgcolor="white",
                       legend={"orientation": "h", "y": -0.2})

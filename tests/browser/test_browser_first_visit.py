@@ -37,7 +37,7 @@ ADDRESSES = [("start", f"/?prompts={START_PROMPTS}", "swapkl — protocol-aware 
              ("curves", "/curves", "Removal curves"),
              ("trajectory", "/trajectory", "Training trajectory"),
              ("evidence", "/evidence", "Evidence"),
-             ("compare", "/compare?a=job-a&b=job-b", "Compare")]
+             ("compare", "/compare?a=job-a&b=job-b", "Compare"), ("study", "/study?models=default&budget=1", "Study")]
 #: how a server is started: the README's way (./run.sh runs serve.py) and Streamlit's own command
 LAUNCHERS = {"run.sh": streamlit_cmd,
              "streamlit run app.py": lambda port: [sys.executable, "-m", "streamlit", "run", "app.py",

@@ -12,7 +12,7 @@ from support.app_util import APP, TIMEOUT
 
 #: each page file, its heading
 PAGES = [("pages/heatmaps.py", "Heatmaps"), ("pages/curves.py", "Removal curves"),
-         ("pages/trajectory.py", "Training trajectory"), ("pages/evidence.py", "Evidence"), ("pages/compare.py", "Compare")]
+         ("pages/trajectory.py", "Training trajectory"), ("pages/evidence.py", "Evidence"), ("pages/compare.py", "Compare"), ("pages/study.py", "Study")]
 
 
 @pytest.mark.parametrize("page,heading", PAGES)

@@ -177,7 +177,7 @@ def test_import_graph_has_no_cycle():
 #: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
 #: its own (the dashboard -- dashboard/, pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
 #: one tier do not import each other.
-LAYERS = (("commands", "dashboard"), ("jobs",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
+LAYERS = (("commands", "dashboard"), ("jobs",), ("study",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
 #: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
 ENTRY_POINT = "swapkl.__main__"
 
@@ -294,7 +294,7 @@ def test_pages_holds_only_the_pages_app_registers_and_each_hands_over_to_app_nav
     assert first_call(ast.parse('x = 1\ncommon.app_navigation()').body) is None
     app = (ROOT / "app.py").read_text(encoding="utf-8")
     pages = registered_pages(app)
-    assert len(pages) == 5 and "pages/compare.py" in pages
+    assert len(pages) == 6 and "pages/compare.py" in pages and "pages/study.py" in pages
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").iterdir() if p.name != "__pycache__")
     # Streamlit lists every file of pages/ as a page when it discovers the folder: a helper there becomes an address
     assert files == sorted(pages), f"pages/ holds only the pages app.py registers (helpers go to dashboard/): {files}"

@@ -17,7 +17,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_models as gm
 
-STAGES = ["env", "correctness", "pythia", "oom", "device_map", "torchrun", "scaling", "qwen"]
+STAGES = ["env", "correctness", "pythia", "oom", "device_map", "torchrun", "scaling", "qwen", "study"]
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,12 @@ def test_oom_device_map_and_torchrun_stages_compare_values(smoke):
     tr = smoke["stages"]["torchrun"]
     assert tr["world"] == 2 and [r["rank"] for r in tr["ranks"]] == [0, 1]
     assert sum(r["pairs"] for r in tr["ranks"]) == 10 and tr["max_abs_diff_nats"] <= 1e-5
+
+
+def test_the_study_stage_runs_the_study_on_the_device(smoke):
+    st = smoke["stages"]["study"]
+    assert st["pass"] is True and st["stories_max_rel_diff_vs_cpu"] == 0.0  # the CPU against itself
+    assert [r["n"] for r in st["stories_rows"]] and st["paper_models_cached"] == []
 
 
 def test_a_stage_that_does_not_fit_the_budget_is_skipped_and_said(tmp_path):

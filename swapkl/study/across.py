@@ -1,0 +1,130 @@
+"""Across models: the table a paper prints (one row per model, the columns of :mod:`swapkl.study.measure`), the
+statements the table supports, each counted from per-model CIs ("interchange-guided removal is cheaper at n = 3 on 4
+of 6 models; tie on 2"), and the rank agreement of the layer orderings of models that share a depth."""
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+
+from swapkl.evidence.agreement import _ci as ci_of, spearman, spearman_rows
+from swapkl.study.measure import PROTOCOLS
+from swapkl.views.captions import fmt_number as fmt
+
+WORD_OF = {"better": "cheaper", "worse": "costlier", "tie": "tie"}
+
+
+def _ci(ci, digits: int = 2) -> str:
+    if not ci or ci[0] is None:
+        return ""
+    return f" [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
+def table_rows(result) -> list[dict]:
+    """One flat dict per row (the grid's and the HTML table's columns, plain strings and numbers): model, layers,
+    parameters (M), regime, KL ratio I/R [CI], per n ΔPPL % R / I, I/R [CI], I − R word, best baseline, ρ per
+    protocol [CI] raw and bridged, seconds, peak GiB; a failed row: its reason."""
+    out = []
+    for r in result.rows:
+        row = {"model": r["model"]["label"], "spec": r["model"]["spec"]}
+        if r.get("status") != "done":
+            out.append(row | {"status": f"failed: {r.get('error')}"})
+            continue
+        g = r["gap"]
+        row |= {"status": "cached" if r.get("cached") else "done", "layers": r["layers"],
+                "params (M)": round(r["params"] / 1e6, 1), "regime": r["verdict"].get("regime"),
+                "KL ratio I/R": f"{fmt(g['median'], 3)}{_ci(g['ci'], 3)}"}
+        for x in r["removal"]["rows"]:
+            n = x["n"]
+            row[f"n={n} ΔPPL% R"] = round(x["replacement"]["delta_pct"], 2)
+            row[f"n={n} ΔPPL% I"] = round(x["interchange"]["delta_pct"], 2)
+            row[f"n={n} I/R"] = f"{fmt(x['ratio'], 3)}{_ci(x['ratio_ci'], 3)}"
+            row[f"n={n} I vs R"] = WORD_OF.get(x["word"], "-")
+            b = x.get("best_baseline")
+            row[f"n={n} best baseline"] = f"{b['method']} {b['delta_pct']:+.1f}" if b else "-"
+        for part in ("raw", "bridged"):
+            ev = (r.get("evidence") or {}).get(part)
+            if not ev:
+                continue
+            tag = "" if part == "raw" else " (bridged)"
+            for p in PROTOCOLS:
+                row[f"ρ {p}{tag}"] = f"{fmt(ev[p]['rho'], 2)}{_ci(ev[p]['ci'])}"
+            row[f"best predictor{tag}"] = f"{ev['best']} {fmt(ev['best_rho'], 2)}{_ci(ev['best_ci'])}"
+        cost = r.get("cost") or {}
+        row["seconds"] = round(cost.get("seconds") or 0.0, 1)
+        row["peak GiB"] = round(cost["peak_bytes"] / 2**30, 2) if cost.get("peak_bytes") else None
+        out.append(row)
+    return out
+
+
+def _count(words: list, keys=("better", "tie", "worse")) -> dict:
+    return {k: words.count(k) for k in keys}
+
+
+def removal_statements(result) -> list[str]:
+    """Per n: on how many models interchange-guided removal is cheaper / tied / costlier than replacement-guided
+    (the paired CI of ΔPPL %(I) − ΔPPL %(R); a tie when it includes 0), and on how many the best baseline is below
+    both guided sets."""
+    done = result.done()
+    ns = sorted({x["n"] for r in done for x in r["removal"]["rows"]})
+    out = []
+    for n in ns:
+        rows = [x for r in done for x in r["removal"]["rows"] if x["n"] == n]
+        c = _count([x["word"] for x in rows])
+        s = (f"interchange-guided removal is cheaper at n = {n} on {c['better']} of {len(rows)} models; tie on "
+             f"{c['tie']}; costlier on {c['worse']} (paired 95 % CI of ΔPPL %(I) − ΔPPL %(R) over the same windows)")
+        beat = sum(1 for x in rows if x.get("best_baseline") and x["best_baseline"]["delta_pct"]
+                   < min(x["replacement"]["delta_pct"], x["interchange"]["delta_pct"]))
+        out.append(s + f"; the best baseline is below both guided sets on {beat} (point estimates)")
+    return out
+
+
+def gap_statement(result) -> str | None:
+    done = result.done()
+    if not done:
+        return None
+    below = sum(1 for r in done if r["gap"]["ci"][1] is not None and r["gap"]["ci"][1] < 1)
+    above = sum(1 for r in done if r["gap"]["ci"][0] is not None and r["gap"]["ci"][0] > 1)
+    regimes = [r["verdict"].get("regime") or "none" for r in done]
+    counts = ", ".join(f"{k} on {regimes.count(k)}" for k in dict.fromkeys(regimes))
+    return (f"interchange KL is below replacement KL (95 % CI of the median ratio below 1) on {below} of {len(done)} "
+            f"models, above on {above}, undecided on {len(done) - below - above}; regimes: {counts}")
+
+
+def predictor_statements(result) -> list[str]:
+    """Which protocol predicts single-block removal cost better, counted over models, raw and after the bridge."""
+    out = []
+    for part, tag in (("raw", ""), ("bridged", " after the bridge")):
+        picks = [((r.get("evidence") or {}).get(part) or {}).get("pick") for r in result.done()]
+        picks = [p for p in picks if p]
+        if not picks:
+            continue
+        w = [p["winner"] or "tie" for p in picks]
+        out.append(f"replacement predicts single-block removal cost{tag} better on {w.count('replacement')} of "
+                   f"{len(picks)} models, interchange on {w.count('interchange')}, tie on {w.count('tie')} "
+                   "(Spearman ρ with the held-out ΔPPL %; paired ρ-difference CI where one is the best signal, else "
+                   "the ρ CIs' overlap)")
+    return out
+
+
+def statements(result) -> list[str]:
+    return [s for s in [gap_statement(result), *removal_statements(result), *predictor_statements(result)] if s]
+
+
+def rank_agreement(result) -> list[dict]:
+    """Every pair of finished models of one depth: per protocol the Spearman ρ of their adjacent-pair scores with
+    a 95 % CI over independent prompt resamples of each model (:func:`swapkl.study.measure.layer_order`)."""
+    out = []
+    done = [r for r in result.done() if r.get("order")]
+    for a, b in combinations(done, 2):
+        if a["layers"] != b["layers"]:
+            continue
+        row = {"a": a["model"]["label"], "b": b["model"]["label"], "layers": a["layers"]}
+        for p in PROTOCOLS:
+            va, vb = (np.array([np.nan if v is None else v for v in r["order"][p]["values"]]) for r in (a, b))
+            ra, rb = (np.array(r["order"][p]["replicates"], dtype=float) for r in (a, b))
+            m = np.isfinite(va) & np.isfinite(vb)
+            ci = ci_of(spearman_rows(ra[:, m], rb[:, m])) if m.sum() >= 3 else [None, None]
+            row[p] = {"rho": spearman(va, vb) if m.sum() >= 3 else None, "ci": ci}
+        out.append(row)
+    return out
