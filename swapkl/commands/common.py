@@ -220,6 +220,26 @@ def bridge_fields(a) -> dict:
     return {"repair": repair, "bridge": {k: v for k, v in given.items() if v is not None}}
 
 
+def add_selection_args(p) -> None:
+    """The selection rule's candidates and partners, for every command that picks removal sets (curves, tasks, heal):
+    ``--include-boundary`` and ``--partners``."""
+    p.add_argument("--include-boundary", action="store_true", help="allow removing the first and last layer")
+    p.add_argument("--partners", default=None,
+                   help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
+
+
+def selection_fields(a) -> dict:
+    """The plan fields of :func:`add_selection_args`' flags: ``exclude_boundary`` and ``partners`` (``adjacent``,
+    ``all``, an integer K, or None for every scored pair); a bad ``--partners`` is refused in one line."""
+    partners = a.partners
+    if partners is not None and partners not in ("adjacent", "all"):
+        try:
+            partners = int(partners)
+        except ValueError:
+            raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
+    return {"exclude_boundary": not a.include_boundary, "partners": partners}
+
+
 def removal_plan(a, methods, **fields):
     """The :class:`~swapkl.removal.plan.RemovalPlan` of a removal command, built once from its arguments and
     checked here, before any model is loaded: ``--budget`` (and ``--spacing`` where the command has it) refused in

@@ -10,7 +10,7 @@ from swapkl.removal import curves as C
 from swapkl.removal.checks import check_evaluator_context, check_scores
 from swapkl.removal.curves import EvalMemo
 from swapkl.removal.plan import RunHooks
-from swapkl.commands.common import (evaluator_and_corpus, ProgressPrinter, add_bridge_args, add_contract_args,
+from swapkl.commands.common import (add_selection_args, selection_fields, evaluator_and_corpus, ProgressPrinter, add_bridge_args, add_contract_args,
                                     add_model_args, check_outputs, add_unit_arg, contract_from_args, emit,
                                     load_from_args, removal_plan)
 from swapkl.contract import check_unit
@@ -36,9 +36,7 @@ def register(sub) -> None:
     p.add_argument("--drop-first-target", action="store_true",
                    help="paper-compatibility: never score the first new token of each later window")
     p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
-    p.add_argument("--include-boundary", action="store_true", help="allow removing the first and last layer")
-    p.add_argument("--partners", default=None,
-                   help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
+    add_selection_args(p)
     p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds (>= 5)")
     p.add_argument("--calib-tokens", type=int, default=None,
                    help=f"calibration tokens for every method that reads calibration text "
@@ -79,15 +77,9 @@ def run(a) -> int:
     check_outputs(a, {"--json": a.json, "--figure": a.figure}, inputs=[a.scores, a.eval_text, *a.with_curves])
     others = [C.CurvesResult.from_json(f, "--with file") for f in a.with_curves]  # bad files fail first
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    partners = a.partners
-    if partners is not None and partners not in ("adjacent", "all"):
-        try:
-            partners = int(partners)
-        except ValueError:
-            raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
     # unknown methods, a bad budget and a too-small --calib-tokens fail before anything loads; the plan gives
     # --calib-tokens to every calibration method
-    plan = removal_plan(a, methods, exclude_boundary=not a.include_boundary, partners=partners,
+    plan = removal_plan(a, methods, **selection_fields(a),
                         seeds=tuple(range(a.seeds)), kl=not a.no_kl, calib_tokens=a.calib_tokens)
     ev, corpus = evaluator_and_corpus(a, a.drop_first_target or None)
     loaded = load_scores(a.scores) if a.scores else None  # a bad file fails before the model is loaded

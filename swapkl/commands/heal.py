@@ -6,7 +6,7 @@ import sys
 import time
 
 from swapkl.commands import heal_tasks
-from swapkl.commands.common import (add_fit_args, add_form_arg, add_model_args, bridge_settings_of, check_outputs, emit,
+from swapkl.commands.common import (add_selection_args, selection_fields, add_fit_args, add_form_arg, add_model_args, bridge_settings_of, check_outputs, emit,
                                    evaluator_and_corpus, load_from_args, model_inputs)
 from swapkl.errors import SwapklError, require_extra
 from swapkl.healing.recipe import Recipe
@@ -28,6 +28,7 @@ def register(sub) -> None:
                    "one recipe, one control, and the paired comparison of the first two methods per n")
     g.add_argument("--n", default=None, help="how many layers --method removes (one number, or 2,4 / 1-4)")
     g.add_argument("--spacing", type=int, default=1, help="the selection rule's Δ for --method (default 1)")
+    add_selection_args(g)
     r = p.add_argument_group("the recipe")
     d = Recipe()
     r.add_argument("--steps", type=int, default=d.steps, help="optimizer updates (default %(default)s)")
@@ -256,10 +257,10 @@ def _setup(a, ck, corpus, ev):
 
 
 def _plan(a, ev, budget: int, methods=()):
-    """The removal plan of a heal: the budget, methods, spacing and evaluator, and the repair its heals start from
+    """The removal plan of a heal: the budget, methods, spacing, candidates, partners and evaluator, and the repair its heals start from
     (``--repair`` with the :class:`~swapkl.repair.settings.BridgeSettings` of the flags)."""
     return RemovalPlan(budget=budget, methods=tuple(methods), spacing=a.spacing, evaluator=ev, repair=a.repair,
-                       bridge=getattr(a, "bridge", None) or {})
+                       bridge=getattr(a, "bridge", None) or {}, **selection_fields(a))
 
 
 def _select(a, ck, corpus, ev):

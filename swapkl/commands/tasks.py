@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (add_selection_args, selection_fields, block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args, removal_plan)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
@@ -33,9 +33,7 @@ def register(sub) -> None:
     p.add_argument("--scores", default=None, metavar="SCORES.json",
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
     p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
-    p.add_argument("--include-boundary", action="store_true", help="allow removing the first and last layer")
-    p.add_argument("--partners", default=None,
-                   help="partner set for the layer score: adjacent | K (|i-j| <= K) | all scored pairs (default)")
+    add_selection_args(p)
     p.add_argument("--seeds", type=int, default=M.DEFAULT_RUNS, help="random baseline seeds (>= 5)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result JSON here")
     p.add_argument("--quiet", action="store_true")
@@ -55,14 +53,8 @@ def _check_args(a):
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     if not methods:
         raise SwapklError("--methods names no method")
-    partners = a.partners
-    if partners is not None and partners not in ("adjacent", "all"):
-        try:
-            partners = int(partners)
-        except ValueError:
-            raise SwapklError(f"--partners must be adjacent, all or an integer K (got '{a.partners}')") from None
     # unknown methods, a bad budget or spacing and bad repair flags fail here
-    plan = removal_plan(a, methods, exclude_boundary=not a.include_boundary, partners=partners,
+    plan = removal_plan(a, methods, **selection_fields(a),
                         seeds=tuple(range(a.seeds)), calib_tokens=a.calib_tokens)
     tasks = lmeval.parse_task_names(a.tasks)
     check_outputs(a, {"--json": a.json}, inputs=[a.scores])
