@@ -6,7 +6,7 @@ folder as a page (helper modules included; docs/architecture.md, ``dashboard/nav
 -- the root with a shared link's query, ``/heatmaps``, ``/curves``, ``/trajectory``, ``/evidence`` and
 ``/compare?a=..&b=..`` -- gets a server of its own (own port, own empty cache), started the README's way
 (``./run.sh``: ``serve.py``) and as ``streamlit run app.py``; the address is the server's first visit.  The
-servers of one way start at once.  Asserted: the sidebar's navigation is exactly the app's six pages (no helper
+servers of one way start at once.  Asserted: the sidebar's navigation is exactly the app's seven pages (no helper
 module, no discovered file), the page the address names is drawn (its heading) under ``app.py`` (the sidebar
 that ``app.py`` draws), and the query is kept (in the address bar; on the Start page also read by the page: the
 shared link's prompt count fills its input).  Screenshots of a failure: ``artifacts/browser/first-visit-*.png``."""
@@ -27,7 +27,8 @@ need_browser()
 
 #: app.py's navigation as the sidebar shows it: (label, address path), in order
 APP_NAVIGATION = [("Start", "/"), ("Heatmaps", "/heatmaps"), ("Removal curves", "/curves"),
-                  ("Training trajectory", "/trajectory"), ("Evidence", "/evidence"), ("Compare", "/compare")]
+                  ("Training trajectory", "/trajectory"), ("Evidence", "/evidence"), ("Compare", "/compare"),
+                  ("Study", "/study")]
 #: the prompt count the Start page's shared link carries
 START_PROMPTS = "7"
 #: one fresh server each: (name, address opened first, the page's heading); the Start page's shared link sets the
