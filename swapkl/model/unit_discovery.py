@@ -99,11 +99,11 @@ def find_layout(model: torch.nn.Module, blocks) -> UnitLayout | str:
     first = found[0]
     if any((f.attention.modules, f.mlp.modules) != (first.attention.modules, first.mlp.modules) for f in found):
         return "its blocks differ in their sublayer modules"
-    specs = {u: first.spec(u) for u in ("attention", "mlp")}
+    specs = {u: first.spec(u) for u in SUBLAYERS}
     for u, spec in specs.items():
         outs = tuple(dict.fromkeys(p for f in found for p in f.spec(u).out))
         specs[u] = SublayerSpec(spec.modules, outs, spec.core, spec.shared)
-    return UnitLayout(name="found", attention=specs["attention"], mlp=specs["mlp"], notes=first.notes)
+    return UnitLayout("found", *(specs[u] for u in SUBLAYERS), notes=first.notes)
 
 
 def _block_layout(model: torch.nn.Module, block: torch.nn.Module) -> UnitLayout | str:
@@ -137,21 +137,22 @@ def _block_layout(model: torch.nn.Module, block: torch.nn.Module) -> UnitLayout 
         if name not in names and any(True for _ in child.parameters()):
             return f"'{name}' holds weights but is not called"
     specs = {}
-    for unit, core in (("attention", att), ("mlp", mlp)):
+    attention, feed_forward = SUBLAYERS
+    for unit, core in zip(SUBLAYERS, (att, mlp)):
         wide = [path for path, w in projections.get(core, []) if w == width]
         experts = [f"{core}.{n}" for n, prm in block.get_submodule(core).named_parameters()
-                   if n.rpartition(".")[2] in EXPERT_OUTS and prm.dim() >= 2] if unit == "mlp" else []
+                   if n.rpartition(".")[2] in EXPERT_OUTS and prm.dim() >= 2] if unit == feed_forward else []
         if not wide and not experts:
             return f"'{core}' has no projection back to the block's width (fused weights)"
         result = out[core]
-        if isinstance(result, (tuple, list)) and (unit == "mlp" or len(result) != 2):
+        if isinstance(result, (tuple, list)) and (unit == feed_forward or len(result) != 2):
             return f"'{core}' returns a tuple of {len(result)} (a skipped {unit} could not stand in for it)"
-        if unit == "attention" and not isinstance(result, (tuple, list)):
+        if unit == attention and not isinstance(result, (tuple, list)):
             return f"'{core}' returns a tensor, not attention's (output, weights) pair"
         shared = tuple(n for n in units[core] if out[n] is not None and all(
             c[1] is _first_tensor(out[n]) for c in calls if c[0] in (att, mlp)))
         specs[unit] = SublayerSpec(_ordered(units[core], core, names), (*experts, *wide[-1:]), core, shared)
-    return UnitLayout(name="found", attention=specs["attention"], mlp=specs["mlp"],
+    return UnitLayout("found", *(specs[u] for u in SUBLAYERS),
                       notes=f"found on the model: attention '{att}', feed-forward '{mlp}'")
 
 

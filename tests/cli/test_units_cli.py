@@ -61,12 +61,13 @@ def test_unknown_unit_one_line(stories_path, tmp_path):
 
 
 def test_family_without_sublayers_one_line(stories_path, tmp_path):
-    """Phi (found by the generic fallback) feeds both sublayers from one norm: no layout partitions its blocks."""
+    """BLOOM (found by the generic fallback) adds the residual inside its attention module: skipping the sublayer
+    is not zeroing its projection, so no layout describes its sublayers."""
     import transformers as tf
 
-    cfg = tf.AutoConfig.for_model("phi", num_hidden_layers=3, hidden_size=32, num_attention_heads=4,
-                                  intermediate_size=64, vocab_size=512, bos_token_id=1, eos_token_id=2)
-    folder = tmp_path / "phi"
+    cfg = tf.AutoConfig.for_model("bloom", n_layer=3, hidden_size=32, n_head=4, vocab_size=512, bos_token_id=1,
+                                  eos_token_id=2)
+    folder = tmp_path / "bloom"
     torch.manual_seed(0)
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
@@ -76,7 +77,7 @@ def test_family_without_sublayers_one_line(stories_path, tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr
     lines = _lines(r)
     assert len(lines) == 1 and lines[0].startswith(
-        "error: attention/MLP units are not available for the 'generic:phi' family"), r.stderr
+        "error: attention/MLP units are not available for the 'generic:bloom' family"), r.stderr
     assert lines[0].endswith("use --unit block")
     # the same model scores as blocks
     r = run_cli("score", str(folder), "--prompts", "2", "--tokens", "8", "--quiet", env_extra=env)
