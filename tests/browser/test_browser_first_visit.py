@@ -38,7 +38,8 @@ ADDRESSES = [("start", f"/?prompts={START_PROMPTS}", "swapkl — protocol-aware 
              ("curves", "/curves", "Removal curves"),
              ("trajectory", "/trajectory", "Training trajectory"),
              ("evidence", "/evidence", "Evidence"),
-             ("compare", "/compare?a=job-a&b=job-b", "Compare"), ("study", "/study?models=default&budget=1", "Study")]
+             ("compare", "/compare?a=job-a&b=job-b", "Compare"), ("study", "/study?models=default&budget=1&max_words=600&n_boot=200&prompts=16&tokens=32&pairs=adjacent&evidence=1",
+              "Study")]  # the Study page writes its whole request into the address bar: its link, opened as it is
 #: how a server is started: the README's way (./run.sh runs serve.py) and Streamlit's own command
 LAUNCHERS = {"run.sh": streamlit_cmd,
              "streamlit run app.py": lambda port: [sys.executable, "-m", "streamlit", "run", "app.py",
