@@ -6,7 +6,6 @@ model's cached analysis found again."""
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,9 +148,16 @@ def read_model_list(path: str) -> list[StudyModel]:
 
             data = yaml.safe_load(text)
         elif p.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10: the standard library reads TOML from 3.11 on
+                raise SwapklError(f"reading the TOML model list {path} needs Python 3.11 or later; "
+                                  "give the list as YAML or text") from None
             data = tomllib.loads(text)
         else:
             data = [ln.split("#")[0].strip() for ln in text.splitlines() if ln.split("#")[0].strip()]
+    except SwapklError:
+        raise
     except Exception as e:  # a YAML or TOML syntax error: one line
         raise SwapklError(f"the model list {path} is not valid {p.suffix[1:].upper()}: {str(e).splitlines()[0]}") \
             from None
