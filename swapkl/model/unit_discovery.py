@@ -1,7 +1,8 @@
 """A sublayer layout found on the loaded model, for a block whose modules carry other names than the layouts of
 :data:`swapkl.model.units.LAYOUTS` (``ln_attn``, ``attention``, ``feed_forward``, ``w2`` ...).
 
-Found from one unmodified forward with hooks on the first block's direct children, not from ``model_type``:
+Found from one unmodified forward per block structure (a dense block and an MoE block are two), with hooks on that
+block's direct children, not from ``model_type``:
 
 * the **attention core** is the first child called that holds projections and whose name says attention (``attn``,
   ``attention``), the **MLP core** the first such child called after it whose name says feed-forward (``mlp``,
@@ -18,9 +19,10 @@ The result is a :class:`~swapkl.model.layouts.UnitLayout` named ``found``; :func
 then checks it like any other (the two units partition every block's weights; with both projections zeroed a block
 is the identity), and :func:`skip_error` checks on the model that skipping each unit (its core's output replaced by
 zeros, its own norms by the identity, as :mod:`swapkl.surgery.skip` does) equals zeroing its projection: a block
-whose attention adds the residual inside its module (BLOOM) fails here.  A block whose feed-forward keeps its output in fused weights of other names, a child that holds
-weights but is called nowhere, or a core that returns a tuple of another length than attention's pair is not described: the caller
-gets the reason in one line.
+whose attention adds the residual inside its module (BLOOM) fails here.  A block whose feed-forward keeps its
+output in fused weights of other names, a child that holds weights but is called nowhere, a core that returns a
+tuple of another length than attention's pair, or structures whose cores and norms differ (attention beside
+linear attention) is not described: the caller gets the reason in one line.
 """
 from __future__ import annotations
 
@@ -53,8 +55,15 @@ def _first_tensor(x):
     return None
 
 
+def _probe_ids(model: torch.nn.Module, seed: int) -> torch.Tensor:
+    """One short random prompt inside the model's vocabulary, ``[1, 6]`` token ids on the model's device."""
+    V = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 16)
+    ids = torch.randint(3, max(4, min(V, 200)), (1, 6), generator=torch.Generator().manual_seed(seed))
+    return ids.to(next(model.parameters()).device)
+
+
 def _record(model: torch.nn.Module, block: torch.nn.Module) -> tuple[list, dict, int]:
-    """``(calls, projections, width)``: the first block's direct children in call order as ``(name, input,
+    """``(calls, projections, width)``: ``block``'s direct children in call order as ``(name, input,
     output)``, the projections of every child in call order ``{child: [(path, output width)]}``, the block's
     input width."""
     calls: list = []
@@ -76,9 +85,7 @@ def _record(model: torch.nn.Module, block: torch.nn.Module) -> tuple[list, dict,
                     if t is not None:
                         projections.setdefault(name, []).append((f"{name}.{path}", int(t.shape[-1])))
                 handles.append(sub.register_forward_hook(proj))
-    p = next(model.parameters())
-    V = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 16)
-    ids = torch.randint(3, max(4, min(V, 200)), (1, 6), generator=torch.Generator().manual_seed(0)).to(p.device)
+    ids = _probe_ids(model, seed=0)
     try:
         with torch.inference_mode():
             model(input_ids=ids, use_cache=False)
@@ -167,14 +174,12 @@ def _model_logits(model, ids) -> torch.Tensor:
 
 
 def skip_error(model: torch.nn.Module, blocks, layout: UnitLayout) -> str | None:
-    """None when, for each unit of one block of each structure, the model with the unit skipped (hooks: the core returns zeros
-    shaped as its output, the unit's own norms return their input) gives the same logits as the model with the
-    unit's projections zeroed, else why not.  The model is restored before returning."""
+    """None when, for each unit of one block of each structure, the model with the unit skipped (hooks: the core
+    returns zeros shaped as its output, the unit's own norms return their input) gives the same logits as the model
+    with the unit's projections zeroed, else why not.  The model is restored before returning."""
     import copy
 
-    p = next(model.parameters())
-    V = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 16)
-    ids = torch.randint(3, max(4, min(V, 200)), (1, 6), generator=torch.Generator().manual_seed(1)).to(p.device)
+    ids = _probe_ids(model, seed=1)
     for k, unit in [(k, u) for k in representatives(blocks) for u in SUBLAYERS]:
         block = blocks[k]
         spec = layout.spec(unit)
