@@ -36,6 +36,9 @@ LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "
                    "logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "lm_head_multiplier",
                    "logits_mup_width_multiplier", "dim_model_base")
 
+# the longest refusal, in characters (the support table's one line: the reasons of the candidates that fit, whole)
+MESSAGE_CHARS = 300
+
 # where a block's MLP output projection usually is (the linear bridge folds into it, docs/repair.md)
 GENERIC_MLP_OUTS = ("mlp.down_proj", "mlp.c_proj", "mlp.dense_4h_to_h", "fc2", "mlp.fc2", "feed_forward.down_proj",
                     "ffn.down_proj", "mlp.w2", "feed_forward.w2", "mlp.dense_out", "mlp.out_proj")
@@ -99,11 +102,38 @@ def generic_family(model: torch.nn.Module) -> Family:
             _GENERIC[model] = fam
             return fam
         reasons.append(f"{path}: {why}")
-    detail = "; ".join(reasons) if reasons else "no list of blocks as long as its layer count"
-    raise UnsupportedArchitecture(
-        f"unsupported architecture: {mt}; supported: {', '.join(supported_model_types())} "
-        f"(the generic fallback could not validate it: {detail[:300]})"
-    )
+    head = (f"unsupported architecture: {mt}; supported: {', '.join(supported_model_types())} "
+            "(the generic fallback could not validate it: ")
+    detail = "; ".join(reasons) if reasons else _no_list(model, counts)
+    raise UnsupportedArchitecture(head + _clipped(detail, MESSAGE_CHARS - 1 - len(head)) + ")")
+
+
+def _clipped(detail: str, limit: int) -> str:
+    """``detail`` ("reason; reason; ...") in at most ``limit`` characters: after its last whole reason that fits, then
+    "; ...", or cut at ``limit`` when not even the first fits."""
+    if len(detail) <= limit:
+        return detail
+    cut = detail.rfind("; ", 0, limit - 5)
+    return detail[:cut] + "; ..." if cut > 0 else detail[:limit]
+
+
+def _no_list(model: torch.nn.Module, counts: dict[str, int]) -> str:
+    """Why no module list is a candidate: the layer counts the config states and the lengths of the model's module
+    lists (a model whose layer count counts calls of fewer modules, run in cycles, has none of that length)."""
+    sizes = sorted(len(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0)
+    stated = ", ".join(f"{k} = {v}" for k, v in counts.items()) or "none stated"
+    held = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "") if sizes else "none"
+    return f"no list of blocks as long as its layer count ({stated}; its module lists hold {held})"
+
+
+def _call_order(calls: list, n: int) -> str:
+    """The blocks' calls of one forward, when they are not each block once in order: ``"called 0 1 2 1 2 3"`` (at
+    most 16 shown), or ``"block 2 is never called"`` for a forward that skips blocks."""
+    order = [c[0] for c in calls]
+    missing = [k for k in range(n) if k not in order]
+    if missing:
+        return f"block {missing[0]} is never called"
+    return "called " + " ".join(map(str, order[:16])) + (" ..." if len(order) > 16 else "")
 
 
 def _handed_on(outs: list, calls: list) -> str:
@@ -221,7 +251,7 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
         for h in handles:
             h.remove()
     if [c[0] for c in calls] != list(range(len(loc.blocks))) or len(outs) != len(loc.blocks):
-        return None, "the blocks are not each called once per forward, in order"
+        return None, f"the blocks are not each called once per forward, in order ({_call_order(calls, len(loc.blocks))})"
     second = _handed_on(outs, calls) or _second_state(model, loc.blocks, ids, calls)
     if second:
         return None, f"its blocks read a second state that earlier blocks change ({second})"

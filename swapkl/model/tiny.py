@@ -20,6 +20,7 @@ DATA = Path(__file__).with_name("data") / "tiny.json"
 SIZES: dict[str, object] = {
     "num_hidden_layers": "L", "n_layer": "L", "num_layers": "L", "n_layers": "L",
     "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embedding_size": 64, "emb_dim": 64,
+    "hidden_size_global": 64,
     "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "attention_heads": 4,
     "num_key_value_heads": 2, "num_kv_heads": 2, "num_query_groups": 2,
     "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "attention_head_size": 16, "d_head": 16,
@@ -39,6 +40,7 @@ SIZES: dict[str, object] = {
     "mamba_ngroups": 1, "ssm_state_size": 8, "state_size": 8, "time_step_rank": 8, "chunk_size": 16,
     "n_groups": 1, "lru_width": 64,
     "vocab_size": 256, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 8,
+    "encoder_hash_byte_group_vocab": 256,
     "max_position_embeddings": 256, "n_positions": 256, "n_ctx": 256,
     "sliding_window": 8, "window_size": 8, "attention_window_size": 8, "sliding_window_size": 8,
     "attention_chunk_size": 8, "rotary_dim": 8,

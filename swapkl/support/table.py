@@ -99,7 +99,7 @@ def _short(status: str) -> str:
     """A check's status without the unsupported-architecture preamble (the list of table families)."""
     s = status.removeprefix("refused: ")
     if s.startswith("unsupported architecture:") and "could not validate it: " in s:
-        s = s.split("could not validate it: ", 1)[1].rstrip(")")
+        s = s.split("could not validate it: ", 1)[1].removesuffix(")")
     return s
 
 

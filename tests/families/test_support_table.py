@@ -53,6 +53,15 @@ def test_the_doc_is_generated_from_the_table(table):
     assert (ROOT / "docs" / "families.md").read_text() == markdown(table["rows"], table["transformers"])
 
 
+def test_a_refusal_keeps_its_own_closing_parenthesis():
+    from swapkl.support.table import rows_of
+
+    why = "model.layers: its blocks read a second state that earlier blocks change (argument 1 of block 1)"
+    check = {"status": "refused", "reason": "refused: unsupported architecture: x; supported: gpt2 "
+                                            f"(the generic fallback could not validate it: {why})"}
+    assert rows_of({"x": check})["x"] == {"status": "refused", "reason": why}
+
+
 def test_support_from_a_config_alone(table):
     import transformers as tf
 

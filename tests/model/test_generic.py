@@ -103,12 +103,38 @@ def test_fallback_takes_the_models_own_tail_when_norm_and_head_do_not_reproduce(
             torch.testing.assert_close(loc.logits(h), cap * torch.tanh(plain / cap))
 
 
-def test_fallback_refuses_what_it_cannot_reproduce():
-    # a stack whose blocks run in loops (the hierarchical reasoning model): refused in one line, never a traceback
+REFUSED = [
+    # two stacks of 4 blocks run in cycles, 32 calls in all (the hierarchical reasoning model)
+    ("hrm_text", "no list of blocks as long as its layer count (num_hidden_layers = 32; its module lists hold 4, 4)"),
+    # a recurrent section (blocks 1 and 2) run twice between the input and the output blocks
+    ("dory", "model.layers: the blocks are not each called once per forward, in order (called 0 1 2 1 2 3)"),
+    # 32 learned prompt positions in front of the tokens, dropped after the last block
+    ("cpmant", "cpmant.encoder.layers: its blocks run over other positions than the input's tokens "
+               "(a hidden state of shape [2, 39, 64] for 7 tokens)"),
+]
+
+
+@pytest.mark.parametrize("model_type,why", REFUSED)
+def test_fallback_refuses_what_it_cannot_reproduce(model_type, why):
+    # refused in one line that says why, never a traceback
     from swapkl.model.tiny import tiny_model
 
-    with pytest.raises(UnsupportedArchitecture, match=r"^unsupported architecture: hrm_text; .*could not validate it"):
-        locate(tiny_model("hrm_text"))
+    with pytest.raises(UnsupportedArchitecture) as e:
+        locate(tiny_model(model_type))
+    message = str(e.value)
+    assert message.startswith(f"unsupported architecture: {model_type}; ")
+    assert message.endswith(f"(the generic fallback could not validate it: {why})")
+    assert "\n" not in message and len(message) <= 300
+
+
+def test_a_long_refusal_keeps_its_whole_reasons():
+    from swapkl.model.discovery import _clipped
+
+    reasons = "a.layers: " + "x" * 40 + "; b.layers: " + "y" * 40 + "; c.layers: " + "z" * 40
+    assert _clipped(reasons, len(reasons)) == reasons
+    assert _clipped(reasons, 110) == "a.layers: " + "x" * 40 + "; b.layers: " + "y" * 40 + "; ..."
+    assert _clipped(reasons, 60) == "a.layers: " + "x" * 40 + "; ..."
+    assert _clipped(reasons, 30) == reasons[:30]  # not even the first reason fits
 
 
 def test_generic_checkpoint_loads_through_the_cli_path(tmp_path):
