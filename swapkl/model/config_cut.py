@@ -7,7 +7,10 @@ list of layer indices, a "first k layers" count and a dict keyed by layer index 
 new config on the ``meta`` device (no memory, no weights) and compares every new block with the kept block it must
 be - class, weight names and shapes, and plain settings (attention type, window, head size, constants derived from
 the layer index) - so a config whose meaning shifts in a way no rule follows is refused in one line, never exported
-wrong.
+wrong.  A setting that changes no output where it differs is compared only where it would (:data:`READ_BY`: read by
+no kept block; :data:`BUILD_ONLY`: its buffers saved with the weights); module attributes holding layer indices are
+renumbered on the shortened copy (:data:`INDEX_KEYED_ATTRS`); a model whose config class has no causal LM of its own
+is saved in the wrapper config that leads ``AutoModelForCausalLM`` to its class (:func:`reload_config`).
 """
 from __future__ import annotations
 
@@ -294,7 +297,7 @@ def _saved(block, key: str) -> bool:
 
 def _unread(blocks) -> set[str]:
     """The settings of :data:`READ_BY` that no block of ``blocks`` reads (no block has its reader setting true)."""
-    readers = {attr for b in blocks for k, v in settings(b).items() if v is True for attr in [k.rpartition(".")[2]]}
+    readers = {k.rpartition(".")[2] for b in blocks for k, v in settings(b).items() if v is True}
     return {k for k, reader in READ_BY.items() if reader not in readers}
 
 
