@@ -7,7 +7,10 @@ list of layer indices, a "first k layers" count and a dict keyed by layer index 
 new config on the ``meta`` device (no memory, no weights) and compares every new block with the kept block it must
 be - class, weight names and shapes, and plain settings (attention type, window, head size, constants derived from
 the layer index) - so a config whose meaning shifts in a way no rule follows is refused in one line, never exported
-wrong.
+wrong.  A setting that changes no output where it differs is compared only where it would (:data:`READ_BY`: read by
+no kept block; :data:`BUILD_ONLY`: its buffers saved with the weights); module attributes holding layer indices are
+renumbered on the shortened copy (:data:`INDEX_KEYED_ATTRS`); a model whose config class has no causal LM of its own
+is saved in the wrapper config that leads ``AutoModelForCausalLM`` to its class (:func:`reload_config`).
 """
 from __future__ import annotations
 
@@ -42,6 +45,20 @@ INDEX_DICTS = ("per_layer_config",)
 PERIODIC = ((("expert_layer_period", "expert_layer_offset"), "mod", ""), (("attn_layer_period", "attn_layer_offset"), "mod", ""),
             (("decoder_sparse_step",), "step", ""), (("moe_layer_interval",), "step", ""),
             (("interleave_moe_layer_step",), "step", ""), (("sliding_window_pattern",), "step", "layer_types"))
+#: block settings that only other blocks read, each with the setting that marks such a reader: a block that keeps its
+#: keys and values for the KV-sharing blocks after it (Gemma-3n, Gemma-4; the config makes the last non-sharing block
+#: of each attention type the one that stores).  Compared only when the shortened stack keeps a reader: without one,
+#: which block stores changes no output (a stack with readers is refused before any cut: ``discovery``)
+READ_BY = {"store_full_length_kv": "is_kv_shared_layer"}
+#: settings a module reads only to build persistent buffers (``Class.attribute`` -> the buffers): the export saves the
+#: kept block's buffers and a reload reads them back instead of building its own, so the setting is compared only
+#: where one of those buffers is missing from the module's state dict (MiniMax's lightning attention derives its
+#: decay rates from its position in the stack, ``1 - layer_idx / (num_hidden_layers - 1)``)
+BUILD_ONLY = {"MiniMaxLightningAttention.num_hidden_layers": ("slope_rate", "query_decay", "key_decay", "diagonal_decay")}
+#: module attributes holding layer indices, as the config's index lists and dicts do, that a shortened copy renumbers
+#: as the reload derives them from the cut config: a dict keyed by layer index (Zamba2's shared attention and MLP map
+#: each hybrid layer's index to its adapter slot) or a list of layer indices
+INDEX_KEYED_ATTRS = ("layer_dic", "layer_block_map")
 #: module attributes that are the layer's index itself (renumbered on purpose), never compared
 INDEX_ATTRS = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "idx", "block_idx"})
 
@@ -104,6 +121,16 @@ def cut_dict(own: dict, keep: list[int], num_layers: int) -> None:
             own[key] = value // n_old * n_new
 
 
+def renumbered(value, keep: list[int]):
+    """``value`` (a dict keyed by layer index, or a list of layer indices; old indices) for the stack that keeps
+    ``keep``: only the kept layers, at their new positions; anything else unchanged."""
+    if isinstance(value, dict):
+        return _renumber_dict(value, keep)
+    if isinstance(value, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return type(value)(pos for pos, old in enumerate(keep) if old in set(value))
+    return value
+
+
 def _period(flags: list[bool], form: str) -> tuple[int, int] | None:
     """The smallest ``(period, offset)`` with ``flags[i] == (i % period == offset)`` (``step``: offset = period - 1),
     or None."""
@@ -143,6 +170,29 @@ def settings(module) -> dict:
                     isinstance(v, tuple) and all(isinstance(x, (bool, int, float, str)) for x in v)):
                 out[f"{name}.{attr}" if name else attr] = v
     return out
+
+
+def reload_config(config, model_class: type):
+    """The config a saved folder of a ``model_class`` model with ``config`` carries so that stock
+    ``AutoModelForCausalLM`` rebuilds that class: ``config`` itself when its class has a causal LM of its own; else the
+    config of the model type whose causal LM is ``model_class`` and which holds ``config``'s class as a sub-config,
+    with ``config`` as that sub-config (Emu3: ``Emu3ForCausalLM`` runs on ``Emu3TextConfig``, and only ``Emu3Config``
+    leads ``AutoModelForCausalLM`` to it); ``config`` when no such model type exists (the build then refuses)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return config
+    for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        if name != model_class.__name__ or model_type not in CONFIG_MAPPING:
+            continue
+        wrapper = CONFIG_MAPPING[model_type]
+        slot = next((k for k, c in (getattr(wrapper, "sub_configs", None) or {}).items() if c is type(config)), None)
+        if slot is not None:
+            new = wrapper(**{slot: config.to_dict()})
+            new.architectures, new.dtype = [model_class.__name__], getattr(config, "dtype", None)
+            return new
+    return config
 
 
 def _meta_build(cls, config):
@@ -208,10 +258,12 @@ def outside_difference(model, config, blocks_path: str) -> str | None:
     return None
 
 
-def roundtrip_noise(blocks, config, blocks_path: str, num_layers: int) -> list[set]:
-    """Per block, the settings a rebuild from ``config`` itself (its dict form, no layer cut) already gives other
-    values (a tuple read back as a list, an infinite bound as None): not the removal's doing, so not compared."""
-    built, _ = _meta_build(None, cut_config(config, range(num_layers), num_layers))
+def roundtrip_noise(blocks, config, blocks_path: str, num_layers: int, model_class: type | None = None) -> list[set]:
+    """Per block, the settings a rebuild from ``config`` itself (its dict form, no layer cut; as a folder of a
+    ``model_class`` model carries it, :func:`reload_config`) already gives other values (a tuple read back as a list,
+    an infinite bound as None): not the removal's doing, so not compared."""
+    same = cut_config(config, range(num_layers), num_layers)
+    built, _ = _meta_build(None, same if model_class is None else reload_config(same, model_class))
     new_blocks = None if built is None else _path(built, blocks_path)
     if new_blocks is None or len(new_blocks) != len(blocks):
         return [set() for _ in blocks]
@@ -228,17 +280,42 @@ def _path(model, path: str):
     return get_path(model, path)
 
 
-def structure_difference(blocks, keep: list[int], config, blocks_path: str, noise: list[set] | None = None) -> str | None:
+def rebuilt_model(config):
+    """``(model, "")``: the model stock ``AutoModelForCausalLM`` builds from ``config`` on the ``meta`` device (what a
+    saved folder with that config reloads as, without memory or weights), or ``(None, why)`` when it does not build."""
+    return _meta_build(None, config)
+
+
+def _saved(block, key: str) -> bool:
+    """Whether setting ``key`` (``submodule.attribute``) of ``block`` is one of :data:`BUILD_ONLY` whose buffers are
+    all in its module's state dict (saved with the export, read back by the reload)."""
+    path, _, attr = key.rpartition(".")
+    module = block.get_submodule(path) if path else block
+    buffers = BUILD_ONLY.get(f"{type(module).__name__}.{attr}")
+    return buffers is not None and set(buffers) <= set(module.state_dict(keep_vars=True))
+
+
+def _unread(blocks) -> set[str]:
+    """The settings of :data:`READ_BY` that no block of ``blocks`` reads (no block has its reader setting true)."""
+    readers = {k.rpartition(".")[2] for b in blocks for k, v in settings(b).items() if v is True}
+    return {k for k, reader in READ_BY.items() if reader not in readers}
+
+
+def structure_difference(blocks, keep: list[int], config, blocks_path: str, noise: list[set] | None = None,
+                         built=None) -> str | None:
     """None when the model stock ``AutoModelForCausalLM`` builds from ``config`` (what a saved folder reloads as) has,
     at ``blocks_path``, in order, blocks of the same class, weights and settings as ``blocks`` (the shortened stack's
     blocks, old layer ``keep[pos]`` at position ``pos``), else the first difference (one line).  ``noise``: per old
-    layer, settings not compared (:func:`roundtrip_noise`)."""
-    built, why = _meta_build(None, config)
+    layer, settings not compared (:func:`roundtrip_noise`); ``built``: that model when the caller has built it
+    (:func:`rebuilt_model`)."""
     if built is None:
-        return why
+        built, why = rebuilt_model(config)
+        if built is None:
+            return why
     new_blocks = _path(built, blocks_path)
     if new_blocks is None or len(new_blocks) != len(keep):
         return f"the shortened config builds {len(new_blocks or [])} blocks, not {len(keep)}"
+    unread = _unread(new_blocks)
     for pos, old in enumerate(keep):
         a, b = blocks[pos], new_blocks[pos]
         if type(a) is not type(b):
@@ -251,7 +328,7 @@ def structure_difference(blocks, keep: list[int], config, blocks_path: str, nois
         xa, xb = settings(a), settings(b)
         skip = noise[old] if noise else set()
         for k in sorted(set(xa) | set(xb)):
-            if xa.get(k) != xb.get(k) and k not in skip:
+            if xa.get(k) != xb.get(k) and k not in skip and k.rpartition(".")[2] not in unread and not _saved(a, k):
                 return (f"layer {old} would come back with {k} = {xb.get(k)!r}, not {xa.get(k)!r} (a setting the "
                         "config derives from the layer's position)")
     return None

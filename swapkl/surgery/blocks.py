@@ -5,7 +5,8 @@ the input is shallow-copied (its own ``__dict__``, its own ``_modules`` / ``_par
 dicts), parameters and buffers are shared, the copied block list keeps only the surviving blocks, each kept
 block's attention gets its new ``layer_idx`` (0..L'-1 in order), and the copy gets its own config cut with
 :func:`swapkl.model.config_cut.cut_config` (layer counts, per-layer lists such as ``layer_types``, lists of layer
-indices, "first k layers" counts); weights kept per layer outside the blocks (per-layer embeddings) are replaced on the
+indices, "first k layers" counts); module attributes that hold layer indices are renumbered alike
+(:data:`~swapkl.model.config_cut.INDEX_KEYED_ATTRS`); weights kept per layer outside the blocks (per-layer embeddings) are replaced on the
 copy by their kept layers' rows.  The input model, its config, its hooks and its ``layer_idx`` values are never
 changed, so a
 model shared between callers (a dashboard's cached model, another thread) stays valid.  Memory cost: module
@@ -26,7 +27,7 @@ from typing import Iterable
 import torch
 
 from swapkl.model import architectures as arch
-from swapkl.model.config_cut import cut_config, cut_rows, outside_cuts
+from swapkl.model.config_cut import INDEX_KEYED_ATTRS, cut_config, cut_rows, outside_cuts, renumbered
 from swapkl.surgery.removal_set import PruneError, validate_remove
 
 __all__ = ["PruneError", "validate_remove", "pruned_copy"]
@@ -83,6 +84,11 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
         new_blocks._modules[str(pos)] = block
     for pos, block in enumerate(kept):
         _renumber(block, fam, pos)
+    if len(keep) < loc.num_layers:
+        for module in new.modules():  # each module once, wherever it sits
+            for attr in INDEX_KEYED_ATTRS:
+                if attr in vars(module):
+                    setattr(module, attr, renumbered(vars(module)[attr], keep))
     _cut_outside(new, cuts, keep)
     return new
 

@@ -9,6 +9,7 @@ writes into the source model's folder, and replaces an existing non-empty folder
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -18,10 +19,11 @@ import torch
 
 from swapkl import __version__
 from swapkl.model import architectures as arch
-from swapkl.model.config_cut import roundtrip_noise, structure_difference
+from swapkl.model.config_cut import rebuilt_model, reload_config, roundtrip_noise, structure_difference
 from swapkl.surgery.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.surgery.merge import merge_plan, merged_copy
 from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, save_model_folder
+from swapkl.surgery.reload_form import reload_form
 
 __all__ = ["PRUNE_FILE", "PruneError", "pruned_copy", "validate_remove", "source_folders", "save_pruned", "read_prune_record"]
 
@@ -62,7 +64,9 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
 
     Before anything is written, the shortened config is checked to rebuild the kept blocks
     (:func:`swapkl.model.config_cut.structure_difference`); a removal the config cannot describe raises
-    :class:`PruneError` in one line.
+    :class:`PruneError` in one line.  What the reload derives anew is first given to the copy
+    (:mod:`swapkl.surgery.reload_form`): a constant a kept block derives from its position, carried into its weights
+    where they absorb it exactly, and the declarations of which weights are tied.
 
     ``remove`` may be a :class:`~swapkl.surgery.removal_set.RemovalSet` with attention / MLP sublayers: they are saved
     as zeroed output projections (:func:`swapkl.surgery.sublayer_export.save_sublayer_pruned`), blocks as here.
@@ -93,8 +97,12 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     kept = [i for i in range(n_src) if i not in rem]
     loc = arch.locate(model)
     path = loc.family.blocks
-    noise = roundtrip_noise(loc.blocks, model.config, path, n_src)
-    why = structure_difference(arch.get_path(pruned, path), kept, pruned.config, path, noise)
+    noise = roundtrip_noise(loc.blocks, model.config, path, n_src, type(model))
+    config = reload_config(pruned.config, type(pruned))
+    built, why = rebuilt_model(config)  # what the saved folder reloads as
+    if built is not None:
+        reload_form(pruned, built, path)
+        why = structure_difference(arch.get_path(pruned, path), kept, config, path, noise, built)
     if why is not None:
         raise PruneError(f"cannot export the model without layers {rem}: {why}")
     if getattr(pruned, "hf_quantizer", None) is not None:
@@ -105,7 +113,8 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     if plan is not None:
         record["merge"] = plan
     record["swapkl_version"] = __version__
-    return save_model_folder(out, pruned, tokenizer, record)
+    wrap = None if config is pruned.config else functools.partial(reload_config, model_class=type(pruned))
+    return save_model_folder(out, pruned, tokenizer, record, wrap)
 
 
 def read_prune_record(folder: str | os.PathLike) -> dict | None:
