@@ -23,6 +23,7 @@ from swapkl.model import architectures as arch
 from swapkl.repair.bridge import Bridge, bridged_model, fold_target
 from swapkl.store import atomic_write_text
 from swapkl.surgery.outputs import PRUNE_FILE, write_model_folder
+from swapkl.surgery.reload_form import prepare_export
 
 BRIDGE_FILE = "swapkl_bridge.json"
 FORMAT = "swapkl.bridge-export/1"
@@ -48,6 +49,7 @@ def save_bridged(model, bridges: list[Bridge], out: str | os.PathLike, tokenizer
         bridged.hf_quantizer.remove_quantization_config(bridged)
     n = arch.locate(model).num_layers
     removed = sorted(k for b in bridges for k in range(b.start, b.end))
+    wrap = prepare_export(model, bridged, removed)
     fits = [b.summary() for b in bridges]
     record = {"source": identity or {}, "removed": removed, "kept": [i for i in range(n) if i not in removed],
               "num_layers_before": n, "num_layers_after": n - len(removed), "tool": "swapkl",
@@ -57,6 +59,8 @@ def save_bridged(model, bridges: list[Bridge], out: str | os.PathLike, tokenizer
 
     def write(folder: Path) -> None:
         bridged.save_pretrained(folder, safe_serialization=True)
+        if wrap is not None:
+            wrap(bridged.config).save_pretrained(folder)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
         atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))

@@ -93,19 +93,21 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
     return new
 
 
-_OUTSIDE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept count: (cuts, reason)}
+_OUTSIDE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept layers: (cuts, reason)}
 
 
 def _outside(model: torch.nn.Module, loc, keep: list[int], config) -> dict:
     """``{name: (dim, group)}``: the weights outside the blocks that a stack of ``keep`` needs cut layer by layer
     (:func:`~swapkl.model.config_cut.outside_cuts`); refuses (one line) a removal that would leave other weights
-    outside the blocks wrong.  Memoised per model and kept count (a curve removes many sets of a few sizes)."""
+    outside the blocks wrong.  Memoised per model and kept set (whether a removal is refused can depend on which layers
+    it keeps, not only on how many)."""
     if len(keep) == loc.num_layers:
         return {}
     seen = _OUTSIDE.setdefault(model, {})
-    if len(keep) not in seen:
-        seen[len(keep)] = outside_cuts(model, config, loc.family.blocks, keep, loc.num_layers)
-    cuts, why = seen[len(keep)]
+    key = tuple(keep)
+    if key not in seen:
+        seen[key] = outside_cuts(model, config, loc.family.blocks, keep, loc.num_layers)
+    cuts, why = seen[key]
     if why is not None:
         raise PruneError(f"cannot remove layers from {getattr(model.config, 'model_type', 'this model')}: {why}")
     return cuts

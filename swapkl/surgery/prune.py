@@ -9,7 +9,6 @@ writes into the source model's folder, and replaces an existing non-empty folder
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -19,11 +18,10 @@ import torch
 
 from swapkl import __version__
 from swapkl.model import architectures as arch
-from swapkl.model.config_cut import rebuilt_model, reload_config, roundtrip_noise, structure_difference
 from swapkl.surgery.blocks import PruneError, pruned_copy, validate_remove
 from swapkl.surgery.merge import merge_plan, merged_copy
 from swapkl.surgery.outputs import PRUNE_FILE, check_output_dir, save_model_folder
-from swapkl.surgery.reload_form import reload_form
+from swapkl.surgery.reload_form import prepare_export
 
 __all__ = ["PRUNE_FILE", "PruneError", "pruned_copy", "validate_remove", "source_folders", "save_pruned", "read_prune_record"]
 
@@ -94,17 +92,7 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
         raise PruneError("give the layers to remove (or a merge)")
     rem = validate_remove(remove, n_src)
     pruned = pruned_copy(model, rem) if plan is None else merged_copy(model, plan["groups"], plan["mode"])
-    kept = [i for i in range(n_src) if i not in rem]
-    loc = arch.locate(model)
-    path = loc.family.blocks
-    noise = roundtrip_noise(loc.blocks, model.config, path, n_src, type(model))
-    config = reload_config(pruned.config, type(pruned))
-    built, why = rebuilt_model(config)  # what the saved folder reloads as
-    if built is not None:
-        reload_form(pruned, built, path)
-        why = structure_difference(arch.get_path(pruned, path), kept, config, path, noise, built)
-    if why is not None:
-        raise PruneError(f"cannot export the model without layers {rem}: {why}")
+    wrap = prepare_export(model, pruned, rem)
     if getattr(pruned, "hf_quantizer", None) is not None:
         pruned.hf_quantizer.remove_quantization_config(pruned)
     record = {"source": src, "removed": rem, "kept": [i for i in range(n_src) if i not in rem],
@@ -113,7 +101,6 @@ def save_pruned(model: torch.nn.Module, remove: Iterable[int] | None, out_dir: s
     if plan is not None:
         record["merge"] = plan
     record["swapkl_version"] = __version__
-    wrap = None if config is pruned.config else functools.partial(reload_config, model_class=type(pruned))
     return save_model_folder(out, pruned, tokenizer, record, wrap)
 
 

@@ -13,7 +13,9 @@ derives anew what the copy carries over from the full model:
   declared with layer indices where layers share a block (Zamba's shared transformer): saving reads them to
   write each shared tensor once, so the copy takes them from the rebuilt model (:func:`adopt_ties`).
 
-:func:`reload_form` does both on the model built on the ``meta`` device from the shortened config.
+:func:`reload_form` does both on the model built on the ``meta`` device from the shortened config;
+:func:`prepare_export` is the one step every export of a shortened stack takes before it writes (blocks removed,
+merged, bridged or with sublayers zeroed): both, then the check that the reload rebuilds the kept blocks.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import math
 import torch
 
 from swapkl.model import architectures as arch
-from swapkl.model.config_cut import settings
+from swapkl.model.config_cut import rebuilt_model, reload_config, roundtrip_noise, settings, structure_difference
 from swapkl.surgery.removal_set import PruneError
 
 
@@ -130,3 +132,26 @@ def reload_form(copy: torch.nn.Module, built: torch.nn.Module, blocks_path: str)
     (:func:`adopt_ties`)."""
     carry_constants(arch.get_path(copy, blocks_path), arch.get_path(built, blocks_path))
     adopt_ties(copy, built)
+
+
+def prepare_export(model: torch.nn.Module, copy: torch.nn.Module, removed: list[int]):
+    """Ready ``copy`` (the export's private copy of ``model`` with blocks ``removed`` gone, old indices) to be saved:
+    made what a reload of its shortened config builds (:func:`reload_form`) and checked that it rebuilds the kept
+    blocks (:func:`swapkl.model.config_cut.structure_difference`).  Returns the ``wrap`` of
+    :func:`swapkl.surgery.outputs.save_model_folder` (None, or the wrapper config a stock reload needs:
+    :func:`swapkl.model.config_cut.reload_config`); raises :class:`PruneError` in one line when the config cannot
+    describe the shortened stack."""
+    import functools
+
+    loc = arch.locate(model)
+    path, n_src = loc.family.blocks, loc.num_layers
+    kept = [i for i in range(n_src) if i not in set(removed)]
+    noise = roundtrip_noise(loc.blocks, model.config, path, n_src, type(model))
+    config = reload_config(copy.config, type(copy))
+    built, why = rebuilt_model(config)  # what the saved folder reloads as
+    if built is not None:
+        reload_form(copy, built, path)
+        why = structure_difference(arch.get_path(copy, path), kept, config, path, noise, built)
+    if why is not None:
+        raise PruneError(f"cannot export the model without layers {sorted(removed)}: {why}")
+    return None if config is copy.config else functools.partial(reload_config, model_class=type(copy))

@@ -14,6 +14,7 @@ from pathlib import Path
 from swapkl import __version__
 from swapkl.model import architectures as arch
 from swapkl.surgery.outputs import check_output_dir, save_model_folder
+from swapkl.surgery.reload_form import prepare_export
 from swapkl.surgery.removal_set import RemovalSet
 
 #: said by the CLI and recorded in the folder's swapkl_prune.json
@@ -37,6 +38,7 @@ def save_sublayer_pruned(model, removal: RemovalSet, out_dir: str | os.PathLike,
     n_src = loc.num_layers
     rs = removal.validate(n_src)
     pruned = zeroed_copy(model, rs)
+    wrap = prepare_export(model, pruned, rs.blocks)
     if getattr(pruned, "hf_quantizer", None) is not None:
         pruned.hf_quantizer.remove_quantization_config(pruned)
     layout = layout_for(model, loc) if rs.unit != "block" else None
@@ -49,4 +51,4 @@ def save_sublayer_pruned(model, removal: RemovalSet, out_dir: str | os.PathLike,
               "kept": [i for i in range(n_src) if i not in blocks], "num_layers_before": n_src,
               "num_layers_after": n_src - len(blocks), "runtime_note": RUNTIME_NOTE, "tool": "swapkl",
               "swapkl_version": __version__}
-    return save_model_folder(out, pruned, tokenizer, record)
+    return save_model_folder(out, pruned, tokenizer, record, wrap)

@@ -169,3 +169,44 @@ def test_zamba_ties_follow_the_kept_layers_and_a_single_hybrid_layer_is_refused(
         save_pruned(model, [1, 3], tmp_path / "y")
     assert "the shortened config does not build (ValueError: There is an issue with your definition of " \
            "`tie_weights_keys`" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_export_of_a_shortened_stack_takes_the_same_step(tmp_path):
+    """The folded bridged export and the sublayer export delete blocks too: they carry DiffLlama's λ_init into the
+    weights as save_pruned does (without it, the moved blocks reload with another λ_init and other logits), and
+    refuse what the config cannot describe in one line, nothing written."""
+    import numpy as np
+
+    from swapkl.repair.bridge import Bridge, bridged_model
+    from swapkl.repair.export import save_bridged
+    from swapkl.surgery.removal_set import RemovalSet
+    from swapkl.surgery.skip import zeroed_copy
+
+    model, dtype = tiny("diffllama", 5)
+    d = model.config.hidden_size
+    w = np.eye(d) + 0.05 * np.random.default_rng(0).standard_normal((d, d))
+    bridge = Bridge(1, 2, "folded", w)
+    folder = save_bridged(model, [bridge], tmp_path / "b")
+    back = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        want = bridged_model(model, [bridge])(input_ids=IDS, use_cache=False).logits.double()
+        got = back(input_ids=IDS, use_cache=False).logits.double()
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+    assert back.model.layers[1].self_attn.lambda_init != model.model.layers[2].self_attn.lambda_init
+
+    rs = RemovalSet([(1, "block"), (3, "mlp")])  # a mixed set: the sublayer export, one block deleted
+    out = save_pruned(model, rs, tmp_path / "s")
+    back = tf.AutoModelForCausalLM.from_pretrained(out, dtype=dtype, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        want = zeroed_copy(model, rs.validate(5))(input_ids=IDS, use_cache=False).logits.double()
+        got = back(input_ids=IDS, use_cache=False).logits.double()
+    assert back.config.num_hidden_layers == 4
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+    from swapkl.surgery.reload_form import prepare_export
+
+    beam, _ = tiny("beam", 4)
+    with pytest.raises(PruneError) as e:
+        prepare_export(beam, pruned_copy(beam, [1]), [1])
+    assert str(e.value).startswith("cannot export the model without layers [1]: layer 2 would come back with ")
+    assert "\n" not in str(e.value)
