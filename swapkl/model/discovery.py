@@ -16,6 +16,7 @@ import torch
 
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
+from swapkl.model.handed import UnsupportedHandedOn, find_channels, get_arg, handed_out, with_args
 from swapkl.model.outputs import OUTPUTS
 
 # The usual spellings, tried first (any other list of the right length follows)
@@ -106,27 +107,17 @@ def generic_family(model: torch.nn.Module) -> Family:
     )
 
 
-def _handed_on(outs: list, calls: list) -> str:
-    """The argument of a block that is a tensor an earlier block returned besides its hidden states (a router
-    state or top-k indices handed from block to block), as ``"argument A of block k"``, or ""."""
-    extras = {id(t) for o in outs if isinstance(o, (tuple, list)) for t in o[1:] if isinstance(t, torch.Tensor)}
-    for slot, args, kwargs in calls:
-        for k, v in [*enumerate(args[1:], 1), *kwargs.items()]:
-            if isinstance(v, torch.Tensor) and id(v) in extras:
-                return f"argument {k} of block {slot}"
-    return ""
-
-
-def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list) -> str:
-    """Where a block reads a state that an earlier block changes besides the hidden states (a second stream: a
-    router state or top-k indices handed on, earlier blocks' states gathered, a reversible pair), found by running the
-    forward again with block 0's output nudged: ``"argument A of block k"``, or "" when every later call is the same."""
+def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list, channels: tuple = ()) -> str:
+    """Where a block reads a state that an earlier block changes besides the hidden states and the handed-on
+    ``channels`` (:mod:`swapkl.model.handed`; another stream: earlier blocks' states gathered, a reversible pair),
+    found by running the forward again with block 0's output nudged: ``"argument A of block k"``, or "" when every
+    later call is the same."""
     again: list = []
 
     def nudge(mod, args, out):
         h = out[0] if isinstance(out, (tuple, list)) else out
         h2 = h + 0.1 * h.abs().mean().clamp_min(1e-3) * torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(h)
-        return (h2, *out[1:]) if isinstance(out, (tuple, list)) else h2
+        return _with_first(out, h2) if isinstance(out, (tuple, list)) else h2
 
     def pre(slot):
         def hook(mod, args, kwargs):
@@ -143,7 +134,8 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
         for h in handles:
             h.remove()
     for (slot, args, kwargs), (_, args2, kwargs2) in zip(calls[1:], again[1:]):
-        names = [*range(1, len(args)), *[k for k in kwargs if k != "hidden_states"]]
+        handed = {c.arg + (1 if args else 0) if isinstance(c.arg, int) else c.arg for c in channels}
+        names = [n for n in [*range(1, len(args)), *[k for k in kwargs if k != "hidden_states"]] if n not in handed]
         first = [args[k] if isinstance(k, int) else kwargs[k] for k in names]
         second = [args2[k] if isinstance(k, int) else kwargs2[k] for k in names]
         for name, x, y in zip(names, first, second):
@@ -154,6 +146,18 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
                         or (not u.is_floating_point() and not torch.equal(u, v))):
                     return f"argument {name} of block {slot}"
     return ""
+
+
+def _with_first(out, h: torch.Tensor):
+    """A block's output tuple ``out`` with ``h`` in place of its hidden states, of the same type (a named tuple
+    stays one: a forward may read its fields)."""
+    items = (h, *out[1:])
+    return type(out)._make(items) if hasattr(type(out), "_make") else type(out)(items)
+
+
+def _call_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A recorded block call without its hidden states: ``(args after them, kwargs without hidden_states)``."""
+    return tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}
 
 
 def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, str]:
@@ -222,7 +226,11 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
             h.remove()
     if [c[0] for c in calls] != list(range(len(loc.blocks))) or len(outs) != len(loc.blocks):
         return None, "the blocks are not each called once per forward, in order"
-    second = _handed_on(outs, calls) or _second_state(model, loc.blocks, ids, calls)
+    try:
+        channels = find_channels([_call_args(a, k) for _, a, k in calls], outs)
+    except UnsupportedHandedOn as e:
+        return None, f"its blocks read a second state that earlier blocks change ({e})"
+    second = _second_state(model, loc.blocks, ids, calls, channels)
     if second:
         return None, f"its blocks read a second state that earlier blocks change ({second})"
     out = outs[-1]
@@ -237,10 +245,13 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
     if not model.training:
         _, args, kwargs = calls[0]
         h = args[0] if args else kwargs["hidden_states"]
+        state = tuple(get_arg(*_call_args(args, kwargs), c.arg) for c in channels)
         try:
             for block, (_, args, kwargs) in zip(loc.blocks, calls):
-                o = block(h, *args[1:], **kwargs) if args else block(**{**kwargs, "hidden_states": h})
+                a, k = with_args(*_call_args(args, kwargs), channels, state)
+                o = block(h, *a, **k) if args else block(**{**k, "hidden_states": h})
                 h = o[0] if isinstance(o, (tuple, list)) else o
+                state = handed_out(o, channels)
         except Exception as e:  # a block that cannot be run alone with its recorded call
             return None, f"a block run alone with its recorded call fails ({type(e).__name__})"
         if (h.float() - last.float()).abs().max() > tol * last.float().abs().max().clamp_min(1.0):
