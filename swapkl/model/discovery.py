@@ -16,7 +16,8 @@ import torch
 
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
-from swapkl.model.handed import UnsupportedHandedOn, find_channels, get_arg, handed_out, with_args
+from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
+                                 with_args)
 from swapkl.model.outputs import OUTPUTS
 
 # The usual spellings, tried first (any other list of the right length follows)
@@ -243,30 +244,44 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
     tuple_len = len(out) if isinstance(out, (tuple, list)) else 0
     tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
     if not model.training:
-        _, args, kwargs = calls[0]
-        h = args[0] if args else kwargs["hidden_states"]
-        state = tuple(get_arg(*_call_args(args, kwargs), c.arg) for c in channels)
-        try:
-            for block, (_, args, kwargs) in zip(loc.blocks, calls):
-                a, k = with_args(*_call_args(args, kwargs), channels, state)
-                o = block(h, *a, **k) if args else block(**{**k, "hidden_states": h})
-                h = o[0] if isinstance(o, (tuple, list)) else o
-                state = handed_out(o, channels)
-        except Exception as e:  # a block that cannot be run alone with its recorded call
-            return None, f"a block run alone with its recorded call fails ({type(e).__name__})"
-        if (h.float() - last.float()).abs().max() > tol * last.float().abs().max().clamp_min(1.0):
-            return None, "replaying the blocks slot by slot does not reproduce the forward"
+        why = _replay(loc.blocks, calls, channels, last, tol)
+        if why:
+            return None, why
+    states = {"": last}  # what the output function may read: the hidden states, or joined with the handed-on states
+    handed = handed_out(out, channels) if channels else ()
+    if handed and all(isinstance(t, torch.Tensor) and t.shape[:-1] == last.shape[:-1] for t in handed):
+        states.update({j: joined_state(last, handed, j) for j in JOINS if j})
     scale = logits.float().abs().max().clamp_min(1.0)
     text = model.config.get_text_config()
     modified = any(getattr(text, k, None) not in (None, 1, 1.0, False) for k in LOGIT_MODIFIERS)
     options = [] if modified else [replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
     options.append(replace(base, output="tail", block_tuple=tuple_len))
     for fam in options:
-        try:
-            got = OUTPUTS[fam.output].logits(model, locate_with(model, fam), last).float()
-        except Exception:  # this output function does not apply to the model
-            continue
-        if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
-            path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
-            return replace(fam, mlp_out=path, mlp_out_layout=layout), ""
+        for join, state in states.items():
+            try:
+                got = OUTPUTS[fam.output].logits(model, locate_with(model, fam), state).float()
+            except Exception:  # this output function does not apply to the model
+                continue
+            if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
+                path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
+                return replace(fam, mlp_out=path, mlp_out_layout=layout, state_join=join), ""
     return None, "neither the final norm and head nor the model's own tail reproduce the logits"
+
+
+def _replay(blocks, calls: list, channels: tuple, last: torch.Tensor, tol: float) -> str:
+    """Why replaying ``blocks`` one slot at a time with their recorded ``calls`` (the handed-on ``channels`` passed
+    from each block to the next) does not reproduce the forward's last hidden states ``last``, or ""."""
+    _, args, kwargs = calls[0]
+    h = args[0] if args else kwargs["hidden_states"]
+    state = tuple(get_arg(*_call_args(args, kwargs), c.arg) for c in channels)
+    try:
+        for block, (_, args, kwargs) in zip(blocks, calls):
+            a, k = with_args(*_call_args(args, kwargs), channels, state)
+            o = block(h, *a, **k) if args else block(**{**k, "hidden_states": h})
+            h = o[0] if isinstance(o, (tuple, list)) else o
+            state = handed_out(o, channels)
+    except Exception as e:  # a block that cannot be run alone with its recorded call
+        return f"a block run alone with its recorded call fails ({type(e).__name__})"
+    if (h.float() - last.float()).abs().max() > tol * last.float().abs().max().clamp_min(1.0):
+        return "replaying the blocks slot by slot does not reproduce the forward"
+    return ""

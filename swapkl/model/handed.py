@@ -114,3 +114,18 @@ def split_handed(handed: tuple, sizes: list[int]) -> list[tuple]:
         out.append(tuple(None if v is None else v[off:off + n] for v in handed))
         off += n
     return out
+
+
+#: how the output function may read the last block's states: its hidden states alone, or joined with what it hands on
+#: along the last dimension, the handed-on states first or after (Reformer's ``cat([attn_output, hidden_states])``)
+JOINS = ("", "handed-first", "hidden-first")
+
+
+def joined_state(h: torch.Tensor, handed: tuple | None, join: str) -> torch.Tensor:
+    """What the output function reads of a last block's hidden states ``h`` [..., T, D] and handed-on states
+    ``handed`` (each [..., T, D_k]): ``h`` for join "", else all of them concatenated along the width [..., T, D + ΣD_k]
+    in the order ``join`` names (:data:`JOINS`)."""
+    if not join:
+        return h
+    parts = [*handed, h] if join == "handed-first" else [h, *handed]
+    return torch.cat(parts, -1)

@@ -121,7 +121,7 @@ class BridgedSweep:
                 groups.setdefault(None if r[3] is None else handed_form(r[3]), []).append(r)
             for form, rows in groups.items():
                 self._run(s, rows, form is not None)
-        kls = self.head.kl_many([r[2] for r in live])
+        kls = self.head.kl_many([self.runner.final_state(r[2], r[3]) for r in live])
         out: dict = {}
         for (span, kind, _, _), v in zip(live, kls):
             out.setdefault(span, {})[kind] = v

@@ -274,7 +274,7 @@ class SwapEngine:
                     r.h = y[off:off + n]
                     off += n
                 del x, y
-        kls = self.kl_many([r.h for r in live])
+        kls = self.kl_many([self.runner.final_state(r.h, r.handed) for r in live])
         self.stats.block_calls += calls
         return [(r.label, v) for r, v in zip(live, kls)]
 

@@ -6,6 +6,7 @@ at hand (:mod:`swapkl.scoring.calls`), with the batch size that halves on out-of
 (:mod:`swapkl.model.handed`) is carried beside them (:meth:`BlockRunner.run_handed`).  Used by :mod:`swapkl.scoring.engine`."""
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -13,7 +14,7 @@ from typing import Callable
 import torch
 
 from swapkl.model.architectures import locate
-from swapkl.model.handed import handed_out, join_handed
+from swapkl.model.handed import handed_out, join_handed, joined_state
 from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
 from swapkl.errors import ModelLoadError
 from swapkl.scoring.batching import BatchController, DeviceOutOfMemory, free_cached_memory  # noqa: F401 (re-exported)
@@ -40,7 +41,7 @@ def _to_device(obj, dev: torch.device):
 @dataclass
 class Baseline:
     """Cached baseline of one prompt batch: ``states[s]`` is the input of slot s, ``states[L]`` the output of
-    the last block (before the final norm); each [P, T, D].  ``calls[s]``: what the model's forward passed slot s
+    the last block (before the final norm; :meth:`BlockRunner.final_state`); each [P, T, D].  ``calls[s]``: what the model's forward passed slot s
     besides the hidden states, rebuilt for any rows (:class:`~swapkl.scoring.calls.SlotCall`)."""
 
     states: list[torch.Tensor]
@@ -75,6 +76,7 @@ class BlockRunner:
         self.channels: tuple = ()
         self._first: torch.Tensor | None = None  # the first prompt's input of slot 0 (a move's probe)
         self._starts: dict = {}  # (slot, block) -> why the block cannot start there (handed-on states), or None
+        self.join = self.loc.family.state_join  # what the output function reads besides the last hidden states
         self.layout = StateLayout()
         self.num_prompts = 0
         self._structures: dict = {}
@@ -196,12 +198,18 @@ class BlockRunner:
         return next(emb.parameters()).device
 
     def _backbone(self) -> torch.nn.Module:
-        # the module that owns the block list: run it without the head (no P*T*V logits)
-        path = self.loc.family.blocks.rsplit(".", 1)[0]
-        mod = self.model
-        for part in path.split("."):
-            mod = getattr(mod, part)
-        return mod
+        """The innermost module above the block list that takes token ids (the one that owns the list, or, where that
+        one takes hidden states as Reformer's encoder does, the first above it): run without the head (no P*T*V
+        logits)."""
+        parts = self.loc.family.blocks.split(".")[:-1]
+        mods = [self.model]
+        for part in parts:
+            mods.append(getattr(mods[-1], part))
+        for mod in reversed(mods):
+            params = inspect.signature(mod.forward).parameters
+            if "input_ids" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+                return mod
+        return self.model
 
     def slot_weights(self, slot: int, block: int, dev: torch.device) -> dict:
         """The weights slot ``slot`` runs when it takes block ``block``'s unit: all of block ``block``'s for whole
@@ -225,6 +233,11 @@ class BlockRunner:
         if rows is None:
             rows = torch.arange(h.shape[0]) % max(1, self.num_prompts)
         return self.layout.rows(_hidden(self.definition.run(self, slot, block, h, rows)))
+
+    def final_state(self, h: torch.Tensor, handed: tuple | None) -> torch.Tensor:
+        """What the output function reads of a last block's hidden states ``h`` [n, T, D] and handed-on states: ``h``,
+        or both joined along the width where the model's output reads both (``Family.state_join``: Reformer)."""
+        return joined_state(h, handed, self.join) if self.join else h
 
     def run_handed(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor,
                    handed: tuple) -> tuple[torch.Tensor, tuple]:
@@ -265,7 +278,8 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
         def hook(mod, args, out):
             recorder.output(slot, out)
             if slot == L - 1:
-                inputs[L].append(runner.layout.rows(_hidden(out).detach()))
+                handed = handed_out(out, recorder.channels) if runner.join else None
+                inputs[L].append(runner.final_state(runner.layout.rows(_hidden(out).detach()), handed))
         return hook
 
     handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(runner.blocks)]

@@ -104,3 +104,35 @@ def test_bridged_sweep_unbridged_removal_equals_the_pruned_model(tiny):
         lp = torch.log_softmax(plain_removal(model, ids, range(i, j)).double(), -1)
         want = (base.exp() * (base - lp)).sum(-1).mean(-1)
         assert torch.allclose(got[(i, j)]["raw"].double(), want, rtol=1e-5, atol=1e-9), (i, j)
+
+
+@pytest.mark.parametrize("model_type", ["hy_v4", "reformer"])
+def test_prefix_sharing_hands_the_state_on(tiny, model_type):
+    # a removal set's pruned copy starting from the recorded state entering its first removed block also gets what the
+    # block before it handed on (as its own tuple type: Reformer's forward reads the fields of a named tuple)
+    from swapkl.removal.prefix import recording_every_block
+    from swapkl.surgery.blocks import pruned_copy
+
+    model, ids, _ = tiny(model_type)
+    store, recording = recording_every_block(model, 4, 2 ** 26)
+    with torch.inference_mode():
+        recording(input_ids=ids, use_cache=False)
+    for removed in ([2], [1, 2]):
+        pm = pruned_copy(model, removed)
+        assert store.attach(pm, removed)
+        with torch.inference_mode():
+            got = pm(input_ids=ids, use_cache=False).logits
+        assert store.stats["shared_batches"] >= 1
+        assert torch.allclose(got, plain_removal(model, ids, removed), rtol=1e-5, atol=1e-6), removed
+
+
+def test_reformer_two_streams(tiny):
+    # a reversible residual: each block takes (prev_attn_output, hidden_states) and returns (hidden_states,
+    # attn_output, ...); the head reads both streams joined, the handed-on one first
+    model, ids, _ = tiny("reformer")
+    engine = SwapEngine(model, ids, max_rows=3, max_live=6, per_layer="block", kl_dtype=torch.float64)
+    assert engine.runner.channels == (Channel("prev_attn_output", 1),) and engine.runner.join == "handed-first"
+    assert engine.base.handed[0][0] is not None  # slot 0 is handed the embeddings as its second stream
+    got = engine.sweep(PAIRS)
+    ref = reference_sweep(model, ids, PAIRS, per_layer="block")
+    assert _worst(got, ref) < 1e-9
