@@ -4,9 +4,12 @@ found by its modules and accepted only when what was found reproduces the model'
 Candidates: every ``ModuleList`` holding as many modules as the config has layers (the usual spellings first, then
 the shallowest); for each, the final-norm candidates among its siblings (the usual names, then any module whose
 class is a norm).  On a short random input (``use_cache=False``) a candidate must have every block called exactly
-once, in order; replaying the blocks one slot at a time with the arguments the model passed them must reproduce the
-last block's output (eval mode); and an output function (:mod:`swapkl.model.outputs`) must reproduce the logits from
-it: the final norm and the head when they do, else the model's own tail (soft-capping, scaling, extra heads).
+once, in order; replaying the blocks one slot at a time with the arguments the model passed them (a state the blocks
+hand on to each other, :mod:`swapkl.model.handed`, passed from each to the next) must reproduce the last block's
+output (eval mode); and an output function (:mod:`swapkl.model.outputs`) must reproduce the logits from
+it: the final norm and the head when they do, else the model's own tail (soft-capping, scaling, extra heads), on
+the last hidden states or, where the head reads both, on them joined with the handed-on states (Reformer's two
+reversible streams, ``Family.state_join``).
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@
 * :class:`BlockDefinition` (``block``): block j's own module runs in slot i with block j's own call, everything the
   model gives block j at its own position (its mask, window, rotary table, per-layer inputs): what removal does.
   A state handed on from block to block (:mod:`swapkl.model.handed`) is never block j's own: under both definitions
-  a slot gets what the block run in the slot before it handed on.
-  Defined for every pair.  For a sublayer unit, slot i's block runs with block j's unit modules in place of its own,
+  a slot gets what the block run in the slot before it handed on.  Defined for every pair, except a block that needs
+  such a state in slot 0, where none is handed on (:meth:`~swapkl.scoring.slots.BlockRunner.cannot_start`).  For a sublayer unit, slot i's block runs with block j's unit modules in place of its own,
   with the call of the block whose attention runs (block j's for the attention unit, slot i's for the MLP unit).
 
 Both are exact; on a stack whose layers all have the same settings they give the same numbers.

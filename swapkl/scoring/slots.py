@@ -197,20 +197,6 @@ class BlockRunner:
         emb = self.model.get_input_embeddings()
         return next(emb.parameters()).device
 
-    def _backbone(self) -> torch.nn.Module:
-        """The innermost module above the block list that takes token ids (the one that owns the list, or, where that
-        one takes hidden states as Reformer's encoder does, the first above it): run without the head (no P*T*V
-        logits)."""
-        parts = self.loc.family.blocks.split(".")[:-1]
-        mods = [self.model]
-        for part in parts:
-            mods.append(getattr(mods[-1], part))
-        for mod in reversed(mods):
-            params = inspect.signature(mod.forward).parameters
-            if "input_ids" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
-                return mod
-        return self.model
-
     def slot_weights(self, slot: int, block: int, dev: torch.device) -> dict:
         """The weights slot ``slot`` runs when it takes block ``block``'s unit: all of block ``block``'s for whole
         blocks, else block ``block``'s unit entries and slot ``slot``'s own for the rest (tensors, never copies,
@@ -253,6 +239,19 @@ class BlockRunner:
         return self.loc.logits(self.layout.model(h_last))
 
 
+def _backbone(runner: BlockRunner) -> torch.nn.Module:
+    """The innermost module above the block list that takes token ids (the one that owns the list, or, where that one
+    takes hidden states as Reformer's encoder does, the first above it): run without the head (no P*T*V logits)."""
+    mods = [runner.model]
+    for part in runner.loc.family.blocks.split(".")[:-1]:
+        mods.append(getattr(mods[-1], part))
+    for mod in reversed(mods):
+        params = inspect.signature(mod.forward).parameters
+        if "input_ids" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return mod
+    return runner.model
+
+
 @torch.inference_mode()
 def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> tuple[list[torch.Tensor], CallRecorder]:
     """``(states, recorder)`` of :meth:`BlockRunner.baseline`: every slot's input and the last block's output [P, T,
@@ -284,7 +283,7 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
 
     handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(runner.blocks)]
     handles += [b.register_forward_hook(post(s)) for s, b in enumerate(runner.blocks)]
-    backbone = runner._backbone()
+    backbone = _backbone(runner)
     dev = runner.input_device()
 
     def run(rows: torch.Tensor) -> None:
