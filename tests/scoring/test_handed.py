@@ -136,3 +136,27 @@ def test_reformer_two_streams(tiny):
     got = engine.sweep(PAIRS)
     ref = reference_sweep(model, ids, PAIRS, per_layer="block")
     assert _worst(got, ref) < 1e-9
+
+
+def test_score_reports_the_slot_0_pairs_na(tmp_path, monkeypatch):
+    # score() learns these n/a pairs only from the baseline (a forward): they leave the sweep, not crash it
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from swapkl.contract import Contract
+    from swapkl.model.checkpoints import load_checkpoint
+    from swapkl.model.tiny import tiny_model
+    from swapkl.scoring.score import score
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
+    tiny_model("hy_v4").save_pretrained(tmp_path / "hy")
+    tok = Tokenizer(models.WordLevel({f"w{k}": k for k in range(255)} | {"[UNK]": 255}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path / "hy")
+    ck = load_checkpoint(str(tmp_path / "hy"), device="cpu")
+    steps: list = []
+    got = score(ck, Contract(pairs="all", prompts=2, tokens=8, per_layer="block"),
+                progress=lambda d, t, what: steps.append((d, t)))
+    assert set(got.undefined) == {(0, 2), (0, 3)} and "none runs before slot 0" in got.undefined[(0, 2)]
+    assert sorted(got.pairs) == [(0, 1), (1, 2), (1, 3), (2, 3)]
+    assert steps[-1] == (12, 12)  # the progress total counts the pairs computed
