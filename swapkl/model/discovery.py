@@ -4,9 +4,12 @@ found by its modules and accepted only when what was found reproduces the model'
 Candidates: every ``ModuleList`` holding as many modules as the config has layers (the usual spellings first, then
 the shallowest); for each, the final-norm candidates among its siblings (the usual names, then any module whose
 class is a norm).  On a short random input (``use_cache=False``) a candidate must have every block called exactly
-once, in order; replaying the blocks one slot at a time with the arguments the model passed them must reproduce the
-last block's output (eval mode); and an output function (:mod:`swapkl.model.outputs`) must reproduce the logits from
-it: the final norm and the head when they do, else the model's own tail (soft-capping, scaling, extra heads).
+once, in order; replaying the blocks one slot at a time with the arguments the model passed them (a state the blocks
+hand on to each other, :mod:`swapkl.model.handed`, passed from each to the next) must reproduce the last block's
+output (eval mode); and an output function (:mod:`swapkl.model.outputs`) must reproduce the logits from
+it: the final norm and the head when they do, else the model's own tail (soft-capping, scaling, extra heads), on
+the last hidden states or, where the head reads both, on them joined with the handed-on states (Reformer's two
+reversible streams, ``Family.state_join``).
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import torch
 
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
+from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
+                                 with_args)
 from swapkl.model.outputs import OUTPUTS
 
 # The usual spellings, tried first (any other list of the right length follows)
@@ -136,27 +141,17 @@ def _call_order(calls: list, n: int) -> str:
     return "called " + " ".join(map(str, order[:16])) + (" ..." if len(order) > 16 else "")
 
 
-def _handed_on(outs: list, calls: list) -> str:
-    """The argument of a block that is a tensor an earlier block returned besides its hidden states (a router
-    state or top-k indices handed from block to block), as ``"argument A of block k"``, or ""."""
-    extras = {id(t) for o in outs if isinstance(o, (tuple, list)) for t in o[1:] if isinstance(t, torch.Tensor)}
-    for slot, args, kwargs in calls:
-        for k, v in [*enumerate(args[1:], 1), *kwargs.items()]:
-            if isinstance(v, torch.Tensor) and id(v) in extras:
-                return f"argument {k} of block {slot}"
-    return ""
-
-
-def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list) -> str:
-    """Where a block reads a state that an earlier block changes besides the hidden states (a second stream: a
-    router state or top-k indices handed on, earlier blocks' states gathered, a reversible pair), found by running the
-    forward again with block 0's output nudged: ``"argument A of block k"``, or "" when every later call is the same."""
+def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list, channels: tuple = ()) -> str:
+    """Where a block reads a state that an earlier block changes besides the hidden states and the handed-on
+    ``channels`` (:mod:`swapkl.model.handed`; another stream: earlier blocks' states gathered, a reversible pair),
+    found by running the forward again with block 0's output nudged: ``"argument A of block k"``, or "" when every
+    later call is the same."""
     again: list = []
 
     def nudge(mod, args, out):
         h = out[0] if isinstance(out, (tuple, list)) else out
         h2 = h + 0.1 * h.abs().mean().clamp_min(1e-3) * torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(h)
-        return (h2, *out[1:]) if isinstance(out, (tuple, list)) else h2
+        return _with_first(out, h2) if isinstance(out, (tuple, list)) else h2
 
     def pre(slot):
         def hook(mod, args, kwargs):
@@ -173,7 +168,8 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
         for h in handles:
             h.remove()
     for (slot, args, kwargs), (_, args2, kwargs2) in zip(calls[1:], again[1:]):
-        names = [*range(1, len(args)), *[k for k in kwargs if k != "hidden_states"]]
+        handed = {c.arg + (1 if args else 0) if isinstance(c.arg, int) else c.arg for c in channels}
+        names = [n for n in [*range(1, len(args)), *[k for k in kwargs if k != "hidden_states"]] if n not in handed]
         first = [args[k] if isinstance(k, int) else kwargs[k] for k in names]
         second = [args2[k] if isinstance(k, int) else kwargs2[k] for k in names]
         for name, x, y in zip(names, first, second):
@@ -184,6 +180,18 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
                         or (not u.is_floating_point() and not torch.equal(u, v))):
                     return f"argument {name} of block {slot}"
     return ""
+
+
+def _with_first(out, h: torch.Tensor):
+    """A block's output tuple ``out`` with ``h`` in place of its hidden states, of the same type (a named tuple
+    stays one: a forward may read its fields)."""
+    items = (h, *out[1:])
+    return type(out)._make(items) if hasattr(type(out), "_make") else type(out)(items)
+
+
+def _call_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A recorded block call without its hidden states: ``(args after them, kwargs without hidden_states)``."""
+    return tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}
 
 
 def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, str]:
@@ -252,7 +260,11 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
             h.remove()
     if [c[0] for c in calls] != list(range(len(loc.blocks))) or len(outs) != len(loc.blocks):
         return None, f"the blocks are not each called once per forward, in order ({_call_order(calls, len(loc.blocks))})"
-    second = _handed_on(outs, calls) or _second_state(model, loc.blocks, ids, calls)
+    try:
+        channels = find_channels([_call_args(a, k) for _, a, k in calls], outs)
+    except UnsupportedHandedOn as e:
+        return None, f"its blocks read a second state that earlier blocks change ({e})"
+    second = _second_state(model, loc.blocks, ids, calls, channels)
     if second:
         return None, f"its blocks read a second state that earlier blocks change ({second})"
     out = outs[-1]
@@ -265,27 +277,44 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
     tuple_len = len(out) if isinstance(out, (tuple, list)) else 0
     tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
     if not model.training:
-        _, args, kwargs = calls[0]
-        h = args[0] if args else kwargs["hidden_states"]
-        try:
-            for block, (_, args, kwargs) in zip(loc.blocks, calls):
-                o = block(h, *args[1:], **kwargs) if args else block(**{**kwargs, "hidden_states": h})
-                h = o[0] if isinstance(o, (tuple, list)) else o
-        except Exception as e:  # a block that cannot be run alone with its recorded call
-            return None, f"a block run alone with its recorded call fails ({type(e).__name__})"
-        if (h.float() - last.float()).abs().max() > tol * last.float().abs().max().clamp_min(1.0):
-            return None, "replaying the blocks slot by slot does not reproduce the forward"
+        why = _replay(loc.blocks, calls, channels, last, tol)
+        if why:
+            return None, why
+    states = {"": last}  # what the output function may read: the hidden states, or joined with the handed-on states
+    handed = handed_out(out, channels) if channels else ()
+    if handed and all(isinstance(t, torch.Tensor) and t.shape[:-1] == last.shape[:-1] for t in handed):
+        states.update({j: joined_state(last, handed, j) for j in JOINS if j})
     scale = logits.float().abs().max().clamp_min(1.0)
     text = model.config.get_text_config()
     modified = any(getattr(text, k, None) not in (None, 1, 1.0, False) for k in LOGIT_MODIFIERS)
     options = [] if modified else [replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
     options.append(replace(base, output="tail", block_tuple=tuple_len))
     for fam in options:
-        try:
-            got = OUTPUTS[fam.output].logits(model, locate_with(model, fam), last).float()
-        except Exception:  # this output function does not apply to the model
-            continue
-        if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
-            path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
-            return replace(fam, mlp_out=path, mlp_out_layout=layout), ""
+        for join, state in states.items():
+            try:
+                got = OUTPUTS[fam.output].logits(model, locate_with(model, fam), state).float()
+            except Exception:  # this output function does not apply to the model
+                continue
+            if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
+                path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
+                return replace(fam, mlp_out=path, mlp_out_layout=layout, state_join=join), ""
     return None, "neither the final norm and head nor the model's own tail reproduce the logits"
+
+
+def _replay(blocks, calls: list, channels: tuple, last: torch.Tensor, tol: float) -> str:
+    """Why replaying ``blocks`` one slot at a time with their recorded ``calls`` (the handed-on ``channels`` passed
+    from each block to the next) does not reproduce the forward's last hidden states ``last``, or ""."""
+    _, args, kwargs = calls[0]
+    h = args[0] if args else kwargs["hidden_states"]
+    state = tuple(get_arg(*_call_args(args, kwargs), c.arg) for c in channels)
+    try:
+        for block, (_, args, kwargs) in zip(blocks, calls):
+            a, k = with_args(*_call_args(args, kwargs), channels, state)
+            o = block(h, *a, **k) if args else block(**{**k, "hidden_states": h})
+            h = o[0] if isinstance(o, (tuple, list)) else o
+            state = handed_out(o, channels)
+    except Exception as e:  # a block that cannot be run alone with its recorded call
+        return f"a block run alone with its recorded call fails ({type(e).__name__})"
+    if (h.float() - last.float()).abs().max() > tol * last.float().abs().max().clamp_min(1.0):
+        return "replaying the blocks slot by slot does not reproduce the forward"
+    return ""

@@ -54,6 +54,9 @@ class Family:
     output: str = "head"
     # what a block returns: 0 = the hidden states alone, k = a tuple of k items led by them (the "tail" stand-ins)
     block_tuple: int = 0
+    # what the output function reads after the last block (swapkl.model.handed.JOINS): "" its hidden states, or those
+    # and the states it hands on joined along the width (Reformer's two reversible streams: "handed-first")
+    state_join: str = ""
 
 
 FAMILIES: tuple[Family, ...] = (

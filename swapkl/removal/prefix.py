@@ -51,7 +51,8 @@ class PrefixStore:
         """``layers``: the first removed layer of each variant of the run."""
         self.layers = sorted({int(f) for f in layers} - {0})
         self.budget = int(budget_bytes)
-        self.states: dict = {}  # batch key -> {layer: (hidden state entering it, output tail of the block before)}
+        self.states: dict = {}  # batch key -> {layer: (hidden state entering it, (tuple type, output tail) of the
+        #                                              block before: what it hands on, None for a tensor output)}
         self.bytes = 0
         self.stats = {"recorded_batches": 0, "unrecorded_batches": 0, "shared_batches": 0, "full_batches": 0}
 
@@ -83,14 +84,15 @@ class PrefixStore:
             def hook(mod, args, kwargs):
                 if cur.get("row") is not None:
                     h = _hidden(args[0] if args else kwargs["hidden_states"]).detach().clone()
-                    cur["row"][f] = [h, None]
+                    cur["row"].setdefault(f, [None, None])[0] = h  # the block before has left already
                     self.bytes += h.numel() * h.element_size()
             return hook
 
         def leave(f):
             def hook(mod, args, out):
-                if cur.get("row") is not None and f in cur["row"]:
-                    cur["row"][f][1] = tuple(out[1:]) if isinstance(out, tuple) else None
+                if cur.get("row") is not None:  # before block f's entry: the entry is made here
+                    tail = (type(out), tuple(out[1:])) if isinstance(out, tuple) else None
+                    cur["row"].setdefault(f, [None, None])[1] = tail
             return hook
 
         priv.register_forward_pre_hook(top, with_kwargs=True)
@@ -134,5 +136,8 @@ class PrefixStore:
                 return forward(*args, **kwargs)
             h, tail = entry
             out = h.clone() if last else _hidden(args[0] if args else kwargs["hidden_states"])
-            return out if tail is None else (out, *tail)
+            if tail is None:
+                return out
+            kind, rest = tail  # the output's own tuple type: a named tuple's fields are read (Reformer's)
+            return kind._make((out, *rest)) if hasattr(kind, "_make") else kind((out, *rest))
         return run

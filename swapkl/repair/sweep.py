@@ -25,7 +25,8 @@ from swapkl.repair.calibration import capture_tree
 from swapkl.scoring.engine import SweepStats
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction
-from swapkl.scoring.slots import BatchController, BlockRunner
+from swapkl.model.handed import handed_form, join_handed, split_handed
+from swapkl.scoring.slots import BatchController, BlockRunner, run_rows_handed
 
 
 class BridgedSweep:
@@ -106,26 +107,40 @@ class BridgedSweep:
     @torch.inference_mode()
     def _chunk(self, part: list[Bridge]) -> dict:
         L = self.num_layers
-        live: list[list] = []  # [(span), kind, h]
+        handed = self.base.handed or [None] * (L + 1)
+        live: list[list] = []  # [(span), kind, h, handed-on states (None: the model hands none on)]
         for s in range(L + 1):
             for br in part:
-                if br.end == s:
-                    live.append([(br.start, br.end), "bridged", self.start_state(br)])
-                    live.append([(br.start, br.end), "raw", self.base.states[br.start]])
+                if br.end == s:  # block j receives what block i-1 handed on, as in the pruned model
+                    live.append([(br.start, br.end), "bridged", self.start_state(br), handed[br.start]])
+                    live.append([(br.start, br.end), "raw", self.base.states[br.start], handed[br.start]])
             if s == L or not live:
                 continue
-            x = live[0][2] if len(live) == 1 else torch.cat([r[2] for r in live], 0)
-            y = self.batch.run_rows(lambda part, rows, s=s: self.runner.run_slot(self.base, s, s, part, rows), x,
-                                    self.ids.shape[0], "block")
-            self.stats.block_calls += x.shape[0]
-            off = 0
+            groups: dict = {}
             for r in live:
-                n = r[2].shape[0]
-                r[2] = y[off:off + n]
-                off += n
-            del x, y
-        kls = self.head.kl_many([r[2] for r in live])
+                groups.setdefault(None if r[3] is None else handed_form(r[3]), []).append(r)
+            for form, rows in groups.items():
+                self._run(s, rows, form is not None)
+        kls = self.head.kl_many([self.runner.final_state(r[2], r[3]) for r in live])
         out: dict = {}
-        for (span, kind, _), v in zip(live, kls):
+        for (span, kind, _, _), v in zip(live, kls):
             out.setdefault(span, {})[kind] = v
         return out
+
+    def _run(self, s: int, rows: list[list], handed: bool) -> None:
+        """Block s in slot s on the row sets ``rows`` in one batched call (their states and, with ``handed``, what
+        they were handed on, replaced in place)."""
+        x = rows[0][2] if len(rows) == 1 else torch.cat([r[2] for r in rows], 0)
+        if handed:
+            y, given = run_rows_handed(self.runner, self.batch, s, s, x, join_handed([r[3] for r in rows]))
+            for r, g in zip(rows, split_handed(given, [r[2].shape[0] for r in rows])):
+                r[3] = g
+        else:
+            y = self.batch.run_rows(lambda part, idx: self.runner.run_slot(self.base, s, s, part, idx), x,
+                                    self.ids.shape[0], "block")
+        self.stats.block_calls += x.shape[0]
+        off = 0
+        for r in rows:
+            n = r[2].shape[0]
+            r[2] = y[off:off + n]
+            off += n

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swapkl.errors import SwapklError
+from swapkl.model.handed import Channel, UnsupportedHandedOn, find_channels
 from swapkl.model.nested import flatten, unflatten
 
 
@@ -75,6 +76,7 @@ class SlotCall:
     values: list  # CONST: the value; SHARED / TILED: the batch-1 tensor; PER_PROMPT: [P·k, ...] of every prompt
     mult: list[int]  # rows of a leaf per prompt row (TILED, PER_PROMPT); 0 otherwise
     keyword: bool = False  # the hidden states went in as the keyword hidden_states (else first positional)
+    handed: tuple[int, ...] = ()  # the leaf of each handed-on channel's argument (swapkl.model.handed), in order
     _tiles: dict = field(default_factory=dict, repr=False)
 
     def arrange(self, h: torch.Tensor, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -86,26 +88,37 @@ class SlotCall:
         """Whether any argument has a row per prompt row (tiled or per prompt)."""
         return any(k in (TILED, PER_PROMPT) for k in self.kinds)
 
-    def build(self, rows: torch.Tensor) -> tuple[tuple, dict]:
-        n = int(rows.shape[0])
-        out = []
-        for k, (kind, v, m) in enumerate(zip(self.kinds, self.values, self.mult)):
-            if kind == TILED:
-                key = (k, n)
-                if key not in self._tiles:
-                    self._tiles.clear() if len(self._tiles) > 64 else None
-                    self._tiles[key] = v.repeat(n, *([1] * (v.dim() - 1)))
-                v = self._tiles[key]
-            elif kind == PER_PROMPT:
-                v = v.view(-1, m, *v.shape[1:]).index_select(0, rows.to(v.device)).reshape(n * m, *v.shape[1:])
-            out.append(v)
+    def build(self, rows: torch.Tensor, handed: tuple | None = None) -> tuple[tuple, dict]:
+        """``handed``: the value of each handed-on channel for these rows (what the block run before them handed
+        on), in place of the baseline's; None: the baseline's."""
+        out = [self._leaf(k, rows) for k in range(len(self.kinds))]
+        if handed is not None:
+            for k, v in zip(self.handed, handed):
+                out[k] = v
         args, kwargs = unflatten(self.spec, out)
         return args, kwargs
+
+    def handed_values(self, rows: torch.Tensor) -> tuple:
+        """The baseline's value of each handed-on channel for rows ``rows``: ``[n, ...]`` tensors (or None)."""
+        return tuple(self._leaf(k, rows) for k in self.handed)
+
+    def _leaf(self, k: int, rows: torch.Tensor):
+        kind, v, m = self.kinds[k], self.values[k], self.mult[k]
+        n = int(rows.shape[0])
+        if kind == TILED:
+            key = (k, n)
+            if key not in self._tiles:
+                self._tiles.clear() if len(self._tiles) > 64 else None
+                self._tiles[key] = v.repeat(n, *([1] * (v.dim() - 1)))
+            return self._tiles[key]
+        if kind == PER_PROMPT:
+            return v.view(-1, m, *v.shape[1:]).index_select(0, rows.to(v.device)).reshape(n * m, *v.shape[1:])
+        return v
 
     def to(self, dev: torch.device) -> SlotCall:
         """The same call with its tensors on ``dev``."""
         moved = [v.to(dev) if isinstance(v, torch.Tensor) else v for v in self.values]
-        return SlotCall(self.spec, self.kinds, moved, self.mult, self.keyword)
+        return SlotCall(self.spec, self.kinds, moved, self.mult, self.keyword, self.handed)
 
 
 class CallRecorder:
@@ -113,10 +126,15 @@ class CallRecorder:
 
     ``phase(name, start)`` before each forward: ``"one"`` (the first prompt alone), ``"two"`` (it twice), then
     ``"chunk"`` with the chunk's first prompt; ``record(slot, args, kwargs)`` from each block's pre-hook (args and
-    kwargs without the hidden states); ``finish(P)`` -> one :class:`SlotCall` per slot."""
+    kwargs without the hidden states) and ``output(slot, out)`` from its forward hook; ``finish(P)`` -> one
+    :class:`SlotCall` per slot.  The first forward also finds the handed-on channels (``channels``,
+    :func:`swapkl.model.handed.find_channels`)."""
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
+        self.channels: tuple[Channel, ...] = ()
+        self._raw: dict[int, tuple] = {}  # the first forward's calls and outputs, until its channels are found
+        self._outs: dict[int, object] = {}
         self.one: dict[int, tuple] = {}
         self.two: dict[int, list] = {}
         self.kinds: dict[int, list] = {}
@@ -125,6 +143,8 @@ class CallRecorder:
         self._phase = "one"
 
     def phase(self, name: str) -> None:
+        if self._phase == "one" and name != "one" and self._raw:
+            self._find_channels()
         self._phase = name
         if name == "chunk" and not self.kinds:
             for s in self.one:
@@ -143,12 +163,40 @@ class CallRecorder:
         spec, leaves = flatten((args, kwargs))
         if self._phase == "one":
             self.one.setdefault(slot, (spec, leaves))
+            self._raw.setdefault(slot, (args, kwargs))
             self.keyword.setdefault(slot, keyword)
         elif self._phase == "two":
             self.two.setdefault(slot, leaves)
         else:
             kinds = self.kinds[slot]
             self.chunks[slot].append([x if kinds[k] == PER_PROMPT else None for k, x in enumerate(leaves)])
+
+    def output(self, slot: int, out) -> None:
+        """A block's output during the first forward (its handed-on channels are read off the outputs)."""
+        if self._phase == "one":
+            self._outs.setdefault(slot, out)
+
+    def _find_channels(self) -> None:
+        """The channels of the first forward; every slot's call gets the leaf of each channel's argument."""
+        try:
+            self.channels = find_channels([self._raw[s] for s in range(self.num_slots)],
+                                          [self._outs.get(s) for s in range(self.num_slots)])
+        except UnsupportedHandedOn as e:
+            raise UnsupportedCall(str(e)) from e
+        finally:
+            self._raw, self._outs = {}, {}
+        for s, (spec, leaves) in self.one.items():
+            for c in self.channels:
+                k = _top_leaf(spec, c.arg)
+                v = leaves[k] if k is not None else None
+                if k is None or (v is not None and not (isinstance(v, torch.Tensor) and v.dim() >= 1
+                                                        and v.shape[0] == 1)):
+                    raise UnsupportedCall(f"block {s} gets the handed-on {c.describe()} as "
+                                          f"{type(v).__name__}: not one value per row")
+
+    def handed_leaves(self, slot: int) -> tuple[int, ...]:
+        spec = self.one[slot][0]
+        return tuple(_top_leaf(spec, c.arg) for c in self.channels)
 
     def _classify(self, slot: int) -> list[str]:
         spec, one = self.one[slot]
@@ -196,9 +244,18 @@ class CallRecorder:
                 kinds[k] = kind
                 values.append(v)
                 mult.append(a.shape[0])
-            calls.append(SlotCall(spec, kinds, values, mult, self.keyword.get(s, False)))
+            calls.append(SlotCall(spec, kinds, values, mult, self.keyword.get(s, False), self.handed_leaves(s)))
         self.chunks = {}
         return calls
+
+
+def _top_leaf(spec, arg: int | str) -> int | None:
+    """The leaf index of top-level argument ``arg`` (positional index after the hidden states, or keyword) in the
+    spec of a call's ``(args, kwargs)``, or None when it is absent or not a single leaf."""
+    (_, (args, kwargs)) = spec
+    body = args[1] if isinstance(arg, int) else dict(kwargs[1])
+    sub = (body[arg] if arg < len(body) else None) if isinstance(arg, int) else body.get(arg)
+    return sub[1] if sub is not None and sub[0] == "*" else None
 
 
 def _same_value(a, b) -> bool:

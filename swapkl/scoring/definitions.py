@@ -7,7 +7,9 @@
   block, an attention and a state-space block, or two head sizes is undefined, with the reason.
 * :class:`BlockDefinition` (``block``): block j's own module runs in slot i with block j's own call, everything the
   model gives block j at its own position (its mask, window, rotary table, per-layer inputs): what removal does.
-  Defined for every pair.  For a sublayer unit, slot i's block runs with block j's unit modules in place of its own,
+  A state handed on from block to block (:mod:`swapkl.model.handed`) is never block j's own: under both definitions
+  a slot gets what the block run in the slot before it handed on.  Defined for every pair, except a block that needs
+  such a state in slot 0, where none is handed on (:meth:`~swapkl.scoring.slots.BlockRunner.cannot_start`).  For a sublayer unit, slot i's block runs with block j's unit modules in place of its own,
   with the call of the block whose attention runs (block j's for the attention unit, slot i's for the MLP unit).
 
 Both are exact; on a stack whose layers all have the same settings they give the same numbers.
@@ -36,7 +38,9 @@ class PerLayerDefinition:
         """None when the move is defined, else the reason (one line)."""
         return None
 
-    def run(self, runner, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def run(self, runner, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor, handed: tuple | None = None):
+        """The block's output (as the module returns it) for hidden states ``h`` [n, T, D] of prompts ``rows`` [n];
+        ``handed``: the values of the handed-on channels for these rows (None: the baseline's)."""
         raise NotImplementedError
 
 
@@ -47,28 +51,28 @@ class SlotDefinition(PerLayerDefinition):
     def undefined(self, runner, slot: int, block: int) -> str | None:
         return structure_difference(runner.structure(slot), runner.structure(block), slot, block, runner.unit)
 
-    def run(self, runner, slot, block, h, rows):
+    def run(self, runner, slot, block, h, rows, handed=None):
         mod = runner.blocks[slot]
         dev = runner.block_device(slot)
-        args, kwargs = runner.call(slot, rows, h, dev)
+        args, kwargs = runner.call(slot, rows, h, dev, handed)
         if block == slot:
-            return runner.layout.rows(_hidden(mod(*args, **kwargs)))
-        return runner.layout.rows(_hidden(functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs)))
+            return mod(*args, **kwargs)
+        return functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs)
 
 
 class BlockDefinition(PerLayerDefinition):
     name = "block"
     summary = "block j's own module in slot i, with its own per-layer settings (what removal does)"
 
-    def run(self, runner, slot, block, h, rows):
+    def run(self, runner, slot, block, h, rows, handed=None):
         if block == slot or runner.unit == BLOCK:
             mod, dev = runner.blocks[block], runner.block_device(block)
-            args, kwargs = runner.call(block, rows, h, dev)
-            return runner.layout.rows(_hidden(mod(*args, **kwargs)))
+            args, kwargs = runner.call(block, rows, h, dev, handed)
+            return mod(*args, **kwargs)
         mod, dev = runner.hybrid(slot, block), runner.block_device(slot)
         caller = block if runner.unit == CALL_UNIT else slot
-        args, kwargs = runner.call(caller, rows, h, dev)
-        return runner.layout.rows(_hidden(mod(*args, **kwargs)))
+        args, kwargs = runner.call(caller, rows, h, dev, handed)
+        return mod(*args, **kwargs)
 
 
 #: the definitions by name (the names are :data:`swapkl.contract.PER_LAYER`)
@@ -118,6 +122,3 @@ def hybrid_block(own: torch.nn.Module, other: torch.nn.Module, modules) -> torch
         parent._modules[parts[-1]] = theirs._modules[parts[-1]]
     return new
 
-
-def _hidden(out):
-    return out[0] if isinstance(out, (tuple, list)) else out

@@ -39,9 +39,11 @@ import torch
 from torch.func import functional_call
 
 from swapkl.errors import ComputeInterrupted
+from swapkl.model.handed import handed_form, join_handed, split_handed
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction, base_distribution, kl_from_logits, kl_rows  # noqa: F401
-from swapkl.scoring.slots import free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn, ProgressFn, undefined_moves
+from swapkl.scoring.slots import (free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn,
+                                  ProgressFn, run_rows_handed, undefined_moves)
 
 ChunkFn = Callable[[dict], None]
 
@@ -55,6 +57,7 @@ class _Rows:
     label: tuple  # ("shared", i, j) | ("repl", slot, block) | ("inter", i, j)
     overrides: dict[int, int] = field(default_factory=dict)
     fork_at: int | None = None
+    handed: tuple | None = None  # what the block before handed on ([P, ...] or None per channel); None: no channels
 
 
 def _slot_of(label: tuple) -> tuple[tuple[int, int], str]:
@@ -228,34 +231,42 @@ class SwapEngine:
     def _sweep_chunk(self, pairs: list[tuple[int, int]]) -> list[tuple[tuple, torch.Tensor]]:
         """Slot-by-slot sweep over the variants of ``pairs``; returns [(label, per-prompt KL)]."""
         L = self.num_layers
-        states = self.base.states
+        states, handed = self.base.states, self.base.handed or [None] * L
         live: list[_Rows] = []
         calls = 0
         for s in range(L):
             # variants whose first modified slot is s start from the cached baseline
             for i, j in pairs:
                 if i == s:
-                    live.append(_Rows(states[i], i, ("shared", i, j), {i: j}, fork_at=j))
+                    live.append(_Rows(states[i], i, ("shared", i, j), {i: j}, fork_at=j, handed=handed[i]))
                 if j == s:
-                    live.append(_Rows(states[j], j, ("repl", j, i), {j: i}))
+                    live.append(_Rows(states[j], j, ("repl", j, i), {j: i}, handed=handed[j]))
             # a shared branch reaching its fork splits into M[i<-j] and M[i<->j]
             forked = []
             for r in live:
                 if r.fork_at == s:
                     _, i, j = r.label
-                    forked.append(_Rows(r.h, s, ("repl", i, j)))
-                    forked.append(_Rows(r.h, s, ("inter", i, j), {j: i}))
+                    forked.append(_Rows(r.h, s, ("repl", i, j), handed=r.handed))
+                    forked.append(_Rows(r.h, s, ("inter", i, j), {j: i}, handed=r.handed))
                 else:
                     forked.append(r)
             live = forked
-            # group by the block each row set runs at this slot; one batched call per group
-            groups: dict[int, list[_Rows]] = {}
+            # group by the block each row set runs at this slot (and, with handed-on states, by their form: only
+            # row sets whose states join into one tensor share a call); one batched call per group
+            groups: dict = {}
             for r in live:
-                groups.setdefault(r.overrides.get(s, s), []).append(r)
-            for block, rows in groups.items():
+                block = r.overrides.get(s, s)
+                groups.setdefault(block if r.handed is None else (block, handed_form(r.handed)), []).append(r)
+            for key, rows in groups.items():
+                block = key if rows[0].handed is None else key[0]
                 x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
-                y = self.batch.run_rows(lambda part, rows, b=block, s=s: self.runner.run_slot(self.base, s, b, part, rows),
-                                        x, self.ids.shape[0], "block")
+                if rows[0].handed is None:
+                    y = self.batch.run_rows(lambda part, rows, b=block, s=s: self.runner.run_slot(self.base, s, b, part, rows),
+                                            x, self.ids.shape[0], "block")
+                else:
+                    y, given = run_rows_handed(self.runner, self.batch, s, block, x, join_handed([r.handed for r in rows]))
+                    for r, g in zip(rows, split_handed(given, [r.h.shape[0] for r in rows])):
+                        r.handed = g
                 calls += x.shape[0]
                 off = 0
                 for r in rows:
@@ -263,7 +274,7 @@ class SwapEngine:
                     r.h = y[off:off + n]
                     off += n
                 del x, y
-        kls = self.kl_many([r.h for r in live])
+        kls = self.kl_many([self.runner.final_state(r.h, r.handed) for r in live])
         self.stats.block_calls += calls
         return [(r.label, v) for r, v in zip(live, kls)]
 

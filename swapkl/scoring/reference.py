@@ -7,7 +7,9 @@ the ``block`` definition the block *modules* are moved: the copy's block list ho
 i, called with what the model's forward gives block j in its own slot (its mask, rotary table, per-layer inputs,
 recorded from a forward of the unmodified model on the same prompt).  For a sublayer unit (docs/method.md "Sublayer
 units") slot i keeps its block and takes unit j: its weights (``slot``: :func:`~swapkl.model.units.mixed_weights`)
-or its modules (``block``; the call follows the attention).  It is slow on purpose: the engine is tested and benchmarked against it.
+or its modules (``block``; the call follows the attention).  A state the blocks hand on to each other (top-k indices,
+a router state) is what the block run before hands on, as the forward's own loop passes it; a variant whose forward
+raises (a block that needs such a state in slot 0) is undefined.  It is slow on purpose: the engine is tested and benchmarked against it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import copy
 import torch
 
 from swapkl.model.architectures import locate
+from swapkl.model.handed import find_channels, get_arg, with_args
 from swapkl.model.units import layout_for, mixed_weights, unit_keys
 from swapkl.scoring.definitions import CALL_UNIT
 
@@ -34,6 +37,7 @@ class PlainReference:
         #: each block's weights as they were (cloned: the copy's blocks are overwritten and restored)
         self.original = [{k: v.clone() for k, v in b.state_dict().items()} for b in locate(model).blocks]
         self._calls: dict[int, list] = {}
+        self.channels: tuple = ()  # the states the blocks hand on (read with the first own_calls)
         self.base = [self._forward(ids[p]) for p in range(ids.shape[0])]
 
     def _forward(self, row: torch.Tensor) -> torch.Tensor:
@@ -76,21 +80,30 @@ class PlainReference:
     @torch.inference_mode()
     def own_calls(self, p: int) -> list[tuple[bool, tuple, dict]]:
         """What the unmodified model's forward passes each slot for prompt ``p`` besides the hidden states:
-        ``(hidden states as keyword?, args, kwargs)`` per slot (batch of one)."""
+        ``(hidden states as keyword?, args, kwargs)`` per slot (batch of one).  Also reads the states the blocks
+        hand on to each other (``self.channels``, :func:`~swapkl.model.handed.find_channels`)."""
         if p not in self._calls:
             got: list = [None] * len(self.blocks)
+            outs: list = [None] * len(self.blocks)
 
             def pre(slot):
                 def hook(mod, args, kwargs):
                     got[slot] = (not args, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
                 return hook
 
+            def post(slot):
+                def hook(mod, args, out):
+                    outs[slot] = out
+                return hook
+
             handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
+            handles += [b.register_forward_hook(post(s)) for s, b in enumerate(self.blocks)]
             try:
                 self.work(input_ids=self.ids[p][None], use_cache=False)
             finally:
                 for h in handles:
                     h.remove()
+            self.channels = find_channels([c[1:] for c in got], outs)
             self._calls[p] = got
         return self._calls[p]
 
@@ -124,7 +137,10 @@ class PlainReference:
 
                 def hook(mod, args, kwargs, calls=calls):
                     h = args[0] if args else kwargs["hidden_states"]
+                    live = (tuple(args[1:]), {n: v for n, v in kwargs.items() if n != "hidden_states"})
                     keyword, a, k = calls[caller[id(mod)]]
+                    # its own call, but what the block run before it handed on (the forward's loop passes it)
+                    a, k = with_args(a, k, self.channels, tuple(get_arg(*live, c.arg) for c in self.channels))
                     return (a, {**k, "hidden_states": h}) if keyword else ((h, *a), dict(k))
 
                 handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
@@ -159,13 +175,19 @@ def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions:
         if (i, j) in skip:
             continue
         if per_layer == "block":
-            out[(i, j)] = {"repl_ij": ref.kl_moved({i: j}, unit), "repl_ji": ref.kl_moved({j: i}, unit),
-                           "inter": ref.kl_moved({i: j, j: i}, unit)}
+            try:
+                out[(i, j)] = {"repl_ij": ref.kl_moved({i: j}, unit), "repl_ji": ref.kl_moved({j: i}, unit),
+                               "inter": ref.kl_moved({i: j, j: i}, unit)}
+            except Exception:  # noqa: BLE001 - the model's own forward refuses this order: undefined
+                pass
             continue
         wij, wji = ref.unit_weights(i, j, unit), ref.unit_weights(j, i, unit)
         if not (ref.fits(i, wij) and ref.fits(j, wji)):
             continue
-        out[(i, j)] = {"repl_ij": ref.kl({i: wij}), "repl_ji": ref.kl({j: wji}), "inter": ref.kl({i: wij, j: wji})}
+        try:
+            out[(i, j)] = {"repl_ij": ref.kl({i: wij}), "repl_ji": ref.kl({j: wji}), "inter": ref.kl({i: wij, j: wji})}
+        except Exception:  # noqa: BLE001 - the model's own forward refuses this order: undefined
+            pass
     return out
 
 

@@ -215,6 +215,12 @@ class _Sweep:
             if self.progress is not None:
                 self.progress(self.base_done + d, self.total, what)
 
+        late = engine.undefined(self.todo)  # read off the baseline: a block that needs a handed-on state in slot 0
+        if late:
+            self.undefined.update(late)
+            self.todo = [p for p in self.todo if p not in late]
+            self.wanted = [p for p in self.wanted if p not in late]
+            self.total -= 3 * len(late)
         engine.sweep(self.todo, progress=prog, on_pair=on_pair, should_stop=should_stop, on_chunk=on_chunk)
         st = engine.stats
         self.info["engine"] = {"block_calls": st.block_calls, "naive_block_calls": st.naive_block_calls,

@@ -1,110 +1,28 @@
 """Running blocks in slots, batched: the baseline residual stream a sweep starts from (:class:`Baseline`), a block run
 in another slot under a per-layer definition (:class:`BlockRunner`; :mod:`swapkl.scoring.definitions`: its weights
 through the slot's module, or its own module), each with the call the model's forward gave it rebuilt for the rows
-at hand (:mod:`swapkl.scoring.calls`), and the batch size that halves on out-of-memory and retries
-(:class:`BatchController`).  Used by :mod:`swapkl.scoring.engine`."""
+at hand (:mod:`swapkl.scoring.calls`), with the batch size that halves on out-of-memory and retries
+(:mod:`swapkl.scoring.batching`).  A state the blocks hand on to each other besides the hidden states
+(:mod:`swapkl.model.handed`) is carried beside them (:meth:`BlockRunner.run_handed`).  Used by :mod:`swapkl.scoring.engine`."""
 from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from swapkl.model.architectures import locate
+from swapkl.model.handed import handed_out, join_handed, joined_state
 from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
-from swapkl.errors import ModelLoadError, SwapklError, is_oom
+from swapkl.errors import ModelLoadError
+from swapkl.scoring.batching import BatchController, DeviceOutOfMemory, free_cached_memory  # noqa: F401 (re-exported)
 from swapkl.scoring.calls import CallRecorder, SlotCall, StateLayout, state_layout
 from swapkl.scoring.definitions import definition, hybrid_block, structure
 
 ProgressFn = Callable[[int, int, str], None]
 PairFn = Callable[[int, int, dict], None]
-
-
-class DeviceOutOfMemory(SwapklError):
-    """Out of memory although the batch was already down to one prompt row (halving cannot help)."""
-
-
-def free_cached_memory() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-class BatchController:
-    """Holds the current maximum batch (rows of prompts per call) and halves it on out-of-memory.
-
-    ``retries`` records every halving as ``{"where", "from", "to"}`` so callers can report it;
-    ``on_retry(record)`` is called at each one.  ``fault`` is a test hook: ``fault(rows)`` or
-    ``fault(rows, where)`` (``where`` in {"baseline", "block", "kl"}) is called before each call and may raise
-    to simulate an out-of-memory error.  An out-of-memory error at one row raises :class:`DeviceOutOfMemory`.
-    """
-
-    def __init__(self, max_rows: int, fault: Callable | None = None, where: str = "block",
-                 on_retry: Callable[[dict], None] | None = None, retries: list | None = None):
-        self.max_rows = max(1, int(max_rows))
-        self.retries: list[dict] = retries if retries is not None else []
-        self.where = where
-        self.on_retry = on_retry
-        self.fault = fault
-        self._fault_where = False
-        if fault is not None:
-            try:
-                self._fault_where = len(inspect.signature(fault).parameters) >= 2
-            except (TypeError, ValueError):
-                self._fault_where = False
-
-    def _check_fault(self, rows: int, where: str) -> None:
-        if self.fault is None:
-            return
-        if self._fault_where:
-            self.fault(rows, where)
-        elif where == "block":  # one-argument hooks only ever targeted block calls
-            self.fault(rows)
-
-    def map(self, fn: Callable[[int, int], object], n: int, where: str | None = None,
-            detail: str = "") -> list:
-        """``[fn(a, b) for consecutive row ranges [a, b) covering 0..n]`` with ranges of at most ``max_rows``
-        rows; an out-of-memory error halves ``max_rows`` and retries the failed range (finished ranges are
-        kept: every row is independent of the others)."""
-        where = where or self.where
-        outs, k = [], 0
-        while k < n:
-            m = min(self.max_rows, n - k)
-            try:
-                self._check_fault(m, where)
-                outs.append(fn(k, k + m))
-                k += m
-            except Exception as e:  # only out-of-memory is retried
-                if not is_oom(e):
-                    raise
-                free_cached_memory()
-                if m == 1:
-                    raise DeviceOutOfMemory(
-                        f"out of memory even at batch 1 ({where}{detail}): {str(e).splitlines()[0][:160]}; "
-                        "try --dtype bfloat16, fewer --tokens, or --device-map auto (spread over several GPUs)"
-                    ) from e
-                rec = {"where": where, "from": self.max_rows, "to": max(1, m // 2)}
-                self.max_rows = rec["to"]
-                self.retries.append(rec)
-                if self.on_retry is not None:
-                    self.on_retry(rec)
-        return outs
-
-    def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, where: str | None = None) -> torch.Tensor:
-        """``fn`` applied to ``x`` in chunks of at most ``max_rows`` rows (dim 0), halving on OOM."""
-        outs = self.map(lambda a, b: fn(x[a:b]), x.shape[0], where)
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-
-    def run_rows(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, num_prompts: int,
-                 where: str | None = None) -> torch.Tensor:
-        """:meth:`run` for ``x`` made of row sets of all ``num_prompts`` prompts: ``fn(part, rows)`` gets each
-        part's prompt indices (row r of ``x`` is prompt ``r mod num_prompts``)."""
-        def part(a: int, b: int) -> torch.Tensor:
-            return fn(x[a:b], torch.arange(a, b) % num_prompts)
-
-        outs = self.map(part, x.shape[0], where)
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
 
 def _to_device(obj, dev: torch.device):
@@ -123,11 +41,13 @@ def _to_device(obj, dev: torch.device):
 @dataclass
 class Baseline:
     """Cached baseline of one prompt batch: ``states[s]`` is the input of slot s, ``states[L]`` the output of
-    the last block (before the final norm); each [P, T, D].  ``calls[s]``: what the model's forward passed slot s
+    the last block (before the final norm; :meth:`BlockRunner.final_state`); each [P, T, D].  ``calls[s]``: what the model's forward passed slot s
     besides the hidden states, rebuilt for any rows (:class:`~swapkl.scoring.calls.SlotCall`)."""
 
     states: list[torch.Tensor]
     calls: list[SlotCall]
+    #: per slot, what the block before handed on (one [P, ...] tensor or None per channel); empty without channels
+    handed: list[tuple] = field(default_factory=list)
 
 
 class BlockRunner:
@@ -152,6 +72,11 @@ class BlockRunner:
         self.unit = check_unit(unit)
         self.definition = definition(per_layer)
         self.calls: list[SlotCall] = []
+        #: the states handed on from block to block besides the hidden states (swapkl.model.handed), found on the baseline
+        self.channels: tuple = ()
+        self._first: torch.Tensor | None = None  # the first prompt's input of slot 0 (a move's probe)
+        self._starts: dict = {}  # (slot, block) -> why the block cannot start there (handed-on states), or None
+        self.join = self.loc.family.state_join  # what the output function reads besides the last hidden states
         self.layout = StateLayout()
         self.num_prompts = 0
         self._structures: dict = {}
@@ -201,69 +126,30 @@ class BlockRunner:
         """Run the real model on ``ids`` [P, T], recording every slot's input and the last block's output
         (in chunks of ``batch.max_rows`` prompts; out-of-memory halves the chunk and retries it) and every slot's
         call (:class:`~swapkl.scoring.calls.CallRecorder`: first the first prompt alone and twice, then the chunks)."""
-        L = self.num_layers
-        inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
-        recorder = CallRecorder(L)
-        shapes: list = []
-
-        def pre(slot):
-            def hook(mod, args, kwargs):
-                h = args[0] if args else kwargs["hidden_states"]
-                if slot == 0 and len(shapes) < 2:
-                    shapes.append(tuple(h.shape))
-                    if len(shapes) == 2:
-                        self.layout = state_layout(*shapes, ids.shape[1])
-                inputs[slot].append(self.layout.rows(h.detach()))
-                recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"},
-                                keyword=not args)
-            return hook
-
-        def post(mod, args, out):
-            inputs[L].append(self.layout.rows((out[0] if isinstance(out, (tuple, list)) else out).detach()))
-
-        handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
-        handles.append(self.blocks[L - 1].register_forward_hook(post))
-        backbone = self._backbone()
-        dev = self.input_device()
-        batch = batch or BatchController(ids.shape[0], where="baseline")
-
-        def run(rows: torch.Tensor) -> None:
-            sizes, recorded = [len(x) for x in inputs], recorder.sizes()
-            try:
-                backbone(input_ids=rows.to(dev), use_cache=False)
-            except BaseException:
-                for x, n in zip(inputs, sizes):  # drop what the failed chunk recorded
-                    del x[n:]
-                recorder.drop_chunk(recorded)
-                raise
-
-        try:
-            for name, rows in (("one", ids[:1]), ("two", ids[:1].expand(2, -1))):
-                recorder.phase(name)
-                batch.map(lambda a, b, r=rows: run(r), 1, "baseline")
-                for x in inputs:
-                    x.clear()
-            recorder.phase("chunk")
-            batch.map(lambda a, b: run(ids[a:b]), ids.shape[0], "baseline")
-        finally:
-            for h in handles:
-                h.remove()
-        states = []
-        for k, x in enumerate(inputs):  # one slot at a time, its parts freed as it is joined: never twice over
-            states.append(x[0] if len(x) == 1 else torch.cat(x, 0))
-            inputs[k] = []
+        states, recorder = _record(self, ids, batch or BatchController(ids.shape[0], where="baseline"))
         self.calls = [c.to(self.block_device(s)) for s, c in enumerate(recorder.finish(ids.shape[0]))]
         self.num_prompts = int(ids.shape[0])
-        return Baseline(states, self.calls)
+        self.channels = recorder.channels
+        handed = []
+        if self.channels:
+            every = torch.arange(self.num_prompts)
+            handed = [c.handed_values(every) for c in self.calls]
+            self._first = states[0][:1]
+        return Baseline(states, self.calls, handed)
 
-    def call(self, slot: int, rows: torch.Tensor, h: torch.Tensor, dev: torch.device | None = None) -> tuple[tuple, dict]:
+    def call(self, slot: int, rows: torch.Tensor, h: torch.Tensor, dev: torch.device | None = None,
+             handed: tuple | None = None) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of the call the model's forward gives slot ``slot`` with hidden states ``h``, for rows
-        whose prompts are ``rows``, on ``dev`` (default: the slot's device)."""
+        whose prompts are ``rows``, on ``dev`` (default: the slot's device); ``handed``: the values of the handed-on
+        channels for these rows (None: the baseline's)."""
         call = self.calls[slot]
-        args, kwargs = call.build(rows)
-        if dev is not None and dev != self.block_device(slot):
+        dev = dev or self.block_device(slot)
+        if handed is not None:
+            handed = tuple(v.to(dev) if isinstance(v, torch.Tensor) else v for v in handed)
+        args, kwargs = call.build(rows, handed)
+        if dev != self.block_device(slot):
             args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
-        return call.arrange(self.layout.model(h.to(dev or self.block_device(slot))), args, kwargs)
+        return call.arrange(self.layout.model(h.to(dev)), args, kwargs)
 
     def structure(self, slot: int) -> dict:
         """The structure of slot ``slot``'s unit: ``{name: (shape, dtype)}`` of its weights."""
@@ -274,7 +160,26 @@ class BlockRunner:
 
     def undefined(self, slot: int, block: int) -> str | None:
         """Why block ``block``'s unit cannot run in slot ``slot`` under this runner's definition, or None."""
-        return self.definition.undefined(self, slot, block)
+        return self.definition.undefined(self, slot, block) or self.cannot_start(slot, block)
+
+    @torch.inference_mode()
+    def cannot_start(self, slot: int, block: int) -> str | None:
+        """Why block ``block``'s unit cannot run in slot 0 of a model with handed-on states: it needs a state that
+        only a block before it hands on (a DSA layer that reuses the previous layer's top-k), and none runs before
+        slot 0; found by running it there on the first prompt.  None elsewhere (every block hands its states on)."""
+        if not self.channels or slot != 0 or block == slot:
+            return None
+        if (slot, block) not in self._starts:
+            why = None
+            try:
+                first = torch.zeros(1, dtype=torch.long)
+                self.definition.run(self, slot, block, self._first, first, self.calls[slot].handed_values(first))
+            except Exception as e:  # the model's own refusal, reported as the reason
+                first = (str(e).strip().splitlines() or [""])[0][:160]
+                why = (f"block {block}'s unit cannot run in slot {slot}: it needs a state that only a block before it "
+                       f"hands on, and none runs before slot {slot} ({type(e).__name__}: {first})")
+            self._starts[(slot, block)] = why
+        return self._starts[(slot, block)]
 
     def hybrid(self, slot: int, block: int) -> torch.nn.Module:
         """Slot ``slot``'s block with block ``block``'s own unit modules (the ``block`` definition of a sublayer)."""
@@ -291,14 +196,6 @@ class BlockRunner:
     def input_device(self) -> torch.device:
         emb = self.model.get_input_embeddings()
         return next(emb.parameters()).device
-
-    def _backbone(self) -> torch.nn.Module:
-        # the module that owns the block list: run it without the head (no P*T*V logits)
-        path = self.loc.family.blocks.rsplit(".", 1)[0]
-        mod = self.model
-        for part in path.split("."):
-            mod = getattr(mod, part)
-        return mod
 
     def slot_weights(self, slot: int, block: int, dev: torch.device) -> dict:
         """The weights slot ``slot`` runs when it takes block ``block``'s unit: all of block ``block``'s for whole
@@ -321,12 +218,122 @@ class BlockRunner:
         (:mod:`swapkl.scoring.definitions`); ``rows``: the prompt of each row (default: row r is prompt r mod P)."""
         if rows is None:
             rows = torch.arange(h.shape[0]) % max(1, self.num_prompts)
-        return self.definition.run(self, slot, block, h, rows)
+        return self.layout.rows(_hidden(self.definition.run(self, slot, block, h, rows)))
+
+    def final_state(self, h: torch.Tensor, handed: tuple | None) -> torch.Tensor:
+        """What the output function reads of a last block's hidden states ``h`` [n, T, D] and handed-on states: ``h``,
+        or both joined along the width where the model's output reads both (``Family.state_join``: Reformer)."""
+        return joined_state(h, handed, self.join) if self.join else h
+
+    def run_handed(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor,
+                   handed: tuple) -> tuple[torch.Tensor, tuple]:
+        """:meth:`run_slot` on a model with handed-on channels: slot ``slot`` runs block ``block``'s unit on ``h``
+        [n, T, D] given ``handed`` (what the block run in the slot before handed on: one [n, ...] tensor or None per
+        channel); returns ``(hidden states [n, T, D], what it hands on)``."""
+        out = self.definition.run(self, slot, block, h, rows, handed)
+        return self.layout.rows(_hidden(out)), handed_out(out, self.channels)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """The model's output function on last-block outputs [..., D] -> logits [..., V] (final norm + head, or the
         model's own tail: :mod:`swapkl.model.outputs`)."""
         return self.loc.logits(self.layout.model(h_last))
+
+
+def _backbone(runner: BlockRunner) -> torch.nn.Module:
+    """The innermost module above the block list that takes token ids (the one that owns the list, or, where that one
+    takes hidden states as Reformer's encoder does, the first above it): run without the head (no P*T*V logits)."""
+    mods = [runner.model]
+    for part in runner.loc.family.blocks.split(".")[:-1]:
+        mods.append(getattr(mods[-1], part))
+    for mod in reversed(mods):
+        params = inspect.signature(mod.forward).parameters
+        if "input_ids" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return mod
+    return runner.model
+
+
+@torch.inference_mode()
+def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> tuple[list[torch.Tensor], CallRecorder]:
+    """``(states, recorder)`` of :meth:`BlockRunner.baseline`: every slot's input and the last block's output [P, T,
+    D], and the calls recorded (not yet finished); sets ``runner.layout`` from the first two probes."""
+    L = runner.num_layers
+    inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
+    recorder = CallRecorder(L)
+    shapes: list = []
+
+    def pre(slot):
+        def hook(mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            if slot == 0 and len(shapes) < 2:
+                shapes.append(tuple(h.shape))
+                if len(shapes) == 2:
+                    runner.layout = state_layout(*shapes, ids.shape[1])
+            inputs[slot].append(runner.layout.rows(h.detach()))
+            recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"},
+                            keyword=not args)
+        return hook
+
+    def post(slot):
+        def hook(mod, args, out):
+            recorder.output(slot, out)
+            if slot == L - 1:
+                handed = handed_out(out, recorder.channels) if runner.join else None
+                inputs[L].append(runner.final_state(runner.layout.rows(_hidden(out).detach()), handed))
+        return hook
+
+    handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(runner.blocks)]
+    handles += [b.register_forward_hook(post(s)) for s, b in enumerate(runner.blocks)]
+    backbone = _backbone(runner)
+    dev = runner.input_device()
+
+    def run(rows: torch.Tensor) -> None:
+        sizes, recorded = [len(x) for x in inputs], recorder.sizes()
+        try:
+            backbone(input_ids=rows.to(dev), use_cache=False)
+        except BaseException:
+            for x, n in zip(inputs, sizes):  # drop what the failed chunk recorded
+                del x[n:]
+            recorder.drop_chunk(recorded)
+            raise
+
+    try:
+        for name, rows in (("one", ids[:1]), ("two", ids[:1].expand(2, -1))):
+            recorder.phase(name)
+            batch.map(lambda a, b, r=rows: run(r), 1, "baseline")
+            for x in inputs:
+                x.clear()
+        recorder.phase("chunk")
+        batch.map(lambda a, b: run(ids[a:b]), ids.shape[0], "baseline")
+    finally:
+        for h in handles:
+            h.remove()
+    states = []
+    for k, x in enumerate(inputs):  # one slot at a time, its parts freed as it is joined: never twice over
+        states.append(x[0] if len(x) == 1 else torch.cat(x, 0))
+        inputs[k] = []
+    return states, recorder
+
+
+def run_rows_handed(runner: BlockRunner, batch: BatchController, slot: int, block: int, x: torch.Tensor,
+                    handed: tuple) -> tuple[torch.Tensor, tuple]:
+    """Slot ``slot`` running block ``block``'s unit on row sets of all prompts ``x`` [n, T, D] (row r is prompt
+    r mod P) given the handed-on states ``handed`` (one [n, ...] tensor or None per channel), in parts of at most
+    ``batch.max_rows`` rows, halved on out-of-memory: ``(hidden states [n, T, D], what the block hands on)``."""
+    P = max(1, runner.num_prompts)
+
+    def part(a: int, b: int):
+        return runner.run_handed(slot, block, x[a:b], torch.arange(a, b) % P,
+                                 tuple(v[a:b] if v is not None else None for v in handed))
+
+    outs = batch.map(part, x.shape[0], "block")
+    if len(outs) == 1:
+        return outs[0]
+    return torch.cat([o[0] for o in outs], 0), join_handed([o[1] for o in outs])
+
+
+def _hidden(out) -> torch.Tensor:
+    """The hidden states of a block's output (a tensor, or a tuple led by them)."""
+    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def undefined_moves(runner: BlockRunner, pairs) -> dict:

@@ -165,7 +165,8 @@ def markdown(rows: dict[str, dict], transformers_version: str) -> str:
              "(`swapkl/model/tiny.py`): both protocols under both per-layer definitions (`--per-layer slot|block`, "
              "docs/method.md §1) against the plain implementation, attention / MLP sublayers, the pruned export "
              "reloaded with stock transformers against the plain removal, and the bridge's fold.  `n/a` pairs "
-             "(`slot`: blocks of different structure) are listed in every result with their reason.", "",
+             "(`slot`: blocks of different structure; either: a block that needs a state only a block before it hands "
+             "on, in slot 0) are listed in every result with their reason.", "",
              f"**{c.get('exact', 0)} of {s['decoder_only']} decoder-only model types exact "
              f"({100 * s['exact_share']:.1f} %)**; " + ", ".join(f"{n} {k}" for k, n in sorted(c.items()) if k != "exact")
              + ".  Not exact among the paper's and the users' families: "
