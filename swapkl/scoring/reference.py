@@ -178,7 +178,7 @@ def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions:
             try:
                 out[(i, j)] = {"repl_ij": ref.kl_moved({i: j}, unit), "repl_ji": ref.kl_moved({j: i}, unit),
                                "inter": ref.kl_moved({i: j, j: i}, unit)}
-            except Exception:  # noqa: BLE001 - the model's own forward refuses this order: undefined
+            except Exception:  # the model's own forward refuses this order: undefined
                 pass
             continue
         wij, wji = ref.unit_weights(i, j, unit), ref.unit_weights(j, i, unit)
@@ -186,7 +186,7 @@ def reference_sweep(model: torch.nn.Module, ids: torch.Tensor, pairs, positions:
             continue
         try:
             out[(i, j)] = {"repl_ij": ref.kl({i: wij}), "repl_ji": ref.kl({j: wji}), "inter": ref.kl({i: wij, j: wji})}
-        except Exception:  # noqa: BLE001 - the model's own forward refuses this order: undefined
+        except Exception:  # the model's own forward refuses this order: undefined
             pass
     return out
 
