@@ -140,20 +140,13 @@ def test_reformer_two_streams(tiny):
 
 def test_score_reports_the_slot_0_pairs_na(tmp_path, monkeypatch):
     # score() learns these n/a pairs only from the baseline (a forward): they leave the sweep, not crash it
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from support.tiny_folder import tiny_checkpoint
 
     from swapkl.contract import Contract
-    from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.model.tiny import tiny_model
     from swapkl.scoring.score import score
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    tiny_model("hy_v4").save_pretrained(tmp_path / "hy")
-    tok = Tokenizer(models.WordLevel({f"w{k}": k for k in range(255)} | {"[UNK]": 255}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tf.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path / "hy")
-    ck = load_checkpoint(str(tmp_path / "hy"), device="cpu")
+    ck = tiny_checkpoint("hy_v4", tmp_path / "hy")
     steps: list = []
     got = score(ck, Contract(pairs="all", prompts=2, tokens=8, per_layer="block"),
                 progress=lambda d, t, what: steps.append((d, t)))

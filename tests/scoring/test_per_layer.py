@@ -85,20 +85,14 @@ def test_sublayers_under_both_definitions(unit):
 
 
 def test_score_records_the_definition_and_the_undefined_pairs(tmp_path, monkeypatch):
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from support.tiny_folder import tiny_checkpoint
 
-    from swapkl.model.checkpoints import load_checkpoint
     from swapkl.scoring.results import SwapResult
     from swapkl.scoring.score import score
     from swapkl.views.scores import heatmaps
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
-    tiny_model("deepseek_v3").save_pretrained(tmp_path / "ds3")
-    tok = Tokenizer(models.WordLevel({f"w{k}": k for k in range(255)} | {"[UNK]": 255}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tf.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path / "ds3")
-    ck = load_checkpoint(str(tmp_path / "ds3"), device="cpu")
+    ck = tiny_checkpoint("deepseek_v3", tmp_path / "ds3")
     slot = score(ck, Contract(pairs="all", prompts=3, tokens=8))
     block = score(ck, Contract(pairs="all", prompts=3, tokens=8, per_layer="block"))
     assert sorted(slot.pairs) == [(0, 1), (2, 3)] and len(slot.undefined) == 4  # dense 0-1, MoE 2-3
