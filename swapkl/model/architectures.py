@@ -13,6 +13,7 @@ import inspect
 import torch
 
 from swapkl.errors import ContractError
+from swapkl.model.block_io import call_args
 from swapkl.model.discovery import GENERIC_CONTEXT_KEYS, found_family, generic_family
 from swapkl.model.families import (FAMILIES, Family, Located, UnsupportedArchitecture, family_for,  # noqa: F401
                                    get_path, known_family, locate_with, num_layers_in_config, supported_model_types)
@@ -38,7 +39,7 @@ def block_call_args(model: torch.nn.Module, tokens: int) -> tuple[tuple, dict]:
     got: list = []
 
     def pre(mod, args, kwargs):
-        got.append((tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+        got.append(call_args(args, kwargs))
         raise _Captured
 
     handle = loc.blocks[0].register_forward_pre_hook(pre, with_kwargs=True)

@@ -19,6 +19,7 @@ import torch
 
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
+from swapkl.model.block_io import as_kind, call_args, hidden_of
 from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
                                  with_args)
 from swapkl.model.outputs import OUTPUTS
@@ -149,9 +150,9 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
     again: list = []
 
     def nudge(mod, args, out):
-        h = out[0] if isinstance(out, (tuple, list)) else out
+        h = hidden_of(out)
         h2 = h + 0.1 * h.abs().mean().clamp_min(1e-3) * torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(h)
-        return _with_first(out, h2) if isinstance(out, (tuple, list)) else h2
+        return as_kind(type(out), (h2, *out[1:])) if isinstance(out, (tuple, list)) else h2
 
     def pre(slot):
         def hook(mod, args, kwargs):
@@ -180,18 +181,6 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
                         or (not u.is_floating_point() and not torch.equal(u, v))):
                     return f"argument {name} of block {slot}"
     return ""
-
-
-def _with_first(out, h: torch.Tensor):
-    """A block's output tuple ``out`` with ``h`` in place of its hidden states, of the same type (a named tuple
-    stays one: a forward may read its fields)."""
-    items = (h, *out[1:])
-    return type(out)._make(items) if hasattr(type(out), "_make") else type(out)(items)
-
-
-def _call_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A recorded block call without its hidden states: ``(args after them, kwargs without hidden_states)``."""
-    return tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}
 
 
 def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, str]:
@@ -261,14 +250,14 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
     if [c[0] for c in calls] != list(range(len(loc.blocks))) or len(outs) != len(loc.blocks):
         return None, f"the blocks are not each called once per forward, in order ({_call_order(calls, len(loc.blocks))})"
     try:
-        channels = find_channels([_call_args(a, k) for _, a, k in calls], outs)
+        channels = find_channels([call_args(a, k) for _, a, k in calls], outs)
     except UnsupportedHandedOn as e:
         return None, f"its blocks read a second state that earlier blocks change ({e})"
     second = _second_state(model, loc.blocks, ids, calls, channels)
     if second:
         return None, f"its blocks read a second state that earlier blocks change ({second})"
     out = outs[-1]
-    last = out[0] if isinstance(out, (tuple, list)) else out
+    last = hidden_of(out)
     if not isinstance(last, torch.Tensor) or last.dim() < 3 or 2 not in last.shape:
         return None, "a block's output is not a hidden state with a batch dimension"
     if 7 not in last.shape:
@@ -306,10 +295,10 @@ def _replay(blocks, calls: list, channels: tuple, last: torch.Tensor, tol: float
     from each block to the next) does not reproduce the forward's last hidden states ``last``, or ""."""
     _, args, kwargs = calls[0]
     h = args[0] if args else kwargs["hidden_states"]
-    state = tuple(get_arg(*_call_args(args, kwargs), c.arg) for c in channels)
+    state = tuple(get_arg(*call_args(args, kwargs), c.arg) for c in channels)
     try:
         for block, (_, args, kwargs) in zip(blocks, calls):
-            a, k = with_args(*_call_args(args, kwargs), channels, state)
+            a, k = with_args(*call_args(args, kwargs), channels, state)
             o = block(h, *a, **k) if args else block(**{**k, "hidden_states": h})
             h = o[0] if isinstance(o, (tuple, list)) else o
             state = handed_out(o, channels)

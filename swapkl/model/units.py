@@ -29,6 +29,7 @@ import torch
 from swapkl.contract import BLOCK, SUBLAYERS, UNITS, check_unit  # noqa: F401  (the unit names, defined once there)
 from swapkl.errors import SwapklError
 from swapkl.model.layouts import LAYOUTS, SublayerSpec, UnitLayout, _get, representatives, zero_out  # noqa: F401  (re-exported)
+from swapkl.model.block_io import hidden_of
 
 
 class UnsupportedUnit(SwapklError):
@@ -99,7 +100,7 @@ def validate_layout(model: torch.nn.Module, blocks: torch.nn.ModuleList, layout:
                 out = probe(h, *args, **kwargs)
         except Exception as e:  # any failure means "cannot validate"
             return f"a block could not be run alone ({type(e).__name__})"
-        out = out[0] if isinstance(out, (tuple, list)) else out
+        out = hidden_of(out)
         tol = 1e-5 if p.dtype == torch.float32 else 1e-2
         if (out.float() - h.float()).abs().max() > tol * h.float().abs().max():
             return "a block with both output projections zeroed is not the identity (post-norm or a non-residual branch)"

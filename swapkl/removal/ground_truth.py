@@ -28,15 +28,12 @@ import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+from swapkl.model.block_io import hidden_of
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.
 
 #: the hidden states entering every block, kept for one batch of windows, stay below this (the batch shrinks)
 STATES_BUDGET_BYTES = 2 ** 30
-
-
-def _hidden(x):
-    return x[0] if isinstance(x, (tuple, list)) else x
 
 
 def suffix_model(model, layer: int):
@@ -101,11 +98,11 @@ def _base_pass(priv, blocks, x, keep, projs=None):
 
     ins: dict = {}
     outs: dict = {}
-    handles = [mod.register_forward_hook(lambda m_, a, o, k=k: outs.__setitem__(("m", k), _hidden(o)))
+    handles = [mod.register_forward_hook(lambda m_, a, o, k=k: outs.__setitem__(("m", k), hidden_of(o)))
                for k, mod in (projs or {}).items()]
     for k, b in enumerate(blocks):
         handles.append(b.register_forward_pre_hook(
-            lambda mod, args, kwargs, k=k: ins.__setitem__(k, _hidden(args[0] if args else kwargs["hidden_states"])),
+            lambda mod, args, kwargs, k=k: ins.__setitem__(k, hidden_of(args[0] if args else kwargs["hidden_states"])),
             with_kwargs=True))
         handles.append(b.register_forward_hook(lambda mod, args, out, k=k: outs.__setitem__(k, out)))
     try:

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import hashlib
 from typing import Iterable
+from swapkl.model.block_io import as_kind, hidden_of
 
 #: hidden states kept for one run, at most (past it, batches run in full)
 STATES_BUDGET_BYTES = 2 ** 30
 #: the same for a removal-curves run (swapkl.removal.curves: every block's entry state of the evaluation windows)
 CURVES_STATES_BYTES = 2 ** 29
-
-
-def _hidden(x):
-    return x[0] if isinstance(x, (tuple, list)) else x
 
 
 def _input_ids(args, kwargs):
@@ -83,7 +80,7 @@ class PrefixStore:
         def enter(f):
             def hook(mod, args, kwargs):
                 if cur.get("row") is not None:
-                    h = _hidden(args[0] if args else kwargs["hidden_states"]).detach().clone()
+                    h = hidden_of(args[0] if args else kwargs["hidden_states"]).detach().clone()
                     cur["row"].setdefault(f, [None, None])[0] = h  # the block before has left already
                     self.bytes += h.numel() * h.element_size()
             return hook
@@ -135,9 +132,9 @@ class PrefixStore:
             if entry is None:
                 return forward(*args, **kwargs)
             h, tail = entry
-            out = h.clone() if last else _hidden(args[0] if args else kwargs["hidden_states"])
+            out = h.clone() if last else hidden_of(args[0] if args else kwargs["hidden_states"])
             if tail is None:
                 return out
             kind, rest = tail  # the output's own tuple type: a named tuple's fields are read (Reformer's)
-            return kind._make((out, *rest)) if hasattr(kind, "_make") else kind((out, *rest))
+            return as_kind(kind, (out, *rest))
         return run

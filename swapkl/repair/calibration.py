@@ -28,6 +28,7 @@ from swapkl.repair.fit import DEFAULT_RIDGE, NormalEquations
 from swapkl.repair.settings import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOW
 from swapkl.scoring.prompts import adds_bos, tokenize_stream
 from swapkl.surgery.blocks import pruned_copy
+from swapkl.model.block_io import hidden_of
 
 
 #: the names of the regions in :func:`swapkl.scoring.corpora.check_regions`'s messages
@@ -106,7 +107,7 @@ def capture_tree(model: torch.nn.Module, slots: set[int], projs: set[int]):
 
     def post(key):
         def hook(mod, args, out):
-            got[key] = out[0] if isinstance(out, (tuple, list)) else out
+            got[key] = hidden_of(out)
         return hook
 
     for s in slots:

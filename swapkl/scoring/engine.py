@@ -39,6 +39,7 @@ import torch
 from torch.func import functional_call
 
 from swapkl.errors import ComputeInterrupted
+from swapkl.model.block_io import hidden_of
 from swapkl.model.handed import handed_form, join_handed, split_handed
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction, base_distribution, kl_from_logits, kl_rows  # noqa: F401
@@ -318,7 +319,7 @@ def _slot_float32(runner: BlockRunner, slot: int, h: torch.Tensor) -> torch.Tens
     args = tuple(_float32(a) for a in args)
     kwargs = {k: _float32(v) for k, v in kwargs.items()}
     out = functional_call(mod, {k: _float32(v) for k, v in runner.weights_on(slot, dev).items()}, args, kwargs)
-    return runner.layout.rows(out[0] if isinstance(out, (tuple, list)) else out)
+    return runner.layout.rows(hidden_of(out))
 
 
 def _logits_float32(runner: BlockRunner, h_last: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import copy
 import torch
 
 from swapkl.model.architectures import locate
+from swapkl.model.block_io import record_calls
 from swapkl.model.handed import find_channels, get_arg, with_args
 from swapkl.model.units import layout_for, mixed_weights, unit_keys
 from swapkl.scoring.definitions import CALL_UNIT
@@ -83,26 +84,7 @@ class PlainReference:
         ``(hidden states as keyword?, args, kwargs)`` per slot (batch of one).  Also reads the states the blocks
         hand on to each other (``self.channels``, :func:`~swapkl.model.handed.find_channels`)."""
         if p not in self._calls:
-            got: list = [None] * len(self.blocks)
-            outs: list = [None] * len(self.blocks)
-
-            def pre(slot):
-                def hook(mod, args, kwargs):
-                    got[slot] = (not args, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
-                return hook
-
-            def post(slot):
-                def hook(mod, args, out):
-                    outs[slot] = out
-                return hook
-
-            handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(self.blocks)]
-            handles += [b.register_forward_hook(post(s)) for s, b in enumerate(self.blocks)]
-            try:
-                self.work(input_ids=self.ids[p][None], use_cache=False)
-            finally:
-                for h in handles:
-                    h.remove()
+            got, outs = record_calls(self.blocks, lambda: self.work(input_ids=self.ids[p][None], use_cache=False))
             self.channels = find_channels([c[1:] for c in got], outs)
             self._calls[p] = got
         return self._calls[p]

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from swapkl.model.architectures import locate
+from swapkl.model.block_io import call_args, hidden_of
 from swapkl.model.handed import handed_out, join_handed, joined_state
 from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
 from swapkl.errors import ModelLoadError
@@ -175,9 +176,9 @@ class BlockRunner:
                 first = torch.zeros(1, dtype=torch.long)
                 self.definition.run(self, slot, block, self._first, first, self.calls[slot].handed_values(first))
             except Exception as e:  # the model's own refusal, reported as the reason
-                first = (str(e).strip().splitlines() or [""])[0][:160]
+                line = (str(e).strip().splitlines() or [""])[0][:160]
                 why = (f"block {block}'s unit cannot run in slot {slot}: it needs a state that only a block before it "
-                       f"hands on, and none runs before slot {slot} ({type(e).__name__}: {first})")
+                       f"hands on, and none runs before slot {slot} ({type(e).__name__}: {line})")
             self._starts[(slot, block)] = why
         return self._starts[(slot, block)]
 
@@ -218,7 +219,7 @@ class BlockRunner:
         (:mod:`swapkl.scoring.definitions`); ``rows``: the prompt of each row (default: row r is prompt r mod P)."""
         if rows is None:
             rows = torch.arange(h.shape[0]) % max(1, self.num_prompts)
-        return self.layout.rows(_hidden(self.definition.run(self, slot, block, h, rows)))
+        return self.layout.rows(hidden_of(self.definition.run(self, slot, block, h, rows)))
 
     def final_state(self, h: torch.Tensor, handed: tuple | None) -> torch.Tensor:
         """What the output function reads of a last block's hidden states ``h`` [n, T, D] and handed-on states: ``h``,
@@ -231,7 +232,7 @@ class BlockRunner:
         [n, T, D] given ``handed`` (what the block run in the slot before handed on: one [n, ...] tensor or None per
         channel); returns ``(hidden states [n, T, D], what it hands on)``."""
         out = self.definition.run(self, slot, block, h, rows, handed)
-        return self.layout.rows(_hidden(out)), handed_out(out, self.channels)
+        return self.layout.rows(hidden_of(out)), handed_out(out, self.channels)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """The model's output function on last-block outputs [..., D] -> logits [..., V] (final norm + head, or the
@@ -269,8 +270,7 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
                 if len(shapes) == 2:
                     runner.layout = state_layout(*shapes, ids.shape[1])
             inputs[slot].append(runner.layout.rows(h.detach()))
-            recorder.record(slot, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"},
-                            keyword=not args)
+            recorder.record(slot, *call_args(args, kwargs), keyword=not args)
         return hook
 
     def post(slot):
@@ -278,7 +278,7 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
             recorder.output(slot, out)
             if slot == L - 1:
                 handed = handed_out(out, recorder.channels) if runner.join else None
-                inputs[L].append(runner.final_state(runner.layout.rows(_hidden(out).detach()), handed))
+                inputs[L].append(runner.final_state(runner.layout.rows(hidden_of(out).detach()), handed))
         return hook
 
     handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(runner.blocks)]
@@ -329,11 +329,6 @@ def run_rows_handed(runner: BlockRunner, batch: BatchController, slot: int, bloc
     if len(outs) == 1:
         return outs[0]
     return torch.cat([o[0] for o in outs], 0), join_handed([o[1] for o in outs])
-
-
-def _hidden(out) -> torch.Tensor:
-    """The hidden states of a block's output (a tensor, or a tuple led by them)."""
-    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def undefined_moves(runner: BlockRunner, pairs) -> dict:

@@ -94,6 +94,7 @@ EXPORT_SETS = ((1,), (1, 2))
 def plain_removal(model, ids, remove) -> torch.Tensor:
     """Logits of ``model`` with the blocks ``remove`` skipped (each passes its input on: its hidden states, and what
     the block before it handed on, :mod:`swapkl.model.handed`): the plain removal."""
+    from swapkl.model.block_io import as_kind, call_args
     from swapkl.model.handed import get_arg
 
     blocks = _blocks(model)
@@ -104,10 +105,10 @@ def plain_removal(model, ids, remove) -> torch.Tensor:
         if not isinstance(out, (tuple, list)):
             return h
         items = [h, *out[1:]]
-        given = (tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
+        given = call_args(args, kwargs)
         for c in channels:
             items[c.out] = get_arg(*given, c.arg)
-        return type(out)._make(items) if hasattr(type(out), "_make") else type(out)(items)
+        return as_kind(type(out), items)
 
     hooks = [blocks[k].register_forward_hook(skip, with_kwargs=True) for k in remove]
     try:
@@ -121,30 +122,12 @@ def plain_removal(model, ids, remove) -> torch.Tensor:
 def _channels(model, ids, blocks) -> tuple:
     """The states ``model``'s blocks hand on to each other (:func:`swapkl.model.handed.find_channels`), read off one
     forward."""
+    from swapkl.model.block_io import record_calls
     from swapkl.model.handed import find_channels
 
-    calls: list = [None] * len(blocks)
-    outs: list = [None] * len(blocks)
-
-    def pre(slot):
-        def hook(mod, args, kwargs):
-            calls[slot] = (tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"})
-        return hook
-
-    def post(slot):
-        def hook(mod, args, out):
-            outs[slot] = out
-        return hook
-
-    hooks = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(blocks)]
-    hooks += [b.register_forward_hook(post(s)) for s, b in enumerate(blocks)]
-    try:
-        with torch.inference_mode():
-            model(input_ids=ids[:1], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    return find_channels(calls, outs)
+    with torch.inference_mode():
+        calls, outs = record_calls(blocks, lambda: model(input_ids=ids[:1], use_cache=False))
+    return find_channels([c[1:] for c in calls], outs)
 
 
 def check_export(model, ids, dtype, folder) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.methods.registry import calib_tokens
+from swapkl.model.block_io import hidden_of
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
@@ -26,10 +27,6 @@ METHODS = [
 
 # torch and the torch-based swapkl modules are imported inside the functions: the registry reads this file, and the
 # CLI's --help and the dashboard's first paint must not load torch.
-
-
-def _hidden(x):
-    return x[0] if isinstance(x, (tuple, list)) else x
 
 
 def residual_stats(model, rows, batch_size: int = 8) -> dict:
@@ -54,9 +51,9 @@ def _residual_stats(model, rows, batch_size):
     L = len(blocks)
     states: dict = {}
     handles = [b.register_forward_pre_hook(
-        lambda m, args, kwargs, k=k: states.__setitem__(k, _hidden(args[0] if args else kwargs["hidden_states"])),
+        lambda m, args, kwargs, k=k: states.__setitem__(k, hidden_of(args[0] if args else kwargs["hidden_states"])),
         with_kwargs=True) for k, b in enumerate(blocks)]
-    handles.append(blocks[L - 1].register_forward_hook(lambda m, a, out: states.__setitem__(L, _hidden(out))))
+    handles.append(blocks[L - 1].register_forward_hook(lambda m, a, out: states.__setitem__(L, hidden_of(out))))
     U = rows.shape[0]
     ang = np.zeros((U, L + 1, L + 1))
     cos_adj = np.zeros((U, L))

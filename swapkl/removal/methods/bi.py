@@ -15,6 +15,7 @@ from swapkl.contract import SUBLAYERS
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.methods.registry import calib_tokens
 from swapkl.removal.selection import nested, scan
+from swapkl.model.block_io import hidden_of
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
@@ -30,10 +31,6 @@ METHODS = [
 
 # torch (and swapkl.model.architectures, which needs it) are imported inside the functions that compute: the registry
 # imports this module, and the dashboard's first paint and ``swapkl --help`` must not load torch.
-
-
-def _hidden(x):
-    return x[0] if isinstance(x, (tuple, list)) else x
 
 
 def run_block_io(model, ids, on_block, window: int = 512, batch_size: int = 4) -> int:
@@ -57,12 +54,12 @@ def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
 
     def pre(k):
         def hook(mod, args, kwargs):
-            inputs[k] = _hidden(args[0] if args else kwargs["hidden_states"])
+            inputs[k] = hidden_of(args[0] if args else kwargs["hidden_states"])
         return hook
 
     def post(k):
         def hook(mod, args, kwargs, out):
-            on_block(k, inputs.pop(k).float(), _hidden(out).float())
+            on_block(k, inputs.pop(k).float(), hidden_of(out).float())
         return hook
 
     for k, b in enumerate(blocks):
@@ -175,12 +172,12 @@ def sublayer_influence(model, ids, unit: str, window: int = 512, batch_size: int
 
     def pre(k):
         def hook(mod, args, kwargs):
-            seen[k] = {"in": _hidden(args[0] if args else kwargs["hidden_states"]).float()}
+            seen[k] = {"in": hidden_of(args[0] if args else kwargs["hidden_states"]).float()}
         return hook
 
     def branch(k, u):
         def hook(mod, args, out):
-            seen[k][u] = _hidden(out).float()
+            seen[k][u] = hidden_of(out).float()
         return hook
 
     def post(k):
