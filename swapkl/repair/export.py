@@ -22,7 +22,7 @@ from swapkl.errors import SwapklError
 from swapkl.model import architectures as arch
 from swapkl.repair.bridge import Bridge, bridged_model, fold_target
 from swapkl.store import atomic_write_text
-from swapkl.surgery.outputs import PRUNE_FILE, write_model_folder
+from swapkl.surgery.outputs import save_model_folder
 from swapkl.surgery.reload_form import prepare_export
 
 BRIDGE_FILE = "swapkl_bridge.json"
@@ -57,16 +57,7 @@ def save_bridged(model, bridges: list[Bridge], out: str | os.PathLike, tokenizer
     prov = {"format": FORMAT, "removed": removed, "bridges": fits, **(provenance or {}),
             "swapkl_version": __version__}
 
-    def write(folder: Path) -> None:
-        bridged.save_pretrained(folder, safe_serialization=True)
-        if wrap is not None:
-            wrap(bridged.config).save_pretrained(folder)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))
-        atomic_write_text(folder / BRIDGE_FILE, json.dumps(prov, indent=2, default=str))
-
-    return write_model_folder(out, write)
+    return save_model_folder(out, bridged, tokenizer, record, wrap, {BRIDGE_FILE: prov})
 
 
 #: llama.cpp's name of a block's MLP output projection, in every family swapkl supports

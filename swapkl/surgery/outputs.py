@@ -144,19 +144,20 @@ def write_model_folder(out: str | os.PathLike, write: Callable[[Path], None]) ->
 
 
 def save_model_folder(out: str | os.PathLike, model, tokenizer, record: dict,
-                      wrap: Callable | None = None) -> Path:
+                      wrap: Callable | None = None, extra: dict | None = None) -> Path:
     """Save ``model`` (safetensors) and ``tokenizer`` (when given) as a Hugging Face folder at ``out`` with the
     export's ``record`` as :data:`PRUNE_FILE`, atomically (:func:`write_model_folder`).  ``wrap``: a function of the
     model's config, as saving left it (its dtype set), giving the config to write in its place (the wrapper stock
-    ``transformers`` reloads the model's class from: :func:`swapkl.model.config_cut.reload_config`).  Returns
-    ``out``."""
+    ``transformers`` reloads the model's class from: :func:`swapkl.model.config_cut.reload_config`).  ``extra``:
+    ``{file name: JSON-able}`` written beside the record (a bridged export's provenance).  Returns ``out``."""
     def write(folder: Path) -> None:
         model.save_pretrained(folder, safe_serialization=True)
         if wrap is not None:
             wrap(model.config).save_pretrained(folder)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
-        atomic_write_text(folder / PRUNE_FILE, json.dumps(record, indent=2, default=str))
+        for name, content in {PRUNE_FILE: record, **(extra or {})}.items():
+            atomic_write_text(folder / name, json.dumps(content, indent=2, default=str))
 
     return write_model_folder(out, write)
 
