@@ -100,12 +100,11 @@ def tiny_model(kind: str, num_layers: int = 4, seed: int = 0, **kw):
     that blocks differ enough for swap-KLs to be well above float32 noise."""
     import transformers as tf
 
+    from swapkl.model.tiny import scale_matrices
+
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(tiny_config(kind, num_layers, **kw))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(3.0)
+    scale_matrices(model)
     return model.eval()
 
 

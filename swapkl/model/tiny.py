@@ -167,8 +167,16 @@ def tiny_model(model_type: str, layers: int = 4, seed: int = 0, scale: float = 3
 
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(tiny_config(model_type, layers), dtype=torch.float32)
+    return scale_matrices(model, scale).eval()
+
+
+def scale_matrices(model, scale: float = 3.0):
+    """``model`` with every weight of two or more dimensions multiplied by ``scale`` in place (a random-initialised
+    model's blocks then differ well above float32 noise); returns ``model``."""
+    import torch
+
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
                 p.mul_(scale)
-    return model.eval()
+    return model

@@ -11,6 +11,7 @@ from swapkl.model.architectures import UnsupportedArchitecture, locate
 from swapkl.contract import pair_list
 from swapkl.scoring.engine import SwapEngine
 from swapkl.scoring.reference import reference_sweep
+from swapkl.model.tiny import scale_matrices
 
 
 def _tiny(kind: str, layers: int = 4, **kw):
@@ -24,10 +25,7 @@ def _tiny(kind: str, layers: int = 4, **kw):
                                       num_key_value_heads=2, intermediate_size=64, vocab_size=96,
                                       bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(3.0)
+    scale_matrices(model)
     return model
 
 

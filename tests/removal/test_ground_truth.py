@@ -11,6 +11,7 @@ from swapkl.removal import evaluate as E
 from swapkl.removal.ground_truth import ground_truth, single_removal_sweep
 from swapkl.removal.memo import EvalMemo
 from swapkl.surgery.prune import pruned_copy
+from swapkl.model.tiny import scale_matrices
 
 
 def _plain(model, ids, window, stride, L):
@@ -46,10 +47,7 @@ def test_sweep_gpt2_slot_scaling_follows_the_plain_copy():
     cfg = tf.GPT2Config(n_layer=4, n_embd=32, n_head=4, vocab_size=96, n_positions=256,
                         scale_attn_by_inverse_layer_idx=True)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(3.0)
+    scale_matrices(model)
     ids = torch.randint(0, 96, (150,), generator=torch.Generator().manual_seed(2))
     base, plain = _plain(model, ids, 48, 24, 4)
     _assert_same(single_removal_sweep(model, ids, 48, 24), base, plain)

@@ -9,6 +9,7 @@ import torch
 from swapkl.contract import pair_list
 from swapkl.model.architectures import block_call_args, locate
 from swapkl.model.units import layout_for, mixed_weights, unit_keys
+from swapkl.model.tiny import scale_matrices
 from swapkl.scoring.engine import SwapEngine
 from swapkl.scoring.reference import PlainReference, reference_sweep
 
@@ -117,10 +118,7 @@ def test_generic_layouts_equal_the_plain_reference(mt, kw):
                                   **kw)
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(3.0)
+    scale_matrices(model)
     ids = _ids(96)
     pairs = pair_list("all", 4)
     for unit in ("attention", "mlp"):

@@ -11,7 +11,7 @@ import torch
 import transformers as tf
 
 from swapkl.model.config_cut import cut_config, structure_difference
-from swapkl.model.tiny import tiny_config
+from swapkl.model.tiny import scale_matrices, tiny_config
 from swapkl.support.check import plain_removal, widest
 from swapkl.surgery.prune import PruneError, pruned_copy, save_pruned
 from swapkl.surgery.reload_form import CONSTANTS, with_dot
@@ -28,10 +28,7 @@ def tiny(model_type: str, layers: int = 4, drop=(), **override):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(3)
+    scale_matrices(model)
     return widest(model, IDS)
 
 
