@@ -19,6 +19,7 @@ merged, bridged or with sublayers zeroed): both, then the check that the reload 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -141,8 +142,6 @@ def prepare_export(model: torch.nn.Module, copy: torch.nn.Module, removed: list[
     :func:`swapkl.surgery.outputs.save_model_folder` (None, or the wrapper config a stock reload needs:
     :func:`swapkl.model.config_cut.reload_config`); raises :class:`PruneError` in one line when the config cannot
     describe the shortened stack."""
-    import functools
-
     loc = arch.locate(model)
     path, n_src = loc.family.blocks, loc.num_layers
     kept = [i for i in range(n_src) if i not in set(removed)]
