@@ -2,7 +2,7 @@
 module files use these and stay importable without torch).
 
 A block is called with its hidden states (first positional or the keyword ``hidden_states``) and other arguments
-(:func:`call_args`); it returns its hidden states alone or a tuple led by them (:func:`hidden_of`, :func:`as_kind`).
+(:func:`hidden_in`, :func:`call_args`); it returns its hidden states alone or a tuple led by them (:func:`hidden_of`, :func:`as_kind`).
 :func:`record_calls` reads both off one forward.
 """
 from __future__ import annotations
@@ -11,6 +11,11 @@ from __future__ import annotations
 def hidden_of(out):
     """The hidden states of a block's output ``out`` (a tensor, or a tuple led by them)."""
     return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def hidden_in(args: tuple, kwargs: dict):
+    """The hidden states a block is called with: its first positional argument, else the keyword ``hidden_states``."""
+    return args[0] if args else kwargs["hidden_states"]
 
 
 def as_kind(kind: type, items) -> tuple:

@@ -19,7 +19,7 @@ import torch
 
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
-from swapkl.model.block_io import as_kind, call_args, hidden_of
+from swapkl.model.block_io import as_kind, call_args, hidden_in, hidden_of
 from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
                                  with_args)
 from swapkl.model.outputs import OUTPUTS
@@ -294,7 +294,7 @@ def _replay(blocks, calls: list, channels: tuple, last: torch.Tensor, tol: float
     """Why replaying ``blocks`` one slot at a time with their recorded ``calls`` (the handed-on ``channels`` passed
     from each block to the next) does not reproduce the forward's last hidden states ``last``, or ""."""
     _, args, kwargs = calls[0]
-    h = args[0] if args else kwargs["hidden_states"]
+    h = hidden_in(args, kwargs)
     state = tuple(get_arg(*call_args(args, kwargs), c.arg) for c in channels)
     try:
         for block, (_, args, kwargs) in zip(blocks, calls):

@@ -17,6 +17,8 @@ from collections import OrderedDict
 
 import torch
 
+from swapkl.model.block_io import hidden_in
+
 
 class OutputFunction:
     """``logits(model, loc, h_last)``: logits [n, T, V] of last-block outputs ``h_last`` [n, T, D]."""
@@ -87,7 +89,7 @@ def _stand_in(block: torch.nn.Module, give: torch.Tensor | None, tuple_len: int)
     new = _own_copy(block)
 
     def forward(*args, **kwargs):
-        h = give if give is not None else (args[0] if args else kwargs["hidden_states"])
+        h = give if give is not None else hidden_in(args, kwargs)
         return (h,) + (None,) * (tuple_len - 1) if tuple_len else h
 
     new.forward = forward

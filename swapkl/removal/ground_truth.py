@@ -28,7 +28,7 @@ import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
-from swapkl.model.block_io import hidden_of
+from swapkl.model.block_io import hidden_in, hidden_of
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.
 
@@ -102,7 +102,7 @@ def _base_pass(priv, blocks, x, keep, projs=None):
                for k, mod in (projs or {}).items()]
     for k, b in enumerate(blocks):
         handles.append(b.register_forward_pre_hook(
-            lambda mod, args, kwargs, k=k: ins.__setitem__(k, hidden_of(args[0] if args else kwargs["hidden_states"])),
+            lambda mod, args, kwargs, k=k: ins.__setitem__(k, hidden_of(hidden_in(args, kwargs))),
             with_kwargs=True))
         handles.append(b.register_forward_hook(lambda mod, args, out, k=k: outs.__setitem__(k, out)))
     try:

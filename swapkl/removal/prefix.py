@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from typing import Iterable
-from swapkl.model.block_io import as_kind, hidden_of
+from swapkl.model.block_io import as_kind, hidden_in, hidden_of
 
 #: hidden states kept for one run, at most (past it, batches run in full)
 STATES_BUDGET_BYTES = 2 ** 30
@@ -80,7 +80,7 @@ class PrefixStore:
         def enter(f):
             def hook(mod, args, kwargs):
                 if cur.get("row") is not None:
-                    h = hidden_of(args[0] if args else kwargs["hidden_states"]).detach().clone()
+                    h = hidden_of(hidden_in(args, kwargs)).detach().clone()
                     cur["row"].setdefault(f, [None, None])[0] = h  # the block before has left already
                     self.bytes += h.numel() * h.element_size()
             return hook
@@ -132,7 +132,7 @@ class PrefixStore:
             if entry is None:
                 return forward(*args, **kwargs)
             h, tail = entry
-            out = h.clone() if last else hidden_of(args[0] if args else kwargs["hidden_states"])
+            out = h.clone() if last else hidden_of(hidden_in(args, kwargs))
             if tail is None:
                 return out
             kind, rest = tail  # the output's own tuple type: a named tuple's fields are read (Reformer's)

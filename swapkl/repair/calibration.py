@@ -28,7 +28,7 @@ from swapkl.repair.fit import DEFAULT_RIDGE, NormalEquations
 from swapkl.repair.settings import DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOW
 from swapkl.scoring.prompts import adds_bos, tokenize_stream
 from swapkl.surgery.blocks import pruned_copy
-from swapkl.model.block_io import hidden_of
+from swapkl.model.block_io import hidden_in, hidden_of
 
 
 #: the names of the regions in :func:`swapkl.scoring.corpora.check_regions`'s messages
@@ -102,7 +102,7 @@ def capture_tree(model: torch.nn.Module, slots: set[int], projs: set[int]):
 
     def pre(s):
         def hook(mod, args, kwargs):
-            got[("h", s)] = args[0] if args else kwargs["hidden_states"]
+            got[("h", s)] = hidden_in(args, kwargs)
         return hook
 
     def post(key):

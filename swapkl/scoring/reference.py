@@ -18,7 +18,7 @@ import copy
 import torch
 
 from swapkl.model.architectures import locate
-from swapkl.model.block_io import record_calls
+from swapkl.model.block_io import hidden_in, record_calls
 from swapkl.model.handed import find_channels, get_arg, with_args
 from swapkl.model.units import layout_for, mixed_weights, unit_keys
 from swapkl.scoring.definitions import CALL_UNIT
@@ -118,7 +118,7 @@ class PlainReference:
                 calls = own[p]
 
                 def hook(mod, args, kwargs, calls=calls):
-                    h = args[0] if args else kwargs["hidden_states"]
+                    h = hidden_in(args, kwargs)
                     live = (tuple(args[1:]), {n: v for n, v in kwargs.items() if n != "hidden_states"})
                     keyword, a, k = calls[caller[id(mod)]]
                     # its own call, but what the block run before it handed on (the forward's loop passes it)

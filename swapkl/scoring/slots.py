@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from swapkl.model.architectures import locate
-from swapkl.model.block_io import call_args, hidden_of
+from swapkl.model.block_io import call_args, hidden_in, hidden_of
 from swapkl.model.handed import handed_out, join_handed, joined_state
 from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
 from swapkl.errors import ModelLoadError
@@ -264,7 +264,7 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
 
     def pre(slot):
         def hook(mod, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
+            h = hidden_in(args, kwargs)
             if slot == 0 and len(shapes) < 2:
                 shapes.append(tuple(h.shape))
                 if len(shapes) == 2:

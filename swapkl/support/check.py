@@ -94,14 +94,14 @@ EXPORT_SETS = ((1,), (1, 2))
 def plain_removal(model, ids, remove) -> torch.Tensor:
     """Logits of ``model`` with the blocks ``remove`` skipped (each passes its input on: its hidden states, and what
     the block before it handed on, :mod:`swapkl.model.handed`): the plain removal."""
-    from swapkl.model.block_io import as_kind, call_args
+    from swapkl.model.block_io import as_kind, call_args, hidden_in
     from swapkl.model.handed import get_arg
 
     blocks = _blocks(model)
     channels = _channels(model, ids, blocks)
 
     def skip(mod, args, kwargs, out):
-        h = args[0] if args else kwargs["hidden_states"]
+        h = hidden_in(args, kwargs)
         if not isinstance(out, (tuple, list)):
             return h
         items = [h, *out[1:]]

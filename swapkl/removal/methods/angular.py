@@ -15,7 +15,7 @@ import numpy as np
 
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.methods.registry import calib_tokens
-from swapkl.model.block_io import hidden_of
+from swapkl.model.block_io import hidden_in, hidden_of
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
@@ -51,7 +51,7 @@ def _residual_stats(model, rows, batch_size):
     L = len(blocks)
     states: dict = {}
     handles = [b.register_forward_pre_hook(
-        lambda m, args, kwargs, k=k: states.__setitem__(k, hidden_of(args[0] if args else kwargs["hidden_states"])),
+        lambda m, args, kwargs, k=k: states.__setitem__(k, hidden_of(hidden_in(args, kwargs))),
         with_kwargs=True) for k, b in enumerate(blocks)]
     handles.append(blocks[L - 1].register_forward_hook(lambda m, a, out: states.__setitem__(L, hidden_of(out))))
     U = rows.shape[0]

@@ -15,7 +15,7 @@ from swapkl.contract import SUBLAYERS
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.methods.registry import calib_tokens
 from swapkl.removal.selection import nested, scan
-from swapkl.model.block_io import hidden_of
+from swapkl.model.block_io import hidden_in, hidden_of
 
 #: this file's methods, read by the registry without importing the file (swapkl.removal.methods.registry)
 METHODS = [
@@ -54,7 +54,7 @@ def _run_block_io(model, ids, on_block, window: int, batch_size: int) -> int:
 
     def pre(k):
         def hook(mod, args, kwargs):
-            inputs[k] = hidden_of(args[0] if args else kwargs["hidden_states"])
+            inputs[k] = hidden_of(hidden_in(args, kwargs))
         return hook
 
     def post(k):
@@ -172,7 +172,7 @@ def sublayer_influence(model, ids, unit: str, window: int = 512, batch_size: int
 
     def pre(k):
         def hook(mod, args, kwargs):
-            seen[k] = {"in": hidden_of(args[0] if args else kwargs["hidden_states"]).float()}
+            seen[k] = {"in": hidden_of(hidden_in(args, kwargs)).float()}
         return hook
 
     def branch(k, u):
