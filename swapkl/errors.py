@@ -8,6 +8,10 @@ class SwapklError(Exception):
     """Bad input or an unmet precondition, with a message a user can act on."""
 
 
+class PolicyError(SwapklError):
+    """A request that the server's policy (demo mode, :mod:`swapkl.jobs.policy`) does not allow."""
+
+
 class ModelLoadError(SwapklError):
     """Unknown model id or revision, missing path, unreadable weights."""
 

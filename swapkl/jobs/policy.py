@@ -43,19 +43,33 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swapkl.errors import SwapklError
+from swapkl.errors import PolicyError
 from swapkl.store import PROJECT_ROOT
 
+from .allow import DEFAULT_ALIASES, AllowEntry, parse_entry
+from .bounds import DEMO_MAX_BRIDGE_TOKENS, DEMO_MAX_LAST_K, check_heal, check_repair, check_study
+
+__all__ = ["DEMO_MAX_BRIDGE_TOKENS", "DEMO_MAX_LAST_K", "INT_SETTINGS", "LOCAL_MAX_OPENED", "Policy", "PolicyError"]
+
 CONFIG_FILE = PROJECT_ROOT / ".streamlit" / "swapkl.toml"
-DEFAULT_ALIASES = ("default", "builtin")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
-#: demo mode: calibration tokens of a bridge after removal, and the blocks a last-k heal trains in full, at most
-DEMO_MAX_BRIDGE_TOKENS = 16_384
-DEMO_MAX_LAST_K = 4
 
 
-class PolicyError(SwapklError):
-    """A request that the server's policy (demo mode) does not allow."""
+#: the integer settings: ``[demo]`` key -> environment variable
+INT_SETTINGS = {
+    "max_jobs_per_session": "SWAPKL_DEMO_MAX_JOBS", "max_queued": "SWAPKL_DEMO_MAX_QUEUED",
+    "max_prompt_tokens": "SWAPKL_DEMO_MAX_PROMPT_TOKENS", "max_budget": "SWAPKL_DEMO_MAX_BUDGET",
+    "max_evidence_boot": "SWAPKL_DEMO_MAX_EVIDENCE_BOOT", "upload_mb": "SWAPKL_DEMO_UPLOAD_MB",
+    "max_task_limit": "SWAPKL_DEMO_MAX_TASK_LIMIT", "max_heal_steps": "SWAPKL_DEMO_MAX_HEAL_STEPS",
+    "max_heal_tokens": "SWAPKL_DEMO_MAX_HEAL_TOKENS", "max_jobs_per_client": "SWAPKL_DEMO_MAX_JOBS_PER_CLIENT",
+    "max_study_models": "SWAPKL_DEMO_MAX_STUDY_MODELS",
+    "max_trajectory_checkpoints": "SWAPKL_DEMO_MAX_TRAJECTORY_CHECKPOINTS",
+    "max_heldout_words": "SWAPKL_DEMO_MAX_HELDOUT_WORDS", "max_job_s": "SWAPKL_DEMO_MAX_JOB_S",
+    "max_opened_per_session": "SWAPKL_DEMO_MAX_OPENED", "export_quota_mb": "SWAPKL_DEMO_EXPORT_QUOTA_MB",
+    "export_max_age_h": "SWAPKL_DEMO_EXPORT_MAX_AGE_H",
+}
+#: opened files kept per session on a local server (it refuses nothing; this only bounds memory)
+LOCAL_MAX_OPENED = 32
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,14 @@ class Policy:
     max_heal_tokens: int = 51_200  # training tokens of one recipe (steps x batch x seq_len), each set and the control
     max_heal_rank: int = 16
     max_heal_sets: int = 8  # heals of one request (methods x n)
+    max_jobs_per_client: int = 4  # computations queued or running per client address (all its sessions)
+    max_study_models: int = 3  # models of one study
+    max_trajectory_checkpoints: int = 8  # checkpoints of one trajectory
+    max_heldout_words: int = 20_000  # held-out words of one study's evaluator
+    max_job_s: int = 1800  # wall seconds of one job; past it the job ends with its reason, finished parts kept
+    max_opened_per_session: int = 4  # opened files / bundles kept per session, least recently used dropped first
+    export_quota_mb: int = 2048  # size of <cache>/exports; the oldest exports are removed past it
+    export_max_age_h: int = 24  # an export older than this is removed before the next one is written
     extra: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
@@ -106,12 +128,7 @@ class Policy:
         if env.get("SWAPKL_DEMO_MODELS"):
             models = [m for m in env["SWAPKL_DEMO_MODELS"].split(",")]
         kw = {"demo": demo, "models": _models(models)}
-        for key, var in (("max_jobs_per_session", "SWAPKL_DEMO_MAX_JOBS"), ("max_queued", "SWAPKL_DEMO_MAX_QUEUED"),
-                         ("max_prompt_tokens", "SWAPKL_DEMO_MAX_PROMPT_TOKENS"),
-                         ("max_budget", "SWAPKL_DEMO_MAX_BUDGET"),
-                         ("max_evidence_boot", "SWAPKL_DEMO_MAX_EVIDENCE_BOOT"), ("upload_mb", "SWAPKL_DEMO_UPLOAD_MB"),
-                         ("max_task_limit", "SWAPKL_DEMO_MAX_TASK_LIMIT"), ("max_heal_steps", "SWAPKL_DEMO_MAX_HEAL_STEPS"),
-                         ("max_heal_tokens", "SWAPKL_DEMO_MAX_HEAL_TOKENS")):
+        for key, var in INT_SETTINGS.items():
             raw = env.get(var, conf.get(key))
             if raw is not None:
                 try:
@@ -130,26 +147,34 @@ class Policy:
         return cls(**kw)
 
     # ------------------------------------------------------------------ checks
+    @property
+    def entries(self) -> tuple:
+        """The allow-list as :class:`~swapkl.jobs.allow.AllowEntry` objects, in the operator's order."""
+        return tuple(parse_entry(m) for m in self.models)
+
+    def entry(self, label: str) -> AllowEntry | None:
+        """The allow-list entry whose label is ``label`` (the select box's value), or None."""
+        return next((e for e in self.entries if e.label == label), None)
+
+    def allowed_entry(self, spec: str, revision: str | None = None) -> AllowEntry | None:
+        """The entry that allows ``spec`` at ``revision`` (strings only), or None."""
+        return next((e for e in self.entries if e.allows(spec, revision)), None)
+
     def check_model(self, spec: str, revision: str | None = None) -> None:
         """Raise :class:`PolicyError` unless ``spec`` (with ``revision``) is allowed.  Demo mode compares
-        strings with the allow-list only; nothing of the visitor's text touches the filesystem."""
-        if not self.demo:
+        strings with the allow-list only (:mod:`swapkl.jobs.allow`); nothing of the visitor's text touches the
+        filesystem, and the refusal names neither the visitor's text nor a server path."""
+        if not self.demo or self.allowed_entry(spec, revision) is not None:
             return
         s = str(spec or "").strip()
-        rev = (str(revision).strip() or None) if revision else None
-        if s.lower() in DEFAULT_ALIASES and any(m.lower() in DEFAULT_ALIASES for m in self.models):
-            if rev:
-                raise PolicyError("the built-in default model has no revisions")
-            return
-        hub, _, at = s.partition("@")
-        rev = rev or (at or None)
-        for m in self.models:
-            m_id, _, m_rev = m.partition("@")
-            if s == m and not revision:
-                return
-            if m_id == hub and ((not m_rev) or (m_rev == rev)) and hub.count("/") == 1 and not hub.startswith((".", "/", "~")):
-                return
-        raise PolicyError(f"this demo server offers only these checkpoints: {', '.join(self.models)}")
+        if s.lower() in DEFAULT_ALIASES and revision:
+            raise PolicyError("the built-in default model has no revisions")
+        hub = s.partition("@")[0]
+        if any(e.kind == "hub" and e.spec == hub for e in self.entries):
+            raise PolicyError(f"this demo server does not offer that revision of {hub} "
+                              f"(it offers: {', '.join(e.label for e in self.entries if e.spec == hub)})")
+        raise PolicyError(f"this demo server offers only these checkpoints: "
+                          f"{', '.join(e.display for e in self.entries)}")
 
     def check_contract(self, contract) -> None:
         """Bound one visitor's contract: prompts x tokens and the pair set."""
@@ -230,6 +255,9 @@ class Policy:
         toks = [t for t in re.split(r"[,\s]+", str(text or "")) if t]
         if not toks:
             raise PolicyError("no checkpoints given")
+        if len(toks) > self.max_trajectory_checkpoints:
+            raise PolicyError(f"this demo server follows at most {self.max_trajectory_checkpoints} checkpoints per "
+                              f"trajectory; {len(toks)} given")
         current = None
         for t in toks:
             if t.startswith("@"):
@@ -239,6 +267,16 @@ class Policy:
             else:
                 self.check_model(t)
                 current = t.partition("@")[0] if "/" in t else None
+
+    @property
+    def max_opened(self) -> int:
+        """Opened files kept per session (demo: ``max_opened_per_session``; local: :data:`LOCAL_MAX_OPENED`)."""
+        return max(1, self.max_opened_per_session) if self.demo else LOCAL_MAX_OPENED
+
+    @property
+    def job_seconds(self) -> float | None:
+        """A job's wall-time limit in seconds (demo mode; None: no limit)."""
+        return float(self.max_job_s) if self.demo and self.max_job_s > 0 else None
 
     def check_upload(self, size_bytes: int) -> None:
         if self.demo and size_bytes > self.upload_mb * 1024 * 1024:
@@ -256,81 +294,20 @@ class Policy:
         return out
 
 
-def check_heal(self: Policy, request) -> None:
-    """A healing request (:class:`~swapkl.jobs.requests.HealRequest`) against policy ``self`` in demo mode
-    (training runs on the server's CPU): offered deterministic methods only, n up to ``max_budget``, at most
-    ``max_heal_sets`` heals, a recipe of at most ``max_heal_steps`` updates, ``max_heal_tokens`` training tokens and
-    rank ``max_heal_rank``, no QLoRA, the server's evaluator.  A bound passed: :class:`PolicyError` naming it."""
-    if not self.demo:
-        return
-    from swapkl.healing.multi import MERGING  # torch-free
-    from swapkl.removal import methods as M  # the registry: torch-free
-
-    for m in request.methods:
-        spec = M.find(m)
-        if spec is None or not spec.offered or spec.seeded or m in M.GROUPS or m in MERGING:
-            raise PolicyError(f"this demo server heals only the sets of its offered deterministic methods; "
-                              f"not '{m}'")
-    if not request.methods or not request.ns:
-        raise PolicyError("choose at least one method and one n to heal")
-    if max(request.ns) > self.max_budget:
-        raise PolicyError(f"this demo server removes at most {self.max_budget} layers; n = {max(request.ns)} "
-                          "asked")
-    sets = len(request.methods) * len(request.ns)
-    if sets > self.max_heal_sets:
-        raise PolicyError(f"this demo server heals at most {self.max_heal_sets} sets per request (methods x n); "
-                          f"{sets} asked")
-    r = request.recipe
-    tokens = int(r["steps"]) * int(r["batch"]) * int(r["seq_len"])
-    if int(r["steps"]) > self.max_heal_steps:
-        raise PolicyError(f"this demo server trains at most {self.max_heal_steps} steps per heal; "
-                          f"{r['steps']} asked")
-    if tokens > self.max_heal_tokens:
-        raise PolicyError(f"this demo server trains on at most {self.max_heal_tokens} tokens per heal (steps x "
-                          f"batch x sequence length); {r['steps']} x {r['batch']} x {r['seq_len']} = {tokens}")
-    if int(r["rank"]) > self.max_heal_rank:
-        raise PolicyError(f"this demo server allows LoRA rank at most {self.max_heal_rank}; {r['rank']} asked")
-    if r.get("qlora"):
-        raise PolicyError("this demo server has no QLoRA (it needs CUDA and bitsandbytes)")
-    check_repair(request)  # a heal from the bridged model fits the same bridge
-    if r.get("part") == "last-k" and int(r.get("last_k") or 0) > DEMO_MAX_LAST_K:
-        raise PolicyError(f"this demo server trains at most the last {DEMO_MAX_LAST_K} blocks in full; "
-                          f"k = {r['last_k']} asked")
-    if request.evaluator is not None:
-        raise PolicyError("this demo server evaluates healing with its own evaluator (matched)")
-    if getattr(request, "tasks", ()) or getattr(request, "include_path", None) is not None:
-        self.check_tasks(request)  # task accuracy after healing: the task panel's bounds
-
-
-def check_repair(request) -> None:
-    """An analysis's (a heal's, an evidence's) repair after removal in demo mode: at most
-    :data:`DEMO_MAX_BRIDGE_TOKENS` calibration tokens (the fit streams them through the model; every setting is checked again by the plan)."""
-    tokens = (getattr(request, "bridge", None) or {}).get("calib_tokens")
-    if getattr(request, "repair", "none") != "none" and tokens is not None and int(tokens) > DEMO_MAX_BRIDGE_TOKENS:
-        raise PolicyError(f"this demo server fits a bridge on at most {DEMO_MAX_BRIDGE_TOKENS} calibration tokens; "
-                          f"{tokens} asked")
-
-
 def _flag(v) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _models(models) -> tuple:
-    if isinstance(models, str):
+    """The allow-list's labels (a TOML table entry as its string form), each parsed once to refuse a malformed
+    entry at start-up."""
+    if isinstance(models, (str, dict)):
         models = [models]
-    out = tuple(dict.fromkeys(str(m).strip() for m in (models or []) if str(m).strip()))
+    try:
+        out = tuple(dict.fromkeys(parse_entry(m).label for m in (models or [])
+                                  if isinstance(m, dict) or str(m).strip()))
+    except ValueError as e:
+        raise PolicyError(f"the demo allow-list: {e}") from None
     if not out:
         raise PolicyError("the demo allow-list of models is empty")
     return out
-
-
-def check_study(pol: Policy, request) -> None:
-    """A study in demo mode: allow-listed models only, the server's held-out text, the budget and bootstrap bounds
-    of an evidence request (5 x its stability bound: the study's CIs are the agreement's)."""
-    if request.plan.eval_text:
-        raise PolicyError("this demo server uses its own held-out text; a file cannot be chosen")
-    for m in request.plan.models:
-        pol.check_model(m.spec, m.revision)
-    if request.budget > pol.max_budget or request.plan.n_boot > 5 * pol.max_evidence_boot:
-        raise PolicyError(f"this demo server removes at most {pol.max_budget} layers with at most "
-                          f"{5 * pol.max_evidence_boot} bootstrap resamples")
