@@ -65,7 +65,7 @@ def manager() -> JobManager:
     every browser session that waited for it has closed (:class:`swapkl.jobs.audience.Audience`) and runs its
     computations at a lower CPU priority than the server (``JOB_NICE``)."""
     progress = ROOT / "static" / "progress" if st.get_option("server.enableStaticServing") else None
-    mgr = JobManager(progress_dir=progress, alive=connected, grace_s=ABANDON_S, nice=JOB_NICE)
+    mgr = JobManager(progress_dir=progress, alive=connected, grace_s=ABANDON_S, nice=JOB_NICE, policy=policy())
     if os.environ.get("SWAPKL_STALL_LOG"):  # an operator's diagnostic: stacks of every thread when all stall
         from swapkl.jobs.stalls import watch_stalls
 

@@ -100,6 +100,9 @@ class Job:
         self.checkpoint = None  # the loaded Checkpoint (analysis jobs), for exports
         self.owner: str | None = None      # set for a private job (an opened file): only that session sees it
         self.submitter: str | None = None  # the session that submitted a computation (per-session limits)
+        self.client: str | None = None     # the client address that submitted it (per-address limits)
+        # an opened file whose model this server does not offer (demo mode): browsed, never loaded or exported
+        self.browse_only = False
         self.queue_place: int | None = None  # while queued: computations ahead of it (the running one included)
 
     # ---------------------------------------------------------------- state

@@ -14,7 +14,7 @@ from swapkl import heavy
 from swapkl.store import cache_root
 from swapkl.contract import stable_hash
 from swapkl.errors import SwapklError
-from swapkl.jobs.policy import PolicyError
+from swapkl.jobs.policy import Policy, PolicyError
 
 from .audience import Audience
 from .failures import readable_error
@@ -131,11 +131,14 @@ class JobManager:
     ``max_models``: loaded checkpoints kept (LRU); ``root``: snapshot folder (default
     ``<cache>/dashboard``); ``log_path``: where tracebacks go (default ``<cache>/logs/dashboard.log``);
     ``loader``: ``load_checkpoint``-compatible callable (tests); ``progress_dir``: a folder the browser can read
-    (the dashboard's static folder) where every job keeps ``<key>.json`` = :meth:`Job.progress_dict` current."""
+    (the dashboard's static folder) where every job keeps ``<key>.json`` = :meth:`Job.progress_dict` current;
+    ``policy``: the server's :class:`~swapkl.jobs.policy.Policy` (None: a local server's, which refuses nothing)."""
 
     def __init__(self, max_models: int = 2, root: str | Path | None = None, log_path: str | Path | None = None,
                  loader: Callable | None = None, use_snapshots: bool = True, progress_dir: str | Path | None = None,
-                 alive: Callable[[str], bool] | None = None, grace_s: float = 15.0, nice: int | None = None):
+                 alive: Callable[[str], bool] | None = None, grace_s: float = 15.0, nice: int | None = None,
+                 policy: Policy | None = None):
+        self.policy = policy if policy is not None else Policy()
         self.root = Path(root) if root is not None else cache_root() / "dashboard"
         self.snapshots = SnapshotStore(self.root)
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
