@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.session import manager, policy, session_id
+from dashboard.session import client_address, manager, session_id
 from swapkl.errors import SwapklError
 from swapkl.jobs import Job
 
@@ -24,14 +24,11 @@ def current_job(kind: str = "analysis") -> Job | None:
 
 
 def start(request) -> Job | None:
-    """Submit ``request`` for this session (the server's policy first: demo mode bounds the request and the
-    jobs per session); a refusal is shown as one message and gives None."""
-    pol = policy()
+    """Submit ``request`` for this session and its client address; the job manager checks the server's policy
+    (demo mode bounds the request, the jobs per session and per address); a refusal is shown as one message and
+    gives None."""
     try:
-        pol.check_request(request)
-        job = manager().submit(request, owner=session_id(),
-                               max_active=pol.max_jobs_per_session if pol.demo else None,
-                               max_total=pol.max_queued if pol.demo else None)
+        job = manager().submit(request, owner=session_id(), client=client_address())
     except SwapklError as e:
         st.error(str(e), icon=":material/block:")
         return None
@@ -41,10 +38,6 @@ def start(request) -> Job | None:
 
 def find(request) -> Job | None:
     """The job of an identical request (another tab, before a refresh), if the policy allows the request."""
-    try:
-        policy().check_request(request)
-    except SwapklError:
-        return None
     return manager().find(request)
 
 

@@ -35,6 +35,15 @@ def session_id() -> str:
     return st.session_state["_session"]
 
 
+def client_address() -> str:
+    """The address this browser connects from (``st.context.ip_address``; ``"loopback"`` for this machine, where
+    Streamlit gives none): a demo server bounds the computations of one address over all its sessions."""
+    try:
+        return st.context.ip_address or "loopback"
+    except Exception:  # outside a script run (a bare import): one shared client
+        return "loopback"
+
+
 def keep_widget_state() -> None:
     """Widget values survive page switches (Streamlit drops the state of widgets that are not drawn)."""
     for k in list(st.session_state.keys()):

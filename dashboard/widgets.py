@@ -49,11 +49,11 @@ def init_defaults() -> None:
     if pol.demo:
         d["w_demo_model"] = pol.models[0]
     if "model" in q and pol.demo:  # a shared link: only allow-listed checkpoints, matched as strings
-        try:
-            pol.check_model(q["model"], q.get("revision"))
-            d["w_demo_model"] = q["model"]
-        except PolicyError:
-            pass
+        entry = pol.allowed_entry(q["model"], q.get("revision"))
+        if entry is not None:
+            d["w_demo_model"] = entry.label
+            if entry.revision_choice != "none" and q.get("revision"):
+                d["w_demo_rev"] = q["revision"]
     elif "model" in q:
         d.update(_model_defaults(q["model"]))
         d["w_rev"] = q.get("revision", "")
@@ -77,17 +77,23 @@ def _model_defaults(m: str) -> dict:
 
 def demo_model_widgets(pol: Policy) -> tuple[str, str | None]:
     """Demo mode: a choice among the allow-listed checkpoints (no typed path ever reaches the server's disk);
-    a revision only for hub models the list allows at any revision."""
+    a revision only where the entry allows several (one of its list, or typed and matched against its pattern)."""
     names = {m: ("Built-in default (SmolLM2-135M-Instruct)" if m.lower() in ("default", "builtin") else m)
              for m in pol.models}
     if st.session_state.get("w_demo_model") not in names:
         st.session_state["w_demo_model"] = pol.models[0]
-    spec = st.selectbox("Checkpoint (this demo server's list)", list(names), format_func=names.get,
-                        key="w_demo_model")
-    rev = None
-    if "/" in spec and "@" not in spec and not spec.startswith((".", "/", "~")):
-        rev = st.text_input("Revision", key="w_demo_rev", placeholder="main / step143000", max_chars=80) or None
-    return spec, rev
+    label = st.selectbox("Checkpoint (this demo server's list)", list(names), format_func=names.get,
+                         key="w_demo_model")
+    entry = pol.entry(label)
+    if entry is None or entry.revision_choice == "none":
+        return label, None
+    if entry.revision_choice == "list":
+        if st.session_state.get("w_demo_rev") not in entry.revisions:
+            st.session_state["w_demo_rev"] = entry.revisions[0]
+        return entry.spec, st.selectbox("Revision", list(entry.revisions), key="w_demo_rev")
+    rev = st.text_input("Revision", key="w_demo_rev", placeholder=entry.pattern, max_chars=100,
+                        help=f"any revision matching {entry.pattern}") or None
+    return entry.spec, rev
 
 
 def model_widgets() -> tuple[str, str | None]:
@@ -213,7 +219,11 @@ def request_from_widgets() -> tuple[AnalysisRequest | None, str | None]:
     init_defaults()
     st.subheader("1 · Checkpoint")
     spec, rev = model_widgets()
-    note = family_note(spec, rev)
+    try:  # a demo server reads no config the policy would not let it load (a typed revision of a pattern entry)
+        policy().check_model(spec, rev)
+        note = family_note(spec, rev)
+    except PolicyError as e:
+        note = (False, str(e))
     if note:
         (st.success if note[0] else st.warning)(note[1])
     st.subheader("2 · Evaluation contract")

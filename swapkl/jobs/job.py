@@ -101,6 +101,8 @@ class Job:
         self.owner: str | None = None      # set for a private job (an opened file): only that session sees it
         self.submitter: str | None = None  # the session that submitted a computation (per-session limits)
         self.client: str | None = None     # the client address that submitted it (per-address limits)
+        self.time_limit: float | None = None  # wall seconds it may run (demo mode); past them it stops
+        self.stop_reason: str | None = None   # why it stopped early, when it was not a visitor's cancel
         # an opened file whose model this server does not offer (demo mode): browsed, never loaded or exported
         self.browse_only = False
         self.queue_place: int | None = None  # while queued: computations ahead of it (the running one included)
@@ -223,7 +225,13 @@ class Job:
         self.publish()
 
     def should_stop(self) -> bool:
-        """Whether a cancel was requested (the library's ``should_stop`` callback)."""
+        """Whether a cancel was requested or the job ran past its :attr:`time_limit` (the library's
+        ``should_stop`` callback; the library then stops with its finished parts kept)."""
+        if (self.time_limit is not None and self.started is not None and not self._cancel.is_set()
+                and time.time() - self.started > self.time_limit):
+            self.stop_reason = (f"stopped after {fmt_s(self.time_limit)}, this server's time limit for one "
+                                "computation; the finished parts are kept (cached), so asking again resumes there")
+            self._cancel.set()
         return self._cancel.is_set()
 
     def finish(self, status: str, error: str | None = None, kind: str | None = None) -> None:

@@ -73,11 +73,18 @@ def warm_up() -> threading.Thread:
     return heavy.start_background(then=import_job_modules)
 
 
-def admit(jobs, owner: str | None, max_active: int | None, max_total: int | None) -> None:
+def admit(jobs, owner: str | None, max_active: int | None, max_total: int | None, client: str | None = None,
+          max_client: int | None = None) -> None:
     """Refuse a new computation (:class:`~swapkl.jobs.policy.PolicyError`) when ``owner`` already has ``max_active``
-    queued or running, or the server has ``max_total`` queued or running (demo mode bounds both; joining an
-    identical existing job is not a new computation and is never refused)."""
+    queued or running, its client address ``client`` has ``max_client`` (over all its browser sessions), or the
+    server has ``max_total`` queued or running (demo mode bounds all three; joining an identical existing job is not
+    a new computation and is never refused)."""
     active = [j for j in jobs if j.running]
+    if max_client is not None and client is not None:
+        theirs = [j for j in active if j.client == client]
+        if len(theirs) >= max_client:
+            raise PolicyError(f"your address already has {len(theirs)} computations queued or running (at most "
+                              f"{max_client} per address on this server): wait for one to finish or cancel it")
     if max_active is not None and owner is not None:
         mine = [j for j in active if j.submitter == owner]
         if len(mine) >= max_active:
@@ -142,7 +149,7 @@ class JobManager:
         self.root = Path(root) if root is not None else cache_root() / "dashboard"
         self.snapshots = SnapshotStore(self.root)
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
-        self.models = ModelCache(max_models, loader)
+        self.models = ModelCache(max_models, loader, gate=self.policy.check_model)
         self.audience = Audience(alive, grace_s)
         self.nice = nice
         self.use_snapshots = use_snapshots
@@ -161,7 +168,7 @@ class JobManager:
     warm_up = staticmethod(warm_up)  # the module function, also as a method
 
     def submit(self, request, owner: str | None = None, max_active: int | None = None,
-               max_total: int | None = None) -> Job:
+               max_total: int | None = None, client: str | None = None) -> Job:
         """The job for ``request``: the existing one when an identical request is queued, running or done
         (a failed or cancelled one is retried), else a new job -- finished at once from a snapshot when one
         exists, otherwise queued for the worker.
@@ -170,7 +177,17 @@ class JobManager:
         job is refused with :class:`~swapkl.jobs.policy.PolicyError` while that owner / the whole server already has
         this many queued or running (demo mode: one visitor cannot occupy the machine, a room cannot queue
         without bound; :func:`admit`).  Joining an identical existing job costs nothing.  A queued job knows
-        its place (``Job.queue_place``: computations ahead of it)."""
+        its place (``Job.queue_place``: computations ahead of it).
+
+        The server's policy is checked first, before the request's model is fingerprinted or anything else reads
+        the disk (:meth:`~swapkl.jobs.policy.Policy.check_request`: a refusal raises); on a demo server the
+        policy's bounds apply when the caller passes none, ``client`` (the browser's address) is bounded over all
+        its sessions, and the job gets the policy's wall-time limit."""
+        pol = self.policy
+        pol.check_request(request)
+        if pol.demo:
+            max_active = pol.max_jobs_per_session if max_active is None else max_active
+            max_total = pol.max_queued if max_total is None else max_total
         try:
             key = request_key(request)
         except SwapklError as e:  # a bad path or checkpoint list: a job that failed at once
@@ -184,9 +201,10 @@ class JobManager:
             old = self._jobs.get(key)
             if old is not None and old.status not in (ERROR, CANCELLED):
                 return old
-            admit(self._jobs.values(), owner, max_active, max_total)
+            admit(self._jobs.values(), owner, max_active, max_total, client,
+                  pol.max_jobs_per_client if pol.demo else None)
             job = Job(key, request)
-            job.submitter = owner
+            job.submitter, job.client, job.time_limit = owner, client, pol.job_seconds
             if self.progress_dir is not None:
                 job.progress_path = self.progress_dir / f"{key}.json"
             self._remember(job)
@@ -210,7 +228,7 @@ class JobManager:
         result, optionally its ``curves --json``), so the pages can browse it without the model or the cache.
         ``owner``: the browser session that opened it; only that session sees the job (:meth:`jobs` with
         ``viewer``), it never becomes another visitor's "last analysis"."""
-        job = opened_job(result_json, curves_json, owner)
+        job = opened_job(result_json, curves_json, owner, policy=self.policy)
         with self._lock:
             old = self._jobs.get(job.key)
             if old is not None:
@@ -227,8 +245,9 @@ class JobManager:
         return job
 
     def find(self, request) -> Job | None:
-        """The job of an identical request, if any (without submitting)."""
+        """The job of an identical request, if any (without submitting); None for a request the policy refuses."""
         try:
+            self.policy.check_request(request)
             key = request_key(request)
         except SwapklError:
             return None

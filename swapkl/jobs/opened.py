@@ -15,16 +15,38 @@ from .job import Job
 from .requests import AnalysisRequest
 
 
+def served_model(identity: dict | None, policy=None) -> tuple[str, str | None, bool]:
+    """``(model, revision, browse_only)`` of an opened file whose model identity is ``identity``.
+
+    A local server (``policy`` None or not demo) takes the identity's own spec, as before.  A demo server never
+    takes a spec from a file: the model is the allow-list entry that the identity names (the built-in default, a
+    hub id at an allowed revision, or a folder or file entry whose string the identity repeats exactly: compared as
+    strings, never looked up), or, when none does, the file's display name with ``browse_only`` True (the pages
+    show it; nothing loads or exports it)."""
+    ident = identity or {}
+    model = str(ident.get("id") or ident.get("display") or "result file")
+    revision = ident.get("revision") if ident.get("kind") == "hub" else None
+    if policy is None or not policy.demo:
+        return model, revision, False
+    kind = ident.get("kind")
+    spec = "default" if kind == "builtin" else model
+    entry = policy.allowed_entry(spec, revision if kind == "hub" else None) if kind in ("builtin", "hub", "local", "gguf") else None
+    if entry is None or (entry.kind == "path") != (kind in ("local", "gguf")):
+        return str(ident.get("display") or "result file")[:200], None, True
+    return entry.spec, (revision if entry.kind == "hub" else None), False
+
+
 def opened_job(result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None,
-               owner: str | None = None) -> Job:
+               owner: str | None = None, policy=None) -> Job:
     """A done job holding the result (and curves) of these files, private to ``owner`` (a browser session).
+    ``policy``: the server's (:func:`served_model` decides which model the job names and whether it is browse-only).
     Raises :class:`~swapkl.errors.SwapklError` for a file that is not a result, or curves of another model."""
     def as_dict(x, what):
         return x if isinstance(x, dict) else parse_json(x, what, keep_constants=True)
 
     rd = as_dict(result_json, "result file")
     if isinstance(rd, dict) and rd.get("format") == BUNDLE_FORMAT:
-        return bundle_job(rd, owner)
+        return bundle_job(rd, owner, policy)
     result = SwapResult.from_json(rd)
     curves = None
     if curves_json is not None:
@@ -33,36 +55,34 @@ def opened_job(result_json: str | bytes | dict, curves_json: str | bytes | dict 
         except (TypeError, KeyError) as e:
             raise SwapklError(f"not a swapkl curves file ({e})") from e
         check_same_model(result, curves.model)
-    ident = result.identity or {}
-    model = str(ident.get("id") or ident.get("display") or "result file")
-    request = AnalysisRequest(model=model, revision=ident.get("revision") if ident.get("kind") == "hub" else None,
-                              contract=Contract.from_dict(result.contract),
+    model, revision, browse_only = served_model(result.identity, policy)
+    request = AnalysisRequest(model=model, revision=revision, contract=Contract.from_dict(result.contract),
                               budget=int(curves.budget) if curves is not None else 0,
                               methods=tuple(curves.methods) if curves is not None else (),
                               evaluator=curves.evaluator if curves is not None else None)
     key = "file-" + stable_hash({"result": rd, "curves": None if curves is None else curves.to_dict(),
                                  "owner": owner})[:16]
     job = Job(key, request)
-    job.owner = owner
+    job.owner, job.browse_only = owner, browse_only
     job.done_from("opened from file", result=result, curves=curves)
     return job
 
 
-def bundle_job(bundle: dict, owner: str | None = None) -> Job:
+def bundle_job(bundle: dict, owner: str | None = None, policy=None) -> Job:
     """A done job holding every part of a demo bundle (:mod:`swapkl.compare.bundle`: validated first), private to
-    ``owner``; ``job.bundle`` is its caption (a bundle, and where it was computed).  Nothing is computed or written."""
+    ``owner``; ``job.bundle`` is its caption (a bundle, and where it was computed); its model as
+    :func:`served_model` decides.  Nothing is computed or written."""
     from swapkl.compare.bundle import from_dict
 
     b = from_dict(bundle)
-    curves, ident = b.curves, b.scores.identity or {}
-    request = AnalysisRequest(model=str(ident.get("id") or ident.get("display") or "bundle"),
-                              revision=ident.get("revision") if ident.get("kind") == "hub" else None,
-                              contract=Contract.from_dict(b.scores.contract),
+    curves = b.curves
+    model, revision, browse_only = served_model(b.scores.identity or {"display": "bundle"}, policy)
+    request = AnalysisRequest(model=model, revision=revision, contract=Contract.from_dict(b.scores.contract),
                               budget=int(curves.budget) if curves is not None else 0,
                               methods=tuple(curves.methods) if curves is not None else (),
                               evaluator=curves.evaluator if curves is not None else None)
     job = Job("bundle-" + stable_hash({"bundle": bundle, "owner": owner})[:16], request)
-    job.owner = owner
+    job.owner, job.browse_only = owner, browse_only
     job.bundle = b.caption()
     evidence = None
     if b.evidence is not None:

@@ -20,6 +20,8 @@ The library's modules that import torch are imported inside these functions on p
 """
 from __future__ import annotations
 
+import functools
+
 from swapkl.removal import methods as M
 from swapkl.contract import Contract, pair_list
 from swapkl.scoring.corpora import load_corpus
@@ -117,7 +119,9 @@ def run_curves(job: Job, ck, res) -> None:
     job.curves = removal_curves(ck.model, ck.tokenizer, scores, plan, hooks)
 
 
-def run_trajectory(job: Job) -> None:
+def run_trajectory(job: Job, models: ModelCache) -> None:
+    """Score every checkpoint of the list, each loaded through ``models``' gate (:meth:`ModelCache.load`); the
+    demo trajectory's checkpoints are the server's own folder, trained here."""
     req: TrajectoryRequest = job.request
     steps = 2 if req.train_demo else 1
     if req.train_demo:
@@ -143,7 +147,8 @@ def run_trajectory(job: Job) -> None:
         job.tick(int(1000 * (cur["k"] + frac)), 1000 * n, what)
 
     job.trajectory = compute_trajectory(specs, req.contract, progress=prog, should_stop=job.should_stop,
-                                        on_checkpoint=on_checkpoint)
+                                        on_checkpoint=on_checkpoint,
+                                        loader=functools.partial(models.load, own=req.train_demo))
 
 
 def run_evidence(job: Job, models: ModelCache) -> None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swapkl.errors import PolicyError
-from swapkl.store import PROJECT_ROOT
+from swapkl.store import PROJECT_ROOT, cache_root
 
 from .allow import DEFAULT_ALIASES, AllowEntry, parse_entry
 from .bounds import DEMO_MAX_BRIDGE_TOKENS, DEMO_MAX_LAST_K, check_heal, check_repair, check_study
@@ -224,7 +224,11 @@ class Policy:
                                   f"{request.budget} asked")
         elif request.kind == "study":
             check_study(self, request)
-        elif not getattr(request, "train_demo", False):
+        elif getattr(request, "train_demo", False):
+            own = cache_root() / "demo-trajectory"  # the server's folder, as a path or relative to the project
+            if str(request.checkpoints) not in (str(own), os.path.relpath(own, PROJECT_ROOT)):
+                raise PolicyError("the demo trajectory is trained into this server's own folder only")
+        else:
             self.check_checkpoint_list(request.checkpoints)
 
     def check_tasks(self, request) -> None:

@@ -35,7 +35,7 @@ def transient(e: BaseException) -> bool:
 def _pipeline(job: Job, models: ModelCache) -> None:
     heavy.ensure()  # waits for the warm-up's imports instead of racing them
     if job.request.kind == "trajectory":
-        pipelines.run_trajectory(job)
+        pipelines.run_trajectory(job, models)
     elif job.request.kind == "evidence":
         pipelines.run_evidence(job, models)
     elif job.request.kind == "tasks":
@@ -69,7 +69,7 @@ def run_job(job: Job, models: ModelCache, snapshots: SnapshotStore | None, log_p
                 job.curves = partial
             if partial is not None and job.request.kind == "tasks":
                 job.tasks = partial
-            job.finish(CANCELLED, "cancelled; finished pairs are kept in the cache")
+            job.finish(CANCELLED, job.stop_reason or "cancelled; finished pairs are kept in the cache")
             return
         except BaseException as e:  # every failure becomes one readable line, the app goes on
             phase = job.progress().phase

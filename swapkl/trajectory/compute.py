@@ -125,12 +125,12 @@ ProgressFn = Callable[[int, int, str], None]
 def compute_trajectory(checkpoint_specs, contract, progress: ProgressFn | None = None,
                        should_stop: Callable[[], bool] | None = None, use_cache: bool = True,
                        on_checkpoint: Callable[[int, CheckpointSpec, Any], None] | None = None,
-                       load_kw: dict | None = None) -> Trajectory:
+                       load_kw: dict | None = None, loader: Callable[..., Any] | None = None) -> Trajectory:
     """Score every checkpoint under ``contract`` (both protocols), one model in memory at a time.
 
     ``checkpoint_specs``: a string / list for :func:`parse_checkpoints`, or :class:`CheckpointSpec` s.  Each
-    checkpoint is loaded with :func:`swapkl.model.checkpoints.load_checkpoint` (``dtype``/``device`` from the contract,
-    plus ``load_kw``) and scored with :func:`swapkl.scoring.score.score`, whose cache holds each checkpoint's pairs on
+    checkpoint is loaded with ``loader`` (None: :func:`swapkl.model.checkpoints.load_checkpoint`; the dashboard passes
+    its gated :meth:`swapkl.jobs.models.ModelCache.load`) (``dtype``/``device`` from the contract, plus ``load_kw``) and scored with :func:`swapkl.scoring.score.score`, whose cache holds each checkpoint's pairs on
     their own (a rerun, or a longer list, recomputes nothing that finished).
     ``progress(done, total, what)``: the engine's variant counts for the current checkpoint, ``what``
     prefixed with ``[k/n label]``.  ``on_checkpoint(k, spec, result)`` after each finished checkpoint.
@@ -139,7 +139,8 @@ def compute_trajectory(checkpoint_specs, contract, progress: ProgressFn | None =
     (a :class:`Trajectory`).
     """
     from swapkl.scoring.score import score  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.model.checkpoints import load_checkpoint
+    if loader is None:
+        from swapkl.model.checkpoints import load_checkpoint as loader
 
     if isinstance(checkpoint_specs, (str, os.PathLike)) or (
             isinstance(checkpoint_specs, (list, tuple)) and checkpoint_specs
@@ -164,7 +165,7 @@ def compute_trajectory(checkpoint_specs, contract, progress: ProgressFn | None =
         tag = f"[{k + 1}/{n} {sp.display()}]"
         if progress is not None:
             progress(0, 1, f"{tag} loading")
-        ck = load_checkpoint(sp.spec, revision=sp.revision, **kw)
+        ck = loader(sp.spec, revision=sp.revision, **kw)
         prog = (lambda d, t, what, _tag=tag: progress(d, t, f"{_tag} {what}")) if progress is not None else None
         try:
             res = score(ck, contract, progress=prog, should_stop=should_stop, use_cache=use_cache)
