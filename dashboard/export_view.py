@@ -27,6 +27,9 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
     from swapkl.surgery.exports import FORMAT_LABELS
 
     pol = policy()
+    if job.browse_only:  # an opened file of a model this demo server does not offer: browsed, never loaded
+        st.info("This file's model is not on this demo server's list: its results can be browsed, not exported.")
+        return
     ident = export_identity(job, identity)
     fmt = st.radio("format", export_formats(ident, merge), format_func=FORMAT_LABELS.get, horizontal=True,
                    key=f"w_{key}_fmt")
@@ -78,6 +81,9 @@ def export_healed_view(job: Job, method: str, n: int, anyway: bool = False) -> N
     from swapkl.store import cache_root
 
     pol = policy()
+    if job.browse_only:
+        st.info("This file's model is not on this demo server's list: its results can be browsed, not exported.")
+        return
     name = healed_export_name(job, method, n)
     if pol.demo:
         out = pol.export_dir(name, cache_root())

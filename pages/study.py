@@ -26,7 +26,8 @@ text = st.text_area("Models (one a line: spec[@revision] [label])", key="w_st_mo
                                                                               if pol.demo else ""))
 c1, c2, c3, c4, c5 = st.columns(5)
 budget = c1.number_input("budget n", 1, pol.max_budget if pol.demo else 16, key="w_st_budget")
-max_words = c2.number_input("held-out words", 100, 20000, key="w_st_max_words", step=100)
+max_words = c2.number_input("held-out words", 100, pol.max_heldout_words if pol.demo else 20000, key="w_st_max_words",
+                            step=100)
 n_boot = c3.number_input("bootstrap B", 10, 5 * pol.max_evidence_boot if pol.demo else 5000, key="w_st_n_boot",
                          step=10)
 prompts = c4.number_input("prompts P", 1, 256, key="w_st_prompts")

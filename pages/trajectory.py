@@ -33,7 +33,9 @@ device = c4.selectbox("device", ("auto", "cpu", "cuda"), key="w_tr_device")
 request, err = None, None
 try:
     request = trajectory_request(text, k, prompts, tokens, device)
+    common.policy().check_request(request)  # a demo server's bounds, said before the button is pressed
 except SwapklError as e:
+    request = None
     err = str(e)
 if err:
     st.error(err)

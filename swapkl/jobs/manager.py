@@ -149,7 +149,7 @@ class JobManager:
         self.root = Path(root) if root is not None else cache_root() / "dashboard"
         self.snapshots = SnapshotStore(self.root)
         self.log_path = Path(log_path) if log_path is not None else cache_root() / "logs" / "dashboard.log"
-        self.models = ModelCache(max_models, loader, gate=self.policy.check_model)
+        self.models = ModelCache(max_models, loader, policy=self.policy)
         self.audience = Audience(alive, grace_s)
         self.nice = nice
         self.use_snapshots = use_snapshots

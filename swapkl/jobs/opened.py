@@ -10,6 +10,7 @@ from swapkl.errors import SwapklError
 from swapkl.scoring.results import SwapResult
 from swapkl.schema import parse_json
 from swapkl.schema.bundle import BUNDLE_FORMAT
+from swapkl.store import file_sha256, folder_fingerprint
 
 from .job import Job
 from .requests import AnalysisRequest
@@ -29,11 +30,27 @@ def served_model(identity: dict | None, policy=None) -> tuple[str, str | None, b
     if policy is None or not policy.demo:
         return model, revision, False
     kind = ident.get("kind")
-    spec = "default" if kind == "builtin" else model
-    entry = policy.allowed_entry(spec, revision if kind == "hub" else None) if kind in ("builtin", "hub", "local", "gguf") else None
-    if entry is None or (entry.kind == "path") != (kind in ("local", "gguf")):
+    entry = None
+    if kind == "builtin":
+        entry = policy.allowed_entry("default")
+    elif kind == "hub":
+        entry = policy.allowed_entry(model, revision)
+    elif kind in ("local", "gguf"):
+        entry = next((e for e in policy.entries if e.kind == "path" and (
+            e.spec == model or (ident.get("fingerprint") and entry_fingerprint(e.spec) == ident["fingerprint"]))),
+            None)
+    if entry is None:
         return str(ident.get("display") or "result file")[:200], None, True
     return entry.spec, (revision if entry.kind == "hub" else None), False
+
+
+def entry_fingerprint(path: str) -> str | None:
+    """The content fingerprint of an allow-listed folder or GGUF file (the operator's path, never a visitor's), as a
+    loaded checkpoint's identity records it (the sha256s are memoised on disk); None when it cannot be read."""
+    try:
+        return file_sha256(path) if path.lower().endswith(".gguf") else folder_fingerprint(path)
+    except OSError:
+        return None
 
 
 def opened_job(result_json: str | bytes | dict, curves_json: str | bytes | dict | None = None,

@@ -129,6 +129,8 @@ def run_trajectory(job: Job, models: ModelCache) -> None:
 
         job.phase(1, 2, "training the demo model (GPT-NeoX, CPU, about 3 min)")
         demo_trajectory.train_demo_trajectory(req.checkpoints, progress=job.tick, should_stop=job.should_stop)
+    if not req.train_demo:
+        models.check_list(req.checkpoints)  # the list is text until the policy allows it to be read from disk
     specs = parse_checkpoints(req.checkpoints)
     n = len(specs)
     job.phase(steps, steps, f"trajectory: {n} checkpoints, pairs {req.contract.pairs}")

@@ -133,6 +133,8 @@ def run_study_job(job, models) -> None:
     from swapkl.study.run import run_study
 
     plan: StudyPlan = job.request.plan
+    for m in plan.models:  # the study reads each model's files (its cache key) before loading it: the gate first
+        models.check(m.spec, m.revision)
     corpus = load_corpus(plan.eval_text) if plan.eval_text else load_corpus(plan.contract.corpus)
 
     def load(m):
