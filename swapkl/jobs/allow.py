@@ -100,7 +100,7 @@ class AllowEntry:
         if at:
             if rev is not None and rev != inline:
                 return False
-            if s == self.label:  # the entry itself, as offered in the select box
+            if s == self.label and self.revision_choice == "none":  # a one-revision entry, as the select box offers it
                 return rev is None or rev == inline
             rev = inline
         return self.allows_revision(rev)
