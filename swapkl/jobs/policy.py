@@ -194,6 +194,9 @@ class Policy:
         """A whole dashboard request (analysis or trajectory) against the policy."""
         if not self.demo:
             return
+        if request.kind == "export":  # a demo export (swapkl.jobs.export_job): of an offered model only
+            self.check_model(request.model, request.revision)
+            return
         self.check_contract(request.contract)
         if request.kind == "analysis":
             self.check_model(request.model, request.revision)
