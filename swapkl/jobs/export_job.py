@@ -4,7 +4,8 @@
 
 The job enforces the exports folder's quota first (:func:`swapkl.jobs.export_quota.enforce_quota`: entries older
 than ``max_age_s`` seconds, then the oldest, until the folder holds at most ``quota_bytes`` bytes; never the export
-being written), then writes the export into a hidden temporary folder below ``<cache>/exports``, removes every
+being written), and again once the export is written (so the folder with it is under the quota, unless it alone is
+over), then writes the export into a hidden temporary folder below ``<cache>/exports``, removes every
 absolute server path from its text files (:func:`swapkl.jobs.scrub.scrub_folder`), builds the download of a folder
 once -- ``<name>.zip``, written atomically (:func:`swapkl.store.atomic_path`) from the very files written -- and
 renames the export to its name.  An export already there under its name (the name holds the hash of the whole
@@ -102,7 +103,8 @@ def gone(job) -> bool:
 
 
 def run_export(job, models) -> None:
-    """The worker's part: quota, then the export written (or reused), scrubbed and zipped; sets ``job.export``."""
+    """The worker's part: quota, then the export written (or reused), scrubbed and zipped, then the quota again
+    with it counted; sets ``job.export``."""
     req: ExportRequest = job.request
     root = Path(req.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -128,6 +130,10 @@ def run_export(job, models) -> None:
             remove_entry(out)
         os.replace(dest, out)
         tmp.rmdir()
+    after = enforce_quota(root, req.quota_bytes, req.max_age_s, keep=req.name)  # room for what was just written
+    quota.removed += after.removed
+    quota.freed += after.freed
+    quota.left = after.left
     job.export = export_record(req, False, quota)
 
 
