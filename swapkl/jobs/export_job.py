@@ -4,13 +4,13 @@
 
 The job enforces the exports folder's quota first (:func:`swapkl.jobs.export_quota.enforce_quota`: entries older
 than ``max_age_s`` seconds, then the oldest, until the folder holds at most ``quota_bytes`` bytes; never the export
-being written), and again once the export is written (so the folder with it is under the quota, unless it alone is
-over), then writes the export into a hidden temporary folder below ``<cache>/exports``, removes every
+being written), then writes the export into a hidden temporary folder below ``<cache>/exports``, removes every
 absolute server path from its text files (:func:`swapkl.jobs.scrub.scrub_folder`), builds the download of a folder
 once -- ``<name>.zip``, written atomically (:func:`swapkl.store.atomic_path`) from the very files written -- and
-renames the export to its name.  An export already there under its name (the name holds the hash of the whole
-request, :func:`swapkl.jobs.exports.export_name`) is reused, not written again.  The outcome is ``job.export``
-(:func:`export_record`); the page offers exactly the bytes of ``job.export["download"]``."""
+renames the export to its name; then it enforces the quota again with the new export counted (the folder ends under
+the quota unless the new export alone is over it).  An export already there under its name (the name holds the
+hash of the whole request, :func:`swapkl.jobs.exports.export_name`) is reused, not written again.  The outcome is
+``job.export`` (:func:`export_record`); the page offers exactly the bytes of ``job.export["download"]``."""
 from __future__ import annotations
 
 import os
