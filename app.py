@@ -205,7 +205,8 @@ def summary_view(job) -> None:
     if job.curves is not None and job.curves.methods:
         st.caption("Removal curves are ready on the **Removal curves** page; heatmaps on **Heatmaps**.")
     if not job.running:
-        common.download_json(common.result_json(job), "swapkl-result", key="dl_json_start")
+        common.download_json(common.result_json(job, public=common.policy().demo), "swapkl-result",
+                             key="dl_json_start")
 
 
 def main() -> None:

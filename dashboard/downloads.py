@@ -7,6 +7,7 @@ import json
 import streamlit as st
 
 from dashboard.current import current_job
+from dashboard.session import policy
 from swapkl import views
 from swapkl.jobs.reports import bundle_json, evidence_done, report_html
 from swapkl.views.captions import safe_name
@@ -52,7 +53,7 @@ def report_button(key: str) -> None:
                        mime="text/html", key=key, on_click="ignore",
                        help="one self-contained HTML page: verdict, heatmaps, curves, trajectory, contract")
     if job is not None and job.result is not None and not job.running:
-        st.download_button("⬇ Demo bundle (JSON)", data=lambda: bundle_json(job, ev, heal, tasks),
+        st.download_button("⬇ Demo bundle (JSON)", data=lambda: bundle_json(job, ev, heal, tasks, public=policy().demo),
                            file_name="swapkl-bundle.json", mime="application/json", key=f"{key}_bundle",
                            on_click="ignore", help="every finished result of this analysis in one file, which "
                            "another swapkl dashboard opens with no model and no computation (docs/compare.md)")

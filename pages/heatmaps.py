@@ -107,7 +107,8 @@ def body(job) -> None:
         with c:
             common.download_table(table, cap, "pair-table", key="dl_pairs")
         with d:
-            common.download_json(common.result_json(job), "swapkl-result", key="dl_json_hm")
+            common.download_json(common.result_json(job, public=common.policy().demo), "swapkl-result",
+                                 key="dl_json_hm")
         e, f = st.columns(2)
         with e:
             common.download_table(top, cap, f"top-{k}-pairs", key="dl_top")

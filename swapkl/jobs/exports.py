@@ -7,6 +7,7 @@ which removal set of a curves result or an evidence result is exported (:func:`c
 (:mod:`swapkl.surgery.exports`)."""
 from __future__ import annotations
 
+from swapkl.contract import stable_hash
 from swapkl.surgery.exports import FILE_SUFFIX, gguf_source, mergekit_model_ref
 from swapkl.views.captions import safe_name
 
@@ -34,14 +35,43 @@ def model_tail(request) -> str:
     return request.model.rstrip("/").split("/")[-1] + (f"@{request.revision}" if request.revision else "")
 
 
-def export_name(request, identity: dict | None, removed, fmt: str, merge: dict | None = None) -> str:
-    """The file (or folder) name of an export: ``<model tail>-<fingerprint[:8]>-minus-<layers>`` (a merge:
-    ``merged-<mode>-<group>-<group>``, a group's layers joined by ``+``), made safe (:func:`safe_name`) and with the
-    format's suffix.  A demo server writes it under ``<cache>/exports/`` and reuses an export of the same name."""
+#: characters of a name's hash (hex of :func:`swapkl.contract.stable_hash`), kept when the readable head is cut
+HASH_CHARS = 8
+#: characters of a name before its format's suffix (:func:`swapkl.views.captions.safe_name`'s bound)
+NAME_CHARS = 60
+#: characters of the model part a name keeps when the layers are many
+MODEL_MIN = 12
+
+
+def export_key(request, identity: dict | None, removed, fmt: str, merge: dict | None = None,
+               heal: dict | None = None) -> str:
+    """:data:`HASH_CHARS` hex characters of the hash of the whole export request: model, revision, the identity's
+    full fingerprint (and commit), the removed set, the format, the merge's groups and mode, and ``heal`` (a healed
+    export's recipe and set).  Two different exports never share it (the name's readable head may be cut)."""
+    ident = identity or {}
+    what = {"model": request.model, "revision": request.revision, "fingerprint": ident.get("fingerprint"),
+            "commit": ident.get("commit"), "removed": sorted(int(i) for i in (removed or ())), "format": fmt,
+            "merge": {"mode": merge["mode"], "groups": [list(map(int, g)) for g in merge["groups"]]} if merge else None,
+            "heal": heal}
+    return stable_hash(what)[:HASH_CHARS]
+
+
+def export_name(request, identity: dict | None, removed, fmt: str, merge: dict | None = None,
+                heal: dict | None = None, tag: str = "") -> str:
+    """The file (or folder) name of an export: ``<model tail>-<fingerprint[:8]>-minus-<layers><tag>-<hash>`` (a
+    merge: ``merged-<mode>-<group>-<group>``, a group's layers joined by ``+``), made safe (:func:`safe_name`), at
+    most :data:`NAME_CHARS` characters, then the format's suffix.  When it is too long the model part is cut first
+    (to :data:`MODEL_MIN` characters), then the layers; the hash (:func:`export_key`, of the full request) always ends it, so no two different exports
+    share a name and one request always gets the same one.  A demo server writes it under ``<cache>/exports/``."""
     what = (f"merged-{merge['mode']}-" + "-".join("+".join(map(str, g)) for g in merge["groups"])) if merge else \
         f"minus-{'-'.join(map(str, removed))}"
     fp = str((identity or {}).get("fingerprint") or "")[:8]
-    return safe_name(f"{model_tail(request)}-{fp}-{what}") + FILE_SUFFIX.get(fmt, "")
+    key = export_key(request, identity, removed, fmt, merge, heal)
+    room = NAME_CHARS - HASH_CHARS - 1
+    what = safe_name(what + tag)[: room - 1 - MODEL_MIN]
+    model = safe_name(f"{model_tail(request)}-{fp}")[: max(0, room - len(what) - 1)].strip("-")
+    head = f"{model}-{what}" if model else what
+    return f"{head.strip('-')}-{key}" + FILE_SUFFIX.get(fmt, "")
 
 
 def demo_model_ref(request, identity: dict | None) -> str:

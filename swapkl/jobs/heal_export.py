@@ -10,7 +10,6 @@ from pathlib import Path
 from swapkl import heavy
 from swapkl.errors import SwapklError
 from swapkl.jobs.exports import export_name, heal_gate
-from swapkl.views.captions import safe_name
 
 
 def healed_entry(heal_curves, method: str, n: int) -> dict:
@@ -21,14 +20,24 @@ def healed_entry(heal_curves, method: str, n: int) -> dict:
     return entry
 
 
+def heal_recipe(job) -> dict:
+    """What a healed model's weights depend on besides the model and the set: the recipe (and its key), the
+    repair it starts from, the contract's prompts and the evaluator (a healed export's part of
+    :func:`swapkl.jobs.exports.export_key`)."""
+    req, hc = job.request, job.heal
+    return {"recipe_key": (hc.contract or {}).get("recipe_key"), "recipe": dict(req.recipe or {}),
+            "repair": req.setup_fields(), "contract": req.contract.to_dict(), "evaluator": req.evaluator}
+
+
 def healed_export_name(job, method: str, n: int) -> str:
-    """``<model tail>-<fingerprint[:8]>-minus-<layers>-healed-<recipe key[:8]>`` (made safe): the folder a demo
-    server writes, and the default name of a local export."""
+    """``<model tail>-<fingerprint[:8]>-minus-<layers>-healed-<recipe key[:8]>-<hash>`` (made safe, the hash of the
+    whole request with its heal recipe, :func:`swapkl.jobs.exports.export_name`): the folder a demo server writes,
+    and the default name of a local export."""
     hc = job.heal
     entry = healed_entry(hc, method, n)
     ident = (hc.contract or {}).get("model") if isinstance((hc.contract or {}).get("model"), dict) else {}
     key = str((hc.contract or {}).get("recipe_key") or "")[:8]
-    return safe_name(export_name(job.request, ident, entry["removed"], "hf") + f"-healed-{key}")
+    return export_name(job.request, ident, entry["removed"], "hf", heal=heal_recipe(job), tag=f"-healed-{key}")
 
 
 def export_healed_model(manager, job, method: str, n: int, out, replace: bool = False, anyway: bool = False) -> Path:

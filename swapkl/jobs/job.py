@@ -70,7 +70,7 @@ class Job:
         self.request = request
         # per drawable part, how often it was replaced (a page redraws only when a part it shows changed)
         self.updates = {"result": 0, "curves": 0, "trajectory": 0, "evidence": 0, "tasks": 0, "heal": 0,
-                        "comparison": 0, "bridged": 0, "study": 0}
+                        "comparison": 0, "bridged": 0, "study": 0, "export": 0}
         self.progress_path: Path | None = None  # where publish writes the progress JSON (the dashboard's poll)
         self._published = 0.0
         self.status = QUEUED
@@ -82,6 +82,7 @@ class Job:
         self.heal = None  # a HealCurves (healing jobs)
         self.comparison = None  # a CompareResult (compare jobs)
         self.study = None  # a StudyResult (study jobs; partial while it runs)
+        self.export = None  # export jobs: what was written and what the page serves (swapkl.jobs.export_job)
         self.bridged = None  # a BridgedResult's dict (analysis jobs with a bridge repair): the third matrix
         self.error: str | None = None
         self.error_kind: str | None = None

@@ -17,6 +17,7 @@ from swapkl.errors import SwapklError
 from swapkl.jobs.policy import Policy, PolicyError
 
 from .audience import Audience
+from .export_job import gone as export_gone
 from .failures import readable_error
 from .job import CANCELLED, ERROR, QUEUED, Job
 from .models import ModelCache
@@ -170,7 +171,7 @@ class JobManager:
     def submit(self, request, owner: str | None = None, max_active: int | None = None,
                max_total: int | None = None, client: str | None = None) -> Job:
         """The job for ``request``: the existing one when an identical request is queued, running or done
-        (a failed or cancelled one is retried), else a new job -- finished at once from a snapshot when one
+        (a failed or cancelled one is retried, and so is a finished export whose files are gone), else a new job -- finished at once from a snapshot when one
         exists, otherwise queued for the worker.
 
         ``owner`` (a browser session) is recorded as the job's submitter; ``max_active`` / ``max_total``: a new
@@ -199,7 +200,7 @@ class JobManager:
             return job
         with self._lock:
             old = self._jobs.get(key)
-            if old is not None and old.status not in (ERROR, CANCELLED):
+            if old is not None and old.status not in (ERROR, CANCELLED) and not export_gone(old):
                 return old
             admit(self._jobs.values(), owner, max_active, max_total, client,
                   pol.max_jobs_per_client if pol.demo else None)

@@ -33,7 +33,8 @@ required.
 In demo mode a checkpoint is one of the allow-list's entries, matched as a string (a visitor's text never
 reaches the filesystem: nothing reveals whether a path exists); ``org/name`` allows every revision of that hub
 model, ``org/name@rev`` only that one.  Exports are written only below ``<cache>/exports/`` under a name the
-server derives, and offered as a download.  No Streamlit here; the pages ask this module.
+server derives, by an export job of the queue under the folder's quota (:mod:`swapkl.jobs.export_job`), and
+offered as a download.  No Streamlit here; the pages ask this module.
 """
 from __future__ import annotations
 
@@ -193,6 +194,9 @@ class Policy:
     def check_request(self, request) -> None:
         """A whole dashboard request (analysis or trajectory) against the policy."""
         if not self.demo:
+            return
+        if request.kind == "export":  # a demo export (swapkl.jobs.export_job): of an offered model only
+            self.check_model(request.model, request.revision)
             return
         self.check_contract(request.contract)
         if request.kind == "analysis":

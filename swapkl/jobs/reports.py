@@ -8,14 +8,24 @@ from __future__ import annotations
 import time
 
 
-def result_json(job) -> dict:
-    """The whole analysis as one JSON object (swap-KL result, removal curves, request), contract included."""
+def result_json(job, public: bool = False) -> dict:
+    """The whole analysis as one JSON object (swap-KL result, removal curves, request), contract included.
+    ``public`` (a demo server): no absolute path of the server in it -- path-like identity fields and any path
+    token become the model's display name (:func:`swapkl.jobs.scrub.scrub`)."""
     out = {"format": "swapkl.dashboard/1", "request": job.request.to_dict(), "created": time.time()}
     if job.result is not None:
         out["result"] = job.result.to_dict()
     if job.curves is not None:
         out["curves"] = job.curves.to_dict()
-    return out
+    return _public(out, job) if public else out
+
+
+def _public(obj, job):
+    """``obj`` scrubbed of the server's paths, named by the model of ``job`` (:mod:`swapkl.jobs.scrub`)."""
+    from swapkl.jobs.scrub import public_name, scrub, server_roots
+
+    ident = job.result.identity if job.result is not None else None
+    return scrub(obj, public_name(ident, job.request.model), server_roots())
 
 
 def evidence_done(job) -> bool:
@@ -71,10 +81,11 @@ def report_html(job, traj_job=None, *others) -> str:
                         sections=[sec for j in others for sec in job_sections(j, job)])
 
 
-def bundle_json(job, *others) -> str:
+def bundle_json(job, *others, public: bool = False) -> str:
     """The demo bundle (:mod:`swapkl.compare.bundle`) of the analysis ``job``: its scores and curves, and from the
     finished jobs ``others`` (evidence, healed curves, task accuracy) those of the same model
-    (:func:`same_model`); validated before it is returned."""
+    (:func:`same_model`); validated before it is returned.  ``public`` (a demo server): no absolute path of the
+    server in it (as :func:`result_json`)."""
     from swapkl.compare.bundle import make_bundle, write_bundle
 
     ident = job.result.identity
@@ -88,7 +99,8 @@ def bundle_json(job, *others) -> str:
             parts["heal"] = j.heal
         elif getattr(j, "tasks", None) is not None and "tasks" not in parts and same_model(ident, j.tasks.model):
             parts["tasks"] = j.tasks
-    return write_bundle(None, make_bundle(job.result, job.curves, **parts))
+    bundle = make_bundle(job.result, job.curves, **parts)
+    return write_bundle(None, _public(bundle, job) if public else bundle)
 
 
 def matching_evidence(jobs, request) -> dict | None:

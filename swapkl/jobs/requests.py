@@ -336,7 +336,7 @@ class HealRequest:
 def request_key(request) -> str:
     """The job key: hash of the request, the model fingerprint(s) and the swapkl version."""
     d = request.to_dict()
-    if request.kind in ("analysis", "evidence", "tasks", "heal"):
+    if request.kind in ("analysis", "evidence", "tasks", "heal", "export"):
         d["fingerprint"] = quick_fingerprint(request.model, request.revision)
     elif request.kind == "compare":
         d["fingerprint"] = [quick_fingerprint(request.model_a, request.revision_a),

@@ -44,6 +44,10 @@ def _pipeline(job: Job, models: ModelCache) -> None:
         pipelines.run_heal(job, models)
     elif job.request.kind == "compare":
         pipelines.run_compare(job, models)
+    elif job.request.kind == "export":
+        from swapkl.jobs.export_job import run_export
+
+        run_export(job, models)
     elif job.request.kind == "study":
         from swapkl.jobs.studies import run_study_job
 

@@ -29,7 +29,10 @@ class SnapshotStore:
         return self.root / job.key / "snapshot.json"
 
     def save(self, job: Job) -> None:
-        """Write the job's results; a read-only cache only logs a warning (the job is still done)."""
+        """Write the job's results; a read-only cache only logs a warning (the job is still done).  An export job
+        has none (its export is the file it wrote)."""
+        if job.request.kind == "export":
+            return
         data = {"request": job.request.to_dict(), "finished": time.time()}
         if job.request.kind == "trajectory":
             data["trajectory"] = job.trajectory.to_dict()
@@ -58,7 +61,9 @@ class SnapshotStore:
         return read_entry(self.path(job), KIND)
 
     def load(self, job: Job) -> bool:
-        """Finish ``job`` from its snapshot; False when there is none or it cannot be used."""
+        """Finish ``job`` from its snapshot; False when there is none or it cannot be used (an export job: never)."""
+        if job.request.kind == "export":
+            return False
         where = self.path(job)
         try:
             data = self.read(job)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import yaml
 from streamlit.testing.v1 import AppTest
 
-from support.app_util import APP, ROOT, STORIES_REL, TIMEOUT
+from support.app_util import APP, ROOT, STORIES_REL, TIMEOUT, wait_export
 from support.gguf_tiny import write_tiny_llama_gguf
 
 from swapkl.surgery.mergekit import kept_from_config
@@ -43,6 +43,7 @@ def test_demo_exports_a_mergekit_yaml_as_a_download(cache, monkeypatch, tmp_path
     fmt.set_value("mergekit").run()
     assert not [t for t in at.text_input if t.label.startswith("output")]   # no path typed in the browser
     at.button(key="export").click().run()
+    wait_export(at)
     assert not at.exception and not at.error, [e.value for e in at.error]
     made = sorted((cache / "exports").iterdir())
     assert len(made) == 1 and made[0].suffix == ".yaml" and made[0].is_file()

@@ -293,6 +293,37 @@ def test_a_healed_model_exports_and_a_worse_one_only_anyway(heal_job, tmp_path):
         m.shutdown()
 
 
+def test_a_demo_healed_export_is_a_queued_job_with_its_zip(heal_job, tmp_path):
+    """Demo mode's healed export (issue 51): a job of the queue whose name holds the heal recipe's hash, whose zip's
+    members are the files written, and whose provenance names no server path."""
+    import zipfile
+
+    from swapkl.jobs import JobManager
+    from swapkl.jobs.export_job import ExportRequest
+    from swapkl.jobs.heal_export import healed_entry, healed_export_name
+    from support.app_util import ROOT
+
+    job, req, _ = heal_job
+    name = healed_export_name(job, "replacement", 1)
+    assert name == healed_export_name(job, "replacement", 1)   # a healed model is its set and recipe, not its method
+    removed = healed_entry(job.heal, "replacement", 1)["removed"]
+    ereq = ExportRequest(model=req.model, revision=None, removed=removed, name=name, root=str(tmp_path / "exports"),
+                         device="cpu", heal={"method": "replacement", "n": 1, "anyway": False, "job": job.key},
+                         source=job)
+    m = JobManager(use_snapshots=False)
+    try:
+        ej = m.submit(ereq, owner="A", max_active=1, max_total=1)
+        assert ej.wait(300) and ej.status == "done", ej.error
+    finally:
+        m.shutdown()
+    folder, zp = tmp_path / "exports" / name, tmp_path / "exports" / f"{name}.zip"
+    written = sorted(f"{name}/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*") if p.is_file())
+    assert sorted(zipfile.ZipFile(zp).namelist()) == written and f"{name}/adapter/adapter_config.json" in written
+    assert ej.export["bytes"] == zp.stat().st_size and "-healed-" in name
+    for f in folder.rglob("*.json"):
+        assert str(ROOT) not in f.read_text(), f
+
+
 def test_healed_points_with_raw_bridged_healed_get_their_figure(heal_job, tmp_path, monkeypatch):
     import plotly.graph_objects as go
     from streamlit.testing.v1 import AppTest

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from swapkl.contract import Contract
 
-from support.app_util import APP, ROOT, STORIES_REL, TIMEOUT
+from support.app_util import APP, ROOT, STORIES_REL, TIMEOUT, wait_export
 
 
 @pytest.fixture
@@ -85,6 +85,7 @@ def test_demo_export_only_below_cache_exports(demo, tmp_path):
     assert not at.exception
     assert not [t for t in at.text_input if t.label == "output folder"]   # no folder typed in the browser
     at.button(key="export").click().run()
+    wait_export(at)
     assert not at.exception and not at.error, [e.value for e in at.error]
     exports = demo / "exports"
     made = [p for p in exports.iterdir() if p.is_dir()]

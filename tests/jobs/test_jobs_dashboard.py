@@ -192,12 +192,16 @@ def test_export_formats_and_names():
     req = _analysis()
     ident = {"kind": "hub", "id": "EleutherAI/pythia-160m", "commit": "0123456789ab", "fingerprint": "fedcba9876543"}
     assert exports.model_tail(req) == "pythia-160m@step1000"
-    assert exports.export_name(req, ident, [3, 5], "mergekit") == "pythia-160m-step1000-fedcba98-minus-3-5.yaml"
-    assert exports.export_name(req, ident, [3, 5], "hf") == "pythia-160m-step1000-fedcba98-minus-3-5"
+    # the readable head, then the hash of the whole request (tests/security/test_export_names.py)
+    key = exports.export_key(req, ident, [3, 5], "mergekit")
+    assert exports.export_name(req, ident, [3, 5], "mergekit") == f"pythia-160m-step1000-fedcba98-minus-3-5-{key}.yaml"
+    key = exports.export_key(req, ident, [3, 5], "hf")
+    assert exports.export_name(req, ident, [3, 5], "hf") == f"pythia-160m-step1000-fedcba98-minus-3-5-{key}"
     merge = {"mode": "laco", "groups": [[2, 3], [5, 6, 7]]}
-    assert exports.export_name(req, {}, [3, 6, 7], "hf", merge) == "pythia-160m-step1000--merged-laco-2-3-5-6-7"
+    key = exports.export_key(req, {}, [3, 6, 7], "hf", merge)
+    assert exports.export_name(req, {}, [3, 6, 7], "hf", merge) == f"pythia-160m-step1000-merged-laco-2-3-5-6-7-{key}"
     long = exports.export_name(req, ident, list(range(40)), "gguf")
-    assert len(long) == 60 + len(".gguf") and long.endswith(".gguf")
+    assert len(long) <= 60 + len(".gguf") and long.endswith(f"-{exports.export_key(req, ident, list(range(40)), 'gguf')}.gguf")
     assert exports.demo_model_ref(req, ident) == "EleutherAI/pythia-160m@0123456789ab"
     assert exports.demo_model_ref(_analysis(model="/srv/models/tiny/", revision=None), {"kind": "local"}) == "./tiny"
     job = SimpleNamespace(result=synthetic())

@@ -47,3 +47,15 @@ def heal_panel_app():
     job = Job("heal-panel-test", HealRequest())
     job.done_from("test", heal=HealCurves.from_dict(json.loads(open(os.environ["SWAPKL_TEST_HEAL"]).read())))
     heal_panel.body(job)
+
+
+def wait_export(at, key: str = "export", timeout: float = 180):
+    """A demo export's job (the one the button ``key`` submitted) waited for, then the page drawn again; returns
+    the job (its ``export`` record says what was written and served)."""
+    from dashboard import common
+
+    job = common.manager().get(at.session_state[f"_export_job_{key}"])
+    assert job is not None and job.wait(timeout) and job.status == "done", (job and (job.status, job.error))
+    at.run()
+    assert not at.exception, at.exception
+    return job
