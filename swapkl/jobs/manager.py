@@ -121,6 +121,22 @@ def busy(jobs: dict) -> bool:
     return any(j.status == "running" for j in jobs.values())
 
 
+def work(mgr: JobManager) -> None:
+    """The worker thread of ``mgr``: take the next queued job, tell the others their place, run it; until shutdown."""
+    lower_priority(mgr.nice)
+    while True:
+        with mgr._lock:
+            while not mgr._queue and not mgr._closed:
+                mgr._wake.wait(1.0)
+            if mgr._closed and not mgr._queue:
+                return
+            job = mgr._queue.popleft()
+            renumber(mgr._queue, True)
+            for j in mgr._queue:
+                j.publish(force=True)
+        mgr._run(job)
+
+
 def monitor(mgr: JobManager, every_s: float = 2.0) -> None:
     """Every ``every_s`` seconds: cancel the jobs nobody waits for any more (:class:`Audience`), once each (a running
     job stops at its next check, which may be seconds away on a busy machine)."""
@@ -322,25 +338,11 @@ class JobManager:
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._loop, name="swapkl-jobs", daemon=True)
+            self._worker = threading.Thread(target=work, args=(self,), name="swapkl-jobs", daemon=True)
             self._worker.start()
         if self.audience.alive is not None and (self._monitor is None or not self._monitor.is_alive()):
             self._monitor = threading.Thread(target=monitor, args=(self,), name="swapkl-audience", daemon=True)
             self._monitor.start()
-
-    def _loop(self) -> None:
-        lower_priority(self.nice)
-        while True:
-            with self._lock:
-                while not self._queue and not self._closed:
-                    self._wake.wait(1.0)
-                if self._closed and not self._queue:
-                    return
-                job = self._queue.popleft()
-                renumber(self._queue, True)
-                for j in self._queue:
-                    j.publish(force=True)
-            self._run(job)
 
     def _run(self, job: Job) -> None:
         if job.start():

@@ -116,36 +116,7 @@ class Policy:
         """The policy of this server: ``[demo]`` of ``.streamlit/swapkl.toml`` (when present), then the
         environment.  A malformed file or value is a :class:`PolicyError` (the server refuses to start in a
         state its operator did not ask for)."""
-        env = os.environ if environ is None else environ
-        path = Path(config_file) if config_file is not None else CONFIG_FILE
-        conf: dict = {}
-        if path.is_file():
-            try:
-                conf = dict(tomllib.loads(path.read_text(encoding="utf-8")).get("demo") or {})
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-                raise PolicyError(f"cannot read {path}: {e}") from e
-        demo = _flag(env.get("SWAPKL_DEMO")) if env.get("SWAPKL_DEMO") is not None else bool(conf.get("enabled", False))
-        models = conf.get("models", cls.models)
-        if env.get("SWAPKL_DEMO_MODELS"):
-            models = [m for m in env["SWAPKL_DEMO_MODELS"].split(",")]
-        kw = {"demo": demo, "models": _models(models)}
-        for key, var in INT_SETTINGS.items():
-            raw = env.get(var, conf.get(key))
-            if raw is not None:
-                try:
-                    kw[key] = int(raw)
-                except (TypeError, ValueError):
-                    raise PolicyError(f"{var} / [demo] {key} must be an integer, got {raw!r}") from None
-                if kw[key] < 0:
-                    raise PolicyError(f"{var} / [demo] {key} must be >= 0, got {kw[key]}")
-        if "pair_sets" in conf:
-            kw["pair_sets"] = tuple(str(p) for p in conf["pair_sets"])
-        tasks = env["SWAPKL_DEMO_TASKS"].split(",") if env.get("SWAPKL_DEMO_TASKS") else conf.get("tasks")
-        if tasks is not None:
-            kw["tasks"] = tuple(t.strip() for t in ([tasks] if isinstance(tasks, str) else tasks) if str(t).strip())
-        if "task_include_path" in conf:
-            kw["task_include_path"] = str(conf["task_include_path"]) or None
-        return cls(**kw)
+        return cls(**settings_from(environ, config_file, cls.models))
 
     # ------------------------------------------------------------------ checks
     @property
@@ -319,3 +290,39 @@ def _models(models) -> tuple:
     if not out:
         raise PolicyError("the demo allow-list of models is empty")
     return out
+
+
+def settings_from(environ: dict | None, config_file: str | os.PathLike | None, models: tuple) -> dict:
+    """The keyword arguments of :meth:`Policy.from_env`: ``[demo]`` of ``config_file`` (default
+    ``.streamlit/swapkl.toml``, when present), then the environment ``environ`` (default ``os.environ``);
+    ``models``: the allow-list when neither names one."""
+    env = os.environ if environ is None else environ
+    path = Path(config_file) if config_file is not None else CONFIG_FILE
+    conf: dict = {}
+    if path.is_file():
+        try:
+            conf = dict(tomllib.loads(path.read_text(encoding="utf-8")).get("demo") or {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise PolicyError(f"cannot read {path}: {e}") from e
+    demo = _flag(env.get("SWAPKL_DEMO")) if env.get("SWAPKL_DEMO") is not None else bool(conf.get("enabled", False))
+    models = conf.get("models", models)
+    if env.get("SWAPKL_DEMO_MODELS"):
+        models = [m for m in env["SWAPKL_DEMO_MODELS"].split(",")]
+    kw = {"demo": demo, "models": _models(models)}
+    for key, var in INT_SETTINGS.items():
+        raw = env.get(var, conf.get(key))
+        if raw is not None:
+            try:
+                kw[key] = int(raw)
+            except (TypeError, ValueError):
+                raise PolicyError(f"{var} / [demo] {key} must be an integer, got {raw!r}") from None
+            if kw[key] < 0:
+                raise PolicyError(f"{var} / [demo] {key} must be >= 0, got {kw[key]}")
+    if "pair_sets" in conf:
+        kw["pair_sets"] = tuple(str(p) for p in conf["pair_sets"])
+    tasks = env["SWAPKL_DEMO_TASKS"].split(",") if env.get("SWAPKL_DEMO_TASKS") else conf.get("tasks")
+    if tasks is not None:
+        kw["tasks"] = tuple(t.strip() for t in ([tasks] if isinstance(tasks, str) else tasks) if str(t).strip())
+    if "task_include_path" in conf:
+        kw["task_include_path"] = str(conf["task_include_path"]) or None
+    return kw
