@@ -1,0 +1,58 @@
+"""swapkl.stats, the one statistics module, against scipy.stats and plain numpy: the percentile bootstrap equals
+scipy's on the same draws, the paired interval is the interval of per-draw differences, ρ is scipy's, the tie rule."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from swapkl import stats
+
+
+def test_bootstrap_ci_equals_scipys_percentile_bootstrap_on_the_same_draws():
+    x = np.random.default_rng(3).gamma(2.0, 1.5, size=37)
+    ours = stats.bootstrap_ci(x, np.mean, n_boot=999, seed=11)
+    theirs = sps.bootstrap((x,), np.mean, n_resamples=999, method="percentile", confidence_level=0.95,
+                           rng=np.random.default_rng(11), vectorized=True).confidence_interval
+    assert ours == pytest.approx([theirs.low, theirs.high], rel=1e-12)
+    assert ours[0] < x.mean() < ours[1]
+
+
+def test_paired_ci_is_the_interval_of_the_paired_differences():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=50)
+    a, b = base + 0.3 + 0.05 * rng.normal(size=50), base
+    lo, hi = stats.paired_ci(a, b, n_boot=500, seed=2)
+    idx = stats.bootstrap_indices(50, 500, 2)
+    diffs = a[idx].mean(1) - b[idx].mean(1)
+    assert [lo, hi] == [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+    assert 0.25 < lo < 0.3 < hi < 0.35            # pairing removes the shared noise: a tight interval around 0.3
+    unpaired = stats.bootstrap_ci(a, n_boot=500, seed=2)
+    assert hi - lo < (unpaired[1] - unpaired[0]) / 5
+    with pytest.raises(ValueError, match="same units"):
+        stats.paired_ci(a, b[:-1])
+
+
+def test_spearman_and_its_interval():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=40)
+    y = x + 0.5 * rng.normal(size=40)
+    rho, ci = stats.spearman_ci(x, y, n_boot=300, seed=1)
+    assert rho == pytest.approx(sps.spearmanr(x, y).statistic, abs=0)
+    assert ci[0] < rho < ci[1] and ci[0] > 0.5
+    assert stats.kendall(x, y) == pytest.approx(sps.kendalltau(x, y).statistic, abs=0)
+    _, none = stats.spearman_ci(np.ones(5), np.arange(5.0), n_boot=20)
+    assert none == [None, None]                   # constant ranks: no ρ in any draw
+
+
+@pytest.mark.parametrize("ci, tie, side", [([-1.0, 2.0], True, "tie"), ([0.0, 1.0], True, "tie"),
+                                           ([0.1, 1.0], False, "worse"), ([-2.0, -0.5], False, "better"),
+                                           ([None, None], True, "tie"), (None, True, "tie")])
+def test_the_tie_rule(ci, tie, side):
+    assert stats.tie(ci) is tie and stats.side(ci) == side
+
+
+def test_percentile_ci_along_an_axis():
+    d = np.arange(200.0).reshape(100, 2)
+    out = stats.percentile_ci(d, axis=0)
+    assert out.shape == (2, 2) and out[0, 0] == np.percentile(d[:, 0], 2.5) and out[1, 1] == np.percentile(d[:, 1], 97.5)
