@@ -91,6 +91,28 @@ def test_a_study_link_of_sixty_models_is_refused_with_the_button_off(cache, monk
     assert at.button(key="run_study").disabled
 
 
+def test_a_trajectory_of_145_checkpoints_is_refused_with_the_button_off(cache, monkeypatch):
+    import streamlit as st
+
+    monkeypatch.setenv("SWAPKL_DEMO", "1")
+    monkeypatch.setenv("SWAPKL_DEMO_MODELS", "default,EleutherAI/pythia-160m@step*")
+    st.cache_resource.clear()
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/trajectory.py").run()
+    at.text_area(key="w_tr_list").set_value("EleutherAI/pythia-160m@step0" + "".join(f" @step{k * 1000}"
+                                                                                  for k in range(1, 145)))
+    at.run()
+    assert not at.exception
+    assert any("at most 8 checkpoints per trajectory; 145 given" in e.value for e in at.error), \
+        [e.value for e in at.error]
+    assert at.button(key="compute_traj").disabled
+    at.text_area(key="w_tr_list").set_value("EleutherAI/pythia-160m@step0 @step1000 @refs/pr/1").run()
+    assert any("does not offer that revision" in e.value for e in at.error) and at.button(key="compute_traj").disabled
+    from dashboard import common
+
+    assert common.manager().jobs() == []
+
+
 def test_study_and_trajectory_bounds():
     from swapkl.jobs import TrajectoryRequest
     from swapkl.jobs.studies import study_request
