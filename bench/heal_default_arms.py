@@ -85,7 +85,7 @@ def _windows(d: dict, text: str) -> dict:
 def paired(a: dict, b: dict, text: str = "eval") -> dict:
     """Arm a − arm b on the same windows: recovered share (points; each arm's own control) and healed ΔPPL vs the
     base (points of the base PPL), each with the paired bootstrap 95 % CI."""
-    from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+    from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
     wa, wb = _windows(a, text), _windows(b, text)
     counts = wa["counts"].astype(np.int64)

@@ -31,7 +31,7 @@ UNITS = ("block", "attention", "mlp")
 
 def diff_ci(a, b, base, n_boot=1000, seed=0):
     """Paired bootstrap (windows) 95 % CI of ΔPPL%(a) - ΔPPL%(b), both against ``base`` (PPLResults)."""
-    from swapkl.scoring.results import bootstrap_indices, percentile_ci
+    from swapkl.stats import bootstrap_indices, percentile_ci
 
     idx = bootstrap_indices(len(base.counts), n_boot, seed)
     c = base.counts[idx].sum(1)

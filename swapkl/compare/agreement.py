@@ -18,7 +18,7 @@ from scipy import stats
 from swapkl.errors import SwapklError
 from swapkl.evidence.agreement import kendall_rows, spearman_rows
 from swapkl.removal.verdict import regime_verdict
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 PROTOCOLS = ("replacement", "interchange")
 #: contract fields that may differ between A and B: where it ran, and the prompt seed (other prompts, same

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from swapkl import __version__
 from swapkl.compare.agreement import PROTOCOLS, rank_agreement
 from swapkl.contract import Provenance
-from swapkl.scoring.results import N_BOOT, finite_json
+from swapkl.scoring.results import finite_json
+from swapkl.stats import N_BOOT
 from swapkl.store import dump_json
 
 FORMAT = "swapkl.compare/1"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from swapkl.scoring.results import bootstrap_indices, percentile_ci
+from swapkl.stats import bootstrap_indices, percentile_ci
 
 GT_NAMES = ("ground_truth_ppl", "ground_truth_kl")
 

@@ -18,7 +18,7 @@ import numpy as np
 from swapkl.contract import DTYPES, Contract
 from swapkl.errors import SwapklError, require_extra
 from swapkl.evidence import agreement as A
-from swapkl.scoring.results import bootstrap_indices
+from swapkl.stats import bootstrap_indices
 
 FOUR_BIT = "4bit"
 DTYPE_CHOICES = DTYPES + (FOUR_BIT,)

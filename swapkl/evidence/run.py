@@ -15,7 +15,8 @@ import numpy as np
 from swapkl.errors import SwapklError
 from swapkl.evidence import agreement as A
 from swapkl.evidence import stability as S
-from swapkl.scoring.results import bootstrap_indices, finite_json
+from swapkl.scoring.results import finite_json
+from swapkl.stats import bootstrap_indices
 from swapkl.store import CorruptEntry, dump_json, read_entry, warn_unwritable, write_entry
 
 DEFAULT_BUDGET = 4

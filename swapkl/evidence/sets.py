@@ -27,7 +27,7 @@ import numpy as np
 from scipy import stats
 
 from swapkl.evidence import agreement as A
-from swapkl.scoring.results import bootstrap_indices
+from swapkl.stats import bootstrap_indices
 
 SET_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "sleb", "angular")
 OWN_SCORE = {"replacement": "replacement", "interchange": "interchange", "bi": "bi", "cka": "cka",

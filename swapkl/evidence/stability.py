@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.removal.selection import scan
-from swapkl.scoring.results import bootstrap_indices
+from swapkl.stats import bootstrap_indices
 
 UNSTABLE_BELOW = 0.8
 

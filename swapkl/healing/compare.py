@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.healing.result import _boot
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, percentile_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, percentile_ci
 
 WHAT = {"before": "before healing", "healed": "after healing (vs the base)",
         "healed_vs_finetuned": "after healing (vs the fine-tuned base)"}

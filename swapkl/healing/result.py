@@ -14,7 +14,8 @@ import numpy as np
 
 from swapkl.contract import Provenance
 from swapkl.store import dump_json
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, finite_json, percentile_ci
+from swapkl.scoring.results import finite_json
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 ROLES = ("base", "pruned", "healed", "base_finetuned")
 

@@ -18,7 +18,7 @@ from swapkl import __version__
 from swapkl.contract import Contract, stable_hash
 from swapkl.errors import ContractError
 from swapkl.repair.settings import BridgeSettings
-from swapkl.scoring.results import bootstrap_indices, percentile_ci
+from swapkl.stats import bootstrap_indices, percentile_ci
 from swapkl.store import CorruptEntry, cache_root, read_entry, warn_unwritable, write_entry
 
 FORMAT = "swapkl.bridged/1"

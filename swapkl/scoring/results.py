@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci  # used here; removal/ still imports them from here
+
 from swapkl import __version__, schema
 from swapkl.contract import Provenance
 from swapkl.store import dump_json
@@ -23,26 +25,6 @@ from swapkl.store import dump_json
 
 STRONG = 0.05       # nats: "strong" swap-similarity
 CONDITIONAL = 0.10  # nats: "conditional" swap-similarity (cumulative)
-N_BOOT = 1000
-BOOT_SEED = 0
-
-
-def bootstrap_indices(n_windows: int, n_boot: int = N_BOOT, seed: int | np.random.Generator = BOOT_SEED) -> np.ndarray:
-    """(n_boot, n_windows) int indices, windows (or prompts) drawn with replacement; fixed seed, so every result
-    resampled with the same (n_windows, n_boot, seed) uses the same draws (paired bootstrap for ΔPPL).  ``seed``
-    may be a ``numpy.random.Generator``: the draw then continues its stream (several draws from one seed)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, n_windows, size=(n_boot, n_windows))
-
-
-def percentile_ci(draws, axis: int | None = None):
-    """The 95 % percentile bootstrap interval of ``draws`` (numpy's linear interpolation, percentiles 2.5 and
-    97.5, in the draws' own units): ``[lo, hi]`` as floats, or with ``axis`` an array (2, ...) whose row 0 holds
-    the lower and row 1 the upper bounds along the other axes."""
-    lo, hi = np.percentile(draws, 2.5, axis=axis), np.percentile(draws, 97.5, axis=axis)
-    return [float(lo), float(hi)] if axis is None else np.stack([lo, hi])
-
-
 def matrix_json(m) -> list:
     """An L x L array as nested lists, None where a value is not finite (not computed): what JSON exports and
     figure specs hold."""

@@ -16,7 +16,7 @@ import numpy as np
 from swapkl.compare.agreement import pair_replicates, pair_vector
 from swapkl.evidence.agreement import _ci
 from swapkl.removal.paired import paired_delta
-from swapkl.scoring.results import BOOT_SEED, bootstrap_indices
+from swapkl.stats import BOOT_SEED, bootstrap_indices
 
 PROTOCOLS = ("replacement", "interchange")
 #: methods that are not baselines (the guided ones and their anti-guided controls)

@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from swapkl.errors import SwapklError
-from swapkl.scoring.results import CONDITIONAL, matrix_json, percentile_ci, STRONG
+from swapkl.scoring.results import CONDITIONAL, matrix_json, STRONG
+from swapkl.stats import percentile_ci
 from swapkl.views.captions import _stamp, contract_caption, fmt_ci, fmt_number, rgba
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the

@@ -11,7 +11,7 @@ import pytest
 from swapkl.healing.heal import WorseHealError, check_gate
 from swapkl.healing.result import HealResult, compare
 from swapkl.scoring.corpora import from_file
-from swapkl.scoring.results import bootstrap_indices
+from swapkl.stats import bootstrap_indices
 
 HELDOUT = "tests/fixtures/data/heldout/american-speeches.txt"
 
