@@ -40,6 +40,14 @@ def percentile_ci(draws, axis: int | None = None):
     return [float(lo), float(hi)] if axis is None else np.stack([lo, hi])
 
 
+def finite_ci(draws) -> list:
+    """:func:`percentile_ci` of the finite draws of a 1-d array (a replicate without a value, e.g. a rank
+    correlation of constant ranks, is left out); ``[None, None]`` when none is finite."""
+    v = np.asarray(draws, dtype=float)
+    v = v[np.isfinite(v)]
+    return percentile_ci(v) if len(v) else [None, None]
+
+
 def bootstrap_ci(values, statistic: Callable = np.mean, n_boot: int = N_BOOT,
                  seed: int | np.random.Generator = BOOT_SEED, idx: np.ndarray | None = None) -> list[float]:
     """The percentile interval of ``statistic`` over units resampled with replacement: ``values`` (n_units, ...)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from swapkl.stats import bootstrap_indices, percentile_ci
+from swapkl.stats import bootstrap_indices, finite_ci, tie
 
 GT_NAMES = ("ground_truth_ppl", "ground_truth_kl")
 
@@ -57,13 +57,6 @@ def kendall_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (sx * sy).sum(1) / np.sqrt(np.abs(sx).sum(1) * np.abs(sy).sum(1))
 
 
-def _ci(v: np.ndarray) -> list:
-    v = v[np.isfinite(v)]
-    if not len(v):
-        return [None, None]
-    return percentile_ci(v)
-
-
 def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0, extra_truths=None) -> dict:
     """``{name: (n_boot, L)}``: every signal and both ground truths under the joint bootstrap (module docstring).
     Signals without per-prompt values stay at their full-sample value.  ``extra_truths`` ({name: (GroundTruth,
@@ -98,7 +91,7 @@ def agreement(vectors: dict, replicates: dict) -> dict:
             m = np.isfinite(vectors[a]) & np.isfinite(vectors[b])
             for key, point, rows in (("spearman", spearman, spearman_rows), ("kendall", kendall, kendall_rows)):
                 v = point(vectors[a], vectors[b]) if a != b else 1.0
-                ci = _ci(rows(replicates[a][:, m], replicates[b][:, m])) if a != b else [1.0, 1.0]
+                ci = finite_ci(rows(replicates[a][:, m], replicates[b][:, m])) if a != b else [1.0, 1.0]
                 out[key][a][b] = out[key][b][a] = v
                 out[key + "_ci"][a][b] = out[key + "_ci"][b][a] = ci
     return out
@@ -119,10 +112,10 @@ def compare_to(truth: str, signal_names, vectors: dict, replicates: dict) -> dic
         reps[s] = spearman_rows(replicates[s][:, m], replicates[truth][:, m])
     others = {}
     for s in ranked[1:]:
-        lo, hi = _ci(reps[best] - reps[s])
+        lo, hi = finite_ci(reps[best] - reps[s])
         others[s] = {"rho": rho[s], "diff_ci": [lo, hi],
-                     "verdict": "indistinguishable" if lo is None or lo <= 0 <= hi else "worse"}
-    return {"truth": truth, "best": best, "rho": rho, "best_ci": _ci(reps[best]), "others": others}
+                     "verdict": "indistinguishable" if tie([lo, hi]) else "worse"}
+    return {"truth": truth, "best": best, "rho": rho, "best_ci": finite_ci(reps[best]), "others": others}
 
 
 def against_ground_truth(signals, gt, num_prompts: int, n_boot: int) -> tuple[dict, dict, dict]:

@@ -18,7 +18,7 @@ import numpy as np
 from swapkl.contract import DTYPES, Contract
 from swapkl.errors import SwapklError, require_extra
 from swapkl.evidence import agreement as A
-from swapkl.stats import bootstrap_indices
+from swapkl.stats import bootstrap_indices, finite_ci
 
 FOUR_BIT = "4bit"
 DTYPE_CHOICES = DTYPES + (FOUR_BIT,)
@@ -117,7 +117,7 @@ def agreement(ck, res, comparisons, n_boot: int, use_cache: bool = True, should_
             if s1.resample is not None and s2.resample is not None:
                 m = np.isfinite(s1.values) & np.isfinite(s2.values)
                 a, b = s1.resample(i1)[:, m], s2.resample(i2)[:, m]
-                row["spearman_ci"][s2.name] = A._ci(A.spearman_rows(a, b))
-                row["kendall_ci"][s2.name] = A._ci(A.kendall_rows(a, b))
+                row["spearman_ci"][s2.name] = finite_ci(A.spearman_rows(a, b))
+                row["kendall_ci"][s2.name] = finite_ci(A.kendall_rows(a, b))
         out.append(row)
     return out

@@ -13,6 +13,7 @@ import numpy as np
 
 from swapkl.contract import PER_LAYER
 from swapkl.evidence import agreement as A
+from swapkl.stats import finite_ci, side
 
 #: relative difference below which the two definitions' matrices count as the same numbers
 SAME = 1e-6
@@ -64,9 +65,9 @@ def compare_definitions(ck, contract, res, gt, n_boot: int, use_cache: bool = Tr
             m = np.isfinite(vectors[name]) & np.isfinite(vectors[truth])
             rho[d] = A.spearman(vectors[name], vectors[truth])
             rows[d] = A.spearman_rows(reps[name][:, m], reps[truth][:, m])
-            ci[d] = A._ci(rows[d])
-        lo, hi = A._ci(rows["slot"] - rows["block"])
-        better = "tie" if lo is None or lo <= 0 <= hi else ("slot" if lo > 0 else "block")
+            ci[d] = finite_ci(rows[d])
+        lo, hi = finite_ci(rows["slot"] - rows["block"])
+        better = side([lo, hi], below="block", above="slot")
         out["protocols"][protocol] = {"rho": rho, "rho_ci": ci, "diff_ci": [lo, hi], "better": better}
         gap = f"ρ(slot) − ρ(block) CI [{lo:.2f}, {hi:.2f}]" if lo is not None else "no CI"
         parts.append(f"{protocol}: slot ρ = {rho['slot']:.2f}, block ρ = {rho['block']:.2f}, {gap}: "

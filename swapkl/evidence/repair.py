@@ -22,6 +22,7 @@ from swapkl.evidence import agreement as A
 from swapkl.evidence.report import bridge_line
 from swapkl.evidence.signals import SIGNAL_BRIDGED as SIGNAL
 from swapkl.evidence.signals import bridged_kl_signal
+from swapkl.stats import finite_ci, tie
 
 RAW_GT = A.GT_NAMES[0]
 BRIDGED_GT = "ground_truth_bridged_ppl"
@@ -38,7 +39,7 @@ def rho_table(names, truth: str, vectors: dict, reps: dict) -> dict:
     for s in names:
         m = np.isfinite(vectors[s]) & np.isfinite(vectors[truth])
         out[s] = {"rho": A.spearman(vectors[s], vectors[truth]),
-                  "ci": A._ci(A.spearman_rows(reps[s][:, m], reps[truth][:, m]))}
+                  "ci": finite_ci(A.spearman_rows(reps[s][:, m], reps[truth][:, m]))}
     return out
 
 
@@ -54,7 +55,7 @@ def verdict(cmp: dict) -> dict:
         second = ranked[0]
         lo, hi = cmp["others"][second]["diff_ci"]
         out |= {"second": second, "diff": cmp["rho"][best] - cmp["rho"][second], "diff_ci": [lo, hi],
-                "tie": lo is None or lo <= 0 <= hi}
+                "tie": tie([lo, hi])}
     return out
 
 

@@ -16,7 +16,7 @@ from swapkl.errors import SwapklError
 from swapkl.evidence import agreement as A
 from swapkl.evidence import stability as S
 from swapkl.scoring.results import finite_json
-from swapkl.stats import bootstrap_indices
+from swapkl.stats import bootstrap_indices, finite_ci
 from swapkl.store import CorruptEntry, dump_json, read_entry, warn_unwritable, write_entry
 
 DEFAULT_BUDGET = 4
@@ -164,9 +164,9 @@ def _region_effect(gt, gt2, n_boot):
     out = {"region_1": gt.region, "region_2": gt2.region, "delta_ppl_pct_2": gt2.delta_ppl_pct, "kl_2": gt2.kl}
     for name, a, b, ra, rb in (("ppl", gt.delta_ppl_pct, gt2.delta_ppl_pct, d1, d2), ("kl", gt.kl, gt2.kl, k1, k2)):
         out[f"spearman_{name}"] = A.spearman(a, b)
-        out[f"spearman_{name}_ci"] = A._ci(A.spearman_rows(ra, rb))
+        out[f"spearman_{name}_ci"] = finite_ci(A.spearman_rows(ra, rb))
         out[f"kendall_{name}"] = A.kendall(a, b)
-        out[f"kendall_{name}_ci"] = A._ci(A.kendall_rows(ra, rb))
+        out[f"kendall_{name}_ci"] = finite_ci(A.kendall_rows(ra, rb))
     return out
 
 

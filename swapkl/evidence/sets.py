@@ -27,7 +27,7 @@ import numpy as np
 from scipy import stats
 
 from swapkl.evidence import agreement as A
-from swapkl.stats import bootstrap_indices
+from swapkl.stats import bootstrap_indices, finite_ci, tie
 
 SET_METHODS = ("replacement", "interchange", "bi", "cka", "taylor", "sleb", "angular")
 OWN_SCORE = {"replacement": "replacement", "interchange": "interchange", "bi": "bi", "cka": "cka",
@@ -124,7 +124,7 @@ def coefficients(scores: dict, costs: dict, score_reps: dict, cost_reps: dict, g
                 r_rho = pooled_spearman(sr, cr, gs)
                 row.update(spearman=_value(pooled_spearman(score[idx][None], cost[idx][None], gs)[0]),
                            kendall=_value(pooled_kendall(score[idx][None], cost[idx][None], gs)[0]),
-                           spearman_ci=A._ci(r_rho), kendall_ci=A._ci(pooled_kendall(sr, cr, gs)), _reps=r_rho)
+                           spearman_ci=finite_ci(r_rho), kendall_ci=finite_ci(pooled_kendall(sr, cr, gs)), _reps=r_rho)
             out[cname][sname] = row
     return out
 
@@ -140,9 +140,9 @@ def compare(rows: dict) -> dict:
     best = ranked[0]
     others = {}
     for s in ranked[1:]:
-        lo, hi = A._ci(rows[best]["_reps"] - rows[s]["_reps"])
+        lo, hi = finite_ci(rows[best]["_reps"] - rows[s]["_reps"])
         others[s] = {"rho": rows[s]["spearman"], "diff_ci": [lo, hi],
-                     "verdict": "indistinguishable" if lo is None or lo <= 0 <= hi else "worse"}
+                     "verdict": "indistinguishable" if tie([lo, hi]) else "worse"}
     return {"best": best, "rho": rows[best]["spearman"], "best_ci": rows[best]["spearman_ci"], "others": others,
             "not_compared": skipped}
 

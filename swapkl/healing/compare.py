@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.healing.result import _boot
-from swapkl.stats import BOOT_SEED, N_BOOT, percentile_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, percentile_ci, side, tie
 
 WHAT = {"before": "before healing", "healed": "after healing (vs the base)",
         "healed_vs_finetuned": "after healing (vs the fine-tuned base)"}
@@ -26,10 +26,7 @@ WHAT = {"before": "before healing", "healed": "after healing (vs the base)",
 
 def word(ci) -> str:
     """``better`` (the CI lies below 0: A's ΔPPL is lower), ``worse`` (above 0) or ``tie`` (it includes 0)."""
-    lo, hi = ci
-    if lo <= 0.0 <= hi:
-        return "tie"
-    return "better" if hi < 0.0 else "worse"
+    return side(ci)
 
 
 def paired_difference(counts, base, base_finetuned, a: dict, b: dict, n_boot: int = N_BOOT,
@@ -56,7 +53,7 @@ def paired_difference(counts, base, base_finetuned, a: dict, b: dict, n_boot: in
         value = float(diff(ppl, x, y, ref))
         vals = diff(boot, x, y, ref)
         ci = percentile_ci(vals)
-        out[key] = {"value": value, "ci": ci, "tie": bool(ci[0] <= 0.0 <= ci[1]), "word": word(ci)}
+        out[key] = {"value": value, "ci": ci, "tie": tie(ci), "word": word(ci)}
     return out
 
 

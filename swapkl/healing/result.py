@@ -15,7 +15,7 @@ import numpy as np
 from swapkl.contract import Provenance
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json
-from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci, tie
 
 ROLES = ("base", "pruned", "healed", "base_finetuned")
 
@@ -49,7 +49,7 @@ def compare(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> d
     def delta(a, b):
         vals = 100.0 * (boot[a] / boot[b] - 1.0)
         lo, hi = percentile_ci(vals)
-        return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": bool(lo <= 0.0 <= hi)}
+        return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": tie([lo, hi])}
 
     deltas = {"pruned_vs_base": delta("pruned", "base"), "healed_vs_base": delta("healed", "base"),
               "base_finetuned_vs_base": delta("base_finetuned", "base"),
@@ -81,7 +81,7 @@ def compare_bridged(nll: dict, counts, n_boot: int = N_BOOT, seed: int = BOOT_SE
 
     def delta(a, b):
         lo, hi = percentile_ci(100.0 * (boot[a] / boot[b] - 1.0))
-        return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": bool(lo <= 0.0 <= hi)}
+        return {"value": 100.0 * (ppl[a] / ppl[b] - 1.0), "ci": [lo, hi], "tie": tie([lo, hi])}
 
     rows = {name: {"ppl": ppl[r], "ppl_ci": percentile_ci(boot[r]), "delta_pct": delta(r, "base")}
             for name, r in (("raw", "pruned"), ("bridged", "bridged"), ("healed", "healed"))}

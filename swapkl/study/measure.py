@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.compare.agreement import pair_replicates, pair_vector
-from swapkl.evidence.agreement import _ci
+
 from swapkl.removal.paired import paired_delta
-from swapkl.stats import BOOT_SEED, bootstrap_indices
+from swapkl.stats import BOOT_SEED, bootstrap_indices, finite_ci, tie
 
 PROTOCOLS = ("replacement", "interchange")
 #: methods that are not baselines (the guided ones and their anti-guided controls)
@@ -38,7 +38,7 @@ def protocol_gap(res, n_boot: int) -> dict:
     rr, ii = pair_replicates(res, "replacement", kept, idx), pair_replicates(res, "interchange", kept, idx)
     with np.errstate(divide="ignore", invalid="ignore"):
         draws = np.nanmedian(np.where(rr > 0, ii / rr, np.nan), axis=1)
-    return {"median": float(np.median(i[ok] / r[ok])), "ci": _ci(np.asarray(draws, float)), "n_pairs": int(ok.sum()),
+    return {"median": float(np.median(i[ok] / r[ok])), "ci": finite_ci(np.asarray(draws, float)), "n_pairs": int(ok.sum()),
             "pairs": res.contract.get("pairs")}
 
 
@@ -78,7 +78,7 @@ def removal_rows(curves, lookup, baseline, n_boot: int) -> list[dict]:
             dr = _delta_draws(pr.nll, baseline.nll, baseline.counts, idx)
             di = _delta_draws(pi.nll, baseline.nll, baseline.counts, idx)
             with np.errstate(divide="ignore", invalid="ignore"):
-                row["ratio_ci"] = _ci(np.where(dr != 0, di / dr, np.nan))
+                row["ratio_ci"] = finite_ci(np.where(dr != 0, di / dr, np.nan))
             st = paired_delta(pi.nll, [pr.nll], baseline.nll, baseline.counts, n_boot=n_boot)
             row["diff"], row["diff_ci"], row["word"] = st["diff"], st["ci"], st["word"]
         out.append(row)
@@ -98,13 +98,12 @@ def _pick(rho_r: dict, rho_i: dict, cmp: dict) -> dict:
     for a, b in (("replacement", "interchange"), ("interchange", "replacement")):
         if best == a and b in others:
             lo, hi = others[b]["diff_ci"]
-            tie = lo is None or lo <= 0 <= hi
-            return {"winner": None if tie else a, "by": "paired", "diff_ci": [lo, hi]}
+            return {"winner": None if tie([lo, hi]) else a, "by": "paired", "diff_ci": [lo, hi]}
     (lr, hr), (li, hi_) = rho_r["ci"], rho_i["ci"]
     if None in (lr, hr, li, hi_, rho_r["rho"], rho_i["rho"]):
         return {"winner": None, "by": "overlap", "diff_ci": [None, None]}
-    tie = not (lr > hi_ or li > hr)
-    winner = None if tie else ("replacement" if rho_r["rho"] > rho_i["rho"] else "interchange")
+    overlap = not (lr > hi_ or li > hr)
+    winner = None if overlap else ("replacement" if rho_r["rho"] > rho_i["rho"] else "interchange")
     return {"winner": winner, "by": "overlap", "diff_ci": [None, None]}
 
 

@@ -14,6 +14,7 @@ from swapkl.removal import methods as M
 from swapkl.removal.curves import curves_provenance
 from swapkl.views.captions import SEP, contract_caption, fmt_number
 from swapkl.views.curves import _curves_dict, _style
+from swapkl.stats import side
 
 #: how a repair is named in legends, tables and captions
 REPAIR_LABELS = {"bridge": "linear bridge"}
@@ -118,8 +119,7 @@ def verdict(ci) -> str:
     ``bridged worse`` above; "–" without a CI (a seeded method's mean)."""
     if not ci or None in ci:
         return "–"
-    lo, hi = float(ci[0]), float(ci[1])
-    return TIE if lo <= 0 <= hi else (BETTER if hi < 0 else WORSE)
+    return side([float(ci[0]), float(ci[1])], below=BETTER, above=WORSE, neither=TIE)
 
 
 def repair_table(curves, methods=None):
