@@ -164,8 +164,9 @@ with st.expander("Open an evidence file (`swapkl evidence --json`, e.g. with `--
 if upload is not None:
     from swapkl.evidence.section import opened_evidence
 
-    try:
-        opened = opened_evidence(upload.getvalue(), f"evidence file {upload.name}")
+    try:  # the size first, then parsed once per content (not on every rerun)
+        opened = common.parsed_upload(upload, lambda raw: opened_evidence(raw, f"evidence file {upload.name}"),
+                                      "evidence file")
     except SwapklError as e:
         st.error(str(e))
     else:
