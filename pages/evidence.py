@@ -172,5 +172,9 @@ if upload is not None:
     else:
         st.divider()
         st.markdown(f"**Opened file {upload.name}**")
-        results(opened, ("file", content_key(opened)), "_file")
-        downloads(opened, "_file")
+        try:  # the checks of opened_evidence cover what every figure reads first, not yet every part of the file
+            results(opened, ("file", content_key(opened)), "_file")
+            downloads(opened, "_file")
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            st.error(f"evidence file {upload.name}: a part of it is malformed ({type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:120]})")

@@ -67,6 +67,16 @@ def test_an_opened_evidence_file_is_parsed_once_across_reruns(demo, monkeypatch)
     assert len(parses) == 8 and len(at.session_state["_uploads"]) == 4
 
 
+def test_an_evidence_file_with_a_malformed_part_is_one_line_not_a_traceback(demo):
+    d = json.loads(EVIDENCE.read_text())
+    d["stability"] = {"replacement": {"1": 5}}  # passes the file's checks, then a figure reads it
+    at = _evidence_page()
+    at.file_uploader(key="ev_open").set_value(("odd.json", json.dumps(d).encode(), "application/json")).run()
+    assert not at.exception, at.exception
+    errs = [e.value for e in at.error]
+    assert len(errs) == 1 and errs[0].startswith("evidence file odd.json: a part of it is malformed") and "\n" not in errs[0]
+
+
 def test_an_oversized_evidence_file_is_refused_in_demo_mode_before_any_parse(demo, monkeypatch):
     from swapkl.evidence import section
     from swapkl.schema import text
