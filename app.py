@@ -77,10 +77,9 @@ def open_files_view():
         curves_file = st.file_uploader("curves JSON (optional)", type=["json"], key="open_curves")
         if st.button("Open", key="open_files", disabled=res_file is None):
             try:
-                data = res_file.getvalue()
-                cdata = curves_file.getvalue() if curves_file is not None else None
-                common.policy().check_upload(len(data) + len(cdata or b""))
-                job = common.manager().open_files(data, cdata, owner=common.session_id())
+                data, cdata = common.checked_upload(res_file, curves_file)  # the size first, nothing read before
+                job = common.manager().open_files(data, cdata if curves_file is not None else None,
+                                                  owner=common.session_id())
             except SwapklError as e:
                 st.error(str(e))
                 return None

@@ -25,8 +25,7 @@ with st.expander("Open score files or bundles to compare"):
     if st.button("Open", key="cmp_open_button", disabled=not ups):
         for up in ups:
             try:
-                data = up.getvalue()
-                common.policy().check_upload(len(data))
+                (data,) = common.checked_upload(up)
                 common.manager().open_files(data, owner=common.session_id())
             except SwapklError as e:
                 st.error(f"{up.name}: {e}")
@@ -48,10 +47,15 @@ for name, value in C.query(job_a, job_b).items():  # the address bar holds the c
         st.query_params[name] = value
 tfile = st.file_uploader("transfer table: a 'swapkl compare A B --budget N --json' file of these two (optional)",
                          type=["json"], key="cmp_transfer")
-tdata = tfile.getvalue() if tfile is not None else None
-key = (content_key(job_a.result, job_b.result), content_key(tdata))
+tres = None
+if tfile is not None:
+    try:  # the size first, then parsed once per content (not on every rerun)
+        tres = common.parsed_upload(tfile, C.transfer_file, "comparison file")
+    except SwapklError as e:
+        st.error(f"{tfile.name}: {e}")
+key = (content_key(job_a.result, job_b.result), content_key(tres))
 try:
-    cmp = common.memo("comparison", key, lambda: C.compare_jobs(job_a, job_b, tdata))
+    cmp = common.memo("comparison", key, lambda: C.compare_jobs(job_a, job_b, tres))
 except SwapklError as e:
     st.error(str(e))
     st.stop()

@@ -164,12 +164,17 @@ with st.expander("Open an evidence file (`swapkl evidence --json`, e.g. with `--
 if upload is not None:
     from swapkl.evidence.section import opened_evidence
 
-    try:
-        opened = opened_evidence(upload.getvalue(), f"evidence file {upload.name}")
+    try:  # the size first, then parsed once per content (not on every rerun)
+        opened = common.parsed_upload(upload, lambda raw: opened_evidence(raw, f"evidence file {upload.name}"),
+                                      "evidence file")
     except SwapklError as e:
         st.error(str(e))
     else:
         st.divider()
         st.markdown(f"**Opened file {upload.name}**")
-        results(opened, ("file", content_key(opened)), "_file")
-        downloads(opened, "_file")
+        try:  # the checks of opened_evidence cover what every figure reads first, not yet every part of the file
+            results(opened, ("file", content_key(opened)), "_file")
+            downloads(opened, "_file")
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            st.error(f"evidence file {upload.name}: a part of it is malformed ({type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:120]})")

@@ -28,9 +28,16 @@ def pick(jobs, key: str | None, default: int) -> int:
     return min(default, max(0, len(jobs) - 1))
 
 
-def compare_jobs(job_a, job_b, transfer_json: bytes | str | None = None, n_boot: int = 1000) -> CompareResult:
+def transfer_file(raw: bytes | str) -> CompareResult:
+    """A ``swapkl compare --json`` file (the Compare page's upload), parsed and validated; one-line
+    :class:`SwapklError` otherwise."""
+    return CompareResult.from_dict(parse_json(raw, "comparison file", keep_constants=True), "comparison file")
+
+
+def compare_jobs(job_a, job_b, transfer_json: bytes | str | CompareResult | None = None,
+                 n_boot: int = 1000) -> CompareResult:
     """The comparison of two analysis jobs: the rank agreement of their results; with ``transfer_json`` (a
-    ``swapkl compare --json`` file) its transfer table, when the file compares the same two models under the same
+    ``swapkl compare --json`` file, or the :func:`transfer_file` of one) its transfer table, when the file compares the same two models under the same
     contract.  Raises one-line :class:`SwapklError` (different depth, contract, or a file of other models)."""
     out = compare(job_a.result, job_b.result, source_a=choice_label(job_a), source_b=choice_label(job_b),
                   n_boot=n_boot)
@@ -38,7 +45,7 @@ def compare_jobs(job_a, job_b, transfer_json: bytes | str | None = None, n_boot:
         if getattr(job, "bundle", None):
             out.notes.append(f"{'A' if job is job_a else 'B'}: {job.bundle}")
     if transfer_json is not None:
-        f = CompareResult.from_dict(parse_json(transfer_json, "comparison file", keep_constants=True), "comparison file")
+        f = transfer_json if isinstance(transfer_json, CompareResult) else transfer_file(transfer_json)
         for side, res in (("a", job_a.result), ("b", job_b.result)):
             mine, theirs = dict(res.identity or {}, num_layers=res.num_layers), f.__dict__[side]["model"] or {}
             for k in ("fingerprint", "commit", "id", "num_layers"):

@@ -21,7 +21,7 @@ from .export_job import gone as export_gone
 from .failures import readable_error
 from .job import CANCELLED, ERROR, QUEUED, Job
 from .models import ModelCache
-from .opened import opened_job
+from .opened import OpenedLRU, opened_job
 from .requests import request_key
 from .runner import run_job
 from .snapshots import SnapshotStore
@@ -173,6 +173,7 @@ class JobManager:
         self.progress_dir = _progress_folder(progress_dir)
         self._jobs: dict[str, Job] = {}
         self._order: list[str] = []
+        self.opened = OpenedLRU(self.policy.max_opened)  # opened files kept per session, least recently used out
         self._lock = threading.RLock()
         self._queue: collections.deque = collections.deque()
         self._wake = threading.Condition(self._lock)
@@ -244,22 +245,22 @@ class JobManager:
         """A finished analysis job from saved files (:func:`swapkl.jobs.opened.opened_job`: a ``score --json``
         result, optionally its ``curves --json``), so the pages can browse it without the model or the cache.
         ``owner``: the browser session that opened it; only that session sees the job (:meth:`jobs` with
-        ``viewer``), it never becomes another visitor's "last analysis"."""
+        ``viewer``), never another visitor's "last analysis"; it keeps ``policy.max_opened`` (:class:`OpenedLRU`)."""
         job = opened_job(result_json, curves_json, owner, policy=self.policy)
         with self._lock:
             old = self._jobs.get(job.key)
             if old is not None:
-                return old
+                return self.opened.use(old, self._jobs, self._order)
             self._remember(job)
-        return job
+            return self.opened.use(job, self._jobs, self._order)
 
     def get(self, key: str | None, viewer: str | None = None) -> Job | None:
-        """The job ``key``; with ``viewer``, None for another session's private job."""
+        """The job ``key``; with ``viewer``, None for another session's private job (its own: a use of it)."""
         with self._lock:
             job = self._jobs.get(key) if key else None
-        if job is not None and viewer is not None and job.owner not in (None, viewer):
-            return None
-        return job
+            if job is not None and viewer is not None and job.owner not in (None, viewer):
+                return None
+            return self.opened.touch(job) if viewer is not None else job
 
     def find(self, request) -> Job | None:
         """The job of an identical request, if any (without submitting); None for a request the policy refuses."""
@@ -308,8 +309,7 @@ class JobManager:
             self._worker.join(timeout)
 
     def checkpoint_for(self, model: str, revision: str | None, dtype: str = "float32", device: str = "auto"):
-        """A loaded checkpoint from the LRU (:class:`~swapkl.jobs.models.ModelCache`; loaded on a miss).
-        Callers must not mutate it."""
+        """A loaded checkpoint from the LRU (:class:`~swapkl.jobs.models.ModelCache`; loaded on a miss); do not mutate it."""
         return self.models.get(model, revision, dtype, device)
 
     def loaded_models(self) -> list[tuple]:

@@ -3,6 +3,8 @@ so the pages can browse them on a machine that has neither the model nor the cac
 (:mod:`swapkl.schema`: size, depth, NaN limits and every field) before anything is built from it."""
 from __future__ import annotations
 
+import itertools
+
 from swapkl.contract import Contract, stable_hash
 from swapkl.removal.checks import check_same_model
 from swapkl.removal.curves import CurvesResult
@@ -109,3 +111,35 @@ def bundle_job(bundle: dict, owner: str | None = None, policy=None) -> Job:
     job.done_from(f"opened from a {job.bundle}", result=b.scores, curves=curves, evidence=evidence, tasks=b.tasks,
                   heal=b.heal)
     return job
+
+
+class OpenedLRU:
+    """The opened files (private jobs: ``Job.owner`` set) a job manager keeps: at most ``limit`` per owner (a browser
+    session), the least recently used dropped first.  Opening a file or viewing its job (``JobManager.get`` with a
+    viewer) is a use.  A dropped job is gone from the manager (``jobs()``, ``get()``); opening its file again
+    rebuilds it.  Demo mode keeps 4 per session, a local server 32 (:attr:`~swapkl.jobs.policy.Policy.max_opened`):
+    a visitor who opens file after file holds a bounded amount of the server's memory."""
+
+    def __init__(self, limit: int):
+        self.limit = max(1, int(limit))
+        self._tick = itertools.count()
+        self._used: dict[str, int] = {}  # key -> tick of its last use
+
+    def touch(self, job: Job | None) -> Job | None:
+        """Record a use of ``job`` (nothing for a shared job or None); returns it."""
+        if job is not None and job.owner is not None:
+            self._used[job.key] = next(self._tick)
+        return job
+
+    def use(self, job: Job, jobs: dict, order: list) -> Job:
+        """Record a use of ``job`` and drop its owner's least recently used opened jobs beyond :attr:`limit` from
+        ``jobs`` (key -> Job) and ``order`` (keys), the manager's own (the caller holds its lock); returns ``job``."""
+        self.touch(job)
+        if job.owner is None:
+            return job
+        mine = sorted((k for k, j in jobs.items() if j.owner == job.owner), key=lambda k: self._used.get(k, -1))
+        for key in mine[:max(0, len(mine) - self.limit)]:
+            del jobs[key]
+            order.remove(key)
+            self._used.pop(key, None)
+        return job

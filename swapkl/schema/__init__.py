@@ -27,9 +27,9 @@ from swapkl.schema.fields import (IDENTITY_KINDS, MAX_BYTES, MAX_DEPTH, MAX_INT,
 from swapkl.schema.result import result_fields
 from swapkl.schema.scores import score_matrices
 from swapkl.schema.study import study_fields
-from swapkl.schema.text import nesting_depth, parse_json, read_json_file
+from swapkl.schema.text import nesting_depth, parse_json, plain_text, read_json_file
 
 __all__ = ["IDENTITY_KINDS", "MAX_BYTES", "MAX_DEPTH", "MAX_INT", "MAX_KL", "MAX_LAYERS", "MAX_METHODS", "MAX_SEEDS",
            "MAX_STRING", "MAX_VALUES", "PREFERENCES", "REGIMES", "RESULT_FORMAT", "NonFinite", "contract",
-           "curves_fields", "identity", "nesting_depth", "parse_json", "read_json_file", "result_fields",
+           "curves_fields", "identity", "nesting_depth", "parse_json", "plain_text", "read_json_file", "result_fields",
            "score_matrices", "study_fields"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from swapkl.schema.fields import (MAX_LAYERS, _array, _document, _fail, _fields, _int, _json, _number, _object,
-                                  _text, contract, identity)
+from swapkl.schema.fields import (MAX_INT, MAX_LAYERS, _array, _document, _fail, _fields, _int, _json, _number,
+                                  _object, _text, contract, identity)
 
 COMPARE_FORMAT = "swapkl.compare/1"
 PROTOCOLS = ("replacement", "interchange")
@@ -37,10 +37,17 @@ def _set(x, where: str) -> list:
     return [_int(i, f"{where}[{k}]", 0, MAX_LAYERS - 1) for k, i in enumerate(_array(x, where, MAX_LAYERS))]
 
 
+def _ci(x, where: str) -> list:
+    if len(_array(x, where, 2)) != 2:
+        _fail(where, x, "is not a [low, high] pair")
+    return [_number(e, f"{where}[{k}]", null=True) for k, e in enumerate(x)]
+
+
 def _row(x, where: str) -> dict:
+    num = lambda v, w: _number(v, w, null=True)
     return _fields(x, where, {"n": lambda v, w: _int(v, w, 1, MAX_LAYERS), "set_a": _set, "set_b": _set,
-                              "word": lambda v, w: _text(v, w, WORDS)},
-                   required=("n", "set_a", "set_b", "diff", "ci", "word"), extra=_json)
+                              "word": lambda v, w: _text(v, w, WORDS), "diff": num, "ci": _ci, "delta_a": num,
+                              "delta_b": num}, required=("n", "set_a", "set_b", "diff", "ci", "word"), extra=_json)
 
 
 def _transfer(x, where: str) -> dict | None:
@@ -55,7 +62,9 @@ def _transfer(x, where: str) -> dict | None:
                 _fail(w, p, "is not a protocol (replacement, interchange)")
             out[p] = [_row(r, f"{w}.{p}[{k}]") for k, r in enumerate(_array(rows, f"{w}.{p}", MAX_LAYERS))]
         return out
-    return _fields(x, where, {"protocols": protocols}, required=("protocols",), extra=_json)
+    return _fields(x, where, {"protocols": protocols, "baseline_ppl": lambda v, w: _number(v, w, 0.0),
+                              "n_windows": lambda v, w: _int(v, w, 0, MAX_INT)},
+                   required=("protocols", "baseline_ppl", "n_windows"), extra=_json)
 
 
 def compare_fields(d: Any, what: str = "comparison") -> dict:

@@ -1,7 +1,9 @@
 """Raw text: at most ``max_bytes`` of UTF-8, nesting bounded on the raw text before Python's recursive parser runs,
-no ``NaN`` / ``Infinity`` tokens."""
+no ``NaN`` / ``Infinity`` tokens; and :func:`plain_text`, a string from a file with its markup removed before a
+figure draws it."""
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -88,6 +90,26 @@ def nesting_depth(text: str, stop_above: int | None = None) -> int:
         if stop_above is not None and deepest > stop_above:
             break
     return deepest
+
+
+_TAG = re.compile(r"<[^<>]*>")
+_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
+_SPACE = re.compile(r"\s+")
+
+
+def plain_text(x) -> str:
+    """``x`` as plain text for a figure or a report: character references decoded, every tag removed (again until
+    none is left: ``<<b>a href=...>`` leaves no tag behind), a stray ``<`` / ``>`` dropped, white space (line
+    breaks included) as single blanks.  Plotly draws a subset of HTML in titles, axis and legend labels and hover
+    text (``<a href>``, ``<b>``, ``<br>``, ``<span style>``): a label from a study file or a visitor's text would
+    otherwise put a clickable link, or a restyled line, into a figure and its HTML report."""
+    s = str(x)
+    while True:
+        t = _TAG.sub("", _BREAK.sub(" ", html.unescape(s)))
+        if t == s:
+            break
+        s = t
+    return _SPACE.sub(" ", s.replace("<", "").replace(">", "")).strip()
 
 
 def _reject_constant(token: str):

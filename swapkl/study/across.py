@@ -8,6 +8,7 @@ from itertools import combinations
 import numpy as np
 
 from swapkl.evidence.agreement import spearman, spearman_rows
+from swapkl.schema.text import plain_text
 from swapkl.stats import finite_ci as ci_of
 from swapkl.study.measure import PROTOCOLS
 from swapkl.views.captions import fmt_number as fmt
@@ -27,7 +28,7 @@ def table_rows(result) -> list[dict]:
     protocol [CI] raw and bridged, seconds, peak GiB; a failed row: its reason."""
     out = []
     for r in result.rows:
-        row = {"model": r["model"]["label"], "spec": r["model"]["spec"]}
+        row = {"model": plain_text(r["model"]["label"]), "spec": plain_text(r["model"]["spec"])}
         if r.get("status") != "done":
             out.append(row | {"status": f"failed: {r.get('error')}"})
             continue
@@ -50,7 +51,8 @@ def table_rows(result) -> list[dict]:
             tag = "" if part == "raw" else " (bridged)"
             for p in PROTOCOLS:
                 row[f"ρ {p}{tag}"] = f"{fmt(ev[p]['rho'], 2)}{_ci(ev[p]['ci'])}"
-            row[f"best predictor{tag}"] = f"{ev['best']} {fmt(ev['best_rho'], 2)}{_ci(ev['best_ci'])}"
+            if "best" in ev:  # a file's part may name no best signal
+                row[f"best predictor{tag}"] = f"{ev['best']} {fmt(ev.get('best_rho'), 2)}{_ci(ev.get('best_ci'))}"
         cost = r.get("cost") or {}
         row["seconds"] = round(cost.get("seconds") or 0.0, 1)
         row["peak GiB"] = round(cost["peak_bytes"] / 2**30, 2) if cost.get("peak_bytes") else None
@@ -120,10 +122,11 @@ def rank_agreement(result) -> list[dict]:
     for a, b in combinations(done, 2):
         if a["layers"] != b["layers"]:
             continue
-        row = {"a": a["model"]["label"], "b": b["model"]["label"], "layers": a["layers"]}
+        row = {"a": plain_text(a["model"]["label"]), "b": plain_text(b["model"]["label"]), "layers": a["layers"]}
         for p in PROTOCOLS:
             va, vb = (np.array([np.nan if v is None else v for v in r["order"][p]["values"]]) for r in (a, b))
             ra, rb = (np.array(r["order"][p]["replicates"], dtype=float) for r in (a, b))
+            ra, rb = ra[:len(rb)], rb[:len(ra)]  # as many replicates of each (a file may hold other counts)
             m = np.isfinite(va) & np.isfinite(vb)
             ci = ci_of(spearman_rows(ra[:, m], rb[:, m])) if m.sum() >= 3 else [None, None]
             row[p] = {"rho": spearman(va, vb) if m.sum() >= 3 else None, "ci": ci}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from swapkl.schema.text import plain_text
 from swapkl.study.across import rank_agreement, statements, table_rows
 from swapkl.study.measure import PROTOCOLS
 from swapkl.views.captions import _stamp, contract_caption, csv_link, html_table, html_text
@@ -24,8 +25,13 @@ def grid(result):
     return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
 
 
+def _label(row) -> str:
+    """A row's model label as a figure draws it: plain text (plotly would draw a label's ``<a href>`` as a link)."""
+    return plain_text(row["model"]["label"])
+
+
 def _err(ci, v):
-    if not ci or ci[0] is None or v is None:
+    if not ci or ci[0] is None or ci[1] is None or v is None:
         return 0.0, 0.0
     return max(v - ci[0], 0.0), max(ci[1] - v, 0.0)
 
@@ -39,16 +45,16 @@ def ratio_multiples(result, caption: str | None = None):
     done = result.done()
     cols = min(4, max(1, len(done)))
     nrows = max(1, math.ceil(len(done) / cols))
-    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=[r["model"]["label"] for r in done] or [""],
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=[_label(r) for r in done] or [""],
                         shared_yaxes=True)
     for k, r in enumerate(done):
         rows = [x for x in r["removal"]["rows"] if x["ratio"] is not None]
         ns, ys = [x["n"] for x in rows], [x["ratio"] for x in rows]
         lo, hi = zip(*[_err(x["ratio_ci"], x["ratio"]) for x in rows]) if rows else ((), ())
-        fig.add_trace(go.Scatter(x=ns, y=ys, mode="lines+markers", name=r["model"]["label"], showlegend=False,
+        fig.add_trace(go.Scatter(x=ns, y=ys, mode="lines+markers", name=_label(r), showlegend=False,
                                  error_y={"type": "data", "symmetric": False, "array": list(hi),
                                           "arrayminus": list(lo)},
-                                 hovertemplate="n=%{x}: I/R %{y:.3f}<extra>" + html_text(r["model"]["label"])
+                                 hovertemplate="n=%{x}: I/R %{y:.3f}<extra>" + html_text(_label(r))
                                                + "</extra>"),
                       row=k // cols + 1, col=k % cols + 1)
         fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=k // cols + 1, col=k % cols + 1)
@@ -69,7 +75,7 @@ def rho_dots(result, caption: str | None = None, part: str = "raw"):
 
     fig = go.Figure()
     rows = [r for r in result.done() if (r.get("evidence") or {}).get(part)]
-    labels = [r["model"]["label"] for r in rows]
+    labels = [_label(r) for r in rows]
     for p in PROTOCOLS:
         vals = [r["evidence"][part][p] for r in rows]
         lo, hi = zip(*[_err(v["ci"], v["rho"]) for v in vals]) if vals else ((), ())

@@ -13,6 +13,7 @@ from swapkl.contract import Contract, stable_hash
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.removal.methods.random import MIN_SEEDS
+from swapkl.schema.text import plain_text
 
 #: the methods a study runs by default: both guided protocols and the zero-evaluation baselines
 DEFAULT_METHODS = ("replacement", "interchange", "random", "bi")
@@ -36,7 +37,8 @@ class StudyModel:
         if not str(self.spec or "").strip():
             raise SwapklError("a study model needs a spec (hub id, folder, .gguf or 'default')")
         object.__setattr__(self, "spec", str(self.spec).strip())
-        object.__setattr__(self, "label", str(self.label or self.name).strip())
+        # drawn in figures and reports: plain text (a label from a visitor's text or link carries no markup)
+        object.__setattr__(self, "label", plain_text(self.label or self.name) or plain_text(self.name) or "model")
 
     @property
     def name(self) -> str:

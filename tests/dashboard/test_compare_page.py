@@ -85,7 +85,7 @@ def test_the_transfer_table_of_a_comparison_file_is_refused_for_other_models():
     d = CompareResult(a={"model": {"display": "m0"}, "contract": a.contract},
                       b={"model": {"display": "m1", "num_layers": 6}, "contract": b.contract},
                       agreement=compare_jobs(J(a, "x"), J(b, "y")).agreement,
-                      transfer={"protocols": {"interchange": [{"n": 1, "set_a": [2], "set_b": [3], "diff": 1.5,
+                      transfer={"baseline_ppl": 20.0, "n_windows": 8, "protocols": {"interchange": [{"n": 1, "set_a": [2], "set_b": [3], "diff": 1.5,
                                                                "ci": [0.5, 2.5], "word": "worse"}]}}).to_json()
     with pytest.raises(SwapklError, match="another model"):
         compare_jobs(J(a, "x"), J(synthetic(seed=1, noise=0.05), "y"), d.replace('"num_layers": 6', '"num_layers": 7'))

@@ -244,7 +244,9 @@ def test_a_study_file_round_trips_and_a_malformed_one_is_one_line(tmp_path):
     for bad, words in (({**res.to_dict(), "format": "x"}, "format"),
                        ({**res.to_dict(), "rows": [dict(row, status="maybe")]}, "status"),
                        ({**res.to_dict(), "rows": [{k: v for k, v in row.items() if k != "removal"}]}, "removal"),
-                       ({**res.to_dict(), "rows": [dict(row, evidence={"raw": {"replacement": {"rho": 3}}})]}, "rho")):
+                       ({**res.to_dict(), "rows": [dict(row, evidence={"raw": {"replacement": {"rho": 3, "ci": [0, 1]},
+                                                                               "interchange": row["evidence"]["raw"]
+                                                                               ["interchange"]}})]}, "rho")):
         path.write_text(json.dumps(bad))
         with pytest.raises(UploadError, match=words) as e:
             StudyResult.from_json(path)
