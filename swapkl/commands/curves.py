@@ -68,7 +68,7 @@ def load_scores(path: str) -> tuple[dict, dict, dict]:
     what = f"scores file {path}"
     if isinstance(d, dict) and "per_prompt" in d:
         res = SwapResult.from_json(d, what)
-        return ({"replacement": res.replacement(), "interchange": res.interchange()}, res.identity,
+        return (res.protocol_scores(), res.identity,
                 getattr(res, "contract", None))
     return schema.score_matrices(d, what)
 
@@ -131,7 +131,7 @@ def scores_for(a, ck, loaded, unit: str, progress) -> tuple[dict, str]:
     if getattr(contract, "unit", "block") != unit:
         contract = dataclasses.replace(contract, unit=unit)
     res = score(ck, contract, progress=progress, use_cache=not a.no_cache)
-    return ({"replacement": res.replacement(), "interchange": res.interchange()},
+    return (res.protocol_scores(),
             f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})")
 
 

@@ -231,7 +231,7 @@ def _scores(a, ck) -> dict | None:
     contract = Contract.preset("canonical", pairs=a.pairs, prompts=a.prompts, tokens=a.tokens,
                                corpus=a.eval_text, seed=a.prompt_seed, dtype=a.dtype, device=a.device)
     res = score(ck, contract, use_cache=not a.no_cache)
-    return {"replacement": res.replacement(), "interchange": res.interchange()}
+    return res.protocol_scores()
 
 
 def _curves(a, ck, recipe, corpus, ev) -> int:

@@ -153,7 +153,7 @@ def _compute_curves(a, ck, result):
 
     if result is None:
         raise SwapklError("--budget needs swap-KL scores (give MODEL, or --scores)")
-    scores = {"replacement": result.replacement(), "interchange": result.interchange()}
+    scores = result.protocol_scores()
     check_scores(scores, ck.num_layers, result.identity, ck.identity)
     plan = removal_plan(a, [m.strip() for m in a.methods.split(",") if m.strip()], seeds=tuple(range(a.seeds)),
                         evaluator=a.evaluator)

@@ -109,7 +109,7 @@ def _scores(a, ck, loaded) -> tuple[dict, str | None]:
 
     contract = contract_from_args(a)
     res = score(ck, contract, use_cache=not a.no_cache)
-    return ({"replacement": res.replacement(), "interchange": res.interchange()},
+    return (res.protocol_scores(),
             f"scores computed (pairs={contract.pairs}, prompts={contract.prompts}x{contract.tokens})")
 
 

@@ -220,7 +220,7 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
             getattr(memo.peek(key, f["set"]), "kl", None) is not None for f in hit["sets"]):
         return hit["sets"], hit["notes"]
     plan = RemovalPlan(budget=b, methods=tuple(SET_METHODS), spacing=spacing, evaluator=ev, calib_tokens=calib_tokens)
-    scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    scores = res.protocol_scores()
     cr = removal_curves(ck.model, ck.tokenizer, scores, plan,
                         RunHooks(should_stop=should_stop, memo=memo, identity=ck.identity, corpus=corpus))
     found = chosen_sets(cr.methods, b)

@@ -109,7 +109,7 @@ def run_curves(job: Job, ck, res) -> None:
     plan's :meth:`~swapkl.removal.plan.RemovalPlan.expected_evaluations`."""
     req: AnalysisRequest = job.request
     plan = req.removal_plan()
-    scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    scores = res.protocol_scores()
     memo = disk_memo(ck.identity, kl=True)  # evaluations survive a cancel or a restart
     job.tick(0, plan.expected_evaluations(ck.num_layers, scores), "baseline perplexity")
     hooks = RunHooks(progress=job.tick, should_stop=job.should_stop, memo=memo, identity=ck.identity,
@@ -190,8 +190,7 @@ def run_tasks(job: Job, models: ModelCache) -> None:
     plan = req.removal_plan()
     settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
                             num_fewshot=req.num_fewshot)
-    job.tasks = task_accuracy(ck.model, ck.tokenizer, {"replacement": res.replacement(),
-                                                       "interchange": res.interchange()}, plan, settings,
+    job.tasks = task_accuracy(ck.model, ck.tokenizer, res.protocol_scores(), plan, settings,
                               RunHooks(progress=job.tick, should_stop=job.should_stop, identity=ck.identity,
                                        corpus=load_corpus(c.corpus), on_partial=lambda r: setattr(job, "tasks", r)))
 
@@ -215,7 +214,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
         res = score(ck, c, progress=job.tick, should_stop=job.should_stop,
                     engine_kw=engine_kw(ck, c, len(c.pair_list(ck.num_layers))))
         job.result = res
-        scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+        scores = res.protocol_scores()
     recipe = req.recipe_obj()
     job.phase(3, steps, f"healing {', '.join(req.methods)} at n = {', '.join(map(str, req.ns))}: {recipe.describe()}")
     shared: dict = {}

@@ -37,7 +37,7 @@ def check_same_model(result, curves_model: dict | None,
     """Raise :class:`ScoresMismatch` when removal curves (their ``model`` identity) were computed on another model
     than the score result ``result`` (a :class:`~swapkl.scoring.results.SwapResult`): the one check for every place that
     shows the two together (the dashboard's file upload, ``report --scores --curves``)."""
-    check_scores({"replacement": result.replacement(), "interchange": result.interchange()}, result.num_layers,
+    check_scores(result.protocol_scores(), result.num_layers,
                  result.identity, curves_model, what=what)
 
 

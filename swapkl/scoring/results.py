@@ -117,6 +117,11 @@ class SwapResult:
             m[i, j] = m[j, i] = v
         return m
 
+    def protocol_scores(self) -> dict[str, np.ndarray]:
+        """``{"replacement": L x L, "interchange": L x L}`` (nats, NaN where not computed): the two protocols'
+        symmetric matrices, under this result's aggregation, as the removal methods take them."""
+        return self.protocol_scores()
+
     def interchange(self) -> np.ndarray:
         """Symmetric ``d_inter`` (nats)."""
         m = self._empty()

@@ -58,7 +58,7 @@ def analyze_model(ck, plan: StudyPlan, ev, corpus, progress=None, should_stop=No
     seconds["scores"], t = time.perf_counter() - t, time.perf_counter()
     say(1, 3, f"removal curves up to n = {plan.budget}")
     memo = disk_memo(ck.identity, kl=True)
-    scores = {"replacement": res.replacement(), "interchange": res.interchange()}
+    scores = res.protocol_scores()
     curves = removal_curves(ck.model, ck.tokenizer, scores, removal_plan(plan, ev),
                             RunHooks(should_stop=should_stop, memo=memo, identity=ck.identity, corpus=corpus,
                                      contract=plan.contract))

@@ -74,7 +74,7 @@ def bridge_favours(result, bridged: dict) -> str:
 def bridge_statement(result, bridged: dict) -> str:
     """One line: the best pair under each matrix (its KL in nats) and which protocol's best pair the bridge favours."""
     best, means = best_pairs(result, bridged), span_means(bridged)
-    vals = {"replacement": result.replacement(), "interchange": result.interchange()}
+    vals = result.protocol_scores()
 
     def part(name):
         p = best[name]
