@@ -68,9 +68,9 @@ def render(ht: dict) -> str:
     bridge, the bridged model) → healed (± stderr)."""
     from swapkl.views.tasks import default_metric
 
-    from swapkl.healing.task_figures import _results, caption
+    from swapkl.healing.task_figures import heal_task_results, caption
 
-    before, _ = _results(ht)
+    before, _ = heal_task_results(ht)
     metric = default_metric(before)
 
     def cell(rows, t):

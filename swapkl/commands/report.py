@@ -106,7 +106,7 @@ def run(a) -> int:
     html = report.build_report(result, curves, traj, title=a.title, out=a.out, top_k=a.top, sections=sections)
     _say(a, f"wrote {a.out} ({len(html) / 1e6:.1f} MB, {report.figure_count(html)} figures)")
     if result is not None and not a.quiet:
-        v = report._verdict(result, curves)
+        v = report.report_verdict(result, curves)
         if v and "sentence" in v:
             print(v["sentence"])
     return 0

@@ -7,7 +7,7 @@ import numpy as np
 
 from swapkl.compare.agreement import matrix
 from swapkl.scoring.results import matrix_json
-from swapkl.views.captions import _stamp, contract_caption, fmt_number
+from swapkl.views.captions import stamp, contract_caption, fmt_number
 from swapkl.views.links import add_cell_markers
 from swapkl.views.scores import is_adjacent_only, layer_axes
 
@@ -42,7 +42,7 @@ def side_by_side(a, b, protocol: str, caption: str | None = None):
         fig.update_xaxes(title_text="depth (between layers i and i+1)")
         fig.update_yaxes(title_text="nats", row=1, col=1)
         fig.update_layout(height=420, width=980)
-        return _stamp(fig, title, caption or contract_caption(a))
+        return stamp(fig, title, caption or contract_caption(a))
     vals = np.concatenate([ma[np.isfinite(ma)], mb[np.isfinite(mb)]])
     lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
     span = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 1.0
@@ -62,7 +62,7 @@ def side_by_side(a, b, protocol: str, caption: str | None = None):
                       height=420, width=1200, plot_bgcolor="white")
     for col in (1, 2, 3):
         layer_axes(fig, L, row=1, col=col)
-    return _stamp(fig, title, caption or contract_caption(a), extra_top=18)
+    return stamp(fig, title, caption or contract_caption(a), extra_top=18)
 
 
 def _ci_text(c: dict) -> str:

@@ -73,10 +73,10 @@ def load_4bit(ck):
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from swapkl.model.checkpoints import Checkpoint, _local_folder
+    from swapkl.model.checkpoints import Checkpoint, local_folder
 
     sp = ck.spec
-    source = sp.source if sp.kind == "hub" else _local_folder(sp)[0]
+    source = sp.source if sp.kind == "hub" else local_folder(sp)[0]
     kw = {"revision": sp.revision} if sp.kind == "hub" else {}
     q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(source, quantization_config=q, dtype=torch.bfloat16,

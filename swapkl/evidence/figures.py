@@ -13,7 +13,7 @@ GT = ("ground_truth_ppl", "ground_truth_kl")
 
 
 def _stamp(fig, title: str, cap: str):
-    from swapkl.views.captions import _stamp as stamp
+    from swapkl.views.captions import stamp
 
     return stamp(fig, title, cap)
 

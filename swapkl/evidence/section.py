@@ -11,7 +11,6 @@ from swapkl.evidence.report import caption, repair_caption
 from swapkl.views.captions import csv_link, html_table, html_text
 from swapkl.views.report import Section
 
-KEYS = ("layers", "ground_truth", "signals", "agreement", "stability", "contract")
 ND = 3  # decimals of the coefficients in the tables
 
 
@@ -20,42 +19,12 @@ def as_evidence(obj, what: str = "evidence file") -> dict:
     within :mod:`swapkl.schema`'s limits); raises :class:`SwapklError` for anything else."""
     from swapkl import schema
 
+    from swapkl.schema.evidence import evidence_fields
+
     if hasattr(obj, "to_dict") and hasattr(obj, "data"):
         return obj.to_dict()
     d = obj if isinstance(obj, dict) else schema.read_json_file(obj, what)
-    if not isinstance(d, dict) or not all(k in d for k in KEYS):
-        raise SwapklError(f"{what}: not a swapkl evidence file (expected the JSON written by 'python -m swapkl "
-                          f"evidence --json'; keys {', '.join(KEYS)})")
-    L = d["layers"]
-    g = d["ground_truth"]
-    ok = (isinstance(L, list) and all(isinstance(k, int) for k in L) and isinstance(g, dict)
-          and all(isinstance(g.get(k), list) and len(g[k]) == len(L) for k in ("delta_ppl_pct", "kl"))
-          and isinstance(d["signals"], dict)
-          and all(isinstance(v, list) and len(v) == len(L) for v in d["signals"].values())
-          and isinstance(d["agreement"], dict) and isinstance(d["stability"], dict) and isinstance(d.get("headline"), str)
-          and isinstance(d["contract"], dict))
-    if not ok:
-        raise SwapklError(f"{what}: malformed evidence (layers, ground truth and signals must be per-layer lists, "
-                          "the headline a string)")
-    check_contract(d["contract"], what)
-    return d
-
-
-def check_contract(c: dict, what: str) -> None:
-    """The evidence file's contract, as its caption reads it: the model's identity, the scoring contract, the
-    evaluator, the bootstrap sizes and the word regions; one-line :class:`~swapkl.errors.UploadError` otherwise."""
-    from swapkl.schema.fields import (_array, _document, _evaluator, _fail, _fields, _int, _json, _object, _scalar,
-                                      contract, identity)
-
-    def regions(v, w):
-        for k, r in _object(v, w).items():
-            if len(_array(r, f"{w}.{k}", 2)) != 2:
-                _fail(w, k, "is not a [first, last] word range")
-            [_int(e, f"{w}.{k}[{i}]", 0, 10 ** 12) for i, e in enumerate(r)]
-        return v
-    with _document(what):
-        _fields(c, "contract", {"model": identity, "scoring": contract, "evaluator": _evaluator, "regions": regions,
-                                "bootstrap": lambda v, w: _fields(v, w, {}, extra=_scalar)}, extra=_json)
+    return evidence_fields(d, what)
 
 
 def opened_evidence(raw: bytes, what: str = "evidence file") -> dict:

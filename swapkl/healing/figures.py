@@ -5,8 +5,8 @@ Streamlit)."""
 from __future__ import annotations
 
 from swapkl.healing.curves import HealCurves, method_label
-from swapkl.views.captions import SEP, _stamp, contract_caption, csv_link, html_table, html_text
-from swapkl.views.curves import _style
+from swapkl.views.captions import SEP, stamp, contract_caption, csv_link, html_table, html_text
+from swapkl.views.curves import method_style
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate.
 
@@ -45,7 +45,7 @@ def healed_traces(hc, key: str = "healed_vs_base", methods=None, before: bool = 
         entries = hc.methods.get(m) or []
         if not entries:
             continue
-        color = _style(m, k).get("color", "#444")
+        color = method_style(m, k).get("color", "#444")
         x = [e["n"] for e in entries]
         if before:
             out.append(go.Scatter(x=x, y=[e["delta_pct"]["pruned_vs_base"]["value"] for e in entries],
@@ -109,7 +109,7 @@ def heal_figure(hc, methods=None):
     _fit_healed(fig, hc)
     fig.update_layout(template="plotly_white", height=460, legend={"orientation": "h", "y": -0.2},
                       meta={"healed": hc.recipe_line(), "headline": hc.headline})
-    return _stamp(fig, "Healed curves: ΔPPL before and after healing", caption(hc))
+    return stamp(fig, "Healed curves: ΔPPL before and after healing", caption(hc))
 
 
 def _fit_healed(fig, hc, factor: float = 4.0) -> None:

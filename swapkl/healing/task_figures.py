@@ -8,7 +8,7 @@ from __future__ import annotations
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.views.captions import SEP, contract_caption, fmt_number
-from swapkl.views.curves import _style
+from swapkl.views.curves import method_style
 
 FORMAT = "swapkl.heal_tasks/1"  # = swapkl.healing.tasks.FORMAT (that module pulls lm-eval's wrapper)
 CONTROL_COLOR = "#222"
@@ -43,7 +43,7 @@ def validate_tasks(d, where: str = "heal tasks") -> dict:
     return d
 
 
-def _results(ht):
+def heal_task_results(ht):
     from swapkl.removal.tasks import TasksResult
 
     before, after = before_and_after(ht)
@@ -54,7 +54,7 @@ def caption(ht) -> str:
     """The task contract caption (lm-eval version, task versions, limit, few-shot) and the recipe."""
     import dataclasses
 
-    before, _ = _results(ht)
+    before, _ = heal_task_results(ht)
     prov = dataclasses.replace(before.provenance(), evaluator=ht["contract"].get("evaluator"))
     return f"{contract_caption(prov)}{SEP}healed: {ht['contract'].get('recipe_line', '?')}"
 
@@ -67,7 +67,7 @@ def heal_tasks_figure(ht, metric: str | None = None):
 
     from swapkl.views.tasks import default_metric, series, tasks_figure
 
-    before, after = _results(ht)
+    before, after = heal_task_results(ht)
     metric = metric or default_metric(before)
     fig = tasks_figure(before, metric, caption=caption(ht))
     fig.update_layout(title={"text": "Task accuracy before healing (solid) and after (dashed)"})
@@ -80,7 +80,7 @@ def heal_tasks_figure(ht, metric: str | None = None):
             pts = [p for p in healed.get(panel, {}).get(name, []) if p[0] >= 1]  # n = 0 is the control: its line
             if not pts:
                 continue
-            st = _style(name, k)
+            st = method_style(name, k)
             fig.add_trace(go.Scatter(
                 x=[n for n, _, _ in pts], y=[v for _, v, _ in pts], mode="lines+markers", xaxis=f"x{ax}",
                 yaxis=f"y{ax}", error_y={"type": "data", "array": [e or 0.0 for _, _, e in pts], "thickness": 1},
@@ -107,11 +107,11 @@ def heal_tasks_table(ht, metrics=None):
     (columns ``… bridged``) and the value after healing, each with lm-eval's stderr."""
     import pandas as pd
 
-    from swapkl.views.tasks import _task_rows, all_metrics
+    from swapkl.views.tasks import task_rows, all_metrics
 
-    before, after = _results(ht)
+    before, after = heal_task_results(ht)
     metrics = list(metrics or all_metrics(before))
-    tasks = _task_rows(before)
+    tasks = task_rows(before)
 
     def cells(rows, label):
         return {f"{t} {m}{label}{s}": (rows[tab].get(t) or {}).get(m) for t in tasks for m in metrics
@@ -133,7 +133,7 @@ def blocks_and_figures(ht) -> tuple[list, list]:
     from swapkl.views.captions import csv_link, html_table, html_text
     from swapkl.views.tasks import figure_metrics
 
-    before, _ = _results(ht)
+    before, _ = heal_task_results(ht)
     cap = caption(ht)
     table = heal_tasks_table(ht)
     c = ht["contract"]

@@ -123,7 +123,7 @@ def _hub_error(spec: Spec, e: Exception) -> ModelLoadError:
     return ModelLoadError(f"cannot load '{spec.source}'{rev} from the Hugging Face hub: {why} ({first[:200]})")
 
 
-def _local_folder(spec: Spec) -> tuple[str, dict]:
+def local_folder(spec: Spec) -> tuple[str, dict]:
     """The folder transformers loads for a builtin / gguf / local spec, and the identity to record."""
     if spec.kind == "builtin":
         folder = builtin.default_model_dir()
@@ -232,7 +232,7 @@ def load_config(spec: Spec, trust_remote_code: bool = False):
             return AutoConfig.from_pretrained(spec.source, revision=spec.revision, trust_remote_code=trust_remote_code)
         except Exception as e:  # every hub failure becomes one readable line
             raise _hub_error(spec, e) from e
-    folder, _ = _local_folder(spec)
+    folder, _ = local_folder(spec)
     check_model_files(folder)
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
@@ -298,7 +298,7 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
         identity = {"kind": "hub", "id": sp.source, "revision": sp.revision or "main",
                     "commit": getattr(config, "_commit_hash", None), "display": sp.display}
     else:
-        source, identity = _local_folder(sp)
+        source, identity = local_folder(sp)
     kw = dict(revision=sp.revision) if sp.kind == "hub" else {}
     try:
         # weights_only=True: a pytorch_model.bin is unpickled as plain tensors or refused (see the module docstring)

@@ -41,14 +41,14 @@ def suffix_model(model, layer: int):
     state entering ``layer`` on.  Set ``holder["h"]`` to that state ((B, T, H)) and ``holder["template"]`` to an
     output of the base block ``layer`` (its type: a tensor or a tuple) before each forward pass."""
     from swapkl.model import architectures as arch
-    from swapkl.surgery.blocks import _renumber
+    from swapkl.surgery.blocks import renumber_layers
     from swapkl.surgery.prune import pruned_copy
 
     suffix = pruned_copy(model, list(range(layer)))  # keeps blocks layer..L-1, renumbered 0..
     loc = arch.locate(suffix)
     blocks = loc.blocks
     for pos in range(1, len(blocks)):  # original block layer+pos sits at slot layer+pos-1 once ``layer`` is gone
-        _renumber(blocks[pos], loc.family, layer + pos - 1)
+        renumber_layers(blocks[pos], loc.family, layer + pos - 1)
     holder: dict = {}
 
     def replay(*args, **kwargs):

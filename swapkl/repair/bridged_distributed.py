@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from swapkl.scoring.distributed import (DistributedError, RankInfo, _fail_if_any, _gather, _gather_to_root, _init,
+from swapkl.scoring.distributed import (DistributedError, RankInfo, fail_if_any, gather_ranks, gather_to_root, init_group,
                                         check_agreement, merge_shares, rank_device, rank_info)
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that use them.
@@ -37,7 +37,7 @@ def bridged_distributed(model: str, contract, settings=None, *, load_kw: dict | 
 
     info = info or rank_info()
     load_kw = {"revision": None, "device": "auto", "device_map": None, "trust_remote_code": False} | (load_kw or {})
-    started = _init(info, backend, timeout_s)
+    started = init_group(info, backend, timeout_s)
     try:
         return _run_rank(model, contract, settings or BridgeSettings(), info, backend, load_kw, json_out, progress,
                          use_cache)
@@ -66,8 +66,8 @@ def _run_rank(model, contract, settings, info: RankInfo, backend, load_kw, json_
         fp = prompts_fingerprint(ck, contract)
     except Exception as e:  # reported to every rank, raised below
         report["error"] = f"{type(e).__name__}: {e}"
-    _fail_if_any(_gather(report["error"], info))
-    check_agreement(_gather(fp, info))  # before any rank reads or writes a cache
+    fail_if_any(gather_ranks(report["error"], info))
+    check_agreement(gather_ranks(fp, info))  # before any rank reads or writes a cache
     wanted = bridge_spans(contract, ck.num_layers)
     try:
         part = bridged_scores(ck, contract, settings, progress=progress if info.rank == 0 else None,
@@ -77,9 +77,9 @@ def _run_rank(model, contract, settings, info: RankInfo, backend, load_kw, json_
     except Exception as e:
         report["error"] = f"{type(e).__name__}: {e}"
     report["seconds"] = time.perf_counter() - t0
-    reports = _gather(report, info)
-    _fail_if_any([r["error"] for r in reports])
-    shares = _gather_to_root((part.spans, part.calibration, part.meta["fit_seconds"]), info)
+    reports = gather_ranks(report, info)
+    fail_if_any([r["error"] for r in reports])
+    shares = gather_to_root((part.spans, part.calibration, part.meta["fit_seconds"]), info)
     dist_meta = {"world": info.world, "rank": info.rank, "backend": backend if info.world > 1 else None,
                  "ranks": reports}
     merged, merge_error = part, None
@@ -92,7 +92,7 @@ def _run_rank(model, contract, settings, info: RankInfo, backend, load_kw, json_
                 merged.to_json(json_out)
         except Exception as e:  # told to every rank, raised below
             merge_error = f"{type(e).__name__}: {e}"
-    merge_error = _gather(merge_error, info)[0]  # rank 0 has merged and written before anyone returns
+    merge_error = gather_ranks(merge_error, info)[0]  # rank 0 has merged and written before anyone returns
     if merge_error:
         raise DistributedError(f"rank 0 could not merge: {merge_error}")
     if info.rank != 0:

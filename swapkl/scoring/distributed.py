@@ -85,7 +85,7 @@ def restrict_gpus(info: RankInfo, gpus_per_rank: int, env: dict | None = None) -
             raise DistributedError(f"local rank {info.local_rank} needs GPUs {start}..{start + gpus_per_rank - 1} "
                                    f"but CUDA_VISIBLE_DEVICES has {len(all_ids)}")
     env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-    env["SWAPKL_GPU_GROUP"] = ",".join(mine)  # tells _init that this rank's GPUs start at cuda:0
+    env["SWAPKL_GPU_GROUP"] = ",".join(mine)  # tells init_group that this rank's GPUs start at cuda:0
     return mine
 
 
@@ -109,7 +109,7 @@ def rank_device(info: RankInfo, device: str = "auto", device_map=None) -> str:
     return device
 
 
-def _init(info: RankInfo, backend: str, timeout_s: float):
+def init_group(info: RankInfo, backend: str, timeout_s: float):
     import torch.distributed as dist
 
     if info.world == 1 or (dist.is_available() and dist.is_initialized()):
@@ -127,7 +127,7 @@ def _init(info: RankInfo, backend: str, timeout_s: float):
     return True
 
 
-def _gather(obj, info: RankInfo) -> list:
+def gather_ranks(obj, info: RankInfo) -> list:
     """``obj`` of every rank, on every rank."""
     if info.world == 1:
         return [obj]
@@ -138,7 +138,7 @@ def _gather(obj, info: RankInfo) -> list:
     return out
 
 
-def _gather_to_root(obj, info: RankInfo) -> list | None:
+def gather_to_root(obj, info: RankInfo) -> list | None:
     """``obj`` of every rank on rank 0 (None elsewhere)."""
     if info.world == 1:
         return [obj]
@@ -149,7 +149,7 @@ def _gather_to_root(obj, info: RankInfo) -> list | None:
     return out
 
 
-def _fail_if_any(errors: list, what: str = "") -> None:
+def fail_if_any(errors: list, what: str = "") -> None:
     bad = [(r, err) for r, err in enumerate(errors) if err]
     if bad:
         raise DistributedError(what + "; ".join(f"rank {r}: {err}" for r, err in bad))
@@ -221,7 +221,7 @@ def score_distributed(model: str, contract, *, revision: str | None = None, devi
     ``meta["distributed"] = {"world", "rank", "backend", "ranks": [{"rank", "device", "computed": [[i, j], ...],
     "seconds", "error"}]}``.  Raises :class:`DistributedError` on every rank when any rank failed."""
     info = info or rank_info()
-    started = _init(info, backend, timeout_s)
+    started = init_group(info, backend, timeout_s)
     try:
         return _run_rank(model, contract, info, backend, dict(revision=revision, device=device, device_map=device_map,
                          trust_remote_code=trust_remote_code), json_out, progress, engine_kw, use_cache)
@@ -252,8 +252,8 @@ def _run_rank(model, contract, info: RankInfo, backend, load_kw, json_out, progr
         fp = prompts_fingerprint(ck, contract)
     except Exception as e:  # reported to every rank, re-raised below
         report["error"] = f"{type(e).__name__}: {e}"
-    _fail_if_any(_gather(report["error"], info))
-    check_agreement(_gather(fp, info))  # before any rank reads or writes a cache
+    fail_if_any(gather_ranks(report["error"], info))
+    check_agreement(gather_ranks(fp, info))  # before any rank reads or writes a cache
     wanted = [tuple(p) for p in contract.pair_list(ck.num_layers)]
     mine = share_of(wanted, info.rank, info.world)
     try:
@@ -264,9 +264,9 @@ def _run_rank(model, contract, info: RankInfo, backend, load_kw, json_out, progr
     except Exception as e:
         report["error"] = f"{type(e).__name__}: {e}"
     report["seconds"] = time.perf_counter() - t0
-    reports = _gather(report, info)
-    _fail_if_any([r["error"] for r in reports])
-    shares = _gather_to_root(vectors, info)  # the pairs travel over the process group, not a shared disk
+    reports = gather_ranks(report, info)
+    fail_if_any([r["error"] for r in reports])
+    shares = gather_to_root(vectors, info)  # the pairs travel over the process group, not a shared disk
     dist_meta = {"world": info.world, "rank": info.rank, "backend": backend if info.world > 1 else None,
                  "ranks": reports}
     merged, merge_error = part, None
@@ -282,7 +282,7 @@ def _run_rank(model, contract, info: RankInfo, backend, load_kw, json_out, progr
         except Exception as e:  # told to every rank, re-raised below
             merge_error = f"{type(e).__name__}: {e}"
     # rank 0 has merged (and written the JSON) before anyone returns or tears the group down
-    merge_error = _gather(merge_error, info)[0]
+    merge_error = gather_ranks(merge_error, info)[0]
     if merge_error:
         raise DistributedError(f"rank 0 could not merge: {merge_error}")
     if info.rank != 0:

@@ -9,7 +9,7 @@ import math
 from swapkl.schema.text import plain_text
 from swapkl.study.across import rank_agreement, statements, table_rows
 from swapkl.study.measure import PROTOCOLS
-from swapkl.views.captions import _stamp, contract_caption, csv_link, html_table, html_text
+from swapkl.views.captions import stamp, contract_caption, csv_link, html_table, html_text
 from swapkl.views.report import Section
 
 COLORS = {"replacement": "#1f77b4", "interchange": "#d62728"}
@@ -64,7 +64,7 @@ def ratio_multiples(result, caption: str | None = None):
     fig.update_xaxes(title_text="n removed blocks", row=nrows)
     fig.update_yaxes(title_text="I/R (ΔPPL ratio)", col=1)
     fig.update_layout(height=260 * nrows + 120)
-    return _stamp(fig, "Interchange / replacement ΔPPL ratio per n (paired 95 % CI; below 1: interchange cheaper)",
+    return stamp(fig, "Interchange / replacement ΔPPL ratio per n (paired 95 % CI; below 1: interchange cheaper)",
                   caption if caption is not None else contract_caption(result.provenance()))
 
 
@@ -89,7 +89,7 @@ def rho_dots(result, caption: str | None = None, part: str = "raw"):
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels[::-1])
     fig.update_layout(height=140 + 40 * max(1, len(rows)))
     what = "after the bridge" if part == "bridged" else "raw"
-    return _stamp(fig, f"Which protocol predicts removal cost ({what}): ρ per model with 95 % CIs",
+    return stamp(fig, f"Which protocol predicts removal cost ({what}): ρ per model with 95 % CIs",
                   caption if caption is not None else contract_caption(result.provenance()))
 
 

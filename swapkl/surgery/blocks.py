@@ -83,7 +83,7 @@ def pruned_copy(model: torch.nn.Module, remove: Iterable[int]) -> torch.nn.Modul
     for pos, block in enumerate(kept):
         new_blocks._modules[str(pos)] = block
     for pos, block in enumerate(kept):
-        _renumber(block, fam, pos)
+        renumber_layers(block, fam, pos)
     if len(keep) < loc.num_layers:
         for module in new.modules():  # each module once, wherever it sits
             for attr in INDEX_KEYED_ATTRS:
@@ -127,7 +127,7 @@ def _cut_outside(new: torch.nn.Module, cuts: dict, keep: list[int]) -> None:
             owner._buffers[attr] = cut
 
 
-def _renumber(block: torch.nn.Module, fam: arch.Family, idx: int) -> None:
+def renumber_layers(block: torch.nn.Module, fam: arch.Family, idx: int) -> None:
     for path in fam.layer_idx_attrs:
         parent_path, _, attr = path.rpartition(".")
         parent = arch.get_path(block, parent_path) if parent_path else block

@@ -13,7 +13,7 @@ import numpy as np
 from swapkl.errors import SwapklError
 from swapkl.removal.verdict import regime_verdict
 from swapkl.scoring.results import matrix_json
-from swapkl.views.captions import _stamp, contract_caption, fmt_number
+from swapkl.views.captions import stamp, contract_caption, fmt_number
 from swapkl.views.scores import layer_axes
 
 TIE_NATS = 1e-9  # two bridged means closer than this favour neither pair
@@ -150,4 +150,4 @@ def bridged_heatmaps(result, bridged: dict, colorscale: str = "Viridis", caption
     fig.update_xaxes(showgrid=False, zeroline=False)
     fig.update_yaxes(showgrid=False, zeroline=False)
     cap = caption or f"{contract_caption(result)} · {bridge_caption(bridged)}"
-    return _stamp(fig, "Swap-KL by protocol and after the bridge (lower = more redundant)", cap, extra_top=18)
+    return stamp(fig, "Swap-KL by protocol and after the bridge (lower = more redundant)", cap, extra_top=18)

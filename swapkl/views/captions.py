@@ -117,7 +117,7 @@ def _wrap_caption(caption: str, width: int = 110) -> str:
     return "<br>".join(lines)
 
 
-def _stamp(fig, title: str, caption: str, extra_top: int = 0):
+def stamp(fig, title: str, caption: str, extra_top: int = 0):
     """Title + contract subtitle + ``layout.meta['contract']`` (other ``layout.meta`` keys are kept)."""
     n_lines = _wrap_caption(caption).count("<br>") + 1
     meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}

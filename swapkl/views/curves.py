@@ -12,7 +12,7 @@ from typing import Iterable
 
 from swapkl.removal import methods as M
 from swapkl.removal.curves import curves_provenance
-from swapkl.views.captions import _stamp, contract_caption, fmt_number, rgba
+from swapkl.views.captions import stamp, contract_caption, fmt_number, rgba
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate.
 
@@ -53,7 +53,7 @@ def _seeded(m: str) -> bool:
     return spec is not None and spec.seeded
 
 
-def _style(m: str, k: int) -> dict:
+def method_style(m: str, k: int) -> dict:
     """The line style of method ``m`` (its registry style; the k-th baseline colour, dotted, otherwise)."""
     spec = M.find(m)
     if spec is not None and spec.style:
@@ -116,7 +116,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
         entries = [e for e in all_methods[m] if e.get("delta_pct") is not None]
         if not entries:
             continue
-        st = _style(m, k)
+        st = method_style(m, k)
         ns = [int(e["n"]) for e in entries]
         if bands:
             if _seeded(m) or entries[0].get("delta_pct_min") is not None:
@@ -158,7 +158,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
             off = [e for e in all_methods[m] if e.get("delta_pct") is not None and float(e["delta_pct"]) > rng[1]]
             if not off:
                 continue
-            col = _style(m, k)["color"]
+            col = method_style(m, k)["color"]
             top = rng[1] - 0.03 * (rng[1] - rng[0])
             fig.add_trace(go.Scatter(x=[int(e["n"]) for e in off], y=[top] * len(off), mode="markers+text",
                                      marker={"symbol": "triangle-up", "size": 11, "color": col},
@@ -170,7 +170,7 @@ def removal_curves(curves, methods: Iterable[str] | None = None, bands: bool = T
     fig.update_layout(xaxis_title="layers removed n", yaxis_title="ΔPPL (% of baseline)", height=460, width=760,
                       legend={"orientation": "v"}, hovermode="closest")
     fig.update_xaxes(dtick=1)
-    return _stamp(fig, title, caption or contract_caption(curves_provenance(d)))
+    return stamp(fig, title, caption or contract_caption(curves_provenance(d)))
 
 
 def kl_to_base_figure(curves, methods: Iterable[str] | None = None, caption: str | None = None):
@@ -186,7 +186,7 @@ def kl_to_base_figure(curves, methods: Iterable[str] | None = None, caption: str
         entries = [e for e in all_methods[m] if e.get("kl_to_base") is not None]
         if not entries:
             continue
-        st = _style(m, k)
+        st = method_style(m, k)
         fig.add_trace(go.Scatter(x=[int(e["n"]) for e in entries], y=[float(e["kl_to_base"]) for e in entries],
                                  mode="lines+markers", name=_label(m), line=st, meta={"method": m},
                                  text=[_removed_str(e) for e in entries],
@@ -195,7 +195,7 @@ def kl_to_base_figure(curves, methods: Iterable[str] | None = None, caption: str
     fig.update_layout(xaxis_title="layers removed n", yaxis_title="KL(base ‖ pruned), nats per token", height=420,
                       width=760)
     fig.update_xaxes(dtick=1)
-    return _stamp(fig, "Distance of the pruned model from the base model", caption or contract_caption(curves_provenance(d)))
+    return stamp(fig, "Distance of the pruned model from the base model", caption or contract_caption(curves_provenance(d)))
 
 
 def removed_layers_table(curves):

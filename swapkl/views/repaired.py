@@ -13,7 +13,7 @@ from __future__ import annotations
 from swapkl.removal import methods as M
 from swapkl.removal.curves import curves_provenance
 from swapkl.views.captions import SEP, contract_caption, fmt_number
-from swapkl.views.curves import _curves_dict, _style
+from swapkl.views.curves import _curves_dict, method_style
 from swapkl.stats import side
 
 #: how a repair is named in legends, tables and captions
@@ -64,7 +64,7 @@ def _raw_colour(fig, m: str, k: int) -> str:
     for t in fig.data:
         if isinstance(t.meta, dict) and t.meta.get("method") == m and t.line is not None and t.line.color:
             return t.line.color
-    return _style(m, k)["color"]
+    return method_style(m, k)["color"]
 
 
 def with_bridged(fig, curves, methods=None):
@@ -200,7 +200,7 @@ def healed_stages_figure(heal_curves, caption: str = ""):
         return None
     fig = go.Figure()
     for k, m in enumerate(M.run_order(methods)):
-        col = _style(m, k)["color"]
+        col = method_style(m, k)["color"]
         for stage, dash in STAGES.items():
             pts = [(int(e["n"]), stage_of(e, stage)) for e in methods[m]]
             pts = [(n, y) for n, y in pts if y is not None]
@@ -212,6 +212,6 @@ def healed_stages_figure(heal_curves, caption: str = ""):
     fig.add_hline(y=0, line={"color": "black", "width": 0.8})
     fig.update_layout(xaxis_title="layers removed n", yaxis_title="ΔPPL (% of base)", height=420, width=760)
     fig.update_xaxes(dtick=1)
-    from swapkl.views.captions import _stamp
+    from swapkl.views.captions import stamp
 
-    return _stamp(fig, "Raw cut, bridged and healed", caption)
+    return stamp(fig, "Raw cut, bridged and healed", caption)

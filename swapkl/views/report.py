@@ -147,7 +147,7 @@ class Section:
 
 
 # ============================================================================================ sections
-def _verdict(result, curves: dict | None) -> dict | None:
+def report_verdict(result, curves: dict | None) -> dict | None:
     """The regime verdict on the adjacent pairs: from the result when given, else the curves' stored verdict;
     ``{"error": message}`` when the adjacent pairs are not scored."""
     if result is not None:
@@ -331,7 +331,7 @@ def build_report(result=None, curves=None, trajectory=None, title: str | None = 
              f'i (d_repl = {html_text(result.aggregation if result is not None else "max")} of the two directions), '
              f'interchange swaps blocks i and j.</p>']
     parts.append(_model_html(result, curves) if result is not None or curves is not None else "")
-    parts.append(_verdict_html(_verdict(result, curves)))
+    parts.append(_verdict_html(report_verdict(result, curves)))
     if result is not None:
         parts.append(_summary_html(result))
         parts.append("<h2>Swap-KL matrices</h2><p>Lower = more redundant; blank = not computed. Hover a cell for "

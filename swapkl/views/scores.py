@@ -13,7 +13,7 @@ import numpy as np
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import CONDITIONAL, matrix_json, STRONG
 from swapkl.stats import percentile_ci
-from swapkl.views.captions import _stamp, contract_caption, fmt_ci, fmt_number, rgba
+from swapkl.views.captions import stamp, contract_caption, fmt_ci, fmt_number, rgba
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the
 # dashboard's first paint import this module without them.
@@ -163,7 +163,7 @@ def heatmaps(result, scale: str = "linear", directed: bool = False, colorscale: 
     layer_axes(fig, L, "block j" if directed else "layer j", "slot i" if directed else "layer i", row=1, col=1)
     layer_axes(fig, L, row=1, col=2)
     fig.update_layout(plot_bgcolor="white")
-    return _stamp(fig, "Swap-KL by protocol (lower = more redundant)", caption or contract_caption(result),
+    return stamp(fig, "Swap-KL by protocol (lower = more redundant)", caption or contract_caption(result),
                   extra_top=18)
 
 
@@ -189,7 +189,7 @@ def gap_heatmap(result, colorscale: str = "RdBu_r", caption: str | None = None):
                                colorbar={"title": {"text": "d_repl − d_inter (nats)"}}))
     layer_axes(fig, L)
     fig.update_layout(height=480, width=560, plot_bgcolor="white")
-    return _stamp(fig, "Protocol gap d_repl − d_inter", caption or contract_caption(result))
+    return stamp(fig, "Protocol gap d_repl − d_inter", caption or contract_caption(result))
 
 
 def pair_distribution(result, i: int, j: int, caption: str | None = None):
@@ -217,7 +217,7 @@ def pair_distribution(result, i: int, j: int, caption: str | None = None):
                              marker={"symbol": "diamond", "size": 12, "color": "black"},
                              hovertemplate="mean %{y:.4g} nats<extra></extra>"))
     fig.update_layout(yaxis_title="KL(base ‖ variant) per prompt (nats)", showlegend=False, height=420, width=640)
-    return _stamp(fig, f"Per-prompt swap-KL of pair ({a}, {b}), {len(series[0][1])} prompts",
+    return stamp(fig, f"Per-prompt swap-KL of pair ({a}, {b}), {len(series[0][1])} prompts",
                   caption or contract_caption(result))
 
 
@@ -245,7 +245,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     adj = table[table["j"] - table["i"] == 1].sort_values("i") if not table.empty else table
     fig = go.Figure()
     if adj.empty:
-        return _stamp(fig, "Swap-KL by layer depth (adjacent pairs)", caption or contract_caption(result))
+        return stamp(fig, "Swap-KL by layer depth (adjacent pairs)", caption or contract_caption(result))
     x = [float(i) + 0.5 for i in adj["i"]]
     labels = [f"{int(i)}–{int(j)}" for i, j in zip(adj["i"], adj["j"])]
     pair_ids = [[int(i), int(j)] for i, j in zip(adj["i"], adj["j"])]  # a click names its pair (views.links)
@@ -295,7 +295,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     title = "Swap-KL by layer depth (adjacent pairs; lower = more redundant)"
     if verdict:
         title += f" — {verdict['regime']} regime, prefer {verdict['prefer']}"
-    return _stamp(fig, title, caption or contract_caption(result))
+    return stamp(fig, title, caption or contract_caption(result))
 
 
 def profile_frame(num_layers: int | None = None):

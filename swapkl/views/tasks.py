@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 from swapkl.removal import methods as M
-from swapkl.views.captions import _stamp, contract_caption, fmt_number
-from swapkl.views.curves import _style
+from swapkl.views.captions import stamp, contract_caption, fmt_number
+from swapkl.views.curves import method_style
 
 
 def _result(r):
@@ -42,7 +42,7 @@ def default_metric(r) -> str | None:
     return next(iter(metrics[0]), None)
 
 
-def _task_rows(r) -> list[str]:
+def task_rows(r) -> list[str]:
     """The rows to draw: the requested tasks (a group: its own row when lm-eval reports one)."""
     rows = []
     for t in r.tasks():
@@ -58,7 +58,7 @@ def series(r, metric: str | None = None) -> dict:
     The average is over tasks (unweighted), its stderr sqrt(sum stderr^2) / number of tasks (tasks independent)."""
     r = _result(r)
     metric = metric or default_metric(r)
-    tasks = _task_rows(r)
+    tasks = task_rows(r)
     out = {}
     for t in tasks:
         b = (r.base["metrics"].get(t, {}).get(metric), r.base["stderr"].get(t, {}).get(metric))
@@ -111,7 +111,7 @@ def tasks_figure(r, metric: str | None = None, caption: str | None = None):
             pts = data[p].get(name) or []
             if not pts:
                 continue
-            st = _style(name, k)
+            st = method_style(name, k)
             err = [e if e is not None else 0.0 for _, _, e in pts]
             fig.add_trace(go.Scatter(
                 x=[n for n, _, _ in pts], y=[v for _, v, _ in pts], mode="lines+markers",
@@ -128,7 +128,7 @@ def tasks_figure(r, metric: str | None = None, caption: str | None = None):
         fig.update_yaxes(title_text=metric, row=row, col=col)
     fig.update_layout(height=360 * rows + 80, width=max(760, 380 * cols), hovermode="closest",
                       meta={"metric": metric, "panels": panels})
-    return _stamp(fig, "Task accuracy after removal", caption or contract_caption(r))
+    return stamp(fig, "Task accuracy after removal", caption or contract_caption(r))
 
 
 def all_metrics(r) -> list[str]:
@@ -151,7 +151,7 @@ def tasks_table(r, metric: str | None = None, metrics=None):
 
     r = _result(r)
     metrics = list(metrics or [metric or default_metric(r)])
-    tasks = _task_rows(r)
+    tasks = task_rows(r)
 
     def cells(e):
         out = {}
@@ -173,7 +173,7 @@ def seeds_table(r, metrics=None):
 
     r = _result(r)
     metrics = list(metrics or all_metrics(r))
-    tasks = _task_rows(r)
+    tasks = task_rows(r)
     rows = []
     for name, entries in r.methods.items():
         for e in entries:
@@ -190,7 +190,7 @@ def markdown_table(r, metric: str | None = None, nd: int = 3) -> str:
     metric = metric or default_metric(r)
     budget = max([int(e["n"]) for es in r.methods.values() for e in es] or [0])
     out = []
-    for t in _task_rows(r):
+    for t in task_rows(r):
         out += [f"{t}, {metric} (± lm-eval stderr; n = layers removed)", "",
                 "| method | " + " | ".join(f"n = {n}" for n in range(budget + 1)) + " |",
                 "|---|" + "---:|" * (budget + 1)]
@@ -216,7 +216,7 @@ def figure_metrics(r) -> list[str]:
     """The metrics the report draws, one figure each: acc and acc_norm where every task has them (papers mix the
     two up), else :func:`default_metric`."""
     r = _result(r)
-    rows = [r.base["metrics"].get(t) or {} for t in _task_rows(r)]
+    rows = [r.base["metrics"].get(t) or {} for t in task_rows(r)]
     both = [m for m in ("acc,none", "acc_norm,none") if rows and all(m in row for row in rows)]
     return both or [m for m in [default_metric(r)] if m]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from swapkl.trajectory.compute import trajectory_provenance
-from swapkl.views.captions import _stamp, contract_caption
+from swapkl.views.captions import stamp, contract_caption
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate.
 
@@ -74,7 +74,7 @@ def trajectory_figures(stats_df, depth_df=None, caption: str | None = None, log_
                                    hovertemplate="%{x}: %{y:.4g} nats<extra>" + name + "</extra>"))
     g.add_hline(y=0, line={"color": "black", "width": 0.8})
     g.update_layout(xaxis_title=xtitle, yaxis_title="gap d_repl − d_inter (nats)", height=420, width=720)
-    figs["gap"] = _stamp(g, "Protocol gap over training (distribution over pairs)", cap)
+    figs["gap"] = stamp(g, "Protocol gap over training (distribution over pairs)", cap)
 
     r = go.Figure()
     for name, dash in (("kl_ratio_mean", None), ("kl_ratio_median", "dash")):
@@ -83,7 +83,7 @@ def trajectory_figures(stats_df, depth_df=None, caption: str | None = None, log_
                                    line={"dash": dash}, hovertemplate="%{x}: %{y:.3f}<extra>" + name + "</extra>"))
     r.add_hline(y=1, line={"color": "black", "width": 0.8, "dash": "dot"})
     r.update_layout(xaxis_title=xtitle, yaxis_title="KL ratio d_inter / d_repl", height=420, width=720)
-    figs["kl_ratio"] = _stamp(r, "KL ratio over training", cap)
+    figs["kl_ratio"] = stamp(r, "KL ratio over training", cap)
 
     p = go.Figure()
     if "pearson" in stats.columns:
@@ -91,7 +91,7 @@ def trajectory_figures(stats_df, depth_df=None, caption: str | None = None, log_
                                hovertemplate="%{x}: r = %{y:.3f}<extra></extra>"))
     p.update_layout(xaxis_title=xtitle, yaxis_title="Pearson r (d_repl vs d_inter over pairs)",
                     yaxis_range=[-1.05, 1.05], height=420, width=720)
-    figs["pearson"] = _stamp(p, "Agreement of the two protocols over training", cap)
+    figs["pearson"] = stamp(p, "Agreement of the two protocols over training", cap)
 
     if log_x:
         for f in figs.values():
@@ -106,5 +106,5 @@ def trajectory_figures(stats_df, depth_df=None, caption: str | None = None, log_
         dfig.add_hline(y=0, line={"color": "black", "width": 0.8})
         dfig.update_layout(xaxis_title="normalised depth (i + j) / 2 / (L − 1)", yaxis_title="gap (nats)",
                            xaxis_range=[-0.03, 1.03], height=420, width=720)
-        figs["depth"] = _stamp(dfig, "Per-pair gap vs depth at the last checkpoint" + last, cap)
+        figs["depth"] = stamp(dfig, "Per-pair gap vs depth at the last checkpoint" + last, cap)
     return figs

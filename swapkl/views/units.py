@@ -10,7 +10,7 @@ from __future__ import annotations
 from swapkl.contract import UNITS
 from swapkl.removal import methods as M
 from swapkl.removal.curves import curves_provenance
-from swapkl.views.captions import _stamp, contract_caption
+from swapkl.views.captions import stamp, contract_caption
 from swapkl.views.curves import _curves_dict
 
 UNIT_DASH = dict(zip(UNITS, ("solid", "dash", "dot")))  # block, attention, mlp
@@ -131,7 +131,7 @@ def common_axis_figure(curves_list, methods=None, axis: str = "params"):
     title = ("Blocks vs sublayers: ΔPPL against parameters removed" if axis == "params" else
              "Blocks vs sublayers: ΔPPL against measured speed-up")
     units = ", ".join(sorted({_curves_dict(c).get("unit", "block") for c in curves_list}))
-    return _stamp(fig, title, (contract_caption(curves_provenance(first)) if first else "") + f" · units: {units}")
+    return stamp(fig, title, (contract_caption(curves_provenance(first)) if first else "") + f" · units: {units}")
 
 
 def units_axis_caption(curves) -> str:
