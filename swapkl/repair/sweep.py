@@ -136,7 +136,7 @@ class BridgedSweep:
             for r, g in zip(rows, split_handed(given, [r[2].shape[0] for r in rows])):
                 r[3] = g
         else:
-            y = self.batch.run_rows(lambda part, idx: self.runner.run_slot(self.base, s, s, part, idx), x,
+            y = self.batch.run_rows(lambda part, idx: self.runner.run_slot(s, s, part, idx), x,
                                     self.ids.shape[0], "block")
         self.stats.block_calls += x.shape[0]
         off = 0

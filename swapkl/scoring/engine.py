@@ -127,35 +127,8 @@ class SwapEngine:
         self.head.start(self.base, P, T, logp_budget)
 
     @property
-    def kl(self) -> KLFunction:
-        """The KL implementation in use (``kl.record`` says which and why)."""
-        return self.head.kl
-
-    @property
-    def kl_batch(self) -> BatchController:
-        return self.head.batch
-
-    @property
-    def kl_chunk_rows(self) -> int:
-        return self.head.batch.max_rows
-
-    @property
-    def _base_cache(self):
-        return self.head.cache
-
-    @property
     def num_layers(self) -> int:
         return self.runner.num_layers
-
-    def _scored(self, h: torch.Tensor) -> torch.Tensor:
-        return self.head.scored(h)
-
-    def _base_logp(self, a: int, b: int) -> torch.Tensor:
-        return self.head.base_logp(a, b)
-
-    def kl_many(self, h_lasts: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Per-prompt KL [P] of each variant's last-block output [P, T, D] (:meth:`HeadKL.kl_many`)."""
-        return self.head.kl_many(h_lasts)
 
     def undefined(self, pairs: Iterable[tuple[int, int]]) -> dict:
         """``{(i, j): reason}`` for the pairs the engine's per-layer definition leaves undefined (block j's unit in
@@ -262,7 +235,7 @@ class SwapEngine:
                 block = key if rows[0].handed is None else key[0]
                 x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
                 if rows[0].handed is None:
-                    y = self.batch.run_rows(lambda part, rows, b=block, s=s: self.runner.run_slot(self.base, s, b, part, rows),
+                    y = self.batch.run_rows(lambda part, rows, b=block, s=s: self.runner.run_slot(s, b, part, rows),
                                             x, self.ids.shape[0], "block")
                 else:
                     y, given = run_rows_handed(self.runner, self.batch, s, block, x, join_handed([r.handed for r in rows]))
@@ -275,7 +248,7 @@ class SwapEngine:
                     r.h = y[off:off + n]
                     off += n
                 del x, y
-        kls = self.kl_many([self.runner.final_state(r.h, r.handed) for r in live])
+        kls = self.head.kl_many([self.runner.final_state(r.h, r.handed) for r in live])
         self.stats.block_calls += calls
         return [(r.label, v) for r, v in zip(live, kls)]
 
@@ -288,8 +261,8 @@ def noise_floor(engine: SwapEngine, n: int = 2) -> float:
     vals = []
     for k in range(min(n, engine.ids.shape[0])):
         out = engine.runner.model(input_ids=engine.ids[k:k + 1].to(engine.runner.input_device()), use_cache=False)
-        logits = engine._scored(out.logits)
-        lb = engine._base_logp(k, k + 1).to(logits.device)
+        logits = engine.head.scored(out.logits)
+        lb = engine.head.base_logp(k, k + 1).to(logits.device)
         vals.append(kl_rows(lb, logits).mean().item())
         del out, logits
     return float(sum(vals) / max(1, len(vals)))
@@ -305,8 +278,8 @@ def precision_floor(engine: SwapEngine, n: int = 2) -> float:
     h = engine.base.states[0][:n]
     for s in range(engine.num_layers):
         h = _slot_float32(engine.runner, s, h)
-    logits = _logits_float32(engine.runner, engine._scored(h))
-    lb = engine._base_logp(0, n).to(logits.device)
+    logits = _logits_float32(engine.runner, engine.head.scored(h))
+    lb = engine.head.base_logp(0, n).to(logits.device)
     return float(kl_rows(lb, logits).mean().item())
 
 

@@ -225,8 +225,8 @@ class _Sweep:
         st = engine.stats
         self.info["engine"] = {"block_calls": st.block_calls, "naive_block_calls": st.naive_block_calls,
                                "oom_retries": list(st.oom_retries), "max_rows": engine.batch.max_rows,
-                               "max_live": engine.max_live, "kl_chunk_rows": engine.kl_chunk_rows,
-                               "kl": dict(engine.kl.record), "seconds": st.seconds, "dtype": self.checkpoint.dtype,
+                               "max_live": engine.max_live, "kl_chunk_rows": engine.head.batch.max_rows,
+                               "kl": dict(engine.head.kl.record), "seconds": st.seconds, "dtype": self.checkpoint.dtype,
                                "devices": [str(d) for d in _model_devices(self.checkpoint.model)]}
 
     def result_of(self, vectors: dict, extra_meta: dict) -> SwapResult:

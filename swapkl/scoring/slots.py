@@ -42,11 +42,10 @@ def _to_device(obj, dev: torch.device):
 @dataclass
 class Baseline:
     """Cached baseline of one prompt batch: ``states[s]`` is the input of slot s, ``states[L]`` the output of
-    the last block (before the final norm; :meth:`BlockRunner.final_state`); each [P, T, D].  ``calls[s]``: what the model's forward passed slot s
-    besides the hidden states, rebuilt for any rows (:class:`~swapkl.scoring.calls.SlotCall`)."""
+    the last block (before the final norm; :meth:`BlockRunner.final_state`); each [P, T, D].  (What the model's
+    forward passed each slot besides the hidden states stays with the runner, which rebuilds it per call.)"""
 
     states: list[torch.Tensor]
-    calls: list[SlotCall]
     #: per slot, what the block before handed on (one [P, ...] tensor or None per channel); empty without channels
     handed: list[tuple] = field(default_factory=list)
 
@@ -136,7 +135,7 @@ class BlockRunner:
             every = torch.arange(self.num_prompts)
             handed = [c.handed_values(every) for c in self.calls]
             self._first = states[0][:1]
-        return Baseline(states, self.calls, handed)
+        return Baseline(states, handed)
 
     def call(self, slot: int, rows: torch.Tensor, h: torch.Tensor, dev: torch.device | None = None,
              handed: tuple | None = None) -> tuple[tuple, dict]:
@@ -213,8 +212,7 @@ class BlockRunner:
             self._mixed[key] = mixed
         return mixed
 
-    def run_slot(self, base: Baseline, slot: int, block: int, h: torch.Tensor,
-                 rows: torch.Tensor | None = None) -> torch.Tensor:
+    def run_slot(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit under the runner's definition
         (:mod:`swapkl.scoring.definitions`); ``rows``: the prompt of each row (default: row r is prompt r mod P)."""
         if rows is None:

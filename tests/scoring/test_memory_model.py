@@ -58,11 +58,11 @@ def test_one_kl_chunk_holds_the_bytes_per_element_the_model_counts(dtype):
     assert counted == (18 if dtype == torch.bfloat16 else 16)
     plain = SwapEngine(model, ids, kl_impl="plain", kl_chunk_rows=R, logp_budget=0)
     h = plain.base.states[-1]
-    _, peak = measured_peak(lambda: plain.kl_many([h, h]))
+    _, peak = measured_peak(lambda: plain.head.kl_many([h, h]))
     # the plain KL holds exactly what is counted (to the head's small [rows, T, D] tensors): not 12 bytes
     assert counted * elements <= peak <= counted * elements * 1.01
     chunked = SwapEngine(model, ids, kl_impl="chunked", kl_chunk_rows=R, logp_budget=0)
-    _, peak_chunked = measured_peak(lambda: chunked.kl_many([h, h]))
+    _, peak_chunked = measured_peak(lambda: chunked.head.kl_many([h, h]))
     # the chunked KL holds p, log p and the logits, plus one cache-sized slice
     assert peak_chunked <= (8 + model.dtype.itemsize) * elements + 4 * 2 * 2**20
     assert peak_chunked < 0.8 * peak

@@ -41,10 +41,10 @@ def test_chunked_kl_equals_unchunked_and_uncached(positions):
     pairs = pair_list("all", 4)
     whole = SwapEngine(model, ids, positions=positions, kl_chunk_rows=5).sweep(pairs)
     one = SwapEngine(model, ids, positions=positions, kl_chunk_rows=1)
-    assert one.kl_chunk_rows == 1 and one._base_cache is not None
+    assert one.head.batch.max_rows == 1 and one.head.cache is not None
     by_one = one.sweep(pairs)
     uncached = SwapEngine(model, ids, positions=positions, kl_chunk_rows=2, logp_budget=0)
-    assert uncached._base_cache is None  # baseline log-probs recomputed per KL chunk
+    assert uncached.head.cache is None  # baseline log-probs recomputed per KL chunk
     no_cache = uncached.sweep(pairs)
     assert _max_diff(whole, by_one) < 1e-6
     assert _max_diff(whole, no_cache) < 1e-6
@@ -60,7 +60,7 @@ def test_kl_many_shares_one_baseline_chunk():
     h = eng.base.states[-1]
     # the baseline against itself is exactly zero; a perturbed copy is positive (noise, not a shift:
     # the final LayerNorm removes a constant shift)
-    got = eng.kl_many([h, h + torch.randn(h.shape, generator=torch.Generator().manual_seed(0))])
+    got = eng.head.kl_many([h, h + torch.randn(h.shape, generator=torch.Generator().manual_seed(0))])
     assert torch.equal(got[0], torch.zeros(3)) and (got[1] > 1e-4).all()
 
 

@@ -99,9 +99,9 @@ def test_gpt_neox_parallel_residual_moves_one_branch():
     kw = {k: v for k, v in kwargs.items() if k in ("attention_mask", "position_embeddings")}
     attn_j = bj.attention(bj.input_layernorm(h), **kw)[0]  # no KV cache: layer_idx does not enter the output
     expect = h + attn_j + bi.mlp(bi.post_attention_layernorm(h))
-    got = runner.run_slot(base, 1, 3, h)
+    got = runner.run_slot(1, 3, h)
     assert torch.allclose(got, expect, atol=1e-5)
-    assert not torch.allclose(got, runner.run_slot(base, 1, 1, h), atol=1e-3)
+    assert not torch.allclose(got, runner.run_slot(1, 1, h), atol=1e-3)
 
 
 @pytest.mark.parametrize("mt, kw", [
