@@ -95,7 +95,7 @@ def run(a) -> int:
     if shard and shard[1] > len(plan.models):
         raise SwapklError(f"--shard {a.shard}: the study has {len(plan.models)} model(s), fewer than {shard[1]} shares")
     _, corpus = evaluator_and_corpus(a)
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.study.run import run_study
 
     def load(m):

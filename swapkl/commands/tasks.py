@@ -8,7 +8,7 @@ from swapkl.commands.common import (add_selection_args, selection_fields, block_
                                     contract_from_args, emit, load_from_args, removal_plan)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
-from swapkl.removal import lmeval
+from swapkl.measure import lmeval
 from swapkl.removal import methods as M
 from swapkl.removal.plan import RunHooks
 
@@ -75,7 +75,8 @@ def run(a) -> int:
 
 def _run(a, plan, tasks, include, loaded) -> int:
     ck = load_from_args(a)
-    from swapkl.removal.tasks import TaskSettings, task_accuracy  # deferred: torch-based helpers (--help)
+    from swapkl.measure.task_runner import TaskSettings
+    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers (--help)
 
     # the plan against the model before the scores are computed (placeholder matrices stand for the scores to come)
     import numpy as np

@@ -67,7 +67,7 @@ class StudyPlan:
     """Every setting of a study but its models' list (which :meth:`with_models` sets).
 
     ``contract``: the swap-KL :class:`~swapkl.contract.Contract`; ``evaluator``: the held-out evaluator's dict
-    (:meth:`~swapkl.removal.evaluate.Evaluator.to_dict`); ``eval_text``: the text file of held-out perplexity
+    (:meth:`~swapkl.measure.evaluate.Evaluator.to_dict`); ``eval_text``: the text file of held-out perplexity
     (None: the default corpus); ``budget``: n = 1..budget removed blocks; ``methods``: removal methods (both
     guided ones always); ``seeds``: random-baseline seeds; ``repair``: ``none`` or ``bridge`` (the evidence also
     after each block's bridge); ``n_boot``: bootstrap resamples of every CI; ``signals``: evidence signals

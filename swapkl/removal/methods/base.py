@@ -204,11 +204,11 @@ class MethodContext:
 
     def calib_result(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
                      stride: int | None = None, region: int = 0):
-        """The :class:`~swapkl.removal.evaluate.PPLResult` (per-window NLL) of the model without ``removed`` on
+        """The :class:`~swapkl.measure.evaluate.PPLResult` (per-window NLL) of the model without ``removed`` on
         calibration region ``region`` (``max_tokens`` tokens; region 0 = :meth:`calib_ids`), memoised.  ``window``
         (tokens, default the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's
         convention; the evaluator's stride scores every token with the held-out evaluator's context)."""
-        from swapkl.removal import evaluate as E  # deferred (torch), as above
+        from swapkl.measure import evaluate as E  # deferred (torch), as above
         from swapkl.surgery.skip import removed_copy
 
         ids = self.calib_ids(max_tokens) if region == 0 else self.calib_region_ids(region, max_tokens)
@@ -235,10 +235,10 @@ class MethodContext:
 
     def _recording(self, key: str):
         """The base model as a private copy that records, per batch of calibration windows, the state entering every
-        block (:class:`~swapkl.removal.prefix.PrefixStore`, kept under ``key``; the stores of all calibration texts
+        block (:class:`~swapkl.measure.prefix.PrefixStore`, kept under ``key``; the stores of all calibration texts
         together hold at most ``prefix.CURVES_STATES_BYTES``): a trial set whose first removed block is f then runs
         only blocks f.. on them, bit for bit the plain evaluation (docs/removal.md, Work reuse)."""
-        from swapkl.removal import prefix
+        from swapkl.measure import prefix
 
         left = prefix.CURVES_STATES_BYTES - sum(st.bytes for k, st in self._prefix.items() if k != key)  # one bound for all
         self._prefix[key], copy = prefix.recording_every_block(self.model, self.num_layers, max(0, left))
