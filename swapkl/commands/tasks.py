@@ -12,8 +12,6 @@ from swapkl.measure import lmeval
 from swapkl.removal import methods as M
 from swapkl.removal.plan import RunHooks
 
-DEFAULT_METHODS = "replacement,interchange,random"
-
 
 def register(sub) -> None:
     p = sub.add_parser("tasks", help="lm-eval task accuracy of each method's pruned model at n = 1..N")
@@ -22,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--tasks", required=True,
                    help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
                         "lambada_openai, or tasks from --include-path)")
-    p.add_argument("--methods", default=DEFAULT_METHODS,
+    p.add_argument("--methods", default=",".join(M.default_set("tasks")),
                    help="comma-separated removal methods, as for 'curves' (default: %(default)s)")
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")

@@ -228,7 +228,7 @@ class TasksRequest:
     revision: str | None = None
     contract: Contract = field(default_factory=Contract)
     budget: int = 4
-    methods: tuple = ("replacement", "interchange", "random")
+    methods: tuple = field(default_factory=lambda: M.default_set("tasks"))
     tasks: tuple = ()
     limit: int | None = None
     num_fewshot: int | None = None

@@ -14,8 +14,6 @@ from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.removal.methods.random import MIN_SEEDS
 
-#: the methods a study runs by default: both guided protocols and the zero-evaluation baselines
-DEFAULT_METHODS = ("replacement", "interchange", "random", "bi")
 #: the guided methods every study needs (the I/R ratio)
 GUIDED = ("replacement", "interchange")
 #: every evidence signal a study ranks against the removal cost (besides both protocols)
@@ -78,7 +76,7 @@ class StudyPlan:
                                                      "stride": 256, "drop_first_target": False})
     eval_text: str | None = None
     budget: int = 3
-    methods: tuple = DEFAULT_METHODS
+    methods: tuple = field(default_factory=lambda: M.default_set("study"))  # both guided protocols, the baselines
     seeds: int = 5
     repair: str = "none"
     n_boot: int = 1000

@@ -84,7 +84,8 @@ class MethodSpec:
     """A registered method.  ``target``: the function, or where it is as ``"module:object"`` (imported on first
     use, :attr:`func`); ``label``: its name in legends and tables; ``runs``: seeds averaged (0 = deterministic);
     ``offered``/``default``: shown / preselected in the dashboard; ``cli_default``: run by ``swapkl curves``
-    without ``--methods``; ``order``: display order (lower first); ``style``: plotly line style for its curve
+    without ``--methods``; ``default_in``: the other default sets it belongs to
+    (:data:`~swapkl.removal.methods.registry.DEFAULT_SETS`: ``"study"``, ``"tasks"``); ``order``: display order (lower first); ``style``: plotly line style for its curve
     (``color``, ``width``, ``dash``, ``marker`` size; None = a thin dotted baseline colour); ``guided``: a
     swap-KL-guided method (drawn thick, run and listed first); ``cost_target``: ``cost(spec, plan)``, the
     evaluations the method needs -- an int, or the removal sets it will evaluate (deduplicated across methods);
@@ -104,6 +105,7 @@ class MethodSpec:
     offered: bool = False
     default: bool = False
     cli_default: bool = False
+    default_in: tuple = ()
     order: int = 100
     style: dict | None = None
     guided: bool = False
@@ -111,6 +113,12 @@ class MethodSpec:
     units: tuple = (BLOCK,)
     variants: tuple = ("sets",)
     calibration: int | None = None
+
+    @property
+    def default_sets(self) -> tuple:
+        """Every default set the method belongs to: ``"dashboard"`` (``default``), ``"cli"`` (``cli_default``) and
+        those of ``default_in``."""
+        return ("dashboard",) * self.default + ("cli",) * self.cli_default + tuple(self.default_in)
 
     @property
     def seeded(self) -> bool:
