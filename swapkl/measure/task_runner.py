@@ -23,11 +23,11 @@ STORE_KIND = "lm-eval-task"
 
 @dataclass(frozen=True)
 class TaskSettings:
-    """How a :class:`TaskRunner` runs lm-eval (and :func:`swapkl.removal.tasks.task_accuracy` with it): ``tasks`` (lm-eval task or group names: hub tasks, or tasks from YAML
-    files under ``include_path``), ``limit`` (examples per task; None = all), ``num_fewshot`` (None = the task's
-    default), ``batch_size`` (lm-eval's), ``use_cache`` (the per-variant disk cache) and ``share_prefix`` (variants
-    start from the base model's hidden states entering their first removed layer, :mod:`swapkl.measure.prefix`: the
-    same numbers, fewer blocks run)."""
+    """How a :class:`TaskRunner` runs lm-eval (and :func:`swapkl.removal.tasks.task_accuracy` with it): ``tasks``
+    (lm-eval task or group names: hub tasks, or tasks from YAML files under ``include_path``), ``limit`` (examples
+    per task; None = all), ``num_fewshot`` (None = the task's default), ``batch_size`` (lm-eval's), ``use_cache``
+    (the per-variant disk cache) and ``share_prefix`` (variants start from the base model's hidden states entering
+    their first removed layer, :mod:`swapkl.measure.prefix`: the same numbers, fewer blocks run)."""
 
     tasks: tuple
     include_path: str | None = None

@@ -85,11 +85,12 @@ class MethodSpec:
     use, :attr:`func`); ``label``: its name in legends and tables; ``runs``: seeds averaged (0 = deterministic);
     ``offered``/``default``: shown / preselected in the dashboard; ``cli_default``: run by ``swapkl curves``
     without ``--methods``; ``default_in``: the other default sets it belongs to
-    (:data:`~swapkl.removal.methods.registry.DEFAULT_SETS`: ``"study"``, ``"tasks"``); ``order``: display order (lower first); ``style``: plotly line style for its curve
-    (``color``, ``width``, ``dash``, ``marker`` size; None = a thin dotted baseline colour); ``guided``: a
-    swap-KL-guided method (drawn thick, run and listed first); ``cost_target``: ``cost(spec, plan)``, the
-    evaluations the method needs -- an int, or the removal sets it will evaluate (deduplicated across methods);
-    a callable or ``"module:object"``, None for one evaluation per curve point.
+    (:data:`~swapkl.removal.methods.registry.DEFAULT_SETS`: ``"study"``, ``"tasks"``); ``order``: display order
+    (lower first); ``style``: plotly line style for its curve (``color``, ``width``, ``dash``, ``marker`` size;
+    None = a thin dotted baseline colour); ``guided``: a swap-KL-guided method (drawn thick, run and listed first);
+    ``cost_target``: ``cost(spec, plan)``, the evaluations the method needs -- an int, or the removal sets it will
+    evaluate (deduplicated across methods); a callable or ``"module:object"``, None for one evaluation per curve
+    point.
 
     Capabilities, as data: ``units``: the units of analysis it removes (:data:`swapkl.contract.UNITS`; whole blocks
     unless it says otherwise); ``variants``: what it returns (:data:`VARIANTS`); ``calibration``: the calibration

@@ -87,7 +87,8 @@ def register(name: str, needs: Sequence[str] = (), description: str = "", group:
         _REGISTRY[name] = MethodSpec(name, func_or_target, tuple(needs), description or doc.strip(), rule_candidates,
                                      label=fields["label"], runs=int(fields["runs"]), offered=fields["offered"],
                                      default=fields["default"], cli_default=fields["cli_default"],
-                                     default_in=tuple(fields["default_in"]), order=fields["order"], style=fields["style"], guided=fields["guided"],
+                                     default_in=tuple(fields["default_in"]), order=fields["order"],
+                                     style=fields["style"], guided=fields["guided"],
                                      cost_target=cost, **caps)
         if group:
             GROUPS[group] = tuple(dict.fromkeys(GROUPS.get(group, ()) + (name,)))
