@@ -24,7 +24,7 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.scoring.corpora import load_corpus
     from swapkl.surgery.blocks import pruned_copy

@@ -38,8 +38,8 @@ def main() -> int:
     from swapkl.jobs.defaults import default_contract, default_evaluator
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.removal import curves as C
-    from swapkl.removal import prefix
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure import prefix
+    from swapkl.measure.memo import EvalMemo
     from swapkl.removal.methods import registry
     from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.scoring.score import score

@@ -44,7 +44,7 @@ def main() -> int:
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
     from swapkl.scoring.corpora import load_corpus
-    from swapkl.removal.evaluate import eval_ids, evaluate_ppl, get_evaluator
+    from swapkl.measure.evaluate import eval_ids, evaluate_ppl, get_evaluator
     from swapkl.surgery.blocks import pruned_copy
     from swapkl.removal.curves import removal_curves
     from swapkl.removal.plan import RemovalPlan, RunHooks

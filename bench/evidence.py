@@ -34,7 +34,7 @@ def sweep_ratio(model_spec: str, eval_text: str, max_words: int | None) -> None:
     import numpy as np
 
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.removal.ground_truth import single_removal_sweep
     from swapkl.scoring.corpora import from_file
     from swapkl.surgery.prune import pruned_copy

@@ -555,7 +555,7 @@ def stage_study(run: Run) -> dict:
     study on the CPU; then ``--preset paper`` (the paper's contract) on every paper model in the local hub cache, as
     far as the budget allows, each figure beside the paper's (:func:`swapkl.study.presets.against_paper`)."""
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.scoring.corpora import load_corpus
     from swapkl.study.plan import StudyModel, StudyPlan
     from swapkl.study.presets import PAPER_CONTRACT, against_paper
@@ -578,7 +578,7 @@ def stage_study(run: Run) -> dict:
     cached = [] if run.smoke else _paper_cached()
     out["paper_models_cached"] = [m.label for m in cached]
     if cached and run.left() > 60:
-        from swapkl.removal.evaluate import get_evaluator
+        from swapkl.measure.evaluate import get_evaluator
 
         sc, pev = PAPER_CONTRACT["scoring"], get_evaluator(PAPER_CONTRACT["evaluator"])
         plan = StudyPlan(contract=Contract(**sc, device=str(run.dev)), evaluator=pev.to_dict(),

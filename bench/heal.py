@@ -109,7 +109,7 @@ def main() -> int:
     from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.healing.recipe import Recipe
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal.evaluate import Evaluator, get_evaluator
+    from swapkl.measure.evaluate import Evaluator, get_evaluator
     from swapkl.scoring.corpora import load_corpus
     from swapkl.scoring.score import score
 

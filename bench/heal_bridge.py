@@ -12,7 +12,7 @@ os.environ["SWAPKL_CACHE"] = tempfile.mkdtemp()
 from swapkl.model.checkpoints import load_checkpoint
 from swapkl.healing.heal import HealSetup, heal
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.scoring.corpora import from_file, from_text
 ck = load_checkpoint("tests/fixtures/models/stories260K", device="cpu")
 corpus = from_text(" ".join(from_file("tests/fixtures/data/wikitext-2-raw/wiki.test.raw").words[:40_000]), name="wiki40k")

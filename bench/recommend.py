@@ -202,7 +202,7 @@ def main() -> int:
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
     from swapkl.scoring.corpora import load_corpus
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.memo import EvalMemo
     from swapkl.removal.curves import removal_curves
     from swapkl.removal.plan import RemovalPlan, RunHooks
 

@@ -38,7 +38,7 @@ FOCUS = ("bridge", "bridge-joint")
 
 def _memo_entries(identity: dict) -> dict:
     """``{(text_key, frozenset(removed)): (window_nll, window_counts)}`` of every evaluation in the model's memo."""
-    from swapkl.removal.memo import KIND, disk_memo
+    from swapkl.measure.memo import KIND, disk_memo
     from swapkl.store import read_entry
 
     out = {}

@@ -10,12 +10,12 @@ Run from the checkout's root (the fixture task's data path is relative to it).  
 timed) on the same task, batch size and device, in one run:
 
 * in memory: one model load, one lm-eval task index, then for each variant ``simple_evaluate`` on an ``HFLM``
-  around :func:`~swapkl.surgery.blocks.pruned_copy` (:func:`swapkl.removal.lmeval.evaluate`), no cache;
+  around :func:`~swapkl.surgery.blocks.pruned_copy` (:func:`swapkl.measure.lmeval.evaluate`), no cache;
 * CLI: each variant written with :func:`~swapkl.surgery.prune.save_pruned` (export time reported apart), then
   ``python -m lm_eval --model hf --model_args pretrained=DIR ...`` as a separate process (what a user does).
 
 Prints both times, the ratio (target <= 0.5x) and the largest metric difference between the two sides; and the
-in-memory path again with prefix sharing (:mod:`swapkl.removal.prefix`), its time against the plain in-memory
+in-memory path again with prefix sharing (:mod:`swapkl.measure.prefix`), its time against the plain in-memory
 path and whether every metric is identical (``--no-cli``: only the two in-memory paths).
 """
 from __future__ import annotations
@@ -57,10 +57,10 @@ def _variants(a) -> list[tuple[str, list[int]]]:
 
 def in_memory(a, variants, share: bool = False) -> tuple[float, dict, float]:
     """One model load, one task index, then every variant (the base first).  ``share``: the variants start from the
-    base model's hidden states entering their first removed layer (swapkl.removal.prefix)."""
+    base model's hidden states entering their first removed layer (swapkl.measure.prefix)."""
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal import lmeval
-    from swapkl.removal.prefix import PrefixStore
+    from swapkl.measure import lmeval
+    from swapkl.measure.prefix import PrefixStore
     from swapkl.surgery.blocks import pruned_copy
 
     t0 = time.perf_counter()
@@ -85,7 +85,7 @@ def in_memory(a, variants, share: bool = False) -> tuple[float, dict, float]:
 
 def cli(a, variants, tmp: Path) -> tuple[float, float, dict]:
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal.lmeval import rows_of
+    from swapkl.measure.lmeval import rows_of
     from swapkl.surgery.prune import save_pruned
 
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ cheapest units per parameter stay candidates (to fit a CPU run; recorded).  Each
 the same n (replacement- and interchange-guided, read from ``bench/results/units-removal-default.json`` and
 re-evaluated here, so that the CI is paired over the same windows) get the held-out ΔPPL % with its bootstrap CI,
 the paired bootstrap CI of ΔPPL%(mix) − ΔPPL%(block), and the gains measured base vs pruned in one run
-(:func:`swapkl.removal.gains.measure_gains`, the skipping runtime, CPU).  The block / attention / MLP rows of the
+(:func:`swapkl.measure.gains.measure_gains`, the skipping runtime, CPU).  The block / attention / MLP rows of the
 common-axis table are those of ``units-removal-default.json`` (same evaluator contract), copied into the output.
 ``--guided``: also the guided mix (each unit's own replacement swap-KL per parameter, zero calibration evaluations;
 scores the attention and MLP units, minutes on a CPU).
@@ -50,10 +50,10 @@ def main() -> int:
     import torch
 
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal import evaluate as E
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.gains import measure_gains
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure import evaluate as E
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.gains import measure_gains
+    from swapkl.measure.memo import EvalMemo
     from swapkl.removal.methods import MethodContext
     from swapkl.removal.methods import mix as MX
     from swapkl.scoring.corpora import load_corpus

@@ -10,7 +10,7 @@ only in ``unit``; the score cache is used) and the sets the guided rule picks fr
 the closest number of non-embedding parameters; each set evaluated once (blocks deleted, sublayers skipped,
 ``swapkl.surgery.skip.removed_copy``) with its held-out ΔPPL % and paired bootstrap CI (windows resampled), the
 paired CI of the difference between the two protocols' sets, and what each set gains, measured base vs pruned in
-one run (:func:`swapkl.removal.gains.measure_gains`, the skipping runtime, CPU).  Only the points of the table are
+one run (:func:`swapkl.measure.gains.measure_gains`, the skipping runtime, CPU).  Only the points of the table are
 evaluated (not whole curves), to fit a CPU run.  Guided selection: the guided
 rule's candidates (layers 1..L-2) with spacing 1 for blocks and spacing 0 for sublayers (16 attention sublayers
 cannot keep a gap of one among 28 candidates).
@@ -53,9 +53,9 @@ def main() -> int:
 
     from swapkl.contract import Contract
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal import evaluate as E
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.gains import measure_gains
+    from swapkl.measure import evaluate as E
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.gains import measure_gains
     from swapkl.removal.selection import default_candidates, layer_scores, select
     from swapkl.removal.verdict import regime_verdict
     from swapkl.scoring.corpora import load_corpus

@@ -1,7 +1,7 @@
 """The one storage layer under swapkl's cache: one root, atomic writes, checksummed and versioned entries.
 
 Everything swapkl keeps between runs goes through here: score entries (:mod:`swapkl.store`), perplexity
-evaluations (:mod:`swapkl.removal.memo`), finished dashboard jobs (:mod:`swapkl.jobs.snapshots`), the sha256 memo and
+evaluations (:mod:`swapkl.measure.memo`), finished dashboard jobs (:mod:`swapkl.jobs.snapshots`), the sha256 memo and
 GGUF conversion records (:mod:`swapkl.model.gguf`).  An *entry* is one JSON file::
 
     {"swapkl_store": <kind>, "version": STORE_VERSION, "checksum": sha256(canonical JSON of data), "data": {...}}

@@ -155,7 +155,7 @@ def evaluator_and_corpus(a, drop_first_target: bool | None = None):
     (``--eval-text``, else the default) a command evaluates on.  Raises :class:`SwapklError` for a bad
     ``--max-words``."""
     from swapkl.errors import SwapklError
-    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
+    from swapkl.measure.evaluate import Evaluator, get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
     ev = get_evaluator(a.evaluator, drop_first_target=drop_first_target)
     if a.max_words is not None:

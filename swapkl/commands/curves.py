@@ -99,7 +99,7 @@ def run(a) -> int:
                                        contract=scoring_contract(a, loaded)))
     result.notes.insert(0, src)
     if a.gains:
-        from swapkl.removal.gains import curve_gains
+        from swapkl.measure.gains import curve_gains
 
         result.gains = curve_gains(ck.model, result, context=a.gains_context)
     if others or a.figure:
@@ -191,7 +191,7 @@ def _unit(a, loaded) -> str:
 def render(r) -> str:
     ev = r.evaluator
     lo, hi = r.baseline_ppl_ci
-    from swapkl.removal.gains import gains_line, point_gains
+    from swapkl.measure.gains import gains_line, point_gains
 
     lines = [f"model: {r.model.get('display') or r.model.get('id') or r.model.get('name_or_path')}  "
              f"layers: {r.model.get('num_layers')}" + (f"  unit: {r.unit} (removed sublayers skipped)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from swapkl.errors import SwapklError
-from swapkl.removal import lmeval
+from swapkl.measure import lmeval
 from swapkl.removal.plan import RunHooks
 
 
@@ -55,7 +55,7 @@ def evaluate(a, ck, hc, recipe, shared: dict) -> dict:
     """The tasks block of healed curves ``hc`` (adapters and, after ``--repair bridge``, the bridges from this run's
     ``shared`` session)."""
     from swapkl.healing.tasks import heal_task_accuracy
-    from swapkl.removal.tasks import TaskSettings
+    from swapkl.measure.task_runner import TaskSettings
 
     settings = TaskSettings(tuple(a.task_names), include_path=a.include_path, limit=a.limit, num_fewshot=a.num_fewshot,
                             batch_size=a.task_batch_size, use_cache=not a.no_cache)

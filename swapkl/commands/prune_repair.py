@@ -52,7 +52,7 @@ def run_repair(a, ck, remove) -> int:
     from swapkl.commands.common import evaluator_and_corpus
     from swapkl.commands.prune_units import verify_reload
     from swapkl.contract import Contract
-    from swapkl.removal.evaluate import delta_pct, eval_ids, evaluate_ppl
+    from swapkl.measure.evaluate import delta_pct, eval_ids, evaluate_ppl
     from swapkl.repair.bridge import bridged_model, spans_of
     from swapkl.repair.bridger import Bridger
     from swapkl.repair.export import BRIDGE_FILE, check_foldable, save_bridged

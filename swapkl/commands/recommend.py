@@ -15,7 +15,7 @@ from swapkl.removal.recommend import (DEFAULT_CALIB_TOKENS, DEFAULT_CALIB_WINDOW
                                       recommend_plan, search_params, SEED_METHODS)
 from swapkl.removal.selection import check_budget, default_candidates
 from swapkl.removal.checks import check_evaluator_context
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.memo import EvalMemo
 
 
 def register(sub) -> None:

@@ -89,7 +89,7 @@ def run(a) -> int:
     if a.model and (want_curves or (result is None and curves is None and traj is None and not sections)):
         ck = load_from_args(a)
         if want_curves:  # the evaluator must fit the model before the scores are computed
-            from swapkl.removal.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
+            from swapkl.measure.evaluate import get_evaluator  # deferred: pulls torch; the CLI's --help must not
 
             check_evaluator_context(ck.model, get_evaluator(a.evaluator), name=ck.identity.get("display"))
     if result is None and ck is not None:

@@ -8,6 +8,7 @@ import sys
 
 from swapkl.commands.common import add_contract_args, check_outputs, contract_from_args, emit, evaluator_and_corpus
 from swapkl.errors import SwapklError
+from swapkl.removal import methods as M
 from swapkl.study import plan as P
 
 
@@ -19,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--models", dest="model_list", default=None, metavar="LIST",
                    help="a YAML / TOML list of models ({spec, revision, label}), or a text file of one spec a line")
     p.add_argument("--budget", type=int, default=3, help="removal curves for n = 1..N (default %(default)s)")
-    p.add_argument("--methods", default=",".join(P.DEFAULT_METHODS),
+    p.add_argument("--methods", default=",".join(M.default_set("study")),
                    help="removal methods; replacement and interchange always run (default %(default)s)")
     p.add_argument("--seeds", type=int, default=5, help="random-baseline seeds (default %(default)s)")
     p.add_argument("--evaluator", default="matched", choices=["matched", "standard"])
@@ -95,7 +96,7 @@ def run(a) -> int:
     if shard and shard[1] > len(plan.models):
         raise SwapklError(f"--shard {a.shard}: the study has {len(plan.models)} model(s), fewer than {shard[1]} shares")
     _, corpus = evaluator_and_corpus(a)
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.study.run import run_study
 
     def load(m):

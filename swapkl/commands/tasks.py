@@ -8,11 +8,9 @@ from swapkl.commands.common import (add_selection_args, selection_fields, block_
                                     contract_from_args, emit, load_from_args, removal_plan)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
-from swapkl.removal import lmeval
+from swapkl.measure import lmeval
 from swapkl.removal import methods as M
 from swapkl.removal.plan import RunHooks
-
-DEFAULT_METHODS = "replacement,interchange,random"
 
 
 def register(sub) -> None:
@@ -22,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--tasks", required=True,
                    help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
                         "lambada_openai, or tasks from --include-path)")
-    p.add_argument("--methods", default=DEFAULT_METHODS,
+    p.add_argument("--methods", default=",".join(M.default_set("tasks")),
                    help="comma-separated removal methods, as for 'curves' (default: %(default)s)")
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
@@ -75,7 +73,8 @@ def run(a) -> int:
 
 def _run(a, plan, tasks, include, loaded) -> int:
     ck = load_from_args(a)
-    from swapkl.removal.tasks import TaskSettings, task_accuracy  # deferred: torch-based helpers (--help)
+    from swapkl.measure.task_runner import TaskSettings
+    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers (--help)
 
     # the plan against the model before the scores are computed (placeholder matrices stand for the scores to come)
     import numpy as np

@@ -27,7 +27,7 @@ def transfer(ck_b, a, b, budget: int, evaluator="matched", corpus=None, *, spaci
     Returns ``{"budget", "evaluator", "corpus", "baseline_ppl", "n_windows", "spacing", "protocols": {protocol:
     [{"n", "set_a", "set_b", "same", "delta_a", "delta_a_ci", "delta_b", "delta_b_ci", "diff", "ci", "word"}]},
     "notes"}`` (ΔPPL in % of B's baseline; ``diff`` in percentage points)."""
-    from swapkl.removal import evaluate as E  # deferred: pulls torch
+    from swapkl.measure import evaluate as E  # deferred: pulls torch
     from swapkl.removal.checks import check_scores
     from swapkl.removal.curves import CurvesRun
     from swapkl.removal.plan import RemovalPlan, RunHooks

@@ -83,7 +83,7 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
     evaluator ``ev`` on ``corpus``, the raw ``signals`` and ground truth ``gt``, and
     :class:`~swapkl.repair.settings.BridgeSettings` ``settings`` (module docstring)."""
     from swapkl.removal.bridged_truth import bridged_ground_truth
-    from swapkl.removal.evaluate import eval_ids
+    from swapkl.measure.evaluate import eval_ids
     from swapkl.removal.ground_truth import text_key
     from swapkl.repair.bridged_kl import bridged_scores
     from swapkl.repair.bridger import Bridger

@@ -67,7 +67,7 @@ def _region2_ids(corpus, tokenizer, ev, span):
 
 
 def _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report):
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.removal.ground_truth import ground_truth, text_key
 
     ids = E.eval_ids(corpus, ck.tokenizer, ev)
@@ -214,7 +214,7 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     (:mod:`swapkl.evidence.definitions`)."""
     from swapkl.evidence import contracts as K
     from swapkl.evidence import sets as SA
-    from swapkl.removal.memo import EvalMemo, disk_memo
+    from swapkl.measure.memo import EvalMemo, disk_memo
     from swapkl.scoring.score import score
 
     t0 = time.perf_counter()

@@ -20,9 +20,9 @@ def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_
                           calib_tokens: int | None = None, use_cache: bool = True, progress=None, should_stop=None,
                           batch_size: int | None = None, signals=UNIT_SIGNALS, spans: dict | None = None):
     from swapkl.evidence.signals import registry_signals, signal_context, swap_signals
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.removal.ground_truth import text_key, unit_ground_truth
-    from swapkl.removal.memo import EvalMemo, disk_memo
+    from swapkl.measure.memo import EvalMemo, disk_memo
     from swapkl.removal.selection import default_candidates, max_feasible
     from swapkl.scoring.score import score
 

@@ -22,9 +22,9 @@ from swapkl.healing import train as TR
 from swapkl.healing.recipe import Recipe, training_key
 from swapkl.healing.result import ROLES, HealResult, compare
 from swapkl.model import architectures as arch
-from swapkl.removal import evaluate as E
+from swapkl.measure import evaluate as E
 from swapkl.removal import methods as M
-from swapkl.removal.memo import EvalMemo, disk_memo
+from swapkl.measure.memo import EvalMemo, disk_memo
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.repair.bridge import bridged_model
 from swapkl.scoring.corpora import load_corpus
@@ -94,7 +94,7 @@ def training_text(model, tokenizer, corpus, recipe: Recipe, train_path=None, sco
 class HealSetup:
     """What a heal is measured and trained on: ``corpus`` (evaluation text, its evaluation region, and unless
     ``train_path`` is given the training text, its training region, :mod:`swapkl.healing.text`; None = the built-in
-    corpus), ``evaluator`` (``matched``, ``standard`` or an :class:`~swapkl.removal.evaluate.Evaluator`), the
+    corpus), ``evaluator`` (``matched``, ``standard`` or an :class:`~swapkl.measure.evaluate.Evaluator`), the
     ``scoring_corpus`` and its ``prompts`` × ``tokens`` from ``prompt_seed`` (kept out of the training text),
     ``identity`` (names the weights: the disk memo and the result), ``use_cache`` (the evaluation memo and the
     adapters on disk) and ``heldout``: a corpus of a second text domain that no run trains on

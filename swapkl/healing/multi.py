@@ -64,7 +64,7 @@ def heal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, ns: Se
     :func:`swapkl.healing.tasks.heal_task_accuracy`)."""
     from swapkl.healing.heal import HealSetup, chosen_set, heal
     from swapkl.removal.curves import plan_evaluator
-    from swapkl.removal.memo import EvalMemo, disk_memo
+    from swapkl.measure.memo import EvalMemo, disk_memo
     from swapkl.scoring.corpora import load_corpus
 
     t0 = time.perf_counter()

@@ -2,8 +2,9 @@
 fine-tuned base (the control) and on each method's healed model at each n of healed curves, next to the same
 tasks before healing (the pruned model) and on the base.
 
-The evaluation is :mod:`swapkl.removal.tasks`'s own runner (``lm_eval.simple_evaluate`` on an ``HFLM`` around the
-in-memory model, :func:`swapkl.removal.lmeval.evaluate`) and its cache (:mod:`swapkl.store`, kind
+The evaluation is the task runner ``swapkl tasks`` uses, :class:`swapkl.measure.task_runner.TaskRunner`
+(``lm_eval.simple_evaluate`` on an ``HFLM`` around the in-memory model, :func:`swapkl.measure.lmeval.evaluate`), and
+its cache (:mod:`swapkl.store`, kind
 ``lm-eval-task``): the base and the pruned models hit the entries ``swapkl tasks`` wrote (and write the ones it
 reads), and a healed model's entry adds the heal to the key (the weights fingerprint, the recipe key, the training
 text key).  The healed model is built by :func:`swapkl.healing.train.healed_model` from the adapter the heal
@@ -26,9 +27,9 @@ from swapkl.errors import SwapklError
 from swapkl.healing.curves import HealCurves, set_key
 from swapkl.healing.recipe import Recipe, training_key
 from swapkl.healing.task_figures import FORMAT
-from swapkl.removal import lmeval
+from swapkl.measure import lmeval
+from swapkl.measure.task_runner import TaskRunner, TaskSettings
 from swapkl.removal.plan import RunHooks
-from swapkl.removal.tasks import TaskSettings, _Runner
 
 # Deferred: swapkl.healing.train (torch, peft) is imported where an adapter is read or a healed model built.
 
@@ -37,8 +38,8 @@ EVALUATOR_BRIDGED = ("lm-eval simple_evaluate on HFLM(in-memory model: base, pru
                      "copy + merged LoRA and trained bridges)")
 
 
-class _HealRunner(_Runner):
-    """The removal-tasks runner whose variants tagged ``{"heal": ...}`` are healed models: the adapter of that
+class _HealRunner(TaskRunner):
+    """The task runner whose variants tagged ``{"heal": ...}`` are healed models: the adapter of that
     removed set merged into a private pruned copy (:func:`~swapkl.healing.train.healed_model`).  The tag is part of
     the cache key, so a healed model never shares an entry with its pruned model."""
 
@@ -137,7 +138,7 @@ def heal_task_accuracy(model, tokenizer, hc, settings: TaskSettings, recipe: Rec
                        hooks: RunHooks | None = None) -> dict:
     """lm-eval tasks on the base, the fine-tuned base and, per method and n of the healed curves ``hc`` (a
     :class:`HealCurves` or its dict), the pruned and the healed model, run as ``settings`` says
-    (:class:`~swapkl.removal.tasks.TaskSettings`: task names, local YAMLs under ``include_path``, limit, few-shot
+    (:class:`~swapkl.measure.task_runner.TaskSettings`: task names, local YAMLs under ``include_path``, limit, few-shot
     count, batch size, cache; ``share_prefix`` does not apply).  ``recipe``: default the curves' own.
 
     Returns the JSON-able ``{"format", "model", "contract", "base", "base_finetuned", "methods": {method: [{"n",
@@ -186,7 +187,7 @@ def heal_task_accuracy(model, tokenizer, hc, settings: TaskSettings, recipe: Rec
     return out
 
 
-def _contract(hc: HealCurves, run: _Runner, loaded: list, base: dict, ip) -> dict:
+def _contract(hc: HealCurves, run: TaskRunner, loaded: list, base: dict, ip) -> dict:
     rep = hc.contract.get("repair") or {}
     out = {"evaluator": EVALUATOR_BRIDGED if rep else EVALUATOR, "lm_eval_version": run.lm_eval_version,
            "limit": run.limit, "num_fewshot": run.num_fewshot, "batch_size": run.batch_size, "include_path": ip,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from swapkl.contract import Contract
 
-# Deferred imports: torch and swapkl.removal.evaluate are imported inside the functions: the dashboard and the CLI import
+# Deferred imports: torch and swapkl.measure.evaluate are imported inside the functions: the dashboard and the CLI import
 # the defaults without them.
 
 DEFAULT_MODEL = "default"
@@ -60,11 +60,11 @@ def default_contract(device: str | None = "auto") -> Contract:
 
 
 def default_evaluator(device: str | None = "auto"):
-    """The default perplexity :class:`~swapkl.removal.evaluate.Evaluator`: on a CPU ``quick`` (600 words ≈ 800 SmolLM2
+    """The default perplexity :class:`~swapkl.measure.evaluate.Evaluator`: on a CPU ``quick`` (600 words ≈ 800 SmolLM2
     tokens, window 256, stride 192: 4 windows, 993 token-forwards per evaluation, every token after the first
     scored once with >= 64 tokens of context after the first window); on a GPU the paper's ``matched``
     (5,000 words, 512/256)."""
-    from swapkl.removal.evaluate import (EVALUATORS, Evaluator)  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.measure.evaluate import (EVALUATORS, Evaluator)  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     if _is_gpu(device):
         return EVALUATORS["matched"]
@@ -74,7 +74,7 @@ def default_evaluator(device: str | None = "auto"):
 def evaluator_choices(device: str | None = "auto") -> dict:
     """Evaluators offered by the dashboard, by name: the device's default (``quick`` on a CPU) and the two
     named contracts of docs/method.md §3."""
-    from swapkl.removal.evaluate import EVALUATORS  # deferred: pulls torch; the CLI and the dashboard import this module without it
+    from swapkl.measure.evaluate import EVALUATORS  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
     out = {}
     d = default_evaluator(device)

@@ -48,7 +48,7 @@ def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
 
 def evaluator_of(req: AnalysisRequest):
     """The request's perplexity evaluator (``matched`` when it names none)."""
-    from swapkl.removal.evaluate import Evaluator, get_evaluator  # deferred: torch
+    from swapkl.measure.evaluate import Evaluator, get_evaluator  # deferred: torch
 
     return Evaluator.from_dict(req.evaluator) if req.evaluator else get_evaluator("matched")
 
@@ -174,7 +174,8 @@ def run_evidence(job: Job, models: ModelCache) -> None:
 
 
 def run_tasks(job: Job, models: ModelCache) -> None:
-    from swapkl.removal.tasks import TaskSettings, task_accuracy  # deferred: torch-based helpers
+    from swapkl.measure.task_runner import TaskSettings
+    from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers
     from swapkl.scoring.score import score
 
     req: TasksRequest = job.request
@@ -226,7 +227,7 @@ def run_heal(job: Job, models: ModelCache) -> None:
                                     on_partial=lambda h: setattr(job, "heal", h)), shared=shared)
     if req.tasks:  # task accuracy after healing: the curves stay on show while lm-eval runs
         from swapkl.healing.tasks import heal_task_accuracy
-        from swapkl.removal.tasks import TaskSettings
+        from swapkl.measure.task_runner import TaskSettings
 
         job.phase(4, 4, f"lm-eval task accuracy after healing: {', '.join(req.tasks)}")
         hc = job.heal

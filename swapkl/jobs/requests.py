@@ -15,13 +15,13 @@ from swapkl.contract import BLOCK, Contract, stable_hash
 from swapkl.errors import ContractError
 from swapkl.trajectory.checkpoints import parse_checkpoints
 def _evaluator_dict(ev) -> dict | None:
-    """An evaluator given as a name (``"matched"``), an :class:`~swapkl.removal.evaluate.Evaluator` or its dict -> dict."""
+    """An evaluator given as a name (``"matched"``), an :class:`~swapkl.measure.evaluate.Evaluator` or its dict -> dict."""
     if ev is None:
         return None
     if isinstance(ev, dict):
         return dict(ev)
     if isinstance(ev, str):
-        from swapkl.removal.evaluate import get_evaluator  # deferred: swapkl.evaluate imports torch
+        from swapkl.measure.evaluate import get_evaluator  # deferred: swapkl.evaluate imports torch
 
         return get_evaluator(ev).to_dict()
     return ev.to_dict()
@@ -32,7 +32,7 @@ class AnalysisRequest:
     """One dashboard analysis: both protocols under ``contract``, then removal curves up to ``budget``.
 
     ``budget = 0`` or no ``methods`` skips the curves.  ``evaluator``: ``"matched"`` / ``"standard"``, an
-    :class:`~swapkl.removal.evaluate.Evaluator`, or its dict (stored as the dict).  ``repair``: what is done after
+    :class:`~swapkl.measure.evaluate.Evaluator`, or its dict (stored as the dict).  ``repair``: what is done after
     each removal (``"none"``, or ``"bridge"``: a linear bridge fitted in place of each removed span, the curves
     drawn raw and bridged); ``bridge``: the bridge's settings (fields of
     :class:`~swapkl.repair.settings.BridgeSettings`, e.g. ``{"form": "folded", "calib_tokens": 8192}``; ``{}``:
@@ -228,7 +228,7 @@ class TasksRequest:
     revision: str | None = None
     contract: Contract = field(default_factory=Contract)
     budget: int = 4
-    methods: tuple = ("replacement", "interchange", "random")
+    methods: tuple = field(default_factory=lambda: M.default_set("tasks"))
     tasks: tuple = ()
     limit: int | None = None
     num_fewshot: int | None = None

@@ -128,7 +128,7 @@ def run_study_job(job, models) -> None:
     """A study job: :func:`swapkl.study.run.run_study` on the request's plan, one model after the other through the
     server's model cache (emptied after each model: one model in memory), the partial study published after every
     model (``job.study``) and each model's steps as the job's progress."""
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.scoring.corpora import load_corpus
     from swapkl.study.run import run_study
 

@@ -90,7 +90,7 @@ def _compute(bridger, ids, ev, layers, batch_size, should_stop) -> dict:
 
 
 def _results(data: dict, ids, ev):
-    from swapkl.removal.evaluate import PPLResult
+    from swapkl.measure.evaluate import PPLResult
 
     counts = np.asarray(data["counts"], dtype=np.int64)
     n = int(getattr(ids, "numel", lambda: len(ids))())

@@ -66,7 +66,7 @@ class RepairedCurves:
         self.key = run.text_key + self.bridger.key()
 
     def evaluate(self, removed: Sequence[int]):
-        """The bridged :class:`~swapkl.removal.evaluate.PPLResult` of ``removed`` (memoised)."""
+        """The bridged :class:`~swapkl.measure.evaluate.PPLResult` of ``removed`` (memoised)."""
         run = self.run
         run.stop_check()
 
@@ -77,7 +77,7 @@ class RepairedCurves:
 
     def entry(self, raw_entry: dict) -> dict:
         """The bridged curve point of the raw point ``raw_entry`` (same keys, plus :data:`PAIRED_KEYS`)."""
-        from swapkl.removal import evaluate as E
+        from swapkl.measure import evaluate as E
         from swapkl.removal.paired import paired_delta
 
         run, removed = self.run, raw_entry["removed"]

@@ -44,7 +44,7 @@ def check_same_model(result, curves_model: dict | None,
 def check_evaluator_context(model, evaluator, name: str | None = None) -> None:
     """Raise :class:`ContractError` when the perplexity evaluator's window (tokens) exceeds the model's context."""
     from swapkl.model import architectures as arch  # deferred: pulls torch; the CLI and the dashboard import this module without it
-    from swapkl.removal.evaluate import get_evaluator
+    from swapkl.measure.evaluate import get_evaluator
 
     ev = get_evaluator(evaluator)
     arch.check_context(model, ev.window, f"the '{ev.name}' evaluator's window of {ev.window} tokens",

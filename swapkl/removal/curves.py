@@ -14,7 +14,7 @@ from swapkl.contract import Provenance
 from swapkl.scoring.corpora import load_corpus
 from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.removal.checks import check_evaluator_context
-from swapkl.removal.memo import EvalMemo, disk_memo
+from swapkl.measure.memo import EvalMemo, disk_memo
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json as _jsonable
 from swapkl.removal.plan import RemovalPlan, RunHooks
@@ -54,7 +54,7 @@ class CurvesResult:
     in ``random_seeds``.  ``delta_ratio``: per n, ΔPPL%(interchange) / ΔPPL%(replacement).  ``unit``: what each
     removed index removes (``block``, or the ``attention`` / ``mlp`` sublayer, skipped); ``sizes``: the model's
     parameter counts (:func:`swapkl.surgery.sizes.unit_sizes`), the common x axis of block and sublayer curves;
-    ``gains``: what each set gains, measured (:func:`swapkl.removal.gains.curve_gains`), when asked for;
+    ``gains``: what each set gains, measured (:func:`swapkl.measure.gains.curve_gains`), when asked for;
     ``plan``: the :class:`~swapkl.removal.plan.RemovalPlan` the curves ran (:meth:`RemovalPlan.to_dict`).
     ``repaired`` (``plan.repair == "bridge"``, else empty): per method, its curve with every set bridged, entries as in
     ``methods`` plus ``paired_delta_pct``/``paired_ci`` (bridged − raw ΔPPL %, paired bootstrap over the same
@@ -138,8 +138,8 @@ def removal_curves(model, tokenizer, scores: dict | None, plan: RemovalPlan, hoo
 
 
 def plan_evaluator(plan: RemovalPlan):
-    """The :class:`~swapkl.removal.evaluate.Evaluator` of ``plan`` (its name resolved, or its settings rebuilt)."""
-    from swapkl.removal import evaluate as E
+    """The :class:`~swapkl.measure.evaluate.Evaluator` of ``plan`` (its name resolved, or its settings rebuilt)."""
+    from swapkl.measure import evaluate as E
 
     spec = plan.evaluator_dict()
     return E.get_evaluator(spec if isinstance(spec, str) else E.Evaluator.from_dict(spec))
@@ -173,7 +173,7 @@ class CurvesRun:
         """The evaluator, the corpus and the evaluation token ids (``self.ids``, 1-D LongTensor) with their memo key."""
         import torch
 
-        from swapkl.removal import evaluate as E
+        from swapkl.measure import evaluate as E
 
         self.ev = ev = plan_evaluator(self.plan)
         check_evaluator_context(self.model, ev, name=(self.hooks.identity or {}).get("display"))
@@ -204,7 +204,7 @@ class CurvesRun:
     def _ppl(self, model, record: bool = False, **kw):
         """``evaluate_ppl`` on the run's text.  ``record``: ``model`` (the base) runs as a private copy that records the
         state entering every block, which the sets then start from (``self.prefix``; docs/removal.md, Work reuse)."""
-        from swapkl.removal import evaluate as E, prefix
+        from swapkl.measure import evaluate as E, prefix
 
         if record:
             self.prefix, model = prefix.recording_every_block(model, self.L, prefix.CURVES_STATES_BYTES)
@@ -250,7 +250,7 @@ class CurvesRun:
         """One curve point.  ``units``: the codes of a mixed set (:mod:`swapkl.removal.methods.mix`; ``removed`` is
         then its whole blocks): the entry's ``removed`` is None (n counts blocks' worth of parameters, not layers),
         ``removal`` its label and ``params_removed`` its non-embedding parameters."""
-        from swapkl.removal import evaluate as E
+        from swapkl.measure import evaluate as E
 
         r = self.evaluate_set(removed, merge, units)
         mixed = None

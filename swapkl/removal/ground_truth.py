@@ -10,12 +10,12 @@ GPT-2's ``scale_attn_by_inverse_layer_idx``, the scaling) they have in ``pruned_
 rotary embeddings and the causal mask are recomputed by the suffix model from the same window tokens, so they are
 those of the plain evaluation.  Per-layer config lists (``layer_types``) are cut with the blocks.
 
-Each result is a :class:`swapkl.removal.evaluate.PPLResult` with per-window NLL and KL(base ‖ pruned) sums, the
-same numbers :func:`swapkl.removal.evaluate.evaluate_ppl` gives for ``pruned_copy(model, [ℓ])`` with a base
+Each result is a :class:`swapkl.measure.evaluate.PPLResult` with per-window NLL and KL(base ‖ pruned) sums, the
+same numbers :func:`swapkl.measure.evaluate.evaluate_ppl` gives for ``pruned_copy(model, [ℓ])`` with a base
 reference (to float tolerance; tests/removal/test_ground_truth.py).  Cost per window: one base pass (L blocks) plus
 Σ_ℓ (L-1-ℓ) = L(L-1)/2 blocks, against L(L-1) for L independent evaluations (≈ 0.5× plus the heads).
 
-:func:`ground_truth` wraps it with the removal memo (:class:`swapkl.removal.memo.EvalMemo`, entries written through
+:func:`ground_truth` wraps it with the removal memo (:class:`swapkl.measure.memo.EvalMemo`, entries written through
 :mod:`swapkl.store`) under the same keys as ``curves``, so a cached sweep serves ``curves`` and vice versa.
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _base_pass(priv, blocks, x, keep, projs=None):
     """Base logits of the last ``keep`` positions, the hidden state entering every block and every block's output
     (its type only matters: the replayed block returns the same kind); with ``projs`` ({k: module}) the outputs
     of those modules too (``outs[("m", k)]``)."""
-    from swapkl.removal.evaluate import _forward_logits
+    from swapkl.measure.evaluate import _forward_logits
 
     ins: dict = {}
     outs: dict = {}
@@ -118,7 +118,7 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
     import torch
 
     from swapkl.model import architectures as arch
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.repair.bridge import captured_blocks, start_state
     from swapkl.surgery.prune import pruned_copy
 
@@ -222,7 +222,7 @@ class GroundTruth:
 
 def from_results(layers, baseline, removed: dict, region: dict | None = None, seconds: float = 0.0,
                  computed: int = 0, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> GroundTruth:
-    """A :class:`GroundTruth` from a baseline and per-layer :class:`~swapkl.removal.evaluate.PPLResult` values."""
+    """A :class:`GroundTruth` from a baseline and per-layer :class:`~swapkl.measure.evaluate.PPLResult` values."""
     layers = list(layers)
     gt = GroundTruth(layers=layers, delta_ppl_pct=[], delta_ppl_pct_ci=[], kl=[], kl_ci=[],
                      baseline_ppl=baseline.ppl, window_nll=np.stack([removed[i].nll for i in layers]),
@@ -277,7 +277,7 @@ def unit_ground_truth(model, ids, ev, memo, key: str, unit: str, layers: Sequenc
     plus the unit's suffix (``curves --unit``'s own keys, so either serves the other).  One plain evaluation per
     layer (no prefix reuse); ``unit="block"`` is :func:`ground_truth`."""
     from swapkl.model import architectures as arch
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.removal.units import unit_key_suffix
     from swapkl.surgery.skip import removed_copy
 

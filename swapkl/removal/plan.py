@@ -104,7 +104,7 @@ class RemovalPlan:
     ``candidates`` (layer indices; None = every layer but the first and last with ``exclude_boundary``) and
     ``partners``: the selection rule (docs/method.md §4); ``seeds``: the seeded methods' seeds (None = as many as the
     most-seeded method runs); ``evaluator``: ``"matched"`` / ``"standard"``, an
-    :class:`~swapkl.removal.evaluate.Evaluator` or its settings dict; ``calib_tokens``: the calibration tokens of every calibration method
+    :class:`~swapkl.measure.evaluate.Evaluator` or its settings dict; ``calib_tokens``: the calibration tokens of every calibration method
     (None: each method's registered default; given, it is written into ``method_params`` of each such method); ``method_params``: ``{method: {option: value}}``, read-only (a
     writable copy: :meth:`params`); ``batch_size``: windows per forward (None = the evaluator's default); ``kl``: also
     KL(base || pruned) per token; ``repair``: what is done after removal (``"none"``, or ``"bridge"``: every set is
@@ -287,7 +287,7 @@ class RunHooks:
     :class:`~swapkl.errors.ComputeInterrupted`; ``on_curve(name, partial_result)`` after each method's curve;
     ``on_partial(result)`` after each step of a run that publishes its whole partial result (task accuracy after every
     model, healed curves after every heal);
-    ``memo``: an :class:`~swapkl.removal.memo.EvalMemo` shared across calls (default: the model's disk memo);
+    ``memo``: an :class:`~swapkl.measure.memo.EvalMemo` shared across calls (default: the model's disk memo);
     ``identity``: the checkpoint's identity (names the weights for the disk memo and the result); ``corpus``: a
     :class:`~swapkl.scoring.corpora.Corpus` (default: the built-in one); ``eval_ids``: the evaluation token ids when
     already tokenised; ``contract``: the scoring :class:`~swapkl.contract.Contract` whose prompts a bridge's

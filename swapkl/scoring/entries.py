@@ -13,7 +13,7 @@ and recomputed.
 The root is ``$SWAPKL_CACHE`` if set, else ``cache/`` in the project.  A root that cannot be written (read-only,
 no space, a regular file in its path) is not an error: everything is computed without caching, and
 :func:`warn_unwritable` says so once per process and root (the score cache, the perplexity memo of
-:mod:`swapkl.removal.memo` and the GGUF conversion of :mod:`swapkl.model.gguf` share it).
+:mod:`swapkl.measure.memo` and the GGUF conversion of :mod:`swapkl.model.gguf` share it).
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def analyze_model(ck, plan: StudyPlan, ev, corpus, progress=None, should_stop=No
     "evidence", "order", "seconds": {step: s}}``.  ``progress(done, total, what)`` per step."""
     from swapkl.compare.agreement import verdict
     from swapkl.removal.curves import removal_curves
-    from swapkl.removal.memo import disk_memo
+    from swapkl.measure.memo import disk_memo
     from swapkl.removal.plan import RunHooks
     from swapkl.scoring.score import score
     from swapkl.surgery.sizes import unit_sizes

@@ -15,8 +15,6 @@ from swapkl.removal import methods as M
 from swapkl.removal.methods.random import MIN_SEEDS
 from swapkl.schema.text import plain_text
 
-#: the methods a study runs by default: both guided protocols and the zero-evaluation baselines
-DEFAULT_METHODS = ("replacement", "interchange", "random", "bi")
 #: the guided methods every study needs (the I/R ratio)
 GUIDED = ("replacement", "interchange")
 #: every evidence signal a study ranks against the removal cost (besides both protocols)
@@ -69,7 +67,7 @@ class StudyPlan:
     """Every setting of a study but its models' list (which :meth:`with_models` sets).
 
     ``contract``: the swap-KL :class:`~swapkl.contract.Contract`; ``evaluator``: the held-out evaluator's dict
-    (:meth:`~swapkl.removal.evaluate.Evaluator.to_dict`); ``eval_text``: the text file of held-out perplexity
+    (:meth:`~swapkl.measure.evaluate.Evaluator.to_dict`); ``eval_text``: the text file of held-out perplexity
     (None: the default corpus); ``budget``: n = 1..budget removed blocks; ``methods``: removal methods (both
     guided ones always); ``seeds``: random-baseline seeds; ``repair``: ``none`` or ``bridge`` (the evidence also
     after each block's bridge); ``n_boot``: bootstrap resamples of every CI; ``signals``: evidence signals
@@ -80,7 +78,7 @@ class StudyPlan:
                                                      "stride": 256, "drop_first_target": False})
     eval_text: str | None = None
     budget: int = 3
-    methods: tuple = DEFAULT_METHODS
+    methods: tuple = field(default_factory=lambda: M.default_set("study"))  # both guided protocols, the baselines
     seeds: int = 5
     repair: str = "none"
     n_boot: int = 1000

@@ -5,7 +5,7 @@ are deleted as in :func:`swapkl.surgery.prune.save_pruned`.
 
 A stock runtime still *computes* a zeroed sublayer (and keeps its KV cache), so the folder is as fast and as large
 in memory as the unpruned model apart from deleted blocks; the speed and KV-cache gain needs a runtime that skips
-the sublayer (:func:`swapkl.surgery.skip.skipping_copy`, measured by :mod:`swapkl.removal.gains`)."""
+the sublayer (:func:`swapkl.surgery.skip.skipping_copy`, measured by :mod:`swapkl.measure.gains`)."""
 from __future__ import annotations
 
 import os

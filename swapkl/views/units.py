@@ -75,7 +75,7 @@ def common_axis_rows(curves_list, methods=None) -> list[dict]:
     ``delta_pct`` and its CI, ``kl_to_base``, and when measured ``prefill_speedup``, ``decode_speedup``,
     ``memory_ratio``.  A run with ``--repair bridge`` adds its bridged curves as methods ``name+bridge`` (their
     parameters removed net of what residual bridges add)."""
-    from swapkl.removal.gains import point_gains
+    from swapkl.measure.gains import point_gains
 
     rows = []
     for c in curves_list:

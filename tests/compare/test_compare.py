@@ -114,8 +114,8 @@ def test_two_prompt_seeds_of_stories260k_agree(two_seeds):
 def test_the_transfer_delta_is_the_plain_evaluators_on_b_with_as_set_removed(stories, two_seeds, wikitext_path,
                                                                           cache_dir):
     from swapkl.compare.transfer import transfer
-    from swapkl.removal import evaluate as E
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure import evaluate as E
+    from swapkl.measure.memo import EvalMemo
     from swapkl.scoring.corpora import load_corpus
     from swapkl.surgery.blocks import pruned_copy
 

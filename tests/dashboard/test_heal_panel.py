@@ -12,7 +12,7 @@ from swapkl.contract import Contract
 from swapkl.healing.recipe import Recipe
 from swapkl.jobs import HealRequest
 from swapkl.jobs.policy import Policy, PolicyError
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from support.app_util import heal_panel_app
 
 EV = Evaluator("tiny", 300, 128, 64)

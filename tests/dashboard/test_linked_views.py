@@ -135,7 +135,7 @@ def stories_parts(stories_path, wikitext_path, tmp_path_factory):
     from swapkl.contract import Contract
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.removal.curves import removal_curves
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.scoring.corpora import from_file
     from swapkl.scoring.score import score
 

@@ -122,8 +122,8 @@ def test_regions_are_disjoint(wikitext_path, stories_path):
     import transformers as tf
 
     from swapkl.removal import methods as M
-    from swapkl.removal.evaluate import get_evaluator
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.evaluate import get_evaluator
+    from swapkl.measure.memo import EvalMemo
     from swapkl.scoring.corpora import from_file, from_text
     from swapkl.scoring.prompts import make_prompts
 
@@ -260,8 +260,8 @@ def test_sleb_prefill_equals_plain_first_step(stories_path, wikitext_path):
 
     from swapkl.evidence.signals import prefill_sleb
     from swapkl.removal import methods as M
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.memo import EvalMemo
     from swapkl.scoring.corpora import from_file
 
     model = tf.AutoModelForCausalLM.from_pretrained(stories_path).eval()

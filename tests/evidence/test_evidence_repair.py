@@ -9,7 +9,7 @@ from conftest import WIKITEXT
 from support.bridge_plain import plain_activations, plain_bridged
 from swapkl.errors import SwapklError
 from swapkl.removal.bridged_truth import bridged_ground_truth
-from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
+from swapkl.measure.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.repair.bridged_kl import BridgeSettings
 from swapkl.repair.calibration import calibration_text
 from swapkl.scoring.corpora import load_corpus
@@ -70,7 +70,7 @@ def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     assert rec["settings"]["calib_tokens"] == 2048 and rec["calibration"]["windows"] == 16
     # the raw ground truth's windows, one for one
     from swapkl.removal.ground_truth import ground_truth
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.memo import EvalMemo
 
     raw_gt = ground_truth(stories.model, ids, EV, EvalMemo(), "k", layers=layers)
     np.testing.assert_array_equal(gt.counts, raw_gt.counts)

@@ -130,7 +130,7 @@ def test_chosen_sets_and_set_scores():
 def test_set_agreement_on_stories(ev, stories_path, wikitext_path):
     import transformers as tf
 
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.scoring.corpora import from_file
     from swapkl.surgery.blocks import pruned_copy
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from swapkl.commands.cli import main
-from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
+from swapkl.measure.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.removal.ground_truth import text_key, unit_ground_truth
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.memo import EvalMemo
 from test_unit_curves import zeroed_plain
 
 EV = Evaluator("tiny", 200, 128, 64)

@@ -14,7 +14,7 @@ from swapkl.healing import teacher as TE
 from swapkl.healing import train as TR
 from swapkl.healing.heal import KD_CONTROL_NOTE, HealSetup, heal
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
 from swapkl.scoring.corpora import from_file
 from swapkl.surgery.blocks import pruned_copy
@@ -246,7 +246,7 @@ def test_kd_heal_control_is_the_base_and_heldout_domain_is_measured(stories, sma
     assert h["label"] == heldout.label and set(h["ppl"]) == {"base", "pruned", "healed", "base_finetuned"}
     assert h["ppl"]["base_finetuned"] == h["ppl"]["base"] and h["ppl"]["pruned"] != h["ppl"]["healed"]
     # the held-out perplexity is the plain evaluator's on the first 300 words of the shipped text
-    from swapkl.removal.evaluate import evaluate_ppl
+    from swapkl.measure.evaluate import evaluate_ppl
     from swapkl.healing.heal import heldout_ids
 
     ids = heldout_ids(heldout, stories.tokenizer, EV)

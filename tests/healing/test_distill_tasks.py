@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.scoring.corpora import from_file, from_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def test_kd_last_k_heal_task_accuracy_from_the_cache(env, stories, wikitext_path
     from swapkl.healing.multi import heal_curves
     from swapkl.healing.tasks import heal_task_accuracy
     from swapkl.removal.plan import RemovalPlan, RunHooks
-    from swapkl.removal.tasks import TaskSettings
+    from swapkl.measure.task_runner import TaskSettings
 
     corpus = from_text(" ".join(from_file(wikitext_path).words[:12_000]), name="wiki12k")
     r = Recipe(steps=2, seq_len=32, batch=2, lr=1e-3, warmup=0, objective="kd", part="last-k", last_k=1, top_k=16)

@@ -16,7 +16,7 @@ from swapkl.healing import train as TR
 from swapkl.healing.heal import HealSetup, export_healed, heal
 from swapkl.healing.recipe import Recipe
 from swapkl.healing.result import compare, recovered_share
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.plan import RunHooks
 from swapkl.scoring.corpora import from_file
 from swapkl.surgery.blocks import pruned_copy

@@ -14,7 +14,7 @@ from swapkl.healing import bridged as B
 from swapkl.healing import train as TR
 from swapkl.healing.heal import HealSetup, export_healed, heal
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.removal.plan import RemovalPlan
 from swapkl.repair.bridge import bridged_model
 from swapkl.repair.calibration import CalibrationText, fit_bridges

@@ -13,7 +13,7 @@ from swapkl.errors import SwapklError
 from swapkl.healing import compare as C
 from swapkl.healing.curves import HealCurves, set_key
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan, RunHooks
 
 EV = Evaluator("tiny", 300, 128, 64)

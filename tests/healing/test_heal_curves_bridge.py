@@ -11,7 +11,7 @@ from swapkl.healing.curves import HealCurves, points
 from swapkl.healing.heal import HealSetup, heldout_ids
 from swapkl.healing.multi import heal_curves
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
 from swapkl.removal.plan import RemovalPlan
 from swapkl.repair.bridge import bridged_model
 from swapkl.scoring.corpora import from_file, from_text

@@ -7,8 +7,8 @@ import numpy as np
 
 from swapkl.healing.heal import chosen_set
 from swapkl.removal.curves import removal_curves
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.selection import default_candidates
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan, RunHooks
-from swapkl.removal.tasks import TaskSettings
+from swapkl.measure.task_runner import TaskSettings
 from test_heal_curves import fake_scores
 from test_tasks import counting_loads
 from support.tensors import logits
@@ -73,8 +73,8 @@ def test_shape_contract_and_counts(run):
 def test_pruned_and_base_rows_are_the_swapkl_tasks_cache_entries(run, stories):
     """The base and pruned models are stored under exactly the keys ``swapkl tasks`` reads (removal.tasks' runner
     with no merge), so either command reuses the other's evaluations."""
-    from swapkl.removal import lmeval
-    from swapkl.removal.tasks import _Runner
+    from swapkl.measure import lmeval
+    from swapkl.measure.task_runner import TaskRunner as _Runner
 
     _, ht = run
     _, [task] = lmeval.load_tasks(lmeval.check_include_path(FIXTURE_TASKS), [TASK])
@@ -94,7 +94,7 @@ def test_healed_model_is_the_heals_model_and_equals_plain_lm_eval(run, stories, 
 
     from swapkl.healing import train as TR
     from swapkl.healing.tasks import _HealRunner, heal_tag
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
 
     hc, ht = run
     entry, got = hc.methods["interchange"][1], ht["methods"]["interchange"][1]
@@ -129,7 +129,7 @@ def test_zero_steps_give_the_pruned_and_base_metrics_exactly(tasks_env, stories,
 
 def test_second_call_evaluates_nothing(run, stories, monkeypatch):
     """Same curves, adapters now read from the heal cache, every model's rows from the tasks cache."""
-    from swapkl.removal import lmeval
+    from swapkl.measure import lmeval
 
     hc, ht = run
     calls = []

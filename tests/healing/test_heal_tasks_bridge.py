@@ -14,9 +14,9 @@ import torch
 
 from swapkl.healing.curves import HealCurves
 from swapkl.healing.recipe import Recipe
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan, RunHooks
-from swapkl.removal.tasks import TaskSettings
+from swapkl.measure.task_runner import TaskSettings
 from support.cli_run import run_swapkl
 from support.tensors import logits
 
@@ -88,7 +88,7 @@ def test_bridged_and_healed_are_the_heals_models_and_equal_plain_lm_eval(run, st
     simple_evaluate on them gives the JSON's metrics."""
     from swapkl.healing import train as TR
     from swapkl.healing.tasks import _HealRunner, bridged_tag, heal_tag
-    from swapkl.removal import evaluate as E
+    from swapkl.measure import evaluate as E
     from swapkl.repair.bridge import bridged_model
 
     recipe, res, states, shared, hc, ht = run
@@ -125,7 +125,7 @@ def test_cache_keys_carry_the_bridge(run, stories):
     """The bridged and healed entries are keyed apart from the raw cut (the ``swapkl tasks`` key) and from a heal
     of the same set without a bridge; a second call reads all five from the cache."""
     from swapkl.healing.tasks import _HealRunner, bridged_tag, heal_tag, heal_task_accuracy
-    from swapkl.removal import lmeval
+    from swapkl.measure import lmeval
 
     recipe, _, _, shared, hc, ht = run
     hb = shared["bridges"][tuple(REMOVED)]

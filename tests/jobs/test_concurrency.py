@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from swapkl.contract import Contract
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)

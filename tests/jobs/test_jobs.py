@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from swapkl.contract import Contract
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.plan import RemovalPlan
 
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
@@ -222,7 +222,7 @@ def test_demo_trajectory_job_trains_then_scores(manager, tmp_path, stories_path,
 def test_defaults_per_device():
     from swapkl.removal import methods
     from swapkl.jobs.defaults import DEFAULT_BUDGET, default_contract, default_evaluator
-    from swapkl.removal.evaluate import make_windows
+    from swapkl.measure.evaluate import make_windows
 
     cpu = default_contract("cpu")
     assert (cpu.pairs, cpu.prompts, cpu.tokens, cpu.positions, cpu.device) == ("adjacent", 16, 32, "all", "cpu")

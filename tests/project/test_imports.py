@@ -32,7 +32,7 @@ TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.units", "swapkl.mod
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
                  "swapkl.scoring.calls", "swapkl.scoring.batching", "swapkl.scoring.definitions", "swapkl.support.check", "swapkl.model.outputs",
                  "swapkl.model.families", "swapkl.model.discovery", "swapkl.model.handed", "swapkl.model.unit_discovery", "swapkl.model.layouts",
-                 "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.surgery.reload_form", "swapkl.surgery.skip", "swapkl.surgery.sublayer_export", "swapkl.removal.evaluate",
+                 "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.surgery.reload_form", "swapkl.surgery.skip", "swapkl.surgery.sublayer_export", "swapkl.measure.evaluate",
                  "swapkl.repair.bridge", "swapkl.repair.calibration", "swapkl.repair.sweep", "swapkl.repair.joint_kl", "swapkl.repair.bridged_kl", "swapkl.repair.export", "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal", "swapkl.healing.bridged"}
 #: runs the CLI when imported
 NOT_IMPORTABLE = {"swapkl.__main__"}
@@ -177,7 +177,7 @@ def test_import_graph_has_no_cycle():
 #: the import rule, top to bottom: a module imports only from its own package, the root modules and the tiers below
 #: its own (the dashboard -- dashboard/, pages/ and app.py, one package here -- sits beside commands/, above jobs/).  Packages of
 #: one tier do not import each other.
-LAYERS = (("commands", "dashboard"), ("jobs",), ("study",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("repair",), ("scoring", "surgery"), ("model",), ("",))
+LAYERS = (("commands", "dashboard"), ("jobs",), ("study",), ("compare",), ("evidence", "healing"), ("views",), ("removal", "trajectory", "support"), ("measure",), ("repair",), ("scoring", "surgery"), ("model",), ("",))
 #: ``python -m swapkl``: Python looks for it at the package root, and it only starts the CLI
 ENTRY_POINT = "swapkl.__main__"
 
@@ -431,7 +431,7 @@ def plugin_method(tmp_path, monkeypatch):
 def test_new_method_is_one_file(plugin_method, stories, wikitext_path, cache_dir):
     from swapkl.removal import curves
     from swapkl.scoring.corpora import from_file
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.removal.plan import RemovalPlan, RunHooks
 
     M = plugin_method

@@ -86,7 +86,7 @@ def test_the_scan_sees_the_imports_it_must():
     found = {(m, f, fn) for m, f, _, fn in third_party()}
     assert ("scipy", "swapkl/evidence/agreement.py", None) in found
     assert ("yaml", "swapkl/surgery/mergekit.py", None) in found
-    assert ("lm_eval", "swapkl/removal/lmeval.py", "evaluate") in found
+    assert ("lm_eval", "swapkl/measure/lmeval.py", "evaluate") in found
     assert ("peft", "swapkl/healing/train.py", "lora_model") in found
     assert dists_of("yaml") == {"pyyaml"} and dists_of("lm_eval") == {"lm-eval"}
 
@@ -202,7 +202,7 @@ def test_a_missing_extra_is_one_line_at_the_command_line(monkeypatch, capsys, st
     """Before any model is loaded: exit 2 and the one line that says which extra to install."""
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(sys.modules, module, None)
-    from swapkl.removal import lmeval
+    from swapkl.measure import lmeval
 
     monkeypatch.setattr(lmeval, "_MANAGERS", {})  # a task manager made earlier in this process is not used
     import swapkl.model.checkpoints as C

@@ -9,8 +9,8 @@ import torch
 
 from conftest import tiny_model
 from swapkl.removal import methods as M
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.methods.angular import best_blocks, residual_stats
 
 

@@ -9,8 +9,8 @@ import torch
 
 from support.bridge_plain import near_identity, plain_bridged, plain_kl
 from swapkl.removal.curves import removal_curves
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.methods.bridge_joint import admissible
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.repair.bridge import Bridge, bridged_model

@@ -8,8 +8,8 @@ import pytest
 from swapkl.model.checkpoints import load_checkpoint
 from swapkl.scoring.corpora import from_file
 from swapkl.errors import ComputeInterrupted
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo, disk_memo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo, disk_memo
 from swapkl.removal.curves import removal_curves
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from test_removal import scores5

@@ -11,9 +11,9 @@ import torch
 
 from conftest import FAMILY_NAMES, tiny_model
 from swapkl.removal import curves as C
-from swapkl.removal import prefix
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure import prefix
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.surgery.blocks import pruned_copy
 from test_removal import scores5

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_model
 from swapkl.scoring import corpora
 from swapkl.errors import SwapklError
-from swapkl.removal.evaluate import (EVALUATORS, EvalTextError, Evaluator, delta_pct, delta_pct_ci, eval_ids,
+from swapkl.measure.evaluate import (EVALUATORS, EvalTextError, Evaluator, delta_pct, delta_pct_ci, eval_ids,
                                      evaluate_ppl, get_evaluator, kl_to_base, make_windows)
 
 

@@ -3,7 +3,7 @@ holds none), and throughput measured base vs pruned in one run."""
 from __future__ import annotations
 
 from conftest import tiny_model
-from swapkl.removal.gains import gains_line, measure_gains
+from swapkl.measure.gains import gains_line, measure_gains
 from swapkl.surgery.removal_set import RemovalSet
 
 

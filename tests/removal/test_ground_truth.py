@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl.removal import evaluate as E
+from swapkl.measure import evaluate as E
 from swapkl.removal.ground_truth import ground_truth, single_removal_sweep
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.memo import EvalMemo
 from swapkl.surgery.prune import pruned_copy
 from swapkl.model.tiny import scale_matrices
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from swapkl.model.checkpoints import load_checkpoint
-from swapkl.removal import lmeval
+from swapkl.measure import lmeval
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK, LIMIT = "tinystories_mc", 12

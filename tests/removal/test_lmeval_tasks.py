@@ -1,4 +1,4 @@
-"""Which lm-eval task manager loads the tasks (``swapkl.removal.lmeval.load_tasks``): an include-path task loads from
+"""Which lm-eval task manager loads the tasks (``swapkl.measure.lmeval.load_tasks``): an include-path task loads from
 a manager that indexes only that folder (milliseconds, not the seconds of lm-eval's ~15,000 registry YAMLs), with
 the same configuration as through the full registry; a name the folder does not hold goes to the full registry."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swapkl.removal import lmeval
+from swapkl.measure import lmeval
 
 FIXTURE_TASKS = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 TASK = "tinystories_mc"

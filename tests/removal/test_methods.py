@@ -8,10 +8,10 @@ import torch
 from conftest import tiny_model
 from swapkl.removal import methods as M
 from swapkl.errors import SwapklError
-from swapkl.removal.evaluate import Evaluator, evaluate_ppl
+from swapkl.measure.evaluate import Evaluator, evaluate_ppl
 from swapkl.removal.methods.bi import block_influence
 from swapkl.surgery.prune import pruned_copy
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.selection import nested
 from swapkl.removal.curves import removal_curves
 from swapkl.removal.plan import RemovalPlan, RunHooks

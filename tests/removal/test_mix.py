@@ -17,8 +17,8 @@ from swapkl.errors import SwapklError
 from swapkl.model import architectures as arch
 from swapkl.model.units import layout_for
 from swapkl.removal.curves import CurvesResult, removal_curves
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.methods import MethodContext
 from swapkl.removal.methods import mix as MX
 from swapkl.removal.selection import layer_scores

@@ -12,8 +12,8 @@ import pytest
 
 from swapkl.errors import SwapklError
 from swapkl.removal.curves import CurvesResult, removal_curves
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.selection import BudgetError
 from swapkl.surgery.prune import pruned_copy

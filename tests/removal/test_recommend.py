@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from swapkl.removal import evaluate as E
+from swapkl.measure import evaluate as E
 from swapkl.scoring.corpora import Corpus, from_text, load_corpus
 from swapkl.errors import SwapklError
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 from swapkl.removal.methods import MethodContext
 from swapkl.removal.recommend import Recommendation, recommend, search, sleb_cost
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.curves import removal_curves
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.recommend import recommend_plan, search_params
@@ -86,7 +86,7 @@ def test_calibration_windows_follow_the_evaluator(stories):
     """By default a calibration number is scored with the held-out evaluator's window and stride (the plain
     sliding-window PPL on the calibration ids); "disjoint" gives SLEB's non-overlapping windows, and an exhaustive
     search under that objective is matched too."""
-    from swapkl.removal.evaluate import evaluate_ppl
+    from swapkl.measure.evaluate import evaluate_ppl
     from swapkl.surgery.prune import pruned_copy
 
     corpus = load_corpus()

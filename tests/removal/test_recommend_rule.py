@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from swapkl.removal import evaluate as E
+from swapkl.measure import evaluate as E
 from swapkl.removal.confirm import anchor_protocol, confirm, paired_nll_diff
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.methods import MethodContext
 from swapkl.removal.paired import paired_delta, word
 from swapkl.removal.recommend import recommend

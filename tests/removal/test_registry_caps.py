@@ -166,8 +166,8 @@ class CountingContext(M.MethodContext):
 
 
 def run_method(tiny, name, params):
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.memo import EvalMemo
 
     model, tok, corpus = tiny
     ctx = CountingContext(model=model, tokenizer=tok, scores={}, num_layers=5, candidates=[1, 2, 3], spacing=1,
@@ -204,7 +204,7 @@ def test_without_a_count_each_method_reads_its_registered_default(tiny, name):
 
 def test_the_count_reaches_the_result_and_its_caption(tiny):
     from swapkl.removal.curves import removal_curves
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
     from swapkl.removal.plan import RemovalPlan, RunHooks
 
     model, tok, corpus = tiny

@@ -10,7 +10,7 @@ from swapkl.errors import ComputeInterrupted
 from swapkl.removal.selection import BudgetError, layer_scores, max_feasible, random_sets, select
 from swapkl.removal.checks import ScoresMismatch
 from swapkl.removal.curves import CurvesResult, removal_curves
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.verdict import regime_verdict
 from swapkl.removal.plan import RemovalPlan, RunHooks
 
@@ -118,7 +118,7 @@ def scores5():
 
 
 def test_curves_runner(stories_hf):
-    from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
+    from swapkl.measure.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
     from swapkl.surgery.prune import pruned_copy
 
     model, tok, corpus = stories_hf
@@ -166,7 +166,7 @@ def test_curves_runner(stories_hf):
 
 
 def test_curves_bad_input(stories_hf):
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
 
     model, tok, corpus = stories_hf
     ev = Evaluator("tiny", 200, 128, 64)
@@ -191,7 +191,7 @@ def test_curves_bad_input(stories_hf):
 
 def test_literature_baselines_not_bound_by_the_rule(stories_hf):
     """SLEB/BI choose from every layer: a budget beyond the rule's maximum (2) is fine for them alone."""
-    from swapkl.removal.evaluate import Evaluator
+    from swapkl.measure.evaluate import Evaluator
 
     model, tok, corpus = stories_hf
     r = removal_curves(model, tok, None, RemovalPlan(budget=3, methods=["bi"], evaluator=Evaluator("tiny", 200, 128, 64), kl=False, method_params={"bi": {"calib_tokens": 256}}),

@@ -12,8 +12,8 @@ import pytest
 from support.bridge_plain import plain_activations, plain_bridged
 from swapkl.errors import SwapklError
 from swapkl.removal.curves import CurvesResult, removal_curves
-from swapkl.removal.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.plan import BRIDGE_DEFAULTS, RemovalPlan, RunHooks
 
 EV = Evaluator("tiny", 200, 128, 64)

@@ -10,8 +10,8 @@ import torch
 
 from support.bridge_plain import plain_activations, plain_bridged, plain_kl
 from swapkl.removal.curves import removal_curves
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.plan import RemovalPlan, RunHooks
 
 EV = Evaluator("tiny", 200, 128, 64)

@@ -41,7 +41,7 @@ FIRST_RUN_LOADS: list = []
 
 def counting_loads(mp) -> list:
     """Every ``lmeval.load_task(manager, name)`` call from now on, by name (the real loader still runs)."""
-    from swapkl.removal import lmeval
+    from swapkl.measure import lmeval
 
     calls, real = [], lmeval.load_task
 
@@ -71,7 +71,7 @@ def first_run(stories_path, cache, tmp_path_factory):
 
 def test_each_task_is_loaded_once_per_run(first_run):
     """The command loads the tasks before the model (a bad name fails first) and the run uses what it loaded."""
-    from swapkl.removal import lmeval
+    from swapkl.measure import lmeval
 
     assert FIRST_RUN_LOADS == [TASK] and not lmeval._PRELOADED
 
@@ -116,7 +116,7 @@ def test_cache_key_names_each_part():
     """The cache file changes with the weights, removed set, task version and configuration, limit, few-shot count
     and lm-eval version: any of them changes the numbers."""
     from swapkl.removal.plan import RunHooks
-    from swapkl.removal.tasks import TaskSettings, _Runner
+    from swapkl.measure.task_runner import TaskRunner as _Runner, TaskSettings
 
     task = {"name": TASK, "versions": {TASK: 1.0}, "config_sha": "abc"}
     ident = {"kind": "local", "id": "/m", "fingerprint": "f0", "dtype": "float32"}
@@ -132,7 +132,7 @@ def test_cache_key_names_each_part():
     variants = [path(removed=(3,)), path(task=dict(task, versions={TASK: 2.0})), path(task=dict(task, config_sha="x")),
                 path(ident=dict(ident, fingerprint="f1")), path(limit=20), path(shots=5), path(version="0.4.12")]
     assert len({base, *variants}) == len(variants) + 1
-    from swapkl.removal.tasks import _cache_key
+    from swapkl.measure.task_runner import _cache_key
     assert _cache_key({"kind": "local", "id": "/m"}) is None  # weights not named: nothing cached
 
 
@@ -150,7 +150,7 @@ def test_equals_lm_eval_cli_on_the_exported_folder(first_run, stories, tmp_path)
                         "--batch_size", "16", "--device", "cpu", "--output_path", str(tmp_path / "out")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    from swapkl.removal.lmeval import rows_of
+    from swapkl.measure.lmeval import rows_of
 
     files = list((tmp_path / "out").rglob("results_*.json"))
     assert len(files) == 1
@@ -166,8 +166,8 @@ def test_sets_are_the_curves_runner_sets(stories):
     import numpy as np
 
     from swapkl.removal.curves import removal_curves
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.memo import EvalMemo
     from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.removal.tasks import removal_sets
     from swapkl.scoring.corpora import load_corpus

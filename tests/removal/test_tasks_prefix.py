@@ -1,4 +1,4 @@
-"""Prefix sharing (swapkl.removal.prefix): a variant that starts from the base model's stored hidden states entering
+"""Prefix sharing (swapkl.measure.prefix): a variant that starts from the base model's stored hidden states entering
 its first removed layer gives bit-identical logits to its plain pruned copy, on every supported family (GPT-2 with
 the inverse-layer-index scaling included), for recorded and unrecorded batches alike; and through lm-eval on
 stories260K and the fixture task, task_accuracy with sharing equals the plain path exactly."""
@@ -25,7 +25,7 @@ def _logits(model, x):
 
 @pytest.mark.parametrize("kind", FAMILY_NAMES + ("gpt2-scaled",))
 def test_shared_prefix_logits_equal_the_plain_copy(kind):
-    from swapkl.removal.prefix import PrefixStore
+    from swapkl.measure.prefix import PrefixStore
     from swapkl.surgery.blocks import pruned_copy
 
     model = tiny_model(kind.split("-")[0], num_layers=5)
@@ -62,7 +62,7 @@ def _rebuilt(model):
 
 
 def test_budget_bounds_the_stored_states():
-    from swapkl.removal.prefix import PrefixStore
+    from swapkl.measure.prefix import PrefixStore
     from swapkl.surgery.blocks import pruned_copy
 
     model = tiny_model("llama", num_layers=5)
@@ -84,7 +84,8 @@ def test_task_accuracy_with_sharing_equals_the_plain_path(stories, tmp_path, mon
     """Through lm-eval itself: the same metrics and stderrs, every variant's batches served from the store."""
     from swapkl.removal.methods import MethodOutput
     from swapkl.removal.plan import RemovalPlan
-    from swapkl.removal.tasks import TaskSettings, task_accuracy
+    from swapkl.measure.task_runner import TaskSettings
+    from swapkl.removal.tasks import task_accuracy
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -109,7 +110,8 @@ def test_cached_base_runs_again_when_two_new_variants_share_its_states(stories, 
     its states) and every number equals a plain run without cache; with one new variant it is not worth it."""
     from swapkl.removal.methods import MethodOutput
     from swapkl.removal.plan import RemovalPlan, RunHooks
-    from swapkl.removal.tasks import TaskSettings, task_accuracy
+    from swapkl.measure.task_runner import TaskSettings
+    from swapkl.removal.tasks import task_accuracy
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -48,9 +48,10 @@ def _folded_w(model, calib, i, j):
 @pytest.mark.slow(reason="three lm-eval runs of 40 documents and two task-accuracy runs (17 s alone, ~45 s on a loaded machine)")
 def test_bridged_task_accuracy_equals_lm_eval_on_a_plain_bridged_model(stories, wikitext_path, tmp_path,
                                                                       monkeypatch):
-    from swapkl.removal import lmeval
+    from swapkl.measure import lmeval
     from swapkl.repair.bridger import Bridger
-    from swapkl.removal.tasks import TaskSettings, task_accuracy
+    from swapkl.measure.task_runner import TaskSettings
+    from swapkl.removal.tasks import task_accuracy
 
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -149,8 +149,8 @@ def test_merge_plan_errors():
 
 def test_taylor_and_laco_in_curves_runner(stories):
     from swapkl.scoring.corpora import load_corpus
-    from swapkl.removal.evaluate import Evaluator, evaluate_ppl, eval_ids
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.evaluate import Evaluator, evaluate_ppl, eval_ids
+    from swapkl.measure.memo import EvalMemo
     from swapkl.removal.curves import removal_curves
 
     model, tok = stories.model, stories.tokenizer

@@ -15,8 +15,8 @@ from swapkl.errors import ContractError
 from swapkl.model import architectures as arch
 from swapkl.model.units import layout_for
 from swapkl.removal.curves import CurvesResult, removal_curves
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.methods.bi import sublayer_influence
 from swapkl.removal.selection import select
 from swapkl.surgery.sizes import params_removed, unit_sizes

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from swapkl.removal.evaluate import Evaluator, eval_ids, evaluate_ppl
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator, eval_ids, evaluate_ppl
+from swapkl.measure.memo import EvalMemo
 from swapkl.removal.recommend import Recommendation, recommend
 from swapkl.removal.plan import RunHooks
 from swapkl.removal.recommend import recommend_plan, search_params

@@ -10,8 +10,8 @@ from swapkl.scoring.score import score
 from swapkl.contract import Contract
 from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.errors import UploadError
-from swapkl.removal.evaluate import Evaluator
-from swapkl.removal.memo import EvalMemo
+from swapkl.measure.evaluate import Evaluator
+from swapkl.measure.memo import EvalMemo
 from swapkl.scoring.results import SwapResult
 from swapkl.trajectory.checkpoints import CheckpointSpec
 from swapkl.trajectory.compute import Trajectory

@@ -35,8 +35,8 @@ def real(stories_path, wikitext_path):
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
     from swapkl.scoring.corpora import from_file
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.memo import EvalMemo
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.memo import EvalMemo
     from swapkl.removal.curves import removal_curves
 
     ck = load_checkpoint(str(stories_path), device="cpu")

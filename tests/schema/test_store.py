@@ -60,8 +60,8 @@ def test_every_store_writes_entries(stories, cache_dir):
     from swapkl.scoring.score import score
     from swapkl.contract import Contract
     from swapkl.removal.curves import removal_curves
-    from swapkl.removal.evaluate import Evaluator
-    from swapkl.removal.memo import disk_memo
+    from swapkl.measure.evaluate import Evaluator
+    from swapkl.measure.memo import disk_memo
 
     ck = stories
     res = score(ck, Contract(pairs="adjacent", prompts=2, tokens=8))

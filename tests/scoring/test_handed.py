@@ -110,7 +110,7 @@ def test_bridged_sweep_unbridged_removal_equals_the_pruned_model(tiny):
 def test_prefix_sharing_hands_the_state_on(tiny, model_type):
     # a removal set's pruned copy starting from the recorded state entering its first removed block also gets what the
     # block before it handed on (as its own tuple type: Reformer's forward reads the fields of a named tuple)
-    from swapkl.removal.prefix import recording_every_block
+    from swapkl.measure.prefix import recording_every_block
     from swapkl.surgery.blocks import pruned_copy
 
     model, ids, _ = tiny(model_type)

@@ -11,7 +11,7 @@ from support.app_util import APP, STORIES_REL, TIMEOUT
 from swapkl.contract import Contract
 from swapkl.errors import PolicyError
 from swapkl.jobs.policy import Policy
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
 POL = Policy(demo=True, models=("default", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m@step*",

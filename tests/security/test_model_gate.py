@@ -14,7 +14,7 @@ from support.app_util import APP, ROOT, STORIES_REL, TIMEOUT
 
 from swapkl.contract import Contract
 from swapkl.errors import PolicyError
-from swapkl.removal.evaluate import Evaluator
+from swapkl.measure.evaluate import Evaluator
 
 QUICK_EV = Evaluator("quick-test", max_words=400, window=64, stride=32)
 CONTRACT = Contract(pairs="adjacent", prompts=4, tokens=16, device="cpu")

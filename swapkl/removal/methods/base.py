@@ -84,11 +84,13 @@ class MethodSpec:
     """A registered method.  ``target``: the function, or where it is as ``"module:object"`` (imported on first
     use, :attr:`func`); ``label``: its name in legends and tables; ``runs``: seeds averaged (0 = deterministic);
     ``offered``/``default``: shown / preselected in the dashboard; ``cli_default``: run by ``swapkl curves``
-    without ``--methods``; ``order``: display order (lower first); ``style``: plotly line style for its curve
-    (``color``, ``width``, ``dash``, ``marker`` size; None = a thin dotted baseline colour); ``guided``: a
-    swap-KL-guided method (drawn thick, run and listed first); ``cost_target``: ``cost(spec, plan)``, the
-    evaluations the method needs -- an int, or the removal sets it will evaluate (deduplicated across methods);
-    a callable or ``"module:object"``, None for one evaluation per curve point.
+    without ``--methods``; ``default_in``: the other default sets it belongs to
+    (:data:`~swapkl.removal.methods.registry.DEFAULT_SETS`: ``"study"``, ``"tasks"``); ``order``: display order
+    (lower first); ``style``: plotly line style for its curve (``color``, ``width``, ``dash``, ``marker`` size;
+    None = a thin dotted baseline colour); ``guided``: a swap-KL-guided method (drawn thick, run and listed first);
+    ``cost_target``: ``cost(spec, plan)``, the evaluations the method needs -- an int, or the removal sets it will
+    evaluate (deduplicated across methods); a callable or ``"module:object"``, None for one evaluation per curve
+    point.
 
     Capabilities, as data: ``units``: the units of analysis it removes (:data:`swapkl.contract.UNITS`; whole blocks
     unless it says otherwise); ``variants``: what it returns (:data:`VARIANTS`); ``calibration``: the calibration
@@ -104,6 +106,7 @@ class MethodSpec:
     offered: bool = False
     default: bool = False
     cli_default: bool = False
+    default_in: tuple = ()
     order: int = 100
     style: dict | None = None
     guided: bool = False
@@ -111,6 +114,12 @@ class MethodSpec:
     units: tuple = (BLOCK,)
     variants: tuple = ("sets",)
     calibration: int | None = None
+
+    @property
+    def default_sets(self) -> tuple:
+        """Every default set the method belongs to: ``"dashboard"`` (``default``), ``"cli"`` (``cli_default``) and
+        those of ``default_in``."""
+        return ("dashboard",) * self.default + ("cli",) * self.cli_default + tuple(self.default_in)
 
     @property
     def seeded(self) -> bool:
@@ -204,11 +213,11 @@ class MethodContext:
 
     def calib_result(self, removed: Sequence[int], max_tokens: int = 2048, window: int | None = None,
                      stride: int | None = None, region: int = 0):
-        """The :class:`~swapkl.removal.evaluate.PPLResult` (per-window NLL) of the model without ``removed`` on
+        """The :class:`~swapkl.measure.evaluate.PPLResult` (per-window NLL) of the model without ``removed`` on
         calibration region ``region`` (``max_tokens`` tokens; region 0 = :meth:`calib_ids`), memoised.  ``window``
         (tokens, default the evaluator's) and ``stride`` (default = ``window``: non-overlapping windows, SLEB's
         convention; the evaluator's stride scores every token with the held-out evaluator's context)."""
-        from swapkl.removal import evaluate as E  # deferred (torch), as above
+        from swapkl.measure import evaluate as E  # deferred (torch), as above
         from swapkl.surgery.skip import removed_copy
 
         ids = self.calib_ids(max_tokens) if region == 0 else self.calib_region_ids(region, max_tokens)
@@ -235,10 +244,10 @@ class MethodContext:
 
     def _recording(self, key: str):
         """The base model as a private copy that records, per batch of calibration windows, the state entering every
-        block (:class:`~swapkl.removal.prefix.PrefixStore`, kept under ``key``; the stores of all calibration texts
+        block (:class:`~swapkl.measure.prefix.PrefixStore`, kept under ``key``; the stores of all calibration texts
         together hold at most ``prefix.CURVES_STATES_BYTES``): a trial set whose first removed block is f then runs
         only blocks f.. on them, bit for bit the plain evaluation (docs/removal.md, Work reuse)."""
-        from swapkl.removal import prefix
+        from swapkl.measure import prefix
 
         left = prefix.CURVES_STATES_BYTES - sum(st.bytes for k, st in self._prefix.items() if k != key)  # one bound for all
         self._prefix[key], copy = prefix.recording_every_block(self.model, self.num_layers, max(0, left))

@@ -21,7 +21,8 @@ from swapkl.model.block_io import hidden_in, hidden_of
 METHODS = [
     {"name": "bi", "run": "bi",
      "description": "Block Influence (ShortGPT): lowest 1 - mean per-token cos(in, out) first",
-     "label": "Block Influence", "rule_candidates": False, "offered": True, "cli_default": True, "order": 5,
+     "label": "Block Influence", "rule_candidates": False, "offered": True, "cli_default": True,
+     "default_in": ["study"], "order": 5,
      "units": "any", "calibration": 2048},
     {"name": "cka", "run": "cka",
      "description": "linear CKA of block input vs output: highest (most similar) first", "rule_candidates": False,

@@ -80,7 +80,7 @@ def check_disjoint(corpus, evaluator, calib_words: int) -> tuple[int, int]:
 def calib_ppl(ctx, codes: Sequence[int], tokens: int, stride: int | None) -> float:
     """PPL, memoised on the set of codes, of the model with the mixed set ``codes`` skipped, on the first
     ``tokens`` calibration tokens (the held-out evaluator's window, ``stride``: default non-overlapping)."""
-    from swapkl.removal import evaluate as E  # deferred: pulls torch
+    from swapkl.measure import evaluate as E  # deferred: pulls torch
     from swapkl.surgery.skip import removed_copy
 
     ids = ctx.calib_ids(tokens)

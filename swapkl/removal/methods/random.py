@@ -9,7 +9,8 @@ from swapkl.removal.selection import default_candidates, random_sets
 METHODS = [
     {"name": "random", "run": "random_removal",
      "description": "uniform random layers under the spacing rule; mean and spread over >= 5 seeds",
-     "label": "random", "runs": 5, "offered": True, "default": True, "cli_default": True, "order": 2, "units": "any", "variants": ["runs"],
+     "label": "random", "runs": 5, "offered": True, "default": True, "cli_default": True,
+     "default_in": ["study", "tasks"], "order": 2, "units": "any", "variants": ["runs"],
      "style": {"color": "#7f7f7f", "width": 1.5, "dash": "dash"}, "cost": "_planned"},
 ]
 

@@ -41,7 +41,14 @@ ANY_UNIT = "any"
 
 
 #: the :class:`MethodSpec` fields :func:`register` takes as keywords (how a method is shown and run by default)
-SPEC_KEYS = ("label", "runs", "offered", "default", "cli_default", "order", "style", "guided")
+SPEC_KEYS = ("label", "runs", "offered", "default", "cli_default", "default_in", "order", "style", "guided")
+#: the default method sets, the methods run where none are named (:func:`default_set`), as data: a method joins
+#: ``"dashboard"`` with ``"default": True``, ``"cli"`` with ``"cli_default": True`` and any set by naming it in
+#: ``"default_in"``
+DEFAULT_SETS = {"dashboard": "the dashboard's preselection, also report's default",
+                "cli": "swapkl curves without --methods",
+                "study": "a study across models (swapkl study, the Study page's request)",
+                "tasks": "task accuracy after removal (swapkl tasks, the dashboard's task-accuracy request)"}
 #: the capability keywords of :func:`register` (what a method supports, as data)
 CAPABILITY_KEYS = ("units", "variants", "calibration")
 
@@ -65,9 +72,13 @@ def register(name: str, needs: Sequence[str] = (), description: str = "", group:
     if bad:
         raise SwapklError(f"method {name}: unknown field(s) {', '.join(bad)}; known: "
                           f"{', '.join(SPEC_KEYS + CAPABILITY_KEYS)}")
-    fields = {"label": name, "runs": 0, "offered": False, "default": False, "cli_default": False, "order": 100,
-              "style": None, "guided": False} | {k: v for k, v in spec.items() if k in SPEC_KEYS}
+    fields = {"label": name, "runs": 0, "offered": False, "default": False, "cli_default": False, "default_in": (),
+              "order": 100, "style": None, "guided": False} | {k: v for k, v in spec.items() if k in SPEC_KEYS}
     fields["label"] = fields["label"] or name
+    unknown_sets = sorted(set(fields["default_in"]) - set(DEFAULT_SETS))
+    if unknown_sets or isinstance(fields["default_in"], str):
+        raise SwapklError(f"method {name}: default_in {fields['default_in']!r} must list default sets among "
+                          f"{', '.join(DEFAULT_SETS)}")
     caps = _capabilities(name, spec.get("units", (BLOCK,)), spec.get("variants"), spec.get("calibration"),
                          fields["runs"])
 
@@ -76,7 +87,8 @@ def register(name: str, needs: Sequence[str] = (), description: str = "", group:
         _REGISTRY[name] = MethodSpec(name, func_or_target, tuple(needs), description or doc.strip(), rule_candidates,
                                      label=fields["label"], runs=int(fields["runs"]), offered=fields["offered"],
                                      default=fields["default"], cli_default=fields["cli_default"],
-                                     order=fields["order"], style=fields["style"], guided=fields["guided"],
+                                     default_in=tuple(fields["default_in"]), order=fields["order"],
+                                     style=fields["style"], guided=fields["guided"],
                                      cost_target=cost, **caps)
         if group:
             GROUPS[group] = tuple(dict.fromkeys(GROUPS.get(group, ()) + (name,)))
@@ -125,11 +137,12 @@ def offered() -> tuple[str, ...]:
 
 
 def default_set(kind: str = "dashboard") -> tuple[str, ...]:
-    """The methods run when none are named: ``"dashboard"`` (the dashboard's preselection, also ``report``'s
-    default) or ``"cli"`` (``swapkl curves``), in display order."""
-    if kind not in ("dashboard", "cli"):
-        raise SwapklError(f"unknown default method set {kind!r} (dashboard, cli)")
-    return tuple(s.name for s in specs() if (s.default if kind == "dashboard" else s.cli_default))
+    """The methods run when none are named, in display order: ``"dashboard"`` (the dashboard's preselection, also
+    ``report``'s default), ``"cli"`` (``swapkl curves``), ``"study"`` (``swapkl study``) or ``"tasks"`` (``swapkl
+    tasks``); the sets of :data:`DEFAULT_SETS`, declared by the methods themselves."""
+    if kind not in DEFAULT_SETS:
+        raise SwapklError(f"unknown default method set {kind!r} ({', '.join(DEFAULT_SETS)})")
+    return tuple(s.name for s in specs() if kind in s.default_sets)
 
 
 def run_order(names: Iterable[str]) -> list[str]:

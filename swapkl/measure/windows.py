@@ -1,5 +1,5 @@
 """The sliding windows of a perplexity evaluation (docs/method.md §3): ``window`` tokens, step ``stride``; every token
-after the first is scored once, with as much left context as its window allows (see :mod:`swapkl.removal.evaluate`)."""
+after the first is scored once, with as much left context as its window allows (see :mod:`swapkl.measure.evaluate`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

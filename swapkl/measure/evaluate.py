@@ -34,7 +34,7 @@ from swapkl.errors import ComputeInterrupted, SwapklError
 from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci  # 1,000 resamples, seed 0: the project-wide bootstrap setting
 from swapkl.model import architectures as arch
 from swapkl.surgery.blocks import pruned_copy
-from swapkl.removal.windows import EvalTextError, Window, make_windows
+from swapkl.measure.windows import EvalTextError, Window, make_windows
 LOGITS_BUDGET_BYTES = 2 ** 28  # float32 logits kept at once per batch (≈ 256 MiB)
 
 

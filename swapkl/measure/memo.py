@@ -52,7 +52,7 @@ once, :func:`swapkl.store.warn_unwritable`, and the memo goes on in memory).  ``
         return self.disk / f"{stable_hash([key[0], sorted(key[1])])[:24]}.json"
 
     def _load(self, key):
-        from swapkl.removal.evaluate import PPLResult  # deferred: pulls torch; the CLI and the dashboard import this module without it
+        from swapkl.measure.evaluate import PPLResult  # deferred: pulls torch; the CLI and the dashboard import this module without it
 
         f = self._file(key)
         try:
