@@ -69,6 +69,19 @@ def paired_ci(a, b, statistic: Callable = np.mean, n_boot: int = N_BOOT,
     return percentile_ci(statistic(a[idx], axis=1) - statistic(b[idx], axis=1))
 
 
+def ppl_draws(nll, counts, idx: np.ndarray) -> np.ndarray:
+    """Perplexity per resample, (n_boot,): ``exp(Σ nll / Σ counts)`` over each draw of windows ``idx``
+    (:func:`bootstrap_indices`); ``nll`` (W,) summed NLL in nats per window, ``counts`` (W,) scored tokens."""
+    return np.exp(np.asarray(nll)[idx].sum(1) / np.asarray(counts)[idx].sum(1))
+
+
+def delta_ppl_draws(nll, base_nll, counts, idx: np.ndarray) -> np.ndarray:
+    """ΔPPL % against a baseline on the same windows, per resample (n_boot,): ``100 (exp((Σ nll − Σ base) / Σ
+    counts) − 1)`` over each draw ``idx``; the paired bootstrap of a removal's cost."""
+    return 100.0 * (np.exp((np.asarray(nll)[idx].sum(1) - np.asarray(base_nll)[idx].sum(1))
+                           / np.asarray(counts)[idx].sum(1)) - 1.0)
+
+
 def tie(ci) -> bool:
     """Whether an interval ``[lo, hi]`` of a difference includes zero (or is unknown: ``lo`` None): a tie."""
     lo, hi = (ci or (None, None))[:2]

@@ -15,7 +15,7 @@ import numpy as np
 from swapkl.contract import Provenance
 from swapkl.store import dump_json
 from swapkl.scoring.results import finite_json
-from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci, tie
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci, ppl_draws, tie
 
 ROLES = ("base", "pruned", "healed", "base_finetuned")
 
@@ -23,8 +23,7 @@ ROLES = ("base", "pruned", "healed", "base_finetuned")
 def _boot(nll: dict, counts: np.ndarray, n_boot: int, seed: int) -> dict:
     """PPL of each role per resample, (n_boot,) arrays; windows drawn with replacement, the same for all roles."""
     idx = bootstrap_indices(len(counts), n_boot, seed)
-    c = counts[idx].sum(1)
-    return {r: np.exp(np.asarray(v)[idx].sum(1) / c) for r, v in nll.items()}
+    return {r: ppl_draws(v, counts, idx) for r, v in nll.items()}
 
 
 def recovered_share(ppl: dict) -> float | None:

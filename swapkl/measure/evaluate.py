@@ -31,7 +31,7 @@ import torch
 
 from swapkl.errors import ComputeInterrupted, SwapklError
 
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci  # 1,000 resamples, seed 0: the project-wide bootstrap setting
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, delta_ppl_draws, percentile_ci, ppl_draws  # 1,000 resamples, seed 0: the project-wide bootstrap setting
 from swapkl.model import architectures as arch
 from swapkl.surgery.blocks import pruned_copy
 from swapkl.measure.windows import EvalTextError, Window, make_windows
@@ -139,9 +139,7 @@ class PPLResult:
 
     def ci(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> tuple[float, float]:
         """Percentile 2.5/97.5 bootstrap CI of the PPL, resampling windows."""
-        idx = bootstrap_indices(len(self.counts), n_boot, seed)
-        vals = np.exp(self.nll[idx].sum(1) / self.counts[idx].sum(1))
-        return tuple(percentile_ci(vals))
+        return tuple(percentile_ci(ppl_draws(self.nll, self.counts, bootstrap_indices(len(self.counts), n_boot, seed))))
 
     def to_dict(self, with_windows: bool = False) -> dict:
         lo, hi = self.ci()
@@ -168,9 +166,7 @@ def delta_pct_ci(result: PPLResult, baseline: PPLResult, n_boot: int = N_BOOT,
     if len(result.counts) != len(baseline.counts) or not np.array_equal(result.counts, baseline.counts):
         raise SwapklError("ΔPPL CI needs two evaluations on the same windows")
     idx = bootstrap_indices(len(result.counts), n_boot, seed)
-    c = result.counts[idx].sum(1)
-    vals = 100.0 * (np.exp((result.nll[idx].sum(1) - baseline.nll[idx].sum(1)) / c) - 1.0)
-    return tuple(percentile_ci(vals))
+    return tuple(percentile_ci(delta_ppl_draws(result.nll, baseline.nll, result.counts, idx)))
 
 
 # --------------------------------------------------------------------------------------------------- reference

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from swapkl.errors import ComputeInterrupted, SwapklError
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 from swapkl.model.block_io import hidden_in, hidden_of
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that compute.

@@ -11,17 +11,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from swapkl.scoring.results import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
-
-#: methods that measure perplexity of candidate sets to choose one; every other method is zero-evaluation
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, delta_ppl_draws, percentile_ci, side  #: methods that measure perplexity of candidate sets to choose one; every other method is zero-evaluation
 EVALUATING = ("sleb", "recommend")
 FOCUS = "recommend"
 
 
 def word(ci: Sequence[float]) -> str:
     """``better`` when the CI of (focus − other) lies below 0, ``worse`` above 0, ``tie`` when it includes 0."""
-    lo, hi = ci
-    return "better" if hi < 0 else "worse" if lo > 0 else "tie"
+    return side(ci)
 
 
 def paired_delta(focus_nll: np.ndarray, others_nll: Sequence[np.ndarray], base_nll: np.ndarray, counts: np.ndarray,
@@ -33,13 +30,11 @@ def paired_delta(focus_nll: np.ndarray, others_nll: Sequence[np.ndarray], base_n
     with replacement (``bootstrap_indices``' draws: seed 0) and recomputes every ΔPPL against the baseline on those
     draws.  Returns ``{"diff" (percentage points), "ci": [lo, hi], "word"}``."""
     idx = bootstrap_indices(len(counts), n_boot, seed)
-    c = counts[idx].sum(1)
-    base = base_nll[idx].sum(1)
 
     def delta(nll, pick=None):
         if pick is None:
             return 100.0 * (np.exp((nll.sum() - base_nll.sum()) / counts.sum()) - 1.0)
-        return 100.0 * (np.exp((nll[idx].sum(1) - base) / c) - 1.0)
+        return delta_ppl_draws(nll, base_nll, counts, idx)
 
     point = delta(focus_nll) - np.mean([delta(o) for o in others_nll])
     draws = delta(focus_nll, True) - np.mean([delta(o, True) for o in others_nll], axis=0)

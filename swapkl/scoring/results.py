@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci  # used here; removal/ still imports them from here
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 from swapkl import __version__, schema
 from swapkl.contract import Provenance

@@ -56,3 +56,18 @@ def test_percentile_ci_along_an_axis():
     d = np.arange(200.0).reshape(100, 2)
     out = stats.percentile_ci(d, axis=0)
     assert out.shape == (2, 2) and out[0, 0] == np.percentile(d[:, 0], 2.5) and out[1, 1] == np.percentile(d[:, 1], 97.5)
+
+
+def test_ppl_and_delta_ppl_draws_against_a_plain_loop():
+    rng = np.random.default_rng(1)
+    counts = rng.integers(50, 60, size=9).astype(float)
+    base = counts * rng.uniform(2.0, 3.0, size=9)
+    nll = base * 1.05
+    idx = stats.bootstrap_indices(9, 50, 4)
+    plain_ppl = [np.exp(sum(nll[i] for i in row) / sum(counts[i] for i in row)) for row in idx]
+    plain_delta = [100 * (np.exp((sum(nll[i] for i in row) - sum(base[i] for i in row)) / sum(counts[i] for i in row)) - 1)
+                   for row in idx]
+    np.testing.assert_allclose(stats.ppl_draws(nll, counts, idx), plain_ppl, rtol=1e-12)
+    np.testing.assert_allclose(stats.delta_ppl_draws(nll, base, counts, idx), plain_delta, rtol=1e-10)
+    lo, hi = stats.percentile_ci(stats.delta_ppl_draws(nll, base, counts, idx))
+    assert not stats.tie([lo, hi]) and lo > 0 and stats.side([lo, hi]) == "worse"
