@@ -120,7 +120,7 @@ class SwapResult:
     def protocol_scores(self) -> dict[str, np.ndarray]:
         """``{"replacement": L x L, "interchange": L x L}`` (nats, NaN where not computed): the two protocols'
         symmetric matrices, under this result's aggregation, as the removal methods take them."""
-        return self.protocol_scores()
+        return {"replacement": self.replacement(), "interchange": self.interchange()}
 
     def interchange(self) -> np.ndarray:
         """Symmetric ``d_inter`` (nats)."""
