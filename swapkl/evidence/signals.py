@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from swapkl.removal.selection import layer_scores
+from swapkl.scoring.results import pair_draws
 
 SIGNAL_BRIDGED = "bridged_kl"
 
@@ -51,7 +52,7 @@ def swap_signals(res) -> list[Signal]:
     out = []
     for k, (name, mat) in enumerate((("replacement", res.replacement()), ("interchange", res.interchange()))):
         def resample(idx, k=k):
-            return pair_layer_min(pairs, res._pair_stat_boot(idx, agg)[k], L)
+            return pair_layer_min(pairs, pair_draws(res, idx, agg)[k], L)
         out.append(Signal(name, layer_scores(mat), f"swap-KL, {len(pairs)} pairs, min over partners",
                           resample if res.num_prompts > 1 else None, rule="guided"))
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+from swapkl.stats import bootstrap_indices, percentile_ci
 
 from swapkl import __version__, schema
 from swapkl.contract import Provenance
@@ -134,19 +134,6 @@ class SwapResult:
         return self.replacement() - self.interchange()
 
     # ------------------------------------------------------------------ per-pair statistics
-    def _pair_stat_boot(self, idx: np.ndarray, agg: str) -> tuple[np.ndarray, np.ndarray]:
-        """d_repl and d_inter per pair under prompt resamples ``idx`` [B, P] -> two arrays [B, npairs]."""
-        reps, inters = [], []
-        for i, j in self.pairs:
-            a = self.per_prompt["repl"][(i, j)][idx].mean(-1)
-            b = self.per_prompt["repl"][(j, i)][idx].mean(-1)
-            reps.append(np.maximum(a, b) if agg == "max" else (a + b) / 2 if agg == "mean" else a)
-            inters.append(self.per_prompt["inter"][(i, j)][idx].mean(-1))
-        return np.stack(reps, -1), np.stack(inters, -1)
-
-    def _boot_idx(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
-        return bootstrap_indices(self.num_prompts, n_boot, seed)
-
     def pair_table(self, ci: bool = True):
         """pandas DataFrame, one row per pair: i, j, gap_layers, R_ij, R_ji, d_repl, d_inter, gap, kl_ratio
         (d_inter/d_repl), and 95 % bootstrap CIs over prompts (``*_lo``, ``*_hi``)."""
@@ -162,7 +149,7 @@ class SwapResult:
                          "kl_ratio": d_i / d_r if d_r > 0 else np.nan})
         df = pd.DataFrame(rows)
         if ci and self.pairs and self.num_prompts > 1:
-            Rb, Ib = self._pair_stat_boot(self._boot_idx(), self.aggregation)
+            Rb, Ib = pair_draws(self, bootstrap_indices(self.num_prompts), self.aggregation)
             for name, arr in (("d_repl", Rb), ("d_inter", Ib), ("gap", Rb - Ib)):
                 df[f"{name}_lo"], df[f"{name}_hi"] = percentile_ci(arr, axis=0)
         return df
@@ -195,7 +182,7 @@ class SwapResult:
             "noise_floor": self.noise_floor,
         }
         if ci and self.num_prompts > 1:
-            Rb, Ib = self._pair_stat_boot(self._boot_idx(), self.aggregation)
+            Rb, Ib = pair_draws(self, bootstrap_indices(self.num_prompts), self.aggregation)
             gb = Rb - Ib
             out["gap"]["mean_ci"] = percentile_ci(gb.mean(-1))
             out["gap"]["median_ci"] = percentile_ci(np.median(gb, -1))
@@ -255,3 +242,15 @@ class SwapResult:
 
         d = schema.read_json_file(path, "result file", max_bytes or schema.MAX_BYTES, keep_constants=True)
         return cls.from_json(d, f"result file {path}")
+
+
+def pair_draws(result: SwapResult, idx: np.ndarray, agg: str) -> tuple[np.ndarray, np.ndarray]:
+    """``d_repl`` (under aggregation ``agg``) and ``d_inter`` of every pair of ``result`` under prompt resamples
+    ``idx`` [B, P] (:func:`swapkl.stats.bootstrap_indices`): two arrays [B, npairs], nats."""
+    reps, inters = [], []
+    for i, j in result.pairs:
+        a = result.per_prompt["repl"][(i, j)][idx].mean(-1)
+        b = result.per_prompt["repl"][(j, i)][idx].mean(-1)
+        reps.append(np.maximum(a, b) if agg == "max" else (a + b) / 2 if agg == "mean" else a)
+        inters.append(result.per_prompt["inter"][(i, j)][idx].mean(-1))
+    return np.stack(reps, -1), np.stack(inters, -1)

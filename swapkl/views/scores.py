@@ -12,7 +12,7 @@ import numpy as np
 
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import CONDITIONAL, matrix_json, STRONG
-from swapkl.stats import percentile_ci
+from swapkl.stats import bootstrap_indices, percentile_ci
 from swapkl.views.captions import stamp, contract_caption, fmt_ci, fmt_number, rgba
 
 # Deferred imports: plotly and pandas are imported by the functions that draw or tabulate: the CLI and the
@@ -33,7 +33,7 @@ def _directed_ci(result) -> dict:
     """{(i, j): (lo, hi)} 95 % bootstrap CI (prompts resampled) of each directed mean R[i][j], nats."""
     if result.num_prompts < 2:
         return {}
-    idx = result._boot_idx()
+    idx = bootstrap_indices(result.num_prompts)
     out = {}
     for key, v in result.per_prompt["repl"].items():
         b = np.asarray(v)[idx].mean(-1)
