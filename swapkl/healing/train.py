@@ -37,6 +37,7 @@ from swapkl.healing.recipe import Recipe
 from swapkl.model import architectures as arch
 from swapkl.store import CorruptEntry, atomic_write_bytes, cache_root, read_entry, write_entry
 from swapkl.surgery.blocks import pruned_copy
+from swapkl.model.projections import is_conv1d
 
 CKPT_KIND = "heal-checkpoint"
 ADAPTER_KIND = "heal-adapter"
@@ -60,15 +61,13 @@ def private_copy(model: torch.nn.Module, removed) -> torch.nn.Module:
 
 def lora_targets(model: torch.nn.Module) -> tuple[list[str], bool]:
     """(the names of every linear layer inside the blocks, whether they are GPT-2 ``Conv1D`` layers)."""
-    from transformers.pytorch_utils import Conv1D
-
     blocks = arch.locate(model).blocks
     prefix = next(n for n, m in model.named_modules() if m is blocks)
     names, conv = [], False
     for n, m in model.named_modules():
-        if n.startswith(prefix + ".") and isinstance(m, (torch.nn.Linear, Conv1D)):
+        if n.startswith(prefix + ".") and (isinstance(m, torch.nn.Linear) or is_conv1d(m)):
             names.append(n)
-            conv = conv or isinstance(m, Conv1D)
+            conv = conv or is_conv1d(m)
     if not names:
         raise ContractError("the model's blocks have no linear layers to put LoRA on")
     return names, conv

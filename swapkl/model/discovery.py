@@ -23,6 +23,7 @@ from swapkl.model.block_io import as_kind, call_args, hidden_in, hidden_of
 from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
                                  with_args)
 from swapkl.model.outputs import OUTPUTS
+from swapkl.model.projections import weight_layout
 
 # The usual spellings, tried first (any other list of the right length follows)
 GENERIC_BLOCK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
@@ -195,7 +196,7 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
         w = getattr(proj, "weight", None)
         if not isinstance(proj, torch.nn.Module) or not isinstance(w, torch.Tensor) or w.dim() != 2:
             continue
-        layout = "conv1d" if type(proj).__name__ == "Conv1D" else "linear"
+        layout = weight_layout(proj)
         seen: list = []
         hook = proj.register_forward_hook(lambda m, a, o, seen=seen: seen.append(o.clone()))  # added into in place
         try:

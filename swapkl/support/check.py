@@ -18,6 +18,7 @@ import torch
 
 from swapkl.contract import PER_LAYER, SUBLAYERS, pair_list
 from swapkl.errors import SwapklError
+from swapkl.model.projections import out_width
 
 #: what a check prints for a pair set computed exactly
 EXACT = "exact"
@@ -176,7 +177,7 @@ def check_fold(model, ids, dtype) -> dict:
         proj = fold_target(model, 1)
     except NoExactFold as e:
         return {"status": f"residual only: {str(e).split(': use --form')[0].removesuffix('; use --form residual')}"}
-    D = proj.weight.shape[0] if type(proj).__name__ != "Conv1D" else proj.weight.shape[1]
+    D = out_width(proj)
     W = np.eye(D) + 0.1 * np.random.default_rng(0).standard_normal((D, D))
     Wt = torch.as_tensor(W, dtype=proj.weight.dtype)
     hook = proj.register_forward_hook(lambda m, a, o: o @ Wt)

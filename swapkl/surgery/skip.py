@@ -22,11 +22,12 @@ import torch
 
 from swapkl.model import architectures as arch
 from swapkl.model.layouts import out_tensors
+from swapkl.model.projections import out_width
 from swapkl.model.units import layout_for
 from swapkl.surgery.blocks import pruned_copy
 from swapkl.surgery.removal_set import as_removal_set
 
-__all__ = ["SkippedSublayer", "skipping_copy", "zeroed_copy", "removed_copy", "out_features"]
+__all__ = ["SkippedSublayer", "skipping_copy", "zeroed_copy", "removed_copy"]
 
 
 class SkippedSublayer(torch.nn.Module):
@@ -46,18 +47,6 @@ class SkippedSublayer(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"skipped {self.unit}, out_dim={self.out_dim}"
-
-
-def out_features(module: torch.nn.Module) -> int:
-    """The output width of a projection: ``nn.Linear.out_features``, a GPT-2 ``Conv1D``'s ``nf``."""
-    for attr in ("out_features", "nf"):
-        v = getattr(module, attr, None)
-        if isinstance(v, int):
-            return v
-    w = getattr(module, "weight", None)
-    if isinstance(w, torch.Tensor):
-        return int(w.shape[0])
-    raise TypeError(f"cannot tell the output width of {type(module).__name__}")
 
 
 def _sublayers(model, removal, unit):
@@ -81,7 +70,7 @@ def skipping_copy(model: torch.nn.Module, removal, unit: str = "block") -> torch
     new, rs, subs, layout = _sublayers(model, removal, unit)
     for block, spec, u in subs:
         last = arch.get_path(block, spec.out[-1])
-        width = out_features(last) if isinstance(last, torch.nn.Module) else int(model.config.get_text_config().hidden_size)
+        width = out_width(last) if isinstance(last, torch.nn.Module) else int(model.config.get_text_config().hidden_size)
         _put(block, spec.core, SkippedSublayer(width, returns_tuple=(u == "attention"), unit=u))
         for path in spec.modules:  # the unit's own norms only feed (or follow) its core: nothing left to compute
             if path != spec.core and not path.startswith(spec.core + ".") and path not in spec.shared:
