@@ -193,14 +193,14 @@ class Reference:
 
 
 # --------------------------------------------------------------------------------------------------- evaluator
-def _device_of(model) -> torch.device:
+def device_of(model) -> torch.device:
     try:
         return next(model.parameters()).device
     except StopIteration:  # pragma: no cover
         return torch.device("cpu")
 
 
-def _forward_logits(model, x: torch.Tensor, keep: int) -> torch.Tensor:
+def forward_logits(model, x: torch.Tensor, keep: int) -> torch.Tensor:
     """Logits of the last ``keep`` positions, (B, keep, V)."""
     try:
         out = model(input_ids=x, use_cache=False, logits_to_keep=keep)
@@ -210,7 +210,7 @@ def _forward_logits(model, x: torch.Tensor, keep: int) -> torch.Tensor:
     return logits[:, -keep:]
 
 
-def _auto_batch(keep: int, vocab: int) -> int:
+def auto_batch(keep: int, vocab: int) -> int:
     return int(max(1, min(16, LOGITS_BUDGET_BYTES // max(1, keep * vocab * 4 * 3))))
 
 
@@ -233,7 +233,7 @@ def evaluate_ppl(model, input_ids: torch.Tensor, window: int, stride: int, drop_
     wins = make_windows(n, window, stride, drop_first_target)
     if reference is not None and not reference.matches(n, window, stride, drop_first_target):
         raise SwapklError("the KL reference was computed on different tokens or windows")
-    dev = torch.device(device) if device is not None else _device_of(model)
+    dev = torch.device(device) if device is not None else device_of(model)
     run = _WindowRun(model, ids, wins, (n, window, stride, drop_first_target), reference, capture_reference)
     # group windows with equal (length, keep): all middle windows share one shape
     groups: dict[tuple[int, int], list[int]] = {}
@@ -293,7 +293,7 @@ class _WindowRun:
             if should_stop is not None and should_stop():
                 raise ComputeInterrupted("perplexity evaluation stopped")
             if batch_size is None:
-                size = 1 if self.vocab is None else _auto_batch(keep, self.vocab)
+                size = 1 if self.vocab is None else auto_batch(keep, self.vocab)
             else:
                 size = batch_size
             chunk = members[start:start + size]
@@ -303,7 +303,7 @@ class _WindowRun:
     def score(self, chunk: list[int], length: int, keep: int, dev) -> None:
         x = torch.stack([self.ids[self.wins[k].begin:self.wins[k].end] for k in chunk]).to(dev)
         self.captured.clear()
-        logits = _forward_logits(self.run_model, x, keep)  # (B, keep, V)
+        logits = forward_logits(self.run_model, x, keep)  # (B, keep, V)
         self.vocab = logits.shape[-1]
         targets = x[:, length - keep + 1:]  # (B, keep-1): the scored targets
         lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -347,7 +347,7 @@ def _reference_logprobs(ref: Reference, chunk: Sequence[int], x: torch.Tensor, k
     if ref.kind == "hidden":
         h = torch.stack([ref.hidden[k] for k in chunk])
         return torch.log_softmax(_apply_head(ref.head, h).float(), dim=-1).to(x.device)
-    logits = _forward_logits(ref.model, x.to(_device_of(ref.model)), keep)
+    logits = forward_logits(ref.model, x.to(device_of(ref.model)), keep)
     return torch.log_softmax(logits[:, :-1].float(), dim=-1).to(x.device)
 
 

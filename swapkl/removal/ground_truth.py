@@ -94,7 +94,7 @@ def _base_pass(priv, blocks, x, keep, projs=None):
     """Base logits of the last ``keep`` positions, the hidden state entering every block and every block's output
     (its type only matters: the replayed block returns the same kind); with ``projs`` ({k: module}) the outputs
     of those modules too (``outs[("m", k)]``)."""
-    from swapkl.measure.evaluate import _forward_logits
+    from swapkl.measure.evaluate import forward_logits
 
     ins: dict = {}
     outs: dict = {}
@@ -106,7 +106,7 @@ def _base_pass(priv, blocks, x, keep, projs=None):
             with_kwargs=True))
         handles.append(b.register_forward_hook(lambda mod, args, out, k=k: outs.__setitem__(k, out)))
     try:
-        logits = _forward_logits(priv, x, keep)
+        logits = forward_logits(priv, x, keep)
     finally:
         for h in handles:
             h.remove()
@@ -133,7 +133,7 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
     suffixes = {ell: suffix_model(priv, ell) for ell in layers}
     projs = {k: arch.get_path(blocks[k], arch.locate(priv).family.mlp_out)
              for k in captured_blocks(bridges.values())}
-    dev = E._device_of(model)
+    dev = E.device_of(model)
     W = len(wins)
     counts = np.array([w.n_scored for w in wins], dtype=np.int64)
     base_nll = np.zeros(W)
@@ -147,7 +147,7 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
     hidden = int(getattr(model.config, "hidden_size", 0) or getattr(model.config, "n_embd", 0) or 4096)
     state_bytes = L * hidden * max(4, p0.element_size())  # the L kept states of one token
     for (length, keep), members in groups.items():
-        bs = batch_size or max(1, min(E._auto_batch(keep, vocab), STATES_BUDGET_BYTES // max(1, state_bytes * length)))
+        bs = batch_size or max(1, min(E.auto_batch(keep, vocab), STATES_BUDGET_BYTES // max(1, state_bytes * length)))
         for start in range(0, len(members), bs):
             if should_stop is not None and should_stop():
                 raise ComputeInterrupted("ground-truth sweep stopped")
@@ -164,7 +164,7 @@ def _sweep(model, input_ids, window, stride, drop_first_target, layers, batch_si
                 suffix, holder = suffixes[ell]
                 h = start_state(bridges[ell], ins[ell], mouts) if ell in bridges else ins[ell]
                 holder["h"], holder["template"] = h, outs[ell]
-                lp = torch.log_softmax(E._forward_logits(suffix, x, keep)[:, :-1].float(), dim=-1)
+                lp = torch.log_softmax(E.forward_logits(suffix, x, keep)[:, :-1].float(), dim=-1)
                 nll[ell][chunk] = (-lp.gather(-1, targets).squeeze(-1)).double().sum(1).cpu().numpy()
                 if kl:
                     kls[ell][chunk] = (base_p * (base_lp - lp)).sum(-1).double().sum(1).cpu().numpy()
