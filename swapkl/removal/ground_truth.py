@@ -254,13 +254,7 @@ def ground_truth(model, ids, ev, memo, key: str, layers: Sequence[int] | None = 
     t0 = time.perf_counter()
     L = arch.locate(model).num_layers
     layers = list(range(L)) if layers is None else list(layers)
-    have = {}
-    for ell in layers:
-        r = memo.peek(key, [ell])
-        if r is not None and r.kl is not None and len(r.counts):
-            have[ell] = r
-    base = memo.peek(key, [])
-    missing = [ell for ell in layers if ell not in have]
+    have, base, missing = memo_state(memo, key, layers)
     if missing or base is None:
         sw = single_removal_sweep(model, ids, ev.window, ev.stride, ev.drop_first_target, layers=missing,
                                   batch_size=batch_size, should_stop=should_stop)
@@ -268,6 +262,17 @@ def ground_truth(model, ids, ev, memo, key: str, layers: Sequence[int] | None = 
             have[ell] = memo.get(key, [ell], lambda r=r: r)
         base = memo.get(key, [], lambda: sw.baseline) if base is None else base
     return from_results(layers, base, have, region, time.perf_counter() - t0, computed=len(missing))
+
+
+def memo_state(memo, key: str, layers: Sequence[int]) -> tuple[dict, object, list]:
+    """What the memo already holds of a ground truth under ``key``: ``(have, base, missing)``: ``{layer: result}``
+    of the single removals with their KL, the baseline's result (None when absent) and the layers still to measure."""
+    have = {}
+    for ell in layers:
+        r = memo.peek(key, [ell])
+        if r is not None and r.kl is not None and len(r.counts):
+            have[ell] = r
+    return have, memo.peek(key, []), [ell for ell in layers if ell not in have]
 
 
 def unit_ground_truth(model, ids, ev, memo, key: str, unit: str, layers: Sequence[int] | None = None,
@@ -286,13 +291,7 @@ def unit_ground_truth(model, ids, ev, memo, key: str, unit: str, layers: Sequenc
     t0 = time.perf_counter()
     ukey = key + unit_key_suffix(unit)
     layers = list(range(arch.locate(model).num_layers)) if layers is None else list(layers)
-    have = {}
-    for ell in layers:
-        r = memo.peek(ukey, [ell])
-        if r is not None and r.kl is not None and len(r.counts):
-            have[ell] = r
-    base = memo.peek(ukey, [])
-    missing = [ell for ell in layers if ell not in have]
+    have, base, missing = memo_state(memo, ukey, layers)
     run = lambda m, **kw: E.evaluate_ppl(m, ids, ev.window, ev.stride, ev.drop_first_target, batch_size=batch_size,
                                          should_stop=should_stop, **kw)
     if missing or base is None:
