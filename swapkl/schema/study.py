@@ -4,9 +4,11 @@ removal rows' n and ΔPPL, the ratios, the ρ values in [-1, 1]); everything els
 numbers)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from swapkl.schema.fields import (MAX_LAYERS, _array, _document, _fail, _fields, _int, _json, _number, _object,
+from swapkl.schema.fields import _number as _checked_number
+from swapkl.schema.fields import (MAX_LAYERS, _array, _document, _fail, _fields, _int, _json, _object,
                                   _text)
 from swapkl.schema.text import plain_text
 
@@ -16,6 +18,13 @@ STATUSES = ("done", "failed")
 WORDS = ("better", "tie", "worse")
 PROTOCOLS = ("replacement", "interchange")
 MAX_REPLICATES = 100_000  # bootstrap replicates of a row's layer order
+
+
+def _number(x, where: str, lo: float = -math.inf, hi: float = math.inf, null: bool = False):
+    """:func:`swapkl.schema.fields._number` (finite, in range, null where allowed), an integer kept an integer: a
+    study file reads back exactly as it was written (a finished study is served from its snapshot)."""
+    v = _checked_number(x, where, lo, hi, null)
+    return x if type(x) is int else v
 
 
 def _plain(v, where: str, null: bool = False) -> str | None:
