@@ -179,7 +179,8 @@ def test_dashboard_pipeline_runs_the_curves_once(stories, corpus, cache_dir, mon
     monkeypatch.setattr(pipelines, "load_corpus", lambda spec=None: corpus)
     req = AnalysisRequest(model="stories", contract=Contract(), budget=2, evaluator=EV,
                           methods=("random", "replacement", "interchange"))
-    res = SimpleNamespace(replacement=lambda: scores5()["replacement"], interchange=lambda: scores5()["interchange"])
+    res = SimpleNamespace(replacement=lambda: scores5()["replacement"], interchange=lambda: scores5()["interchange"],
+                          protocol_scores=lambda: {k: scores5()[k] for k in ("replacement", "interchange")})
     job = FakeJob(req)
     pipelines.run_curves(job, stories, res)
     assert len(runs) == 1 and runs[0].methods == ("replacement", "interchange", "random")
