@@ -47,7 +47,7 @@ SLOW_ENV = "SWAPKL_SLOW_TESTS"
 
 
 def pytest_configure(config):
-    """``SWAPKL_CPU_TIMES=PREFIX`` records CPU seconds per test (support.cpu_times; bench/suite_cpu.py sums them)."""
+    """``SWAPKL_CPU_TIMES=PREFIX`` records CPU seconds per test (support.cpu_times; benchmarks/suite_cpu.py sums them)."""
     from support import cpu_times
 
     if os.environ.get(cpu_times.ENV):
