@@ -3,7 +3,7 @@ child process runs (wall and CPU seconds, peak resident memory), and the provena
 
 A benchmark or experiment is a module of ``benchmarks/`` or ``experiments/`` (``python -m PACKAGE.NAME ...``) or a
 shell script there (``bash PACKAGE/NAME.sh ...``).  It runs as a child process from the tree's root with
-``PYTHONPATH=ROOT:ROOT/tests`` (the test helpers it imports as ``support.*``), so no script patches ``sys.path``."""
+``PYTHONPATH=ROOT:ROOT/tests`` (the test helpers it imports as ``support.*``), so no script edits its import path."""
 from __future__ import annotations
 
 import datetime
