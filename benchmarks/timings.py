@@ -1,7 +1,7 @@
 """The wall-clock figures the tests no longer bound (a test that fails on a loaded machine says nothing about the
 code), measured here and printed as one JSON object, each next to the limit its test used to assert:
 
-    HF_HUB_OFFLINE=1 python -m benchmarks run timings [--json bench/results/timings.json] [--skip-default]
+    HF_HUB_OFFLINE=1 python -m benchmarks run timings [--json benchmarks/results/timings.json] [--skip-default]
 
 * ``demo_tiny_s``: the demo trajectory's TINY run of tests/trajectory/test_demo_trajectory.py (was: < 20 s);
 * ``demo_budget``: a demo run with a 5 s budget and no step cap: its ``seconds_total`` and the overrun (was: < 5 +

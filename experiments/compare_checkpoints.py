@@ -1,5 +1,5 @@
 """Must-show figures of issue 30 (docs/compare.md): two checkpoints side by side through ``swapkl compare``, the
-agreement table and the transfer table written to bench/results/compare-<name>.{json,txt}.
+agreement table and the transfer table written to experiments/results/compare-<name>.{json,txt}.
 
     # stories260K, prompt seed 0 vs seed 1 (two score files of one model: agreement should be high)
     HF_HUB_OFFLINE=1 nice -n 10 OMP_NUM_THREADS=1 python -m experiments run compare_checkpoints stories-seeds \

@@ -1,8 +1,8 @@
 """Benchmark: does ``recommend`` answer "which n layers should I remove?" better than every method it compares
 against, at no more calibration evaluations than SLEB-iterative?
 
-    HF_HUB_OFFLINE=1 python -m experiments run recommend [MODEL] [--budget 4] [--json bench/results/recommend-MODEL.json]
-    python -m experiments run recommend --table bench/results/recommend-MODEL.json     # re-render the table only
+    HF_HUB_OFFLINE=1 python -m experiments run recommend [MODEL] [--budget 4] [--json experiments/results/recommend-MODEL.json]
+    python -m experiments run recommend --table experiments/results/recommend-MODEL.json     # re-render the table only
 
 MODEL defaults to the built-in SmolLM2-135M-Instruct (``default``).  Everything uses the CLI's defaults:
 swap-KL scores with the canonical contract (adjacent pairs, 16 x 64 prompts from the corpus's prompt region,
