@@ -23,7 +23,7 @@ step "built $(basename "$whl")"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert "swapkl/commands/cli.py" in names and "swapkl/removal/methods/registry.py" in names
-assert not [n for n in names if n.split("/")[0] in ("tests", "pages", "dashboard", "bench")], "ships tests/, pages/, dashboard/ or bench/"
+assert not [n for n in names if n.split("/")[0] in ("tests", "pages", "dashboard", "benchmarks", "experiments")], "ships tests/, pages/, dashboard/, benchmarks/ or experiments/"
 EOF
 
 # a fresh environment (no system site packages): only the wheel and what it declares, at the versions

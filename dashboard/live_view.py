@@ -15,7 +15,7 @@ from swapkl.jobs.contents import has_content
 
 #: a running job's results are redrawn when the first arrives, when a step of the job ends (all adjacent pairs
 #: scored: the verdict) and otherwise at most this often (s); its progress line every POLL_S.  Each redraw costs
-#: the computation a script run and a figure render on the same 2 cores (bench/served_default.py: 5 redraws
+#: the computation a script run and a figure render on the same 2 cores (benchmarks/served_default.py: 5 redraws
 #: 10 s apart made the default run 1.18x the library's; none at all 1.03x).
 MIN_REDRAW_S = float(os.environ.get("SWAPKL_MIN_REDRAW_S", "60.0"))
 
@@ -24,7 +24,7 @@ def view_cost() -> dict:
     """What following each job cost this browser session (``st.session_state``), per job key: ``{"polls": server
     polls of the fallback fragment, "seconds": spent drawing them, "redraws": script runs while it ran, "at": their
     times (s since the job started), "logged": whether the line was written}``; logged once, when the job ends
-    (``bench/served_default.py`` reads that line)."""
+    (``benchmarks/served_default.py`` reads that line)."""
     return st.session_state.setdefault("_view_cost", {})
 
 

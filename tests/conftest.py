@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.skip_gate import NO_GPU
 from support.skip_gate import pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  (CI's rule)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,7 +48,7 @@ SLOW_ENV = "SWAPKL_SLOW_TESTS"
 
 
 def pytest_configure(config):
-    """``SWAPKL_CPU_TIMES=PREFIX`` records CPU seconds per test (support.cpu_times; bench/suite_cpu.py sums them)."""
+    """``SWAPKL_CPU_TIMES=PREFIX`` records CPU seconds per test (support.cpu_times; benchmarks/suite_cpu.py sums them)."""
     from support import cpu_times
 
     if os.environ.get(cpu_times.ENV):
@@ -57,12 +58,15 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Markers by folder, the slow gate and the order of files.  Every test of ``tests/browser/`` drives Chromium
     against a served app: ``browser`` and ``server``.  A test marked ``slow(reason=...)`` is skipped unless
-    ``$SWAPKL_SLOW_TESTS`` is 1, with the reason and the variable that runs it (``-m "not slow"`` deselects it)."""
+    ``$SWAPKL_SLOW_TESTS`` is 1, with the reason and the variable that runs it (``-m "not slow"`` deselects it).
+    A test marked ``gpu`` (tests/gpu/) is skipped without a CUDA device, a skip CI accepts (support.skip_gate)."""
     run_slow = os.environ.get(SLOW_ENV) == "1"
     for item in items:
         if item.path.parent.name == "browser":
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.server)
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason=NO_GPU))
         slow = item.get_closest_marker("slow")
         if slow is not None and not run_slow:
             item.add_marker(pytest.mark.skip(reason=f"{slow.kwargs.get('reason', 'a slow test')}: {SLOW_ENV}=1"))

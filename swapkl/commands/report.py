@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--curves", default=None, metavar="CURVES.json", help="a 'swapkl curves --json' file")
     p.add_argument("--trajectory", default=None, metavar="TRAJ.json", help="a trajectory JSON file")
     p.add_argument("--heal", default=None, metavar="HEAL.json",
-                   help="healed curves (bench/heal.py --json, the dashboard's download) or a 'swapkl heal --json' "
+                   help="healed curves (experiments/heal.py --json, the dashboard's download) or a 'swapkl heal --json' "
                         "result: adds the healing section")
     p.add_argument("--evidence", default=None, metavar="EV.json", help="a 'swapkl evidence --json' file")
     p.add_argument("--tasks", default=None, metavar="TASKS.json",

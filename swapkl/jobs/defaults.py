@@ -4,7 +4,7 @@ The built-in model (SmolLM2-135M-Instruct, 30 layers) is the preselected checkpo
 contract and perplexity evaluator are sized so that the first cold run -- both protocols on the 29 adjacent
 pairs (the verdict and the guided curves need only those), then replacement- and interchange-guided removal
 curves up to n = :data:`DEFAULT_BUDGET` plus the random baseline (5 seeds) -- finishes within five minutes on
-two cores (``bench/default_cold_cached.py`` on an idle 2-core machine: verdict after ~64 s, all done after
+two cores (``benchmarks/default_cold_cached.py`` on an idle 2-core machine: verdict after ~64 s, all done after
 ~130 s; see ``docs/dashboard.md``).  On a GPU the paper-sized
 settings are affordable.
 

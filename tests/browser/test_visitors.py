@@ -8,7 +8,7 @@ is cancelled.  Throughout, ``/_stcore/health`` answers in under 1 s (a poll that
 when a do-nothing control server polled right after it answered at once; one in a hundred such polls is
 tolerated, none of 5 s) and the model is loaded once.
 
-The fast version of ``bench/visitors.py`` (which runs the default model with K = 1, 4, 8)."""
+The fast version of ``benchmarks/visitors.py`` (which runs the default model with K = 1, 4, 8)."""
 from __future__ import annotations
 
 import os

@@ -219,7 +219,7 @@ def test_cached_result_renders_fast_and_is_shared(cache):
     tab2 = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=0)
     assert tab2.session_state["job_analysis"] == first.key and any("Done" in s.value for s in tab2.success)
     # a restarted server (new job manager): the cached result is read from its snapshot, not computed again
-    # (how long that takes: bench/timings.py)
+    # (how long that takes: benchmarks/timings.py)
     _manager().shutdown()
     st.cache_resource.clear()
     at2 = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT), pairs="adjacent", budget=0)

@@ -71,7 +71,7 @@ def test_local_exports_a_pruned_gguf_of_a_gguf_model(cache, tmp_path):
     assert not at.exception and not at.error, [e.value for e in at.error]
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name)  # load time: bench/timings.py
+    m = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name)  # load time: benchmarks/timings.py
     assert m.config.num_hidden_layers == 4
     # pressing it again is refused (the file exists) until "replace" is ticked; the file is unchanged
     before = out.read_bytes()

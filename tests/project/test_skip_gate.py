@@ -1,5 +1,6 @@
 """CI's rule on skips (tests/support/skip_gate.py): with SWAPKL_FAIL_ON_SKIP=1 only the browser tests' "no Chromium" skip
-passes; any other skip -- in a test or a whole module -- fails the run and is named; without it, nothing changes."""
+and the GPU tests' "no CUDA" skip pass; any other skip -- in a test or a whole module -- fails the run and is named;
+without it, nothing changes."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,11 @@ def test_runs():
     assert True
 def test_opt_in():
     pytest.skip("reads the 98 MB default GGUF: SWAPKL_SLOW_TESTS=1")
+'''
+GPU = '''import pytest
+from support.skip_gate import NO_GPU
+def test_on_the_device():
+    pytest.skip(NO_GPU)
 '''
 MODULE = '''import pytest
 pytest.importorskip("no_such_package_here")
@@ -40,6 +46,13 @@ def test_only_the_browser_skip_passes_ci(tmp_path):
     ok = _pytest(tmp_path, {"test_browser_x.py": BROWSER, "test_fine.py": "def test_a():\n    assert True\n"}, True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "1 passed, 1 skipped" in ok.stdout
+
+
+def test_the_no_cuda_skip_of_the_gpu_tests_passes_ci(tmp_path):
+    """tests/gpu/ (marker gpu) is skipped on a machine without CUDA with support.skip_gate.NO_GPU: CI accepts it."""
+    ok = _pytest(tmp_path, {"test_gpu_x.py": GPU, "test_browser_x.py": BROWSER}, True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "2 skipped" in ok.stdout
 
 
 def test_any_other_skip_fails_ci_and_is_named(tmp_path):

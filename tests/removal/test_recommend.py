@@ -262,7 +262,7 @@ def test_recommend_cli_json(stories_path, capsys, monkeypatch, tmp_path):
 
 
 def test_bench_table_renders_the_committed_results():
-    """`python bench/recommend.py --table FILE` re-renders docs/recommend-results.md's tables from the committed
+    """`python -m experiments run recommend --table FILE` re-renders docs/recommend-results.md's tables from the committed
     JSON: the target check compares recommend with the best other method per n, and the calibration table shows
     recommend's choice as the best calibration PPL among the seeds' sets (the design guarantee)."""
     import subprocess
@@ -270,8 +270,8 @@ def test_bench_table_renders_the_committed_results():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    path = root / "bench" / "results" / "recommend-smollm2-135m.json"
-    out = subprocess.run([sys.executable, str(root / "bench" / "recommend.py"), "--table", str(path)],
+    path = root / "experiments" / "results" / "recommend-smollm2-135m.json"
+    out = subprocess.run([sys.executable, "-m", "experiments.recommend", "--table", str(path)], cwd=root,
                          capture_output=True, text=True, check=True, timeout=120).stdout
     d = json.loads(path.read_text())
     budget = d["curves"]["budget"]

@@ -85,7 +85,7 @@ def test_targets_share_one_gram():
 
 def test_fit_streams_batches_and_its_state_does_not_grow(monkeypatch):
     """The fit never sees more than one batch of activations at once, and what it keeps is O(d²) whatever the
-    number of calibration tokens (bench/bridge_fit.py measures the resident memory on the default model)."""
+    number of calibration tokens (experiments/bridge_fit.py measures the resident memory on the default model)."""
     from conftest import tiny_model
     from swapkl.repair import fit as F
     from swapkl.repair.calibration import CalibrationText, fit_bridges

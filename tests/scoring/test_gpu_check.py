@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh --smoke: the GPU acceptance script runs every stage on tiny shapes on the CPU and reports
+"""tests/gpu/gpu_check.sh --smoke: the GPU acceptance script runs every stage on tiny shapes on the CPU and reports
 values that can be checked (correctness against the committed float64 result, equalities, FLOP predictions);
 no wall-clock figure is asserted.  And the committed expected result is reproducible."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import gpu_models as gm
 
 STAGES = ["env", "correctness", "pythia", "oom", "device_map", "torchrun", "scaling", "qwen", "study"]
@@ -25,7 +25,7 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "smoke.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHON=sys.executable)  # this interpreter
     env.pop("OUT", None)
-    p = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--smoke", "--out", str(out),
+    p = subprocess.run(["bash", str(ROOT / "tests" / "gpu" / "gpu_check.sh"), "--smoke", "--out", str(out),
                         "--budget-s", "100000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     written = json.loads(out.read_text())
@@ -119,7 +119,7 @@ def test_the_study_stage_runs_the_study_on_the_device(smoke):
 
 def test_a_stage_that_does_not_fit_the_budget_is_skipped_and_said(tmp_path):
     out = tmp_path / "cut.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out", str(out),
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "gpu_check.py"), "--smoke", "--out", str(out),
                         "--stages", "env,qwen", "--budget-s", "3"], cwd=ROOT, capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stderr[-2000:]
@@ -129,7 +129,7 @@ def test_a_stage_that_does_not_fit_the_budget_is_skipped_and_said(tmp_path):
 
 
 def test_the_committed_expected_result_is_reproducible():
-    """The smoke case of bench/gpu_check_expected.json, recomputed here (float64 reference on this CPU), equals the
+    """The smoke case of tests/gpu/gpu_check_expected.json, recomputed here (float64 reference on this CPU), equals the
     committed one: the weights and prompts come from a hash, not from a random generator."""
     committed = json.loads(gm.EXPECTED.read_text())
     assert set(committed) == {"smoke", "full"}

@@ -102,7 +102,7 @@ def test_an_out_of_memory_error_in_the_compiled_kl_is_not_a_fallback(monkeypatch
 
 
 def test_compiled_kl_equals_plain_to_float32_rounding():
-    """The real torch.compile (about a minute to build on a CPU; the GPU run in bench/gpu_check.py checks it on
+    """The real torch.compile (about a minute to build on a CPU; the GPU run in tests/gpu/gpu_check.py checks it on
     CUDA).  Where no compiler works, the fallback must say so and give the plain values."""
     f = KLFunction("compiled", "cpu")
     for dtype, rows in ((torch.float32, 3), (torch.float32, 2)):  # a second shape reuses the dynamic build

@@ -234,7 +234,7 @@ def test_explicit_device_map_with_hooks_gives_the_same_numbers(stories_path, cac
 
 def test_a_gpu_and_cpu_map_keeps_its_cpu_modules_resident(stories_path, monkeypatch):
     """A dict map over a GPU and the CPU: loaded on the CPU and dispatched with the CPU as main device (its CPU
-    modules run there; accelerate would offload them to 'meta' otherwise).  The GPU run of bench/gpu_check.py
+    modules run there; accelerate would offload them to 'meta' otherwise).  The GPU run of tests/gpu/gpu_check.py
     checks the numbers; here, without a GPU, the decision and the calls."""
     import accelerate
     import transformers

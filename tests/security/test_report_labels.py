@@ -9,7 +9,7 @@ import pytest
 
 from support.app_util import ROOT
 
-STUDY = ROOT / "bench" / "results" / "study-cpu.json"  # a real `swapkl study --json` file of three models
+STUDY = ROOT / "experiments" / "results" / "study-cpu.json"  # a real `swapkl study --json` file of three models
 EVIL = '<a href="https://evil.example">x</a>'
 STYLED = '<b>big</b><br><span style="font-size:99px">y</span>'
 

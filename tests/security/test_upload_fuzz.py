@@ -18,7 +18,7 @@ from support.app_util import ROOT
 from test_compare import synthetic
 from test_schema import hostile_files
 
-BENCH = ROOT / "bench" / "results"
+BENCH = ROOT / "experiments" / "results"
 # ~60 files per kind, six kinds: a few hundred in all, about 20 s on 2 shared cores; SWAPKL_FUZZ_EXAMPLES for more
 EXAMPLES = int(os.environ.get("SWAPKL_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

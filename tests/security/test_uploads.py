@@ -11,7 +11,7 @@ from swapkl.compare.result import CompareResult
 from support.app_util import APP, ROOT, STORIES_REL, TIMEOUT
 from test_compare import synthetic
 
-EVIDENCE = ROOT / "bench" / "results" / "evidence-default-256.json"  # a real `swapkl evidence --json` file
+EVIDENCE = ROOT / "experiments" / "results" / "evidence-default-256.json"  # a real `swapkl evidence --json` file
 BIG = b'{"pad": "' + b"x" * (17 * 2 ** 20) + b'"}'  # 17 MiB: over demo mode's 16 MB, under the server's 64
 
 

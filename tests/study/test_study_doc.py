@@ -1,5 +1,5 @@
-"""docs/study.md §6 prints what bench/study_cpu.sh wrote: every ΔPPL %, ratio, KL gap and ρ in its tables equals the
-study's result file (bench/results/study-cpu.json) at the shown precision."""
+"""docs/study.md §6 prints what experiments/study_cpu.sh wrote: every ΔPPL %, ratio, KL gap and ρ in its tables equals the
+study's result file (experiments/results/study-cpu.json) at the shown precision."""
 from __future__ import annotations
 
 import json
@@ -26,7 +26,7 @@ def _num(cell: str) -> float:
 
 def test_study_tables_equal_the_result_file():
     doc = (ROOT / "docs" / "study.md").read_text()
-    result = json.loads((ROOT / "bench" / "results" / "study-cpu.json").read_text())
+    result = json.loads((ROOT / "experiments" / "results" / "study-cpu.json").read_text())
     rows = result["rows"]
     assert len(rows) == 3 and result["complete"]
 

@@ -4,7 +4,7 @@ Opt-in: ``SWAPKL_CPU_TIMES=PREFIX python3 -m pytest ...`` (``tests/conftest.py``
 variable is set).  Each process that runs tests (the one pytest process, or every pytest-xdist worker) writes
 ``PREFIX.<worker>.json``: a list of ``[nodeid, cpu_s, wall_s]``, where ``cpu_s`` is user + system time of the test
 process and of the child processes it waited for during the test (CLI subprocesses, dashboard servers, torchrun
-ranks; not Chromium, which chromedriver starts and reaps).  ``python3 bench/suite_cpu.py PREFIX`` sums them per file."""
+ranks; not Chromium, which chromedriver starts and reaps).  ``python3 -m benchmarks run suite_cpu PREFIX`` sums them per file."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """llama.cpp (through llama-cpp-python) and the Hugging Face model side by side on the same token ids: the
 next-token logits of every position, and greedy generation.  Used by tests/surgery/test_gguf_llamacpp.py and
-bench/llamacpp_default.py.
+benchmarks/llamacpp_default.py.
 
 llama.cpp runs on one thread, with flash attention off and its KV cache in F32 (its default F16 cache rounds
 every key and value to 11 significant bits, an error of its own that would hide the model's), so what is left

@@ -1,7 +1,7 @@
 """Tiny models of the kinds the generic engine serves, trained for a few hundred steps on the shipped WikiText-2
 text as byte-level language models (the tiny vocabulary of 256 ids is one id per byte), so that their blocks have
 learned different jobs instead of being interchangeable random noise.  Used by tests/families/test_trained_kinds.py
-and bench/trained_kinds.py.
+and experiments/trained_kinds.py.
 
 Regions of the text's bytes (disjoint, asserted): training ``[0, 0.8)``, held-out loss ``[0.8, 0.9)``, scoring
 prompts ``[0.9, 1.0)``.

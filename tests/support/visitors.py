@@ -1,7 +1,7 @@
 """A room of visitors: K headless Chromium sessions open a served dashboard within a few seconds of each other,
 keep (or set) their settings and press Compute, while the server's health and memory are watched.
 
-Shared by ``tests/browser/test_visitors.py`` (stories260K, K = 4) and ``bench/visitors.py`` (the default, K = 1, 4, 8).
+Shared by ``tests/browser/test_visitors.py`` (stories260K, K = 4) and ``benchmarks/visitors.py`` (the default, K = 1, 4, 8).
 Needs Debian's chromium + chromium-driver and selenium.  Sends traffic only to the loopback server it drives."""
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ many steps of these small models have HF's top two within 2 tolerances, where ei
 check is that llama.cpp's decode logits are within the tolerance and each pick is HF's argmax or tied with it.
 
 The built-in default (SmolLM2-135M-Instruct Q4_1, 30 layers, 98 MB) minus blocks 3 and 17 runs with
-SWAPKL_SLOW_TESTS=1 (CI sets it); bench/llamacpp_default.py prints the same comparison in full.
+SWAPKL_SLOW_TESTS=1 (CI sets it); benchmarks/llamacpp_default.py prints the same comparison in full.
 
 llama-cpp-python missing is a failure with the install line, not a skip (CI builds it: .ci/install_llamacpp.sh).
 """

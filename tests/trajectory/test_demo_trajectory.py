@@ -27,7 +27,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, one_thread):
-    """The TINY run (its wall time: bench/demo_trajectory.py; not a test, a loaded machine is slow)."""
+    """The TINY run (its wall time is not a test, a loaded machine is slow)."""
     out = tmp_path_factory.mktemp("demo") / "traj"
     demo.train_demo_trajectory(out, **TINY)
     return out, None

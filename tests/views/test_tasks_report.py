@@ -1,5 +1,5 @@
 """Task accuracy in the HTML report (swapkl.views.tasks.section, ``report --tasks``, the dashboard's one-click report)
-and the closing-note table: on a real ``swapkl tasks --json`` file (bench/results/tasks-default-limit40.json, the
+and the closing-note table: on a real ``swapkl tasks --json`` file (experiments/results/tasks-default-limit40.json, the
 built-in default at limit 40) plus a seeded method built by the runner's own averaging (``_seeded``), the report
 holds one figure per metric whose points are the file's numbers, a table whose every number is the file's to the
 printed precision, and the contract; a hostile --tasks file is one ``error:`` line."""
@@ -34,7 +34,7 @@ def tasks_dict() -> dict:
     """The committed default-model run, with a ``random`` method of two seeds averaged by the runner itself."""
     from swapkl.removal.tasks import _seeded
 
-    d = json.loads((ROOT / "bench" / "results" / "tasks-default-limit40.json").read_text())
+    d = json.loads((ROOT / "experiments" / "results" / "tasks-default-limit40.json").read_text())
     d["methods"]["random"] = _seeded({0: [_seed_entry([3], 0.9, 0.875), _seed_entry([3, 20], 0.825, 0.8)],
                                       1: [_seed_entry([7], 0.95, 0.95), _seed_entry([7, 11], 0.7, 0.725)]})
     return json.loads(json.dumps(d))
