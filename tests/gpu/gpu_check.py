@@ -265,7 +265,7 @@ def stage_correctness(run: Run) -> dict:
             res = _compare(got, exp["kl"], lambda e, f=floor: np.maximum(1e-2 * np.abs(e), 5 * f))
             res |= {"precision_floor_nats": floor,
                     "criterion": "|KL - KL_fp64| <= max(1e-2 x KL_fp64, 5 x precision floor)"}
-        res["kl"] = dict(eng.kl.record)
+        res["kl"] = dict(eng.head.kl.record)
         cases[case] = res
         del model, eng
     _tf32(True)
@@ -297,7 +297,7 @@ def _sweep_run(run: Run, model, ids, pairs, impl: str, timing: bool = True, limi
     hflops = st.head_positions * gm.head_flops_per_position(model)
     est = memory_estimate(model, P, T, limits, num_pairs=len(pairs))
     share = (bflops + hflops) / secs / run.peak_flops if run.peak_flops else None
-    return {"pairs": len(pairs), "prompts": P, "tokens": T, "seconds": secs, "kl": dict(eng.kl.record),
+    return {"pairs": len(pairs), "prompts": P, "tokens": T, "seconds": secs, "kl": dict(eng.head.kl.record),
             "block_runs": st.baseline_block_calls + st.block_calls, "head_positions": st.head_positions,
             "tflop_blocks": bflops / 1e12, "tflop_head": hflops / 1e12, "achieved_tflops": (bflops + hflops) / secs / 1e12,
             "share_of_peak": share, "head_kl_seconds": st.head_kl_seconds if timing else None,
@@ -430,7 +430,7 @@ def stage_qwen(run: Run) -> dict:
             "seconds_all_by_predicted_flops": by_flops, "share_of_peak": share,
             "peak_memory_gib": _peak_gib(peak), "weights_gib": weights / GIB,
             "estimated_memory_gib": est["total"] / GIB, "device_memory_gib": total / GIB if total else None,
-            "limits": limits, "oom_retries": list(eng.stats.oom_retries), "kl": dict(eng.kl.record),
+            "limits": limits, "oom_retries": list(eng.stats.oom_retries), "kl": dict(eng.head.kl.record),
             "targets": {"seconds_all<=300": extrapolated <= 300.0, "fits_memory": fits},
             "note": "time extrapolated from the measured pairs with the block-run count (the baseline pass once); "
                     "memory measured at the real prompt count; pass = fits the card and the estimate bounds the peak"}

@@ -69,7 +69,9 @@ def test_demo_contract_and_budget_bounds():
 
 def test_demo_trajectory_lists():
     DEMO.check_request(TrajectoryRequest("EleutherAI/pythia-160m@step0, @step1000 @step143000", Contract()))
-    DEMO.check_request(TrajectoryRequest("cache/demo-trajectory", Contract(), train_demo=True))
+    from swapkl.store import cache_root
+
+    DEMO.check_request(TrajectoryRequest(str(cache_root() / "demo-trajectory"), Contract(), train_demo=True))
     for bad in ("/etc", "EleutherAI/pythia-160m@step0 /tmp/x", "@step1", "gpt2@main"):
         with pytest.raises(PolicyError):
             DEMO.check_request(TrajectoryRequest(bad, Contract()))

@@ -52,8 +52,8 @@ def test_engine_with_chunked_kl_equals_engine_with_plain_kl_exactly(kind, monkey
     pairs = pair_list("all", 4)
     plain = SwapEngine(model, ids, kl_impl="plain")
     chunked = SwapEngine(model, ids, kl_impl="chunked")
-    assert plain.kl.record == {"asked": "plain", "used": "plain", "fallback": None}
-    assert chunked.kl.used == "chunked" and chunked.kl.slice_bytes == 3 * 96 * 4
+    assert plain.head.kl.record == {"asked": "plain", "used": "plain", "fallback": None}
+    assert chunked.head.kl.used == "chunked" and chunked.head.kl.slice_bytes == 3 * 96 * 4
     a, b = plain.sweep(pairs), chunked.sweep(pairs)
     for p in pairs:
         for k in ("repl_ij", "repl_ji", "inter"):
