@@ -17,9 +17,10 @@ Both are exact; on a stack whose layers all have the same settings they give the
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
-from torch.func import functional_call
 
 from swapkl.contract import BLOCK, PER_LAYER, SLOT, SUBLAYERS, check_per_layer
 
@@ -27,20 +28,32 @@ from swapkl.contract import BLOCK, PER_LAYER, SLOT, SUBLAYERS, check_per_layer
 CALL_UNIT = SUBLAYERS[0]
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What runs when a slot takes a block's unit, as data the runner executes: block ``module``'s module (on its
+    device), with block ``hybrid_of``'s sublayer-unit modules in place of its own when set, block ``weights_of``'s
+    unit weights when set (``torch.func.functional_call``: the same as copying them in), and the call the model's
+    forward gave block ``caller``."""
+
+    module: int
+    caller: int
+    weights_of: int | None = None
+    hybrid_of: int | None = None
+
+
 class PerLayerDefinition:
-    """What runs when slot ``slot`` takes block ``block``'s unit (``runner``: a
-    :class:`~swapkl.scoring.slots.BlockRunner`)."""
+    """Which module, weights and call run when slot ``slot`` takes block ``block``'s ``unit`` (:class:`Placement`),
+    and whether the move is defined; the definition sees indices and structures, never the runner."""
 
     name: str = ""
     summary: str = ""
 
-    def undefined(self, runner, slot: int, block: int) -> str | None:
-        """None when the move is defined, else the reason (one line)."""
+    def undefined(self, structure_of: Callable[[int], dict], slot: int, block: int, unit: str) -> str | None:
+        """None when the move is defined, else the reason (one line); ``structure_of(k)``: block k's unit structure
+        (``{name: (shape, dtype)}``, :func:`structure`)."""
         return None
 
-    def run(self, runner, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor, handed: tuple | None = None):
-        """The block's output (as the module returns it) for hidden states ``h`` [n, T, D] of prompts ``rows`` [n];
-        ``handed``: the values of the handed-on channels for these rows (None: the baseline's)."""
+    def placement(self, slot: int, block: int, unit: str) -> Placement:
         raise NotImplementedError
 
 
@@ -48,31 +61,21 @@ class SlotDefinition(PerLayerDefinition):
     name = SLOT
     summary = "block j's weights in slot i's module, with the slot's per-layer settings (the paper's)"
 
-    def undefined(self, runner, slot: int, block: int) -> str | None:
-        return structure_difference(runner.structure(slot), runner.structure(block), slot, block, runner.unit)
+    def undefined(self, structure_of, slot, block, unit):
+        return structure_difference(structure_of(slot), structure_of(block), slot, block, unit)
 
-    def run(self, runner, slot, block, h, rows, handed=None):
-        mod = runner.blocks[slot]
-        dev = runner.block_device(slot)
-        args, kwargs = runner.call(slot, rows, h, dev, handed)
-        if block == slot:
-            return mod(*args, **kwargs)
-        return functional_call(mod, runner.slot_weights(slot, block, dev), args, kwargs)
+    def placement(self, slot, block, unit):
+        return Placement(module=slot, caller=slot, weights_of=None if block == slot else block)
 
 
 class BlockDefinition(PerLayerDefinition):
     name = "block"
     summary = "block j's own module in slot i, with its own per-layer settings (what removal does)"
 
-    def run(self, runner, slot, block, h, rows, handed=None):
-        if block == slot or runner.unit == BLOCK:
-            mod, dev = runner.blocks[block], runner.block_device(block)
-            args, kwargs = runner.call(block, rows, h, dev, handed)
-            return mod(*args, **kwargs)
-        mod, dev = runner.hybrid(slot, block), runner.block_device(slot)
-        caller = block if runner.unit == CALL_UNIT else slot
-        args, kwargs = runner.call(caller, rows, h, dev, handed)
-        return mod(*args, **kwargs)
+    def placement(self, slot, block, unit):
+        if block == slot or unit == BLOCK:
+            return Placement(module=block, caller=block)
+        return Placement(module=slot, caller=block if unit == CALL_UNIT else slot, hybrid_of=block)
 
 
 #: the definitions by name (the names are :data:`swapkl.contract.PER_LAYER`)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch.func import functional_call
 
 from swapkl.model.architectures import locate
 from swapkl.model.block_io import call_args, hidden_in, hidden_of
@@ -160,7 +161,7 @@ class BlockRunner:
 
     def undefined(self, slot: int, block: int) -> str | None:
         """Why block ``block``'s unit cannot run in slot ``slot`` under this runner's definition, or None."""
-        return self.definition.undefined(self, slot, block) or self.cannot_start(slot, block)
+        return self.definition.undefined(self.structure, slot, block, self.unit) or self.cannot_start(slot, block)
 
     @torch.inference_mode()
     def cannot_start(self, slot: int, block: int) -> str | None:
@@ -173,7 +174,7 @@ class BlockRunner:
             why = None
             try:
                 first = torch.zeros(1, dtype=torch.long)
-                self.definition.run(self, slot, block, self._first, first, self.calls[slot].handed_values(first))
+                self.run(slot, block, self._first, first, self.calls[slot].handed_values(first))
             except Exception as e:  # the model's own refusal, reported as the reason
                 line = (str(e).strip().splitlines() or [""])[0][:160]
                 why = (f"block {block}'s unit cannot run in slot {slot}: it needs a state that only a block before it "
@@ -212,12 +213,24 @@ class BlockRunner:
             self._mixed[key] = mixed
         return mixed
 
+    def run(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor, handed: tuple | None = None):
+        """The block's output (as the module returns it) when slot ``slot`` takes block ``block``'s unit, for hidden
+        states ``h`` [n, T, D] of prompts ``rows`` [n]: the definition's :class:`~swapkl.scoring.definitions.Placement`
+        executed; ``handed``: the handed-on channels' values for these rows (None: the baseline's)."""
+        p = self.definition.placement(slot, block, self.unit)
+        dev = self.block_device(p.module)
+        mod = self.blocks[p.module] if p.hybrid_of is None else self.hybrid(p.module, p.hybrid_of)
+        args, kwargs = self.call(p.caller, rows, h, dev, handed)
+        if p.weights_of is None:
+            return mod(*args, **kwargs)
+        return functional_call(mod, self.slot_weights(p.module, p.weights_of, dev), args, kwargs)
+
     def run_slot(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit under the runner's definition
         (:mod:`swapkl.scoring.definitions`); ``rows``: the prompt of each row (default: row r is prompt r mod P)."""
         if rows is None:
             rows = torch.arange(h.shape[0]) % max(1, self.num_prompts)
-        return self.layout.rows(hidden_of(self.definition.run(self, slot, block, h, rows)))
+        return self.layout.rows(hidden_of(self.run(slot, block, h, rows)))
 
     def final_state(self, h: torch.Tensor, handed: tuple | None) -> torch.Tensor:
         """What the output function reads of a last block's hidden states ``h`` [n, T, D] and handed-on states: ``h``,
@@ -229,7 +242,7 @@ class BlockRunner:
         """:meth:`run_slot` on a model with handed-on channels: slot ``slot`` runs block ``block``'s unit on ``h``
         [n, T, D] given ``handed`` (what the block run in the slot before handed on: one [n, ...] tensor or None per
         channel); returns ``(hidden states [n, T, D], what it hands on)``."""
-        out = self.definition.run(self, slot, block, h, rows, handed)
+        out = self.run(slot, block, h, rows, handed)
         return self.layout.rows(hidden_of(out)), handed_out(out, self.channels)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
