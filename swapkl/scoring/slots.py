@@ -7,7 +7,6 @@ at hand (:mod:`swapkl.scoring.calls`), with the batch size that halves on out-of
 from __future__ import annotations
 
 import inspect
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,11 +16,11 @@ from torch.func import functional_call
 from swapkl.model.architectures import locate
 from swapkl.model.block_io import call_args, hidden_in, hidden_of
 from swapkl.model.handed import handed_out, join_handed, joined_state
-from swapkl.model.units import check_unit, layout_for, mixed_weights, unit_keys
-from swapkl.errors import ModelLoadError
+from swapkl.model.units import check_unit, layout_for, unit_keys
 from swapkl.scoring.batching import BatchController, DeviceOutOfMemory, free_cached_memory  # noqa: F401 (re-exported)
-from swapkl.scoring.calls import CallRecorder, SlotCall, StateLayout, state_layout
-from swapkl.scoring.definitions import definition, hybrid_block, structure
+from swapkl.scoring.calls import CallRecorder, StateLayout, state_layout
+from swapkl.scoring.definitions import definition, hybrid_block
+from swapkl.scoring.weights import UnitWeights
 
 ProgressFn = Callable[[int, int, str], None]
 PairFn = Callable[[int, int, dict], None]
@@ -49,6 +48,24 @@ class Baseline:
     states: list[torch.Tensor]
     #: per slot, what the block before handed on (one [P, ...] tensor or None per channel); empty without channels
     handed: list[tuple] = field(default_factory=list)
+    #: the model's calling convention as this forward showed it (:class:`Recording`)
+    recording: Recording | None = None
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What one real forward told the runner about the model's own calling convention, recorded once by
+    :meth:`BlockRunner.baseline` and never changed after: ``calls[s]``, what the forward passed slot s besides the
+    hidden states (rebuilt for any rows, :class:`~swapkl.scoring.calls.SlotCall`); ``num_prompts`` P; ``channels``,
+    the states handed on from block to block (:mod:`swapkl.model.handed`); ``layout``, where the batch and the tokens
+    sit in the hidden state; ``first``, the first prompt's input of slot 0 [1, T, D] where there are channels (the
+    probe of a move that needs a handed-on state), else None."""
+
+    calls: tuple = ()
+    num_prompts: int = 0
+    channels: tuple = ()
+    layout: StateLayout = field(default_factory=StateLayout)
+    first: torch.Tensor | None = None
 
 
 class BlockRunner:
@@ -72,31 +89,16 @@ class BlockRunner:
         self.num_layers = len(self.blocks)
         self.unit = check_unit(unit)
         self.definition = definition(per_layer)
-        self.calls: list[SlotCall] = []
-        #: the states handed on from block to block besides the hidden states (swapkl.model.handed), found on the baseline
-        self.channels: tuple = ()
-        self._first: torch.Tensor | None = None  # the first prompt's input of slot 0 (a move's probe)
+        self.recording = Recording()  # replaced, whole, by baseline()
         self._starts: dict = {}  # (slot, block) -> why the block cannot start there (handed-on states), or None
         self.join = self.loc.family.state_join  # what the output function reads besides the last hidden states
-        self.layout = StateLayout()
-        self.num_prompts = 0
-        self._structures: dict = {}
         self._hybrids: dict = {}
         # the state-dict names of each slot's unit (None for whole blocks: every entry moves)
-        self.unit_keys: list[frozenset] | None = None
+        keys = None
         if unit != "block":
             layout = layout_for(model, self.loc)
-            self.unit_keys = [unit_keys(b, layout, unit) for b in self.blocks]
-        # weights of each block, as load_state_dict would copy them (parameters + persistent buffers)
-        self.weights = [dict(b.state_dict(keep_vars=True)) for b in self.blocks]
-        for s, w in enumerate(self.weights):
-            if any(t.device.type == "meta" for t in w.values()):
-                raise ModelLoadError(
-                    f"layer {s} is offloaded (its weights are on the 'meta' device: device_map put it on cpu/disk "
-                    "offload); swapkl needs every layer resident on a device: use more GPUs, --dtype bfloat16, "
-                    "or a device_map without cpu/disk offload")
-        self._moved: OrderedDict = OrderedDict()  # (block, device) -> weights copied there (multi-device maps)
-        self._mixed: dict = {}  # (slot, block, device) -> a slot's weights with another block's unit (references)
+            keys = [unit_keys(b, layout, unit) for b in self.blocks]
+        self.unit_weights = UnitWeights(self.blocks, keys)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -106,37 +108,34 @@ class BlockRunner:
         except StopIteration:
             return self.device
 
-    def weights_on(self, block: int, dev: torch.device) -> dict:
-        """Block ``block``'s weights on ``dev``: the tensors themselves when they are there already, else a
-        copy (a model spread over several devices by a device_map); the last few copies are kept."""
-        w = self.weights[block]
-        if all(t.device == dev for t in w.values()):
-            return w
-        key = (block, str(dev))
-        if key in self._moved:
-            self._moved.move_to_end(key)
-            return self._moved[key]
-        moved = {k: t.to(dev) for k, t in w.items()}
-        self._moved[key] = moved
-        while len(self._moved) > 4:
-            self._moved.popitem(last=False)
-        return moved
-
     @torch.inference_mode()
     def baseline(self, ids: torch.Tensor, batch: BatchController | None = None) -> Baseline:
         """Run the real model on ``ids`` [P, T], recording every slot's input and the last block's output
         (in chunks of ``batch.max_rows`` prompts; out-of-memory halves the chunk and retries it) and every slot's
         call (:class:`~swapkl.scoring.calls.CallRecorder`: first the first prompt alone and twice, then the chunks)."""
-        states, recorder = _record(self, ids, batch or BatchController(ids.shape[0], where="baseline"))
-        self.calls = [c.to(self.block_device(s)) for s, c in enumerate(recorder.finish(ids.shape[0]))]
-        self.num_prompts = int(ids.shape[0])
-        self.channels = recorder.channels
-        handed = []
-        if self.channels:
-            every = torch.arange(self.num_prompts)
-            handed = [c.handed_values(every) for c in self.calls]
-            self._first = states[0][:1]
-        return Baseline(states, handed)
+        states, recorder, layout = _record(self, ids, batch or BatchController(ids.shape[0], where="baseline"))
+        calls = tuple(c.to(self.block_device(s)) for s, c in enumerate(recorder.finish(ids.shape[0])))
+        channels = recorder.channels
+        self.recording = Recording(calls, int(ids.shape[0]), channels, layout, states[0][:1] if channels else None)
+        self._starts = {}
+        handed = [c.handed_values(torch.arange(ids.shape[0])) for c in calls] if channels else []
+        return Baseline(states, handed, self.recording)
+
+    @property
+    def calls(self) -> tuple:
+        return self.recording.calls
+
+    @property
+    def num_prompts(self) -> int:
+        return self.recording.num_prompts
+
+    @property
+    def channels(self) -> tuple:
+        return self.recording.channels
+
+    @property
+    def layout(self) -> StateLayout:
+        return self.recording.layout
 
     def call(self, slot: int, rows: torch.Tensor, h: torch.Tensor, dev: torch.device | None = None,
              handed: tuple | None = None) -> tuple[tuple, dict]:
@@ -152,16 +151,9 @@ class BlockRunner:
             args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
         return call.arrange(self.layout.model(h.to(dev)), args, kwargs)
 
-    def structure(self, slot: int) -> dict:
-        """The structure of slot ``slot``'s unit: ``{name: (shape, dtype)}`` of its weights."""
-        if slot not in self._structures:
-            keys = None if self.unit_keys is None else self.unit_keys[slot]
-            self._structures[slot] = structure(self.weights[slot], keys)
-        return self._structures[slot]
-
     def undefined(self, slot: int, block: int) -> str | None:
         """Why block ``block``'s unit cannot run in slot ``slot`` under this runner's definition, or None."""
-        return self.definition.undefined(self.structure, slot, block, self.unit) or self.cannot_start(slot, block)
+        return self.definition.undefined(self.unit_weights.structure, slot, block, self.unit) or self.cannot_start(slot, block)
 
     @torch.inference_mode()
     def cannot_start(self, slot: int, block: int) -> str | None:
@@ -174,7 +166,7 @@ class BlockRunner:
             why = None
             try:
                 first = torch.zeros(1, dtype=torch.long)
-                self.run(slot, block, self._first, first, self.calls[slot].handed_values(first))
+                self.run(slot, block, self.recording.first, first, self.calls[slot].handed_values(first))
             except Exception as e:  # the model's own refusal, reported as the reason
                 line = (str(e).strip().splitlines() or [""])[0][:160]
                 why = (f"block {block}'s unit cannot run in slot {slot}: it needs a state that only a block before it "
@@ -198,21 +190,6 @@ class BlockRunner:
         emb = self.model.get_input_embeddings()
         return next(emb.parameters()).device
 
-    def slot_weights(self, slot: int, block: int, dev: torch.device) -> dict:
-        """The weights slot ``slot`` runs when it takes block ``block``'s unit: all of block ``block``'s for whole
-        blocks, else block ``block``'s unit entries and slot ``slot``'s own for the rest (tensors, never copies,
-        unless a device_map spreads the model)."""
-        if self.unit_keys is None:
-            return self.weights_on(block, dev)
-        key = (slot, block, str(dev))
-        if key in self._mixed:
-            return self._mixed[key]
-        own, other = self.weights_on(slot, dev), self.weights_on(block, dev)
-        mixed = mixed_weights(own, other, self.unit_keys[slot])
-        if own is self.weights[slot] and other is self.weights[block]:  # references only: kept for the next call
-            self._mixed[key] = mixed
-        return mixed
-
     def run(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor, handed: tuple | None = None):
         """The block's output (as the module returns it) when slot ``slot`` takes block ``block``'s unit, for hidden
         states ``h`` [n, T, D] of prompts ``rows`` [n]: the definition's :class:`~swapkl.scoring.definitions.Placement`
@@ -223,7 +200,7 @@ class BlockRunner:
         args, kwargs = self.call(p.caller, rows, h, dev, handed)
         if p.weights_of is None:
             return mod(*args, **kwargs)
-        return functional_call(mod, self.slot_weights(p.module, p.weights_of, dev), args, kwargs)
+        return functional_call(mod, self.unit_weights.for_slot(p.module, p.weights_of, dev), args, kwargs)
 
     def run_slot(self, slot: int, block: int, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit under the runner's definition
@@ -265,13 +242,16 @@ def _backbone(runner: BlockRunner) -> torch.nn.Module:
 
 
 @torch.inference_mode()
-def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> tuple[list[torch.Tensor], CallRecorder]:
-    """``(states, recorder)`` of :meth:`BlockRunner.baseline`: every slot's input and the last block's output [P, T,
-    D], and the calls recorded (not yet finished); sets ``runner.layout`` from the first two probes."""
+def _record(runner: BlockRunner, ids: torch.Tensor,
+            batch: BatchController) -> tuple[list[torch.Tensor], CallRecorder, StateLayout]:
+    """``(states, recorder, layout)`` of :meth:`BlockRunner.baseline`: every slot's input and the last block's output
+    [P, T, D], the calls recorded (not yet finished) and the state layout read off the first two probes (kept here,
+    not on the runner, until the recording is whole)."""
     L = runner.num_layers
     inputs: list[list[torch.Tensor]] = [[] for _ in range(L + 1)]
     recorder = CallRecorder(L)
     shapes: list = []
+    found = {"layout": StateLayout()}
 
     def pre(slot):
         def hook(mod, args, kwargs):
@@ -279,8 +259,8 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
             if slot == 0 and len(shapes) < 2:
                 shapes.append(tuple(h.shape))
                 if len(shapes) == 2:
-                    runner.layout = state_layout(*shapes, ids.shape[1])
-            inputs[slot].append(runner.layout.rows(h.detach()))
+                    found["layout"] = state_layout(*shapes, ids.shape[1])
+            inputs[slot].append(found["layout"].rows(h.detach()))
             recorder.record(slot, *call_args(args, kwargs), keyword=not args)
         return hook
 
@@ -289,7 +269,7 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
             recorder.output(slot, out)
             if slot == L - 1:
                 handed = handed_out(out, recorder.channels) if runner.join else None
-                inputs[L].append(runner.final_state(runner.layout.rows(hidden_of(out).detach()), handed))
+                inputs[L].append(runner.final_state(found["layout"].rows(hidden_of(out).detach()), handed))
         return hook
 
     handles = [b.register_forward_pre_hook(pre(s), with_kwargs=True) for s, b in enumerate(runner.blocks)]
@@ -322,7 +302,7 @@ def _record(runner: BlockRunner, ids: torch.Tensor, batch: BatchController) -> t
     for k, x in enumerate(inputs):  # one slot at a time, its parts freed as it is joined: never twice over
         states.append(x[0] if len(x) == 1 else torch.cat(x, 0))
         inputs[k] = []
-    return states, recorder
+    return states, recorder, found["layout"]
 
 
 def run_rows_handed(runner: BlockRunner, batch: BatchController, slot: int, block: int, x: torch.Tensor,

@@ -272,9 +272,9 @@ def test_weights_on_another_device_are_copied_once():
     model = tiny_model("llama", num_layers=3)
     eng = SwapEngine(model, _ids(P=1, T=4))
     r = eng.runner
-    assert r.weights_on(1, torch.device("cpu")) is r.weights[1]  # same device: no copy
-    w = r.weights_on(1, torch.device("meta"))  # stands in for "another GPU"
-    assert all(t.device.type == "meta" for t in w.values()) and r.weights_on(1, torch.device("meta")) is w
+    assert r.unit_weights.on(1, torch.device("cpu")) is r.unit_weights.weights[1]  # same device: no copy
+    w = r.unit_weights.on(1, torch.device("meta"))  # stands in for "another GPU"
+    assert all(t.device.type == "meta" for t in w.values()) and r.unit_weights.on(1, torch.device("meta")) is w
 
 
 # ----------------------------------------------------------------------------- memory sizing
