@@ -25,8 +25,8 @@ from swapkl.repair.calibration import capture_tree
 from swapkl.scoring.engine import SweepStats
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction
-from swapkl.model.handed import handed_form, join_handed, split_handed
-from swapkl.scoring.slots import BatchController, BlockRunner, run_rows_handed
+from swapkl.model.handed import handed_form
+from swapkl.scoring.slots import BatchController, BlockRunner, run_row_sets
 
 
 class BridgedSweep:
@@ -130,17 +130,10 @@ class BridgedSweep:
     def _run(self, s: int, rows: list[list], handed: bool) -> None:
         """Block s in slot s on the row sets ``rows`` in one batched call (their states and, with ``handed``, what
         they were handed on, replaced in place)."""
-        x = rows[0][2] if len(rows) == 1 else torch.cat([r[2] for r in rows], 0)
-        if handed:
-            y, given = run_rows_handed(self.runner, self.batch, s, s, x, join_handed([r[3] for r in rows]))
-            for r, g in zip(rows, split_handed(given, [r[2].shape[0] for r in rows])):
-                r[3] = g
-        else:
-            y = self.batch.run_rows(lambda part, idx: self.runner.run_slot(s, s, part, idx), x,
-                                    self.ids.shape[0], "block")
-        self.stats.block_calls += x.shape[0]
-        off = 0
-        for r in rows:
-            n = r[2].shape[0]
-            r[2] = y[off:off + n]
-            off += n
+        hs, given, n = run_row_sets(self.runner, self.batch, s, s, [r[2] for r in rows],
+                                    [r[3] for r in rows] if handed else None, self.ids.shape[0])
+        for k, r in enumerate(rows):
+            r[2] = hs[k]
+            if given is not None:
+                r[3] = given[k]
+        self.stats.block_calls += n

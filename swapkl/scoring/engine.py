@@ -40,11 +40,11 @@ from torch.func import functional_call
 
 from swapkl.errors import ComputeInterrupted
 from swapkl.model.block_io import hidden_of
-from swapkl.model.handed import handed_form, join_handed, split_handed
+from swapkl.model.handed import handed_form
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction, base_distribution, kl_from_logits, kl_rows  # noqa: F401
 from swapkl.scoring.slots import (free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn,
-                                  ProgressFn, run_rows_handed, undefined_moves)
+                                  ProgressFn, run_row_sets, undefined_moves)
 
 ChunkFn = Callable[[dict], None]
 
@@ -233,21 +233,15 @@ class SwapEngine:
                 groups.setdefault(block if r.handed is None else (block, handed_form(r.handed)), []).append(r)
             for key, rows in groups.items():
                 block = key if rows[0].handed is None else key[0]
-                x = rows[0].h if len(rows) == 1 else torch.cat([r.h for r in rows], 0)
-                if rows[0].handed is None:
-                    y = self.batch.run_rows(lambda part, rows, b=block, s=s: self.runner.run_slot(s, b, part, rows),
-                                            x, self.ids.shape[0], "block")
-                else:
-                    y, given = run_rows_handed(self.runner, self.batch, s, block, x, join_handed([r.handed for r in rows]))
-                    for r, g in zip(rows, split_handed(given, [r.h.shape[0] for r in rows])):
-                        r.handed = g
-                calls += x.shape[0]
-                off = 0
-                for r in rows:
-                    n = r.h.shape[0]
-                    r.h = y[off:off + n]
-                    off += n
-                del x, y
+                hs, given, n = run_row_sets(self.runner, self.batch, s, block, [r.h for r in rows],
+                                            None if rows[0].handed is None else [r.handed for r in rows],
+                                            self.ids.shape[0])
+                for k, r in enumerate(rows):
+                    r.h = hs[k]
+                    if given is not None:
+                        r.handed = given[k]
+                calls += n
+                del hs
         kls = self.head.kl_many([self.runner.final_state(r.h, r.handed) for r in live])
         self.stats.block_calls += calls
         return [(r.label, v) for r, v in zip(live, kls)]

@@ -15,7 +15,7 @@ from torch.func import functional_call
 
 from swapkl.model.architectures import locate
 from swapkl.model.block_io import call_args, hidden_in, hidden_of
-from swapkl.model.handed import handed_out, join_handed, joined_state
+from swapkl.model.handed import handed_out, join_handed, joined_state, split_handed
 from swapkl.model.units import check_unit, layout_for, unit_keys
 from swapkl.scoring.batching import BatchController, DeviceOutOfMemory, free_cached_memory  # noqa: F401 (re-exported)
 from swapkl.scoring.calls import CallRecorder, StateLayout, state_layout
@@ -320,6 +320,30 @@ def run_rows_handed(runner: BlockRunner, batch: BatchController, slot: int, bloc
     if len(outs) == 1:
         return outs[0]
     return torch.cat([o[0] for o in outs], 0), join_handed([o[1] for o in outs])
+
+
+def run_row_sets(runner: BlockRunner, batch: BatchController, slot: int, block: int, states: list[torch.Tensor],
+                 handed: list | None, num_prompts: int) -> tuple[list[torch.Tensor], list | None, int]:
+    """The one step both prefix sweeps take at a slot (the engine's swap variants, the bridged sweep's spans): slot
+    ``slot`` runs block ``block``'s unit on several row sets of all prompts at once, concatenated into one batched
+    call (parts of at most ``batch.max_rows`` rows, halved on out-of-memory), the result split back per set.
+
+    ``states``: each set's hidden states [n_k, T, D] (row r is prompt r mod ``num_prompts``); ``handed``: each set's
+    handed-on states (one tuple per set, joinable: :func:`~swapkl.model.handed.handed_form` alike), or None where the
+    model hands none on.  Returns ``(new states per set, new handed-on states per set or None, rows run)``."""
+    x = states[0] if len(states) == 1 else torch.cat(states, 0)
+    sizes = [h.shape[0] for h in states]
+    given = None
+    if handed is None:
+        y = batch.run_rows(lambda part, rows: runner.run_slot(slot, block, part, rows), x, num_prompts, "block")
+    else:
+        y, joined = run_rows_handed(runner, batch, slot, block, x, join_handed(handed))
+        given = split_handed(joined, sizes)
+    out, off = [], 0
+    for n in sizes:
+        out.append(y[off:off + n])
+        off += n
+    return out, given, x.shape[0]
 
 
 def undefined_moves(runner: BlockRunner, pairs) -> dict:
