@@ -80,6 +80,21 @@ class BatchController:
                     self.on_retry(rec)
         return outs
 
+    def halve_group(self, n: int, where: str = "live") -> int:
+        """A group of ``n`` items run together (a sweep's chunk of pairs, each alive as several row sets) ran out
+        of memory although every call was already down to one row: the next group size, ``n // 2`` (at least 1),
+        recorded and reported like a row halving, with the cached memory freed.  ``n == 1`` cannot shrink:
+        :class:`DeviceOutOfMemory`."""
+        if n <= 1:
+            raise DeviceOutOfMemory(f"out of memory with one item alive ({where}); try --dtype bfloat16, fewer "
+                                    "--tokens, or --device-map auto (spread over several GPUs)")
+        rec = {"where": where, "from": n, "to": max(1, n // 2)}
+        self.retries.append(rec)
+        if self.on_retry is not None:
+            self.on_retry(rec)
+        free_cached_memory()
+        return rec["to"]
+
     def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, where: str | None = None) -> torch.Tensor:
         """``fn`` applied to ``x`` in chunks of at most ``max_rows`` rows (dim 0), halving on OOM."""
         outs = self.map(lambda a, b: fn(x[a:b]), x.shape[0], where)

@@ -43,7 +43,7 @@ from swapkl.model.block_io import hidden_of
 from swapkl.model.handed import handed_form
 from swapkl.scoring.headkl import HeadKL
 from swapkl.scoring.kl import KLFunction, base_distribution, kl_from_logits, kl_rows  # noqa: F401
-from swapkl.scoring.slots import (free_cached_memory, BatchController, BlockRunner, DeviceOutOfMemory, PairFn,
+from swapkl.scoring.slots import (BatchController, BlockRunner, DeviceOutOfMemory, PairFn,
                                   ProgressFn, run_row_sets, undefined_moves)
 
 ChunkFn = Callable[[dict], None]
@@ -170,15 +170,10 @@ class SwapEngine:
             except DeviceOutOfMemory:
                 if len(part) == 1:
                     raise
-                # too many variants alive at once: halve the chunk of pairs and redo it
-                rec = {"where": "live", "from": len(part), "to": max(1, len(part) // 2)}
-                chunk = rec["to"]
+                # too many variants alive at once: halve the chunk of pairs (the controller records it) and redo it
+                chunk = self.batch.halve_group(len(part))
                 self.max_live = max(3, 3 * chunk)
                 self.batch.max_rows = rows_before
-                self.stats.oom_retries.append(rec)
-                if self.batch.on_retry is not None:
-                    self.batch.on_retry(rec)
-                free_cached_memory()
                 continue
             c += len(part)
             for label, vec in finished:

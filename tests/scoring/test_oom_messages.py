@@ -123,3 +123,15 @@ def test_a_sweep_recovers_from_cublas_and_cpu_allocator_failures(stories, cache_
     assert state["n"] == 3 and [r["where"] for r in res.meta["engine"]["oom_retries"]] == ["block"] * 3
     np.testing.assert_allclose(res.interchange(), clean.interchange(), atol=1e-6, rtol=0)
     np.testing.assert_allclose(res.replacement_directed(), clean.replacement_directed(), atol=1e-6, rtol=0)
+
+
+def test_the_controller_halves_a_group_and_refuses_to_halve_one_item():
+    from swapkl.scoring.batching import BatchController, DeviceOutOfMemory
+
+    seen = []
+    bc = BatchController(8, on_retry=seen.append)
+    assert bc.halve_group(5) == 2 and bc.halve_group(2) == 1
+    assert bc.retries == seen == [{"where": "live", "from": 5, "to": 2}, {"where": "live", "from": 2, "to": 1}]
+    with pytest.raises(DeviceOutOfMemory, match="one item alive"):
+        bc.halve_group(1)
+    assert bc.max_rows == 8  # the rows per call are the caller's to restore, never changed here
