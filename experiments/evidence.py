@@ -6,7 +6,7 @@ MODEL defaults to ../shared/models/stories260K; ``default`` is the built-in Smol
 
 1. the ground-truth sweep's cost against L independent evaluations on the same windows (each independent one is
    ``evaluate_ppl(pruned_copy(model, [l]), reference=base)``, plus the one base run that gives the reference;
-   the sweep is :func:`swapkl.removal.ground_truth.single_removal_sweep`), with the largest difference between them;
+   the sweep is :func:`swapkl.evidence.ground_truth.single_removal_sweep`), with the largest difference between them;
 2. the cold and cached wall time of ``python -m swapkl evidence`` (a fresh cache folder, then the same folder);
 3. the cached run's tables: ground truth, ρ/τ [CI] of each signal against each ground truth, stability at
    n = 1..budget, the region agreement, with the contract caption.
@@ -42,7 +42,7 @@ def sweep_ratio(model_spec: str, eval_text: str, max_words: int | None) -> None:
 
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.measure import evaluate as E
-    from swapkl.removal.ground_truth import single_removal_sweep
+    from swapkl.evidence.ground_truth import single_removal_sweep
     from swapkl.scoring.corpora import from_file
     from swapkl.surgery.prune import pruned_copy
 

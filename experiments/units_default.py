@@ -7,7 +7,7 @@ verdict per unit (issue 28; docs/units.md).
 SmolLM2-135M-Instruct (30 layers), adjacent pairs, one contract per unit differing only in ``unit``; the score cache
 is not used (every number computed in this run).  For each unit: d_repl (max of the two directions) and d_inter per
 adjacent pair (i, i+1) with 95 % prompt-bootstrap CIs, the gap d_repl - d_inter, the noise floor, the regime
-verdict (``swapkl.removal.verdict.regime_verdict``: the 0.05 / 0.10-nat thresholds of docs/method.md §1, the same
+verdict (``swapkl.scoring.verdict.regime_verdict``: the 0.05 / 0.10-nat thresholds of docs/method.md §1, the same
 for every unit) and the sweep's wall time.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> int:
 
     from swapkl.contract import Contract
     from swapkl.model.checkpoints import load_checkpoint
-    from swapkl.removal.verdict import regime_verdict
+    from swapkl.scoring.verdict import regime_verdict
     from swapkl.scoring.score import score
     from swapkl.store import dump_json
 

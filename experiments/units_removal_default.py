@@ -64,7 +64,7 @@ def main() -> int:
     from swapkl.measure.evaluate import Evaluator
     from swapkl.measure.gains import measure_gains
     from swapkl.removal.selection import default_candidates, layer_scores, select
-    from swapkl.removal.verdict import regime_verdict
+    from swapkl.scoring.verdict import regime_verdict
     from swapkl.scoring.corpora import load_corpus
     from swapkl.scoring.score import score
     from swapkl.store import dump_json

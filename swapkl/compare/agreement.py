@@ -2,7 +2,7 @@
 
 Per protocol (replacement, interchange): the two models' swap-KL over the pairs both scored, their Spearman ρ and
 Kendall τ-b (:mod:`scipy.stats`, on the emitted vectors) with 95 % percentile bootstrap CIs over prompts, and the
-regime verdict of each model (:func:`swapkl.removal.verdict.regime_verdict`).  When both results scored the same
+regime verdict of each model (:func:`swapkl.scoring.verdict.regime_verdict`).  When both results scored the same
 prompt tokens, each replicate draws one set of prompt indices for both models (a paired bootstrap); otherwise (two
 prompt seeds) the two draws are independent.  Replicate coefficients come from
 :func:`swapkl.evidence.agreement.spearman_rows` / ``kendall_rows`` (the same definitions, vectorised).
@@ -17,7 +17,7 @@ from scipy import stats
 
 from swapkl.errors import SwapklError
 from swapkl.evidence.agreement import kendall_rows, spearman_rows
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
 
 PROTOCOLS = ("replacement", "interchange")

@@ -2,7 +2,7 @@
 its linear bridge stands in its place.
 
 Beside the raw ground truth (each block removed alone) it measures the *bridged* ground truth
-(:func:`swapkl.removal.bridged_truth.bridged_ground_truth`: each block removed with its bridge, on the same held-out
+(:func:`swapkl.evidence.bridged_truth.bridged_ground_truth`: each block removed with its bridge, on the same held-out
 windows) and adds one signal, ``bridged_kl``: per block, KL(base ‖ block ℓ bridged) on the contract's scoring
 prompts (the span ``[ℓ, ℓ+1)`` of the third matrix, :func:`swapkl.repair.bridged_kl.bridged_scores`).  Every
 signal's Spearman ρ is reported against both ground truths (and against the bridged ground truth's KL to the base,
@@ -82,9 +82,9 @@ def after_repair(ck, contract, ev, corpus, res, signals, gt, settings, n_boot: i
     """The ``repair`` part of the evidence result for checkpoint ``ck``, scoring ``contract`` (its result ``res``),
     evaluator ``ev`` on ``corpus``, the raw ``signals`` and ground truth ``gt``, and
     :class:`~swapkl.repair.settings.BridgeSettings` ``settings`` (module docstring)."""
-    from swapkl.removal.bridged_truth import bridged_ground_truth
+    from swapkl.evidence.bridged_truth import bridged_ground_truth
     from swapkl.measure.evaluate import eval_ids
-    from swapkl.removal.ground_truth import text_key
+    from swapkl.evidence.ground_truth import text_key
     from swapkl.repair.bridged_kl import bridged_scores
     from swapkl.repair.bridger import Bridger
     from swapkl.scoring.score import contract_prompts

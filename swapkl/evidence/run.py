@@ -68,7 +68,7 @@ def _region2_ids(corpus, tokenizer, ev, span):
 
 def _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report):
     from swapkl.measure import evaluate as E
-    from swapkl.removal.ground_truth import ground_truth, text_key
+    from swapkl.evidence.ground_truth import ground_truth, text_key
 
     ids = E.eval_ids(corpus, ck.tokenizer, ev)
     report("ground truth: region 1")

@@ -207,7 +207,7 @@ def _choose(ck, res, corpus, ev, memo, b, calib_tokens, should_stop, spacing, ca
     (a store entry) when it is there and the memo holds every set's evaluation, else by running the methods."""
     from swapkl.removal import methods as M
     from swapkl.removal.curves import removal_curves
-    from swapkl.removal.ground_truth import text_key
+    from swapkl.evidence.ground_truth import text_key
     from swapkl.removal.plan import RemovalPlan, RunHooks
     from swapkl.store import CorruptEntry, read_entry, warn_unwritable, write_entry
 
@@ -243,7 +243,7 @@ def compute(ck, res, corpus, ev, memo, sigs, stats_, budget: int, n_boot: int, c
     :class:`~swapkl.evidence.signals.Signal` list, ``stats_`` its residual statistics on the scoring prompts,
     ``memo`` its evaluation memo (shared with ``curves``); ``cache``: where the chosen sets are stored (a path
     keyed by everything that picks them; None: not stored)."""
-    from swapkl.removal.ground_truth import from_results, text_key
+    from swapkl.evidence.ground_truth import from_results, text_key
     from swapkl.removal.selection import default_candidates, max_feasible
 
     L, notes = ck.num_layers, []

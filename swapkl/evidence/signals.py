@@ -108,9 +108,9 @@ def registry_signals(ctx, L: int, names=("bi", "cka", "taylor", "sleb")) -> list
 def prefill_sleb(ctx, max_tokens: int) -> None:
     """Put the calibration PPL of the base model and of every single removal into ``ctx.memo`` under the keys
     ``MethodContext.calib_ppl`` uses, computed by one prefix-reuse sweep
-    (:func:`swapkl.removal.ground_truth.single_removal_sweep`, equal to the plain evaluations): SLEB's first step
+    (:func:`swapkl.evidence.ground_truth.single_removal_sweep`, equal to the plain evaluations): SLEB's first step
     then reads them instead of running L evaluations.  Entries already in the memo are kept."""
-    from swapkl.removal.ground_truth import single_removal_sweep
+    from swapkl.evidence.ground_truth import single_removal_sweep
 
     if getattr(ctx, "unit", "block") != "block":  # the sweep removes blocks; a sublayer's trials run one by one
         return

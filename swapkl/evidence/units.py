@@ -1,5 +1,5 @@
 """Evidence for a sublayer unit (``attention`` / ``mlp``): the ground truth is the held-out cost (ΔPPL %, KL) of
-skipping that sublayer of each layer alone (:func:`swapkl.removal.ground_truth.unit_ground_truth`), and the signals
+skipping that sublayer of each layer alone (:func:`swapkl.evidence.ground_truth.unit_ground_truth`), and the signals
 that are defined per sublayer are compared with it: both swap-KL protocols on the unit's matrices (a score whose
 contract unit is the unit), BI around the sublayer and SLEB's first step (calibration PPL without the sublayer).
 Block-only signals (CKA, Taylor, the residual statistics of whole blocks), the second region, the contract
@@ -21,7 +21,7 @@ def compute_unit_evidence(ck, contract, ev, corpus, budget: int, n_boot: int, n_
                           batch_size: int | None = None, signals=UNIT_SIGNALS, spans: dict | None = None):
     from swapkl.evidence.signals import registry_signals, signal_context, swap_signals
     from swapkl.measure import evaluate as E
-    from swapkl.removal.ground_truth import text_key, unit_ground_truth
+    from swapkl.evidence.ground_truth import text_key, unit_ground_truth
     from swapkl.measure.memo import EvalMemo, disk_memo
     from swapkl.removal.selection import default_candidates, max_feasible
     from swapkl.scoring.score import score

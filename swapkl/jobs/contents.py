@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 
 
 def has_content(part) -> bool:
@@ -31,7 +31,7 @@ def content_key(*parts) -> str:
 
 def job_verdict(job) -> dict | None:
     """The regime verdict of an analysis job: the curves' (when computed), else from the adjacent pairs of its
-    result (:func:`swapkl.removal.verdict.regime_verdict`); None until every adjacent pair is scored."""
+    result (:func:`swapkl.scoring.verdict.regime_verdict`); None until every adjacent pair is scored."""
     if job.curves is not None and job.curves.verdict:
         return job.curves.verdict
     res = job.result

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from swapkl.errors import SwapklError
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci  #: the rule's defaults (docs/recommend-rule.md)
 DEFAULT_RULE = "confirmed"
 DEFAULT_REGIONS = 3

@@ -20,7 +20,7 @@ from swapkl.scoring.results import finite_json as _jsonable
 from swapkl.removal.plan import RemovalPlan, RunHooks
 from swapkl.removal.seeds import aggregate_seeds
 from swapkl.removal.units import check_unit_run, unit_key_suffix
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 
 # Deferred imports: torch and the torch-based swapkl modules are imported inside the functions that evaluate: the
 # dashboard imports this module for CurvesResult before torch is loaded.

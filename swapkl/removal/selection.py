@@ -16,17 +16,11 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from swapkl.errors import ContractError, SwapklError
+from swapkl.scoring.verdict import as_matrix
 
 
 class BudgetError(ContractError):
     """A removal budget the candidates cannot satisfy under the spacing rule."""
-
-
-def as_matrix(d) -> np.ndarray:
-    d = np.asarray(d, dtype=np.float64)
-    if d.ndim != 2 or d.shape[0] != d.shape[1]:
-        raise SwapklError(f"score matrix must be square L×L, got shape {d.shape}")
-    return d
 
 
 def partner_mask(num_layers: int, partners=None) -> np.ndarray:

@@ -180,7 +180,7 @@ def _selection(x, where: str, L: int) -> dict:
 
 
 def _verdict(x, where: str, L: int) -> dict:
-    """The regime verdict of :func:`swapkl.removal.verdict.regime_verdict` with its full evidence (the dashboard shows
+    """The regime verdict of :func:`swapkl.scoring.verdict.regime_verdict` with its full evidence (the dashboard shows
     every field)."""
     count = lambda v, w: _int(v, w, 0, MAX_LAYERS * MAX_LAYERS)
     kl = lambda v, w: _number(v, w, -MAX_KL, MAX_KL)

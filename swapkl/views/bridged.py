@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.errors import SwapklError
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 from swapkl.scoring.results import matrix_json
 from swapkl.views.captions import stamp, contract_caption, fmt_number
 from swapkl.views.scores import layer_axes
@@ -97,7 +97,7 @@ def bridge_statement(result, bridged: dict) -> str:
 
 
 def verdict_change(result, fav: str) -> str:
-    """Whether the regime verdict's preferred protocol (:func:`~swapkl.removal.verdict.regime_verdict` on the
+    """Whether the regime verdict's preferred protocol (:func:`~swapkl.scoring.verdict.regime_verdict` on the
     adjacent pairs) still holds after the bridge (``fav`` from :func:`bridge_favours`); "" without a verdict."""
     try:
         prefer = regime_verdict(result.replacement(), result.interchange())["prefer"]

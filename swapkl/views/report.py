@@ -3,7 +3,7 @@
 :func:`build_report` puts together, for whatever it is given:
 
 * ``result`` (a :class:`~swapkl.scoring.results.SwapResult`, its JSON dict, or a path to a ``score --json`` file): model
-  and contract, the regime verdict with its evidence (:func:`swapkl.removal.verdict.regime_verdict` on the adjacent
+  and contract, the regime verdict with its evidence (:func:`swapkl.scoring.verdict.regime_verdict` on the adjacent
   pairs, 0.10 nats threshold), summary statistics (gap distribution in nats with bootstrap CIs, KL ratio, counts
   below 0.05 / 0.10 nats, Pearson r, noise floor), the replacement/interchange heatmaps (one shared colour
   scale), the gap heatmap, the top-pairs table;
@@ -28,7 +28,7 @@ from swapkl.removal.recommend import Recommendation
 from swapkl.scoring.results import SwapResult
 from swapkl.store import atomic_write_text
 from swapkl.trajectory.compute import trajectory_provenance
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 from swapkl.views.captions import fmt_evaluator, contract_caption, csv_link, html_kv_table, html_number, html_table, html_text
 from swapkl.views.curves import kl_to_base_figure, removal_curves, removed_layers_table
 from swapkl.views.repaired import curves_caption, repair_html, with_bridged

@@ -236,7 +236,7 @@ def depth_profile(result, verdict: dict | None = None, directed: bool = False, b
     directed replacement means ``R[i][i+1]`` (slot i ← block i+1) and ``R[i+1][i]`` are drawn too (otherwise
     they are in the legend, hidden until clicked); dashed lines at the strong (0.05) and conditional (0.10 nats)
     thresholds; the best pair of each protocol marked with a star; ``verdict`` (a
-    :func:`swapkl.removal.verdict.regime_verdict` dict) in the title.  ``log_y``: KLs span decades, so
+    :func:`swapkl.scoring.verdict.regime_verdict` dict) in the title.  ``log_y``: KLs span decades, so
     the y axis is logarithmic by default (values <= 0 drawn at :data:`LOG_FLOOR`, hover shows the true value).
     Only adjacent pairs are drawn (a wider pair set is the heatmaps' job)."""
     import plotly.graph_objects as go

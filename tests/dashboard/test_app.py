@@ -80,7 +80,7 @@ def test_compute_stories_all_pages(cache):
     from swapkl.model.checkpoints import load_checkpoint
     from swapkl.contract import Contract
     from swapkl import views as plots
-    from swapkl.removal.verdict import regime_verdict
+    from swapkl.scoring.verdict import regime_verdict
 
     at = _choose_stories(AppTest.from_file(APP, default_timeout=TIMEOUT))
     assert "pairs gap:2 · 4 prompts × 16 tokens" in at.code[0].value

@@ -13,7 +13,7 @@ from swapkl.evidence import stability as S
 from swapkl.evidence.run import regions
 from swapkl.evidence.signals import Signal, pair_layer_min
 from swapkl.errors import SwapklError
-from swapkl.removal.ground_truth import from_results
+from swapkl.evidence.ground_truth import from_results
 from swapkl.removal.selection import layer_scores
 
 

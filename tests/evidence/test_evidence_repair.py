@@ -8,7 +8,7 @@ import pytest
 from conftest import WIKITEXT
 from support.bridge_plain import plain_activations, plain_bridged
 from swapkl.errors import SwapklError
-from swapkl.removal.bridged_truth import bridged_ground_truth
+from swapkl.evidence.bridged_truth import bridged_ground_truth
 from swapkl.measure.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
 from swapkl.repair.bridged_kl import BridgeSettings
 from swapkl.repair.calibration import calibration_text
@@ -69,7 +69,7 @@ def test_bridged_ground_truth_equals_plain(stories, setup, cache_dir):
     assert rec["forms"]["0"]["note"] and "block 0" in rec["forms"]["0"]["note"]
     assert rec["settings"]["calib_tokens"] == 2048 and rec["calibration"]["windows"] == 16
     # the raw ground truth's windows, one for one
-    from swapkl.removal.ground_truth import ground_truth
+    from swapkl.evidence.ground_truth import ground_truth
     from swapkl.measure.memo import EvalMemo
 
     raw_gt = ground_truth(stories.model, ids, EV, EvalMemo(), "k", layers=layers)
@@ -105,7 +105,7 @@ class _R:  # the fields of a PPLResult that from_results reads
 
 
 def _fake_truths(L=7, W=10, seed=0):
-    from swapkl.removal.ground_truth import from_results
+    from swapkl.evidence.ground_truth import from_results
 
     rng = np.random.default_rng(seed)
     counts = rng.integers(80, 120, W)
@@ -335,7 +335,7 @@ def test_report_holds_the_after_repair_section(repair_run, tmp_path, capsys):
 
 
 def test_sweep_refuses_a_bridge_of_another_span(stories, setup):
-    from swapkl.removal.ground_truth import single_removal_sweep
+    from swapkl.evidence.ground_truth import single_removal_sweep
     from swapkl.repair.bridge import Bridge
 
     _, _, _, ids = setup

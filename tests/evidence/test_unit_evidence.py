@@ -10,7 +10,7 @@ import pytest
 
 from swapkl.commands.cli import main
 from swapkl.measure.evaluate import Evaluator, delta_pct, eval_ids, evaluate_ppl
-from swapkl.removal.ground_truth import text_key, unit_ground_truth
+from swapkl.evidence.ground_truth import text_key, unit_ground_truth
 from swapkl.measure.memo import EvalMemo
 from test_unit_curves import zeroed_plain
 

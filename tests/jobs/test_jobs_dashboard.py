@@ -127,7 +127,7 @@ def test_has_content():
 
 
 def test_job_verdict_needs_every_adjacent_pair():
-    from swapkl.removal.verdict import regime_verdict
+    from swapkl.scoring.verdict import regime_verdict
 
     res = synthetic()  # gap:2 without (0, 2): every adjacent pair
     job = SimpleNamespace(result=res, curves=None)

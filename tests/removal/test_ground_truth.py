@@ -1,4 +1,4 @@
-"""Ground truth per layer (swapkl.removal.ground_truth): the prefix-reuse sweep equals a plain evaluator on a pruned
+"""Ground truth per layer (swapkl.evidence.ground_truth): the prefix-reuse sweep equals a plain evaluator on a pruned
 copy, the CIs resample windows paired with the baseline, and the memo serves a second call."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_model
 from swapkl.measure import evaluate as E
-from swapkl.removal.ground_truth import ground_truth, single_removal_sweep
+from swapkl.evidence.ground_truth import ground_truth, single_removal_sweep
 from swapkl.measure.memo import EvalMemo
 from swapkl.surgery.prune import pruned_copy
 from swapkl.model.tiny import scale_matrices

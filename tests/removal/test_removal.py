@@ -11,7 +11,7 @@ from swapkl.removal.selection import BudgetError, layer_scores, max_feasible, ra
 from swapkl.removal.checks import ScoresMismatch
 from swapkl.removal.curves import CurvesResult, removal_curves
 from swapkl.measure.memo import EvalMemo
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 from swapkl.removal.plan import RemovalPlan, RunHooks
 
 NAN = np.nan

@@ -377,7 +377,7 @@ def adjacent_result(L: int = 6) -> SwapResult:
 
 
 def test_depth_profile_values_bands_thresholds_best():
-    from swapkl.removal.verdict import regime_verdict
+    from swapkl.scoring.verdict import regime_verdict
 
     r = adjacent_result()
     assert plots.is_adjacent_only(r) and not plots.is_adjacent_only(synthetic())

@@ -15,7 +15,7 @@ from swapkl import views as plots
 from swapkl.views import report
 from swapkl.errors import SwapklError
 from swapkl.removal.curves import CurvesResult
-from swapkl.removal.verdict import regime_verdict
+from swapkl.scoring.verdict import regime_verdict
 from support.cli_run import run_cli
 from test_plots import fake_curves, synthetic
 

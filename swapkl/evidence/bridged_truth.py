@@ -6,12 +6,12 @@ For every block ℓ the span ``[ℓ, ℓ+1)`` is replaced by its linear bridge (
 known projection or with a norm after it; the form used and why are recorded per block).  Every bridge is fitted on
 one calibration text (a :class:`~swapkl.repair.bridger.Bridger`: the scoring contract's prompt region minus its prompts,
 drawn with the bridge settings), and the bridged model is evaluated on the *same* evaluator windows as
-the raw ground truth (:mod:`swapkl.removal.ground_truth`), with KL(base ‖ bridged) per window from a base reference.
+the raw ground truth (:mod:`swapkl.evidence.ground_truth`), with KL(base ‖ bridged) per window from a base reference.
 So the two ground truths are paired window by window.
 
 With prefix reuse, as the raw ground truth: one base pass per batch of windows keeps the state entering every block
 (and block ℓ−1's MLP output), and each block's bridged removal runs only blocks ℓ+1.. from the bridged state
-(:func:`swapkl.removal.ground_truth.single_removal_sweep` with ``bridges``; equal to evaluating the bridged model,
+(:func:`swapkl.evidence.ground_truth.single_removal_sweep` with ``bridges``; equal to evaluating the bridged model,
 tests/evidence/test_evidence_repair.py).  The result is cached as one store entry (kind ``bridged-truth``, atomic, versioned) keyed by the model, the evaluation text, the bridge settings
 and the calibration description; the settings and the calibration are part of the record.
 """
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from swapkl.removal.ground_truth import GroundTruth, from_results
+from swapkl.evidence.ground_truth import GroundTruth, from_results
 from swapkl.store import CorruptEntry, cache_root, read_entry, warn_unwritable, write_entry
 
 KIND = "bridged-truth"
@@ -34,7 +34,7 @@ def bridged_ground_truth(bridger, ids, ev, store: dict | None = None, layers=Non
 
     ``bridger``: the :class:`~swapkl.repair.bridger.Bridger` whose calibration text and settings fit the bridges;
     ``ids``: the evaluation token ids (1-D); ``ev``: the evaluator (window, stride); ``store``: where the entry is filed, ``{"text": the
-    evaluation text's key (:func:`swapkl.removal.ground_truth.text_key`), "identity": the checkpoint identity}``
+    evaluation text's key (:func:`swapkl.evidence.ground_truth.text_key`), "identity": the checkpoint identity}``
     (None, or an identity that cannot name the weights: no cache).
     ``record``: ``{"settings", "calibration", "forms": {ℓ: {"form", "note", "residual"}}}``."""
     from swapkl.model import architectures as arch
@@ -66,9 +66,9 @@ def bridged_ground_truth(bridger, ids, ev, store: dict | None = None, layers=Non
 
 def _compute(bridger, ids, ev, layers, batch_size, should_stop) -> dict:
     """Fit every block's bridge and sweep base and bridged removals on ``ev``'s windows of ``ids`` with prefix reuse
-    (:func:`swapkl.removal.ground_truth.single_removal_sweep` with ``bridges``): per-window NLL and KL sums (nats)
+    (:func:`swapkl.evidence.ground_truth.single_removal_sweep` with ``bridges``): per-window NLL and KL sums (nats)
     and per block the form used."""
-    from swapkl.removal.ground_truth import single_removal_sweep
+    from swapkl.evidence.ground_truth import single_removal_sweep
 
     spans = [(ell, ell + 1) for ell in layers]
     bridges = dict(zip(spans, bridger.span_bridges(spans)))

@@ -7,8 +7,15 @@ import numpy as np
 
 from swapkl.errors import SwapklError
 from swapkl.scoring.results import CONDITIONAL, STRONG  # thresholds in nats (docs/method.md §1)
-from swapkl.removal.selection import as_matrix
 
+
+
+def as_matrix(d) -> np.ndarray:
+    """``d`` as a float64 L x L array (nats); a score matrix that is not square is a one-line error."""
+    d = np.asarray(d, dtype=np.float64)
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
+        raise SwapklError(f"score matrix must be square L×L, got shape {d.shape}")
+    return d
 
 def adjacent_pairs(num_layers: int) -> list[tuple[int, int]]:
     return [(i, i + 1) for i in range(num_layers - 1)]
