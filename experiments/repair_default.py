@@ -13,7 +13,7 @@ table with the paired bridged − raw CI -- then reads every bridged evaluation 
 
 * the best bridged method against the best raw cut (the goal: at most half of it at n = 4);
 * each of ``bridge`` and ``bridge-joint`` (sets chosen by bridged KL) minus each other method, both bridged, as ΔPPL points with the paired
-  bootstrap 95 % CI over the same windows (``swapkl.removal.paired.paired_delta``; a seeded method: the mean over its
+  bootstrap 95 % CI over the same windows (``swapkl.removal.recommend.paired.paired_delta``; a seeded method: the mean over its
   seeds) and better / tie / worse (the goal: never significantly worse).
 
 A second run with the same settings reads everything from the cache (the calibration fits of sets not yet evaluated
@@ -84,7 +84,7 @@ def _sets(curves: dict, name: str, n: int) -> list:
 def compare(curves: dict, entries: dict) -> list[dict]:
     """Per n: the best bridged and best raw ΔPPL %, and each :data:`FOCUS` method − each other method (both
     bridged), paired (``vs[focus]``)."""
-    from swapkl.removal.paired import paired_delta
+    from swapkl.removal.recommend.paired import paired_delta
 
     raw_key, br_key = _keys(entries, curves)
     base_nll, counts = entries[(raw_key, frozenset())]

@@ -157,7 +157,7 @@ def repaired_lines(repaired: dict, methods: dict | None = None, repair: dict | N
     (else the raw ΔPPL is the bridged one minus the paired difference, the same formula)."""
     if not repaired:
         return []
-    from swapkl.removal.paired import word
+    from swapkl.removal.recommend.paired import word
 
     st = (repair or {}).get("settings") or {}
     out = [f"raw vs bridged (--repair bridge, {st.get('form', 'folded')} form, {st.get('calib_tokens', '?')} "

@@ -4,13 +4,13 @@ For each protocol and n = 1..budget: the set the guided rule (:func:`swapkl.remo
 ``replacement`` / ``interchange`` methods pick it) chooses on A's scores and the set it chooses on B's own scores,
 both removed from B and evaluated on B's held-out windows (the removal curves' evaluator, text and memo:
 :class:`swapkl.removal.curves.CurvesRun`).  The difference ΔPPL(A's set) − ΔPPL(B's set), in percentage points,
-comes with a paired bootstrap 95 % CI over B's shared windows (:func:`swapkl.removal.paired.paired_delta`):
+comes with a paired bootstrap 95 % CI over B's shared windows (:func:`swapkl.removal.recommend.paired.paired_delta`):
 ``worse`` when the CI lies above zero (A's set costs B more), ``better`` below, ``tie`` when it includes zero.
 """
 from __future__ import annotations
 
 from swapkl.compare.agreement import PROTOCOLS, CompareError, check_comparable, matrix
-from swapkl.removal.paired import paired_delta
+from swapkl.removal.recommend.paired import paired_delta
 from swapkl.removal.selection import select
 
 

@@ -10,7 +10,7 @@ says so once.
 :class:`RepairedCurves` is the runner's side: the bridged evaluation of a set (memo key = the raw text key plus a
 suffix naming the bridge settings and the calibration windows, so raw and bridged never collide and the disk memo
 reuses both), the bridged curve entries with the paired difference to the raw set (bridged minus raw ΔPPL %, the
-paired bootstrap over the same windows of :func:`swapkl.removal.paired.paired_delta`) and the result's ``repair``
+paired bootstrap over the same windows of :func:`swapkl.removal.recommend.paired.paired_delta`) and the result's ``repair``
 summary.  Merges and mixed sublayer sets are not bridged (a note says so).
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ class RepairedCurves:
     def entry(self, raw_entry: dict) -> dict:
         """The bridged curve point of the raw point ``raw_entry`` (same keys, plus :data:`PAIRED_KEYS`)."""
         from swapkl.measure import evaluate as E
-        from swapkl.removal.paired import paired_delta
+        from swapkl.removal.recommend.paired import paired_delta
 
         run, removed = self.run, raw_entry["removed"]
         r = self.evaluate(removed)

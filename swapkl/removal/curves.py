@@ -331,7 +331,7 @@ class CurvesRun:
             e.partial = result
             raise
         if "recommend" in result.methods:  # recommend judged fairly: paired with every other method (docs/recommend-rule.md)
-            from swapkl.removal.paired import paired_comparisons
+            from swapkl.removal.recommend.paired import paired_comparisons
 
             result.method_info["recommend"]["paired"] = paired_comparisons(
                 result, lambda s: self.memo.peek(self.text_key, s), self.baseline)

@@ -15,7 +15,7 @@ import numpy as np
 
 from swapkl.compare.agreement import pair_replicates, pair_vector
 
-from swapkl.removal.paired import paired_delta
+from swapkl.removal.recommend.paired import paired_delta
 from swapkl.stats import BOOT_SEED, bootstrap_indices, finite_ci, tie
 
 PROTOCOLS = ("replacement", "interchange")
@@ -60,7 +60,7 @@ def removal_rows(curves, lookup, baseline, n_boot: int) -> list[dict]:
     """Per n of ``curves`` (a :class:`~swapkl.removal.curves.CurvesResult`): ``{"n", "replacement": {"removed",
     "delta_pct", "delta_pct_ci"}, "interchange": {...}, "ratio", "ratio_ci", "diff", "diff_ci", "word",
     "best_baseline"}``.  ``ratio`` = ΔPPL %(I) / ΔPPL %(R) (the paper's I/R); ``diff`` = ΔPPL %(I) − ΔPPL %(R) in
-    points with :func:`~swapkl.removal.paired.paired_delta`'s CI and word (``better``: interchange-guided removal
+    points with :func:`~swapkl.removal.recommend.paired.paired_delta`'s CI and word (``better``: interchange-guided removal
     is cheaper; ``tie``: the CI includes 0).  ``lookup(removed) -> PPLResult`` reads the run's memo; ``baseline``:
     the unpruned model's PPLResult on the same windows; CIs from ``n_boot`` window resamples (seed 0)."""
     idx = bootstrap_indices(len(baseline.counts), n_boot, BOOT_SEED)

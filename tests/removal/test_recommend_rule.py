@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from swapkl.measure import evaluate as E
-from swapkl.removal.confirm import anchor_protocol, confirm, paired_nll_diff
+from swapkl.removal.recommend.confirm import anchor_protocol, confirm, paired_nll_diff
 from swapkl.measure.evaluate import Evaluator
 from swapkl.measure.memo import EvalMemo
 from swapkl.removal.methods import MethodContext
-from swapkl.removal.paired import paired_delta, word
+from swapkl.removal.recommend.paired import paired_delta, word
 from swapkl.removal.recommend import recommend
 from swapkl.scoring.corpora import load_corpus
 from swapkl.surgery.blocks import pruned_copy

@@ -18,7 +18,7 @@ The search (:func:`search`):
 4. The rule (``docs/recommend-rule.md``, ``rule="confirmed"``, the default): the set recommended for n is the
    protocol rule's zero-evaluation set (the anchor) unless the best calibration set among every size-n set evaluated
    beats it on each of ``calib_regions`` (3) disjoint calibration regions with a pooled paired CI below 0
-   (:mod:`swapkl.removal.confirm`).  ``rule="calibration"``: the set with the best calibration PPL.
+   (:mod:`swapkl.removal.recommend.confirm`).  ``rule="calibration"``: the set with the best calibration PPL.
 
 Cost cap: ``max_evals`` distinct calibration evaluations (default: what SLEB-iterative spends for the same budget,
 ``1 + Σ_{s<budget} (C - s)`` over its ``C`` candidates), shared over the levels; seeds are evaluated first at
@@ -37,7 +37,7 @@ from typing import Sequence
 
 from swapkl.contract import BLOCK
 from swapkl.errors import SwapklError
-from swapkl.removal.confirm import DEFAULT_REGIONS, DEFAULT_RULE, RULES, confirm, pick_anchor
+from swapkl.removal.recommend.confirm import DEFAULT_REGIONS, DEFAULT_RULE, RULES, confirm, pick_anchor
 from swapkl.removal.methods.base import MethodOutput
 from swapkl.removal.methods.registry import calib_tokens, get, supports
 from swapkl.removal.selection import BudgetError, layer_scores

@@ -52,7 +52,7 @@ class Recommendation:
     settings: dict
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
-    #: per n, the held-out paired comparison with every other method of the same run (swapkl.removal.paired)
+    #: per n, the held-out paired comparison with every other method of the same run (swapkl.removal.recommend.paired)
     paired: list = field(default_factory=list)
     #: what a removed index removes: the block, or its attention / mlp sublayer (skipped, swapkl.surgery.skip)
     unit: str = "block"
@@ -271,7 +271,7 @@ def recommend(model, tokenizer, scores: dict | None, plan: RemovalPlan, hooks: R
     """Recommend the layers to remove for n = 1..``plan.budget`` (see the module docstring) and evaluate each choice
     on the held-out text of ``plan.evaluator`` once, after the choice.  ``plan``: a plan whose methods include
     ``"recommend"`` (:func:`recommend_plan`); its other methods run on the same held-out windows, so that each n
-    carries the paired comparison (``Recommendation.paired``, :mod:`swapkl.removal.paired`); ``plan.spacing`` is the
+    carries the paired comparison (``Recommendation.paired``, :mod:`swapkl.removal.recommend.paired`); ``plan.spacing`` is the
     selection rule's Δ (the guided seeds', and the search's with ``constrained``); ``plan.unit`` ``attention`` /
     ``mlp``: the search skips that sublayer of each chosen layer, seeded by the methods defined on the unit,
     ``scores`` being the unit's matrices.  ``scores``: ``{"replacement": L×L, "interchange": L×L}`` nats (either may
