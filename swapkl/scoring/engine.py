@@ -277,11 +277,11 @@ def _slot_float32(runner: BlockRunner, slot: int, h: torch.Tensor) -> torch.Tens
     computed at higher precision, one block's float32 copy at a time."""
     mod = runner.blocks[slot]
     dev = runner.block_device(slot)
-    args, kwargs = runner.call(slot, torch.arange(h.shape[0]) % max(1, runner.num_prompts), _float32(h), dev)
+    args, kwargs = runner.call(slot, torch.arange(h.shape[0]) % max(1, runner.recording.num_prompts), _float32(h), dev)
     args = tuple(_float32(a) for a in args)
     kwargs = {k: _float32(v) for k, v in kwargs.items()}
     out = functional_call(mod, {k: _float32(v) for k, v in runner.unit_weights.on(slot, dev).items()}, args, kwargs)
-    return runner.layout.rows(hidden_of(out))
+    return runner.recording.layout.rows(hidden_of(out))
 
 
 def _logits_float32(runner: BlockRunner, h_last: torch.Tensor) -> torch.Tensor:

@@ -121,35 +121,19 @@ class BlockRunner:
         handed = [c.handed_values(torch.arange(ids.shape[0])) for c in calls] if channels else []
         return Baseline(states, handed, self.recording)
 
-    @property
-    def calls(self) -> tuple:
-        return self.recording.calls
-
-    @property
-    def num_prompts(self) -> int:
-        return self.recording.num_prompts
-
-    @property
-    def channels(self) -> tuple:
-        return self.recording.channels
-
-    @property
-    def layout(self) -> StateLayout:
-        return self.recording.layout
-
     def call(self, slot: int, rows: torch.Tensor, h: torch.Tensor, dev: torch.device | None = None,
              handed: tuple | None = None) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of the call the model's forward gives slot ``slot`` with hidden states ``h``, for rows
         whose prompts are ``rows``, on ``dev`` (default: the slot's device); ``handed``: the values of the handed-on
         channels for these rows (None: the baseline's)."""
-        call = self.calls[slot]
+        call = self.recording.calls[slot]
         dev = dev or self.block_device(slot)
         if handed is not None:
             handed = tuple(v.to(dev) if isinstance(v, torch.Tensor) else v for v in handed)
         args, kwargs = call.build(rows, handed)
         if dev != self.block_device(slot):
             args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
-        return call.arrange(self.layout.model(h.to(dev)), args, kwargs)
+        return call.arrange(self.recording.layout.model(h.to(dev)), args, kwargs)
 
     def undefined(self, slot: int, block: int) -> str | None:
         """Why block ``block``'s unit cannot run in slot ``slot`` under this runner's definition, or None."""
@@ -160,13 +144,13 @@ class BlockRunner:
         """Why block ``block``'s unit cannot run in slot 0 of a model with handed-on states: it needs a state that
         only a block before it hands on (a DSA layer that reuses the previous layer's top-k), and none runs before
         slot 0; found by running it there on the first prompt.  None elsewhere (every block hands its states on)."""
-        if not self.channels or slot != 0 or block == slot:
+        if not self.recording.channels or slot != 0 or block == slot:
             return None
         if (slot, block) not in self._starts:
             why = None
             try:
                 first = torch.zeros(1, dtype=torch.long)
-                self.run(slot, block, self.recording.first, first, self.calls[slot].handed_values(first))
+                self.run(slot, block, self.recording.first, first, self.recording.calls[slot].handed_values(first))
             except Exception as e:  # the model's own refusal, reported as the reason
                 line = (str(e).strip().splitlines() or [""])[0][:160]
                 why = (f"block {block}'s unit cannot run in slot {slot}: it needs a state that only a block before it "
@@ -206,8 +190,8 @@ class BlockRunner:
         """Slot ``slot`` applied to ``h`` [n, T, D] with block ``block``'s unit under the runner's definition
         (:mod:`swapkl.scoring.definitions`); ``rows``: the prompt of each row (default: row r is prompt r mod P)."""
         if rows is None:
-            rows = torch.arange(h.shape[0]) % max(1, self.num_prompts)
-        return self.layout.rows(hidden_of(self.run(slot, block, h, rows)))
+            rows = torch.arange(h.shape[0]) % max(1, self.recording.num_prompts)
+        return self.recording.layout.rows(hidden_of(self.run(slot, block, h, rows)))
 
     def final_state(self, h: torch.Tensor, handed: tuple | None) -> torch.Tensor:
         """What the output function reads of a last block's hidden states ``h`` [n, T, D] and handed-on states: ``h``,
@@ -220,12 +204,12 @@ class BlockRunner:
         [n, T, D] given ``handed`` (what the block run in the slot before handed on: one [n, ...] tensor or None per
         channel); returns ``(hidden states [n, T, D], what it hands on)``."""
         out = self.run(slot, block, h, rows, handed)
-        return self.layout.rows(hidden_of(out)), handed_out(out, self.channels)
+        return self.recording.layout.rows(hidden_of(out)), handed_out(out, self.recording.channels)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """The model's output function on last-block outputs [..., D] -> logits [..., V] (final norm + head, or the
         model's own tail: :mod:`swapkl.model.outputs`)."""
-        return self.loc.logits(self.layout.model(h_last))
+        return self.loc.logits(self.recording.layout.model(h_last))
 
 
 def _backbone(runner: BlockRunner) -> torch.nn.Module:
@@ -310,7 +294,7 @@ def run_rows_handed(runner: BlockRunner, batch: BatchController, slot: int, bloc
     """Slot ``slot`` running block ``block``'s unit on row sets of all prompts ``x`` [n, T, D] (row r is prompt
     r mod P) given the handed-on states ``handed`` (one [n, ...] tensor or None per channel), in parts of at most
     ``batch.max_rows`` rows, halved on out-of-memory: ``(hidden states [n, T, D], what the block hands on)``."""
-    P = max(1, runner.num_prompts)
+    P = max(1, runner.recording.num_prompts)
 
     def part(a: int, b: int):
         return runner.run_handed(slot, block, x[a:b], torch.arange(a, b) % P,

@@ -41,7 +41,7 @@ def test_channels_are_found_on_the_baseline(tiny):
                              ("llama", ())):
         model, ids, _ = tiny(model_type)
         engine = SwapEngine(model, ids, max_rows=3, max_live=6)
-        assert engine.runner.channels == want, model_type
+        assert engine.runner.recording.channels == want, model_type
         if want:  # the state entering slot s is what block s-1 handed on in the baseline, one row per prompt
             assert engine.base.handed[0] == (None,)
             assert all(h[0].shape[0] == ids.shape[0] for h in engine.base.handed[1:])
@@ -131,7 +131,7 @@ def test_reformer_two_streams(tiny):
     # attn_output, ...); the head reads both streams joined, the handed-on one first
     model, ids, _ = tiny("reformer")
     engine = SwapEngine(model, ids, max_rows=3, max_live=6, per_layer="block", kl_dtype=torch.float64)
-    assert engine.runner.channels == (Channel("prev_attn_output", 1),) and engine.runner.join == "handed-first"
+    assert engine.runner.recording.channels == (Channel("prev_attn_output", 1),) and engine.runner.join == "handed-first"
     assert engine.base.handed[0][0] is not None  # slot 0 is handed the embeddings as its second stream
     got = engine.sweep(PAIRS)
     ref = reference_sweep(model, ids, PAIRS, per_layer="block")
