@@ -33,13 +33,10 @@ def export_view(job: Job, removed, label: str, key: str = "export", merge: dict 
     from swapkl.store import cache_root
     from swapkl.surgery.exports import FORMAT_LABELS
 
-    if getattr(job, "browse_only", False):
+    if job.browse_only:  # an opened file of a model this demo server does not offer: browsed, never loaded
         st.info(BROWSE_ONLY)
         return
     pol = policy()
-    if job.browse_only:  # an opened file of a model this demo server does not offer: browsed, never loaded
-        st.info("This file's model is not on this demo server's list: its results can be browsed, not exported.")
-        return
     ident = export_identity(job, identity)
     fmt = st.radio("format", export_formats(ident, merge), format_func=FORMAT_LABELS.get, horizontal=True,
                    key=f"w_{key}_fmt")
@@ -144,13 +141,10 @@ def export_healed_view(job: Job, method: str, n: int, anyway: bool = False) -> N
     from swapkl.jobs.heal_export import export_healed_model, healed_entry, healed_export_name
     from swapkl.store import cache_root
 
-    if getattr(job, "browse_only", False):
+    if job.browse_only:  # an opened file of a model this demo server does not offer: browsed, never loaded
         st.info(BROWSE_ONLY)
         return
     pol = policy()
-    if job.browse_only:
-        st.info("This file's model is not on this demo server's list: its results can be browsed, not exported.")
-        return
     name = healed_export_name(job, method, n)
     label = f"Export healed model ({method}, n = {n})"
     if pol.demo:

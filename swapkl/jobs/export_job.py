@@ -22,7 +22,7 @@ from typing import Any
 from swapkl import heavy
 from swapkl.errors import SwapklError
 
-from .export_quota import enforce_quota, entry_size, remove_entry, touch
+from .export_quota import enforce_quota, remove_entry, touch
 from .job import DONE
 
 
@@ -156,17 +156,11 @@ def _write(req: ExportRequest, ck, models, dest: Path) -> None:
 
 
 def write_zip(folder: Path, path: Path, max_bytes: int = 4 << 30) -> int:
-    """The regular files of ``folder`` as a stored zip (members ``<folder name>/<relative path>``, as
-    :func:`swapkl.surgery.outputs.folder_zip`), streamed to ``path`` atomically; returns its size in bytes."""
-    import zipfile
-
-    from swapkl.errors import OutputPathError
+    """:func:`swapkl.surgery.outputs.write_folder_zip` of ``folder`` written to ``path`` atomically; returns its size
+    in bytes."""
     from swapkl.store import atomic_path
+    from swapkl.surgery.outputs import write_folder_zip
 
-    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()]
-    if sum(entry_size(p) for p in files) > max_bytes:
-        raise OutputPathError(f"{folder.name} is too large to offer as a download (at most {max_bytes / 1e9:.1f} GB)")
-    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
-        for p in files:
-            z.write(p, f"{folder.name}/{p.relative_to(folder).as_posix()}")
+    with atomic_path(path) as tmp:
+        write_folder_zip(folder, tmp, max_bytes)
     return path.stat().st_size

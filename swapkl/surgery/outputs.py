@@ -162,17 +162,23 @@ def save_model_folder(out: str | os.PathLike, model, tokenizer, record: dict,
     return write_model_folder(out, write)
 
 
-def folder_zip(folder: str | os.PathLike, max_bytes: int = 4 << 30) -> bytes:
-    """The regular files of ``folder`` (recursively, no symlinks followed) as a stored (uncompressed) zip in
-    memory -- a pruned model offered as a download.  Refuses a folder larger than ``max_bytes``."""
+def write_folder_zip(folder: str | os.PathLike, target, max_bytes: int = 4 << 30) -> None:
+    """The regular files of ``folder`` (recursively, no symlinks followed) as a stored (uncompressed) zip written to
+    ``target`` (a path or a binary file), members ``<folder name>/<relative path>`` -- a pruned model offered as a
+    download.  Refuses a folder larger than ``max_bytes``."""
     root = Path(folder)
     files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
     total = sum(p.stat().st_size for p in files)
     if total > max_bytes:
         raise OutputPathError(f"{root.name} has {total / 1e9:.1f} GB; too large to offer as a download "
                               f"(at most {max_bytes / 1e9:.1f} GB)")
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_STORED) as z:
         for p in files:
             z.write(p, f"{root.name}/{p.relative_to(root).as_posix()}")
+
+
+def folder_zip(folder: str | os.PathLike, max_bytes: int = 4 << 30) -> bytes:
+    """:func:`write_folder_zip` in memory: the zip's bytes."""
+    buf = io.BytesIO()
+    write_folder_zip(folder, buf, max_bytes)
     return buf.getvalue()
