@@ -9,14 +9,13 @@ Conventions, the same everywhere:
   interpolation, percentiles 2.5 and 97.5, in the draws' own units);
 * a difference whose interval includes zero is a **tie** (:func:`tie`); a verdict names the side the interval lies
   on (:func:`side`);
-* rank correlations are :func:`scipy.stats.spearmanr` / :func:`scipy.stats.kendalltau` (τ-b), with a bootstrap
-  interval over the units (:func:`spearman_ci`).
+* rank correlations are :func:`scipy.stats.spearmanr` / :func:`scipy.stats.kendalltau` (τ-b) over the finite
+  pairs (:func:`spearman`, :func:`kendall`), vectorised over bootstrap replicates (:func:`spearman_rows`,
+  :func:`kendall_rows`) whose interval is :func:`finite_ci`.
 
-Torch-free: numpy and scipy only.
+Torch-free: numpy, and scipy imported by the functions that use it (importing this module costs no scipy).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 
@@ -48,27 +47,6 @@ def finite_ci(draws) -> list:
     return percentile_ci(v) if len(v) else [None, None]
 
 
-def bootstrap_ci(values, statistic: Callable = np.mean, n_boot: int = N_BOOT,
-                 seed: int | np.random.Generator = BOOT_SEED, idx: np.ndarray | None = None) -> list[float]:
-    """The percentile interval of ``statistic`` over units resampled with replacement: ``values`` (n_units, ...)
-    per unit; ``statistic(resampled, axis=1)`` reduces the (n_boot, n_units, ...) draws; ``idx``: the draws to use
-    (:func:`bootstrap_indices`; given, a paired comparison shares them)."""
-    v = np.asarray(values, dtype=float)
-    idx = bootstrap_indices(len(v), n_boot, seed) if idx is None else idx
-    return percentile_ci(statistic(v[idx], axis=1))
-
-
-def paired_ci(a, b, statistic: Callable = np.mean, n_boot: int = N_BOOT,
-              seed: int | np.random.Generator = BOOT_SEED) -> list[float]:
-    """The paired-bootstrap interval of ``statistic(a) - statistic(b)`` over shared units (``a`` and ``b``: one
-    value per unit, the same units in the same order)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape[0] != b.shape[0]:
-        raise ValueError(f"a paired comparison needs the same units on both sides ({a.shape[0]} != {b.shape[0]})")
-    idx = bootstrap_indices(len(a), n_boot, seed)
-    return percentile_ci(statistic(a[idx], axis=1) - statistic(b[idx], axis=1))
-
-
 def ppl_draws(nll, counts, idx: np.ndarray) -> np.ndarray:
     """Perplexity per resample, (n_boot,): ``exp(Σ nll / Σ counts)`` over each draw of windows ``idx``
     (:func:`bootstrap_indices`); ``nll`` (W,) summed NLL in nats per window, ``counts`` (W,) scored tokens."""
@@ -96,28 +74,51 @@ def side(ci, below: str = "better", above: str = "worse", neither: str = "tie") 
     return below if ci[1] < 0 else above
 
 
-def spearman(x, y) -> float:
-    """Spearman's ρ of two vectors (:func:`scipy.stats.spearmanr`)."""
+def _finite(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of two vectors where both are finite, as two float arrays."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    m = np.isfinite(a) & np.isfinite(b)
+    return a[m], b[m]
+
+
+def spearman(a, b) -> float:
+    """Spearman's ρ (:func:`scipy.stats.spearmanr`) over the pairs where both are finite; NaN below 3 such pairs or
+    for constant ranks."""
     from scipy import stats
 
-    return float(stats.spearmanr(np.asarray(x, dtype=float), np.asarray(y, dtype=float)).statistic)
+    x, y = _finite(a, b)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(stats.spearmanr(x, y).statistic)
 
 
-def kendall(x, y) -> float:
-    """Kendall's τ-b of two vectors (:func:`scipy.stats.kendalltau`)."""
+def kendall(a, b) -> float:
+    """Kendall's τ-b (:func:`scipy.stats.kendalltau`) over the pairs where both are finite; NaN as :func:`spearman`."""
     from scipy import stats
 
-    return float(stats.kendalltau(np.asarray(x, dtype=float), np.asarray(y, dtype=float)).statistic)
+    x, y = _finite(a, b)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(stats.kendalltau(x, y).statistic)
 
 
-def spearman_ci(x, y, n_boot: int = N_BOOT, seed: int | np.random.Generator = BOOT_SEED) -> tuple[float, list]:
-    """``(ρ, [lo, hi])``: Spearman's ρ of paired vectors and its percentile interval over the pairs resampled with
-    replacement (constant ranks have no ρ: NaN, and such a draw is left out; no finite draw: ``[None, None]``)."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman ρ of every row pair of (B, n) arrays (average ranks for ties, as scipy): Pearson of the ranks."""
+    from scipy import stats
 
-    def rho(a, b) -> float:
-        return spearman(a, b) if np.ptp(a) > 0 and np.ptp(b) > 0 else float("nan")
+    ra = stats.rankdata(a, axis=1)
+    rb = stats.rankdata(b, axis=1)
+    ra = ra - ra.mean(1, keepdims=True)
+    rb = rb - rb.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (ra * rb).sum(1) / np.sqrt((ra ** 2).sum(1) * (rb ** 2).sum(1))
 
-    draws = np.array([rho(x[i], y[i]) for i in bootstrap_indices(len(x), n_boot, seed)])
-    draws = draws[np.isfinite(draws)]
-    return rho(x, y), (percentile_ci(draws) if draws.size else [None, None])
+
+def kendall_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Kendall τ-b of every row pair of (B, n) arrays: ``Σ sx·sy / sqrt(Σ|sx| Σ|sy|)`` over pairs i < j."""
+    n = a.shape[1]
+    iu, ju = np.triu_indices(n, 1)
+    sx = np.sign(a[:, iu] - a[:, ju])
+    sy = np.sign(b[:, iu] - b[:, ju])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (sx * sy).sum(1) / np.sqrt(np.abs(sx).sum(1) * np.abs(sy).sum(1))

@@ -16,9 +16,8 @@ import numpy as np
 from scipy import stats
 
 from swapkl.errors import SwapklError
-from swapkl.evidence.agreement import kendall_rows, spearman_rows
 from swapkl.scoring.verdict import regime_verdict
-from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, percentile_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, kendall_rows, percentile_ci, spearman_rows
 
 PROTOCOLS = ("replacement", "interchange")
 #: contract fields that may differ between A and B: where it ran, and the prompt seed (other prompts, same

@@ -10,51 +10,10 @@ signals' coefficients are paired.  Per replicate the coefficients are computed b
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
-from swapkl.stats import bootstrap_indices, finite_ci, tie
+from swapkl.stats import bootstrap_indices, finite_ci, kendall, kendall_rows, spearman, spearman_rows, tie
 
 GT_NAMES = ("ground_truth_ppl", "ground_truth_kl")
-
-
-def _finite(a, b):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    m = np.isfinite(a) & np.isfinite(b)
-    return a[m], b[m]
-
-
-def spearman(a, b) -> float:
-    x, y = _finite(a, b)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(stats.spearmanr(x, y).statistic)
-
-
-def kendall(a, b) -> float:
-    x, y = _finite(a, b)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(stats.kendalltau(x, y).statistic)
-
-
-def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman ρ of every row pair of (B, n) arrays (average ranks for ties, as scipy): Pearson of the ranks."""
-    ra = stats.rankdata(a, axis=1)
-    rb = stats.rankdata(b, axis=1)
-    ra = ra - ra.mean(1, keepdims=True)
-    rb = rb - rb.mean(1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (ra * rb).sum(1) / np.sqrt((ra ** 2).sum(1) * (rb ** 2).sum(1))
-
-
-def kendall_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Kendall τ-b of every row pair of (B, n) arrays: ``Σ sx·sy / sqrt(Σ|sx| Σ|sy|)`` over pairs i < j."""
-    n = a.shape[1]
-    iu, ju = np.triu_indices(n, 1)
-    sx = np.sign(a[:, iu] - a[:, ju])
-    sy = np.sign(b[:, iu] - b[:, ju])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (sx * sy).sum(1) / np.sqrt(np.abs(sx).sum(1) * np.abs(sy).sum(1))
 
 
 def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0, extra_truths=None) -> dict:

@@ -7,9 +7,8 @@ from itertools import combinations
 
 import numpy as np
 
-from swapkl.evidence.agreement import spearman, spearman_rows
 from swapkl.schema.text import plain_text
-from swapkl.stats import finite_ci as ci_of
+from swapkl.stats import finite_ci as ci_of, spearman, spearman_rows
 from swapkl.study.measure import PROTOCOLS
 from swapkl.views.captions import fmt_number as fmt
 

@@ -84,7 +84,7 @@ def test_the_scan_sees_the_imports_it_must():
     """The AST walk finds known imports at module level and inside functions (a scan that finds nothing would
     pass the tests below)."""
     found = {(m, f, fn) for m, f, _, fn in third_party()}
-    assert ("scipy", "swapkl/evidence/agreement.py", None) in found
+    assert ("scipy", "swapkl/evidence/sets.py", None) in found
     assert ("yaml", "swapkl/surgery/mergekit.py", None) in found
     assert ("lm_eval", "swapkl/measure/lmeval.py", "evaluate") in found
     assert ("peft", "swapkl/healing/train.py", "lora_model") in found

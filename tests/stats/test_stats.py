@@ -9,40 +9,44 @@ from scipy import stats as sps
 from swapkl import stats
 
 
-def test_bootstrap_ci_equals_scipys_percentile_bootstrap_on_the_same_draws():
+def test_the_percentile_bootstrap_equals_scipys_on_the_same_draws():
     x = np.random.default_rng(3).gamma(2.0, 1.5, size=37)
-    ours = stats.bootstrap_ci(x, np.mean, n_boot=999, seed=11)
+    ours = stats.percentile_ci(x[stats.bootstrap_indices(len(x), 999, 11)].mean(1))
     theirs = sps.bootstrap((x,), np.mean, n_resamples=999, method="percentile", confidence_level=0.95,
                            rng=np.random.default_rng(11), vectorized=True).confidence_interval
     assert ours == pytest.approx([theirs.low, theirs.high], rel=1e-12)
     assert ours[0] < x.mean() < ours[1]
 
 
-def test_paired_ci_is_the_interval_of_the_paired_differences():
+def test_draws_are_shared_by_seed_so_a_difference_is_paired():
     rng = np.random.default_rng(0)
     base = rng.normal(size=50)
     a, b = base + 0.3 + 0.05 * rng.normal(size=50), base
-    lo, hi = stats.paired_ci(a, b, n_boot=500, seed=2)
     idx = stats.bootstrap_indices(50, 500, 2)
-    diffs = a[idx].mean(1) - b[idx].mean(1)
-    assert [lo, hi] == [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+    assert (idx == stats.bootstrap_indices(50, 500, 2)).all()
+    lo, hi = stats.percentile_ci(a[idx].mean(1) - b[idx].mean(1))
     assert 0.25 < lo < 0.3 < hi < 0.35            # pairing removes the shared noise: a tight interval around 0.3
-    unpaired = stats.bootstrap_ci(a, n_boot=500, seed=2)
-    assert hi - lo < (unpaired[1] - unpaired[0]) / 5
-    with pytest.raises(ValueError, match="same units"):
-        stats.paired_ci(a, b[:-1])
+    ua, ub = stats.percentile_ci(a[idx].mean(1))
+    assert hi - lo < (ub - ua) / 5
 
 
-def test_spearman_and_its_interval():
+def test_rank_correlations_and_their_rows_against_scipy():
     rng = np.random.default_rng(5)
     x = rng.normal(size=40)
     y = x + 0.5 * rng.normal(size=40)
-    rho, ci = stats.spearman_ci(x, y, n_boot=300, seed=1)
-    assert rho == pytest.approx(sps.spearmanr(x, y).statistic, abs=0)
-    assert ci[0] < rho < ci[1] and ci[0] > 0.5
+    assert stats.spearman(x, y) == pytest.approx(sps.spearmanr(x, y).statistic, abs=0)
     assert stats.kendall(x, y) == pytest.approx(sps.kendalltau(x, y).statistic, abs=0)
-    _, none = stats.spearman_ci(np.ones(5), np.arange(5.0), n_boot=20)
-    assert none == [None, None]                   # constant ranks: no ρ in any draw
+    xn = np.append(x, np.nan)
+    assert stats.spearman(xn, np.append(y, 1.0)) == stats.spearman(x, y)  # a pair with a NaN is left out
+    assert np.isnan(stats.spearman(np.ones(5), np.arange(5.0))) and np.isnan(stats.kendall([1, 2], [2, 1]))
+    idx = stats.bootstrap_indices(40, 30, 1)
+    rows = stats.spearman_rows(x[idx], y[idx])
+    np.testing.assert_allclose(rows, [sps.spearmanr(x[i], y[i]).statistic for i in idx], rtol=1e-12)
+    taus = stats.kendall_rows(x[idx], y[idx])
+    np.testing.assert_allclose(taus, [sps.kendalltau(x[i], y[i]).statistic for i in idx], rtol=1e-12)
+    lo, hi = stats.finite_ci(np.append(rows, np.nan))
+    assert lo < stats.spearman(x, y) < hi and lo > 0.5
+    assert stats.finite_ci([np.nan, np.inf]) == [None, None]
 
 
 @pytest.mark.parametrize("ci, tie, side", [([-1.0, 2.0], True, "tie"), ([0.0, 1.0], True, "tie"),
