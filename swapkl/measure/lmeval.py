@@ -173,7 +173,8 @@ def evaluate(model, tokenizer, task: dict, tm, *, limit: int | None = None, num_
              batch_size: int = 16) -> dict:
     """lm-eval's own evaluation of the in-memory ``model`` on ``task`` (from :func:`load_task`):
     ``{"metrics": {task: {metric: value}}, "stderr": {task: {metric: stderr}}, "versions", "n-shot",
-    "n-samples"}`` for every task and group row lm-eval reports."""
+    "n-samples", "docs"}`` for every task and group row lm-eval reports; ``docs`` holds every leaf task's
+    per-document scores (:func:`doc_rows`), what a per-document bootstrap resamples."""
     require_extra("tasks", WHAT)
     import lm_eval
     from lm_eval.models.huggingface import HFLM
@@ -181,7 +182,7 @@ def evaluate(model, tokenizer, task: dict, tm, *, limit: int | None = None, num_
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     with _no_environment_report():
         out = lm_eval.simple_evaluate(model=lm, tasks=list(task["spec"]), task_manager=tm, limit=limit,
-                                      num_fewshot=num_fewshot, log_samples=False, verbosity="ERROR")
+                                      num_fewshot=num_fewshot, log_samples=True, verbosity="ERROR")
     return rows_of(out)
 
 
@@ -238,4 +239,30 @@ def rows_of(out: dict) -> dict:
                 s[k] = float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) else None
         metrics[t], stderr[t] = m, s
     return {"metrics": metrics, "stderr": stderr, "versions": dict(out.get("versions") or {}),
-            "n-shot": dict(out.get("n-shot") or {}), "n-samples": dict(out.get("n-samples") or {})}
+            "n-shot": dict(out.get("n-shot") or {}), "n-samples": dict(out.get("n-samples") or {}),
+            "docs": doc_rows(out.get("samples") or {})}
+
+
+def doc_rows(samples: dict) -> dict:
+    """Per-document scores of lm-eval's logged samples (``simple_evaluate(..., log_samples=True)["samples"]``):
+    ``{task: {"doc_id": [ids, ascending], "doc_sha": hash of the documents' hashes in that order,
+    metric key ("acc,none"): [score per document]}}``, for every leaf task and every per-document metric whose
+    scores are numbers (accuracy: 0 or 1).  Two evaluations of one task on one document list pair document by
+    document when their ``doc_sha`` agree."""
+    docs: dict = {}
+    for task, rows in samples.items():
+        rows = sorted(rows, key=lambda r: (r.get("doc_id", 0), str(r.get("filter", ""))))
+        ids = sorted({int(r.get("doc_id", 0)) for r in rows})
+        where = {d: k for k, d in enumerate(ids)}
+        table: dict = {"doc_id": ids}
+        hashes = [""] * len(ids)
+        for r in rows:
+            k = where[int(r.get("doc_id", 0))]
+            hashes[k] = str(r.get("doc_hash", ""))
+            for name in r.get("metrics") or ():
+                v = r.get(name)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    table.setdefault(f"{name},{r.get('filter', 'none')}", [None] * len(ids))[k] = float(v)
+        table["doc_sha"] = stable_hash(hashes)[:16]
+        docs[str(task)] = table
+    return docs

@@ -74,7 +74,7 @@ class TaskRunner:
         return cache_root() / "tasks" / f"{stable_hash(key)[:24]}.json"
 
     def variant(self, removed: Sequence[int], merge: dict | None = None, bridged: bool = False) -> dict:
-        """``{"metrics", "stderr", "versions", "n-shot", "n-samples"}`` merged over the run's tasks for the model
+        """``{"metrics", "stderr", "versions", "n-shot", "n-samples", "docs"}`` merged over the run's tasks for the model
         without ``removed`` (or merged by ``merge``; ``bridged``: with the bridger's bridges in place)."""
         removed = sorted(int(i) for i in removed)
         key = (tuple(removed), repr(merge), bridged)
@@ -82,7 +82,7 @@ class TaskRunner:
             return self.memo[key]
         if self.should_stop is not None and self.should_stop():
             raise ComputeInterrupted("task evaluation stopped")
-        out = {"metrics": {}, "stderr": {}, "versions": {}, "n-shot": {}, "n-samples": {}}
+        out = {"metrics": {}, "stderr": {}, "versions": {}, "n-shot": {}, "n-samples": {}, "docs": {}}
         pm = None
         for task in self.tasks:
             path = self._path(removed, merge, task, bridged) if self.ident else None
@@ -132,9 +132,10 @@ class TaskRunner:
         if path is None:
             return None
         try:
-            return read_entry(path, STORE_KIND)
+            rows = read_entry(path, STORE_KIND)
         except CorruptEntry:
             return None
+        return rows if isinstance(rows, dict) and "docs" in rows else None  # without per-document scores: again
 
     def _write(self, path, rows):
         if path is None:

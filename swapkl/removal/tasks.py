@@ -142,7 +142,8 @@ def _summary(rows: dict, tasks: list[dict]) -> str:
 
 
 def _entry(n: int, removed, rows: dict, merge: dict | None = None) -> dict:
-    e = {"n": n, "removed": sorted(int(i) for i in removed), "metrics": rows["metrics"], "stderr": rows["stderr"]}
+    e = {"n": n, "removed": sorted(int(i) for i in removed), "metrics": rows["metrics"], "stderr": rows["stderr"],
+         "docs": rows.get("docs", {})}
     if merge is not None:
         e["merge"] = f"{merge['mode']}: " + ", ".join("+".join(str(i) for i in g) for g in merge["groups"])
     return e
@@ -211,7 +212,7 @@ def task_accuracy(model, tokenizer, scores: dict | None, plan: RemovalPlan, sett
     run.on_partial, run.result = hooks.on_partial, result
     try:
         base = run.variant(())
-        result.base = {"metrics": base["metrics"], "stderr": base["stderr"]}
+        result.base = {"metrics": base["metrics"], "stderr": base["stderr"], "docs": base.get("docs", {})}
         contract["n-shot"], contract["n-samples"] = base["n-shot"], base["n-samples"]
         run.tick(f"base: {_summary(base, loaded)}")
         for name, out in sets.items():

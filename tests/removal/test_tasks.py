@@ -79,12 +79,16 @@ def test_each_task_is_loaded_once_per_run(first_run):
 def test_json_shape_and_contract(first_run):
     d = first_run
     assert set(d["methods"]) == {"bi", "replacement"}
-    assert set(d["base"]) == {"metrics", "stderr"}
+    assert set(d["base"]) == {"metrics", "stderr", "docs"}
     assert set(d["base"]["metrics"]) == {TASK} and set(d["base"]["metrics"][TASK]) == {"acc,none", "acc_norm,none"}
     for entries in d["methods"].values():
         assert [e["n"] for e in entries] == [1, 2]
         for e in entries:
-            assert {"n", "removed", "metrics", "stderr"} <= set(e)
+            assert {"n", "removed", "metrics", "stderr", "docs"} <= set(e)
+            docs = e["docs"][TASK]
+            assert docs["doc_id"] == list(range(LIMIT)) and docs["doc_sha"] == d["base"]["docs"][TASK]["doc_sha"]
+            for metric, v in e["metrics"][TASK].items():  # the metric is the mean of its per-document scores
+                assert set(docs[metric]) <= {0.0, 1.0} and sum(docs[metric]) / LIMIT == pytest.approx(v)
             assert len(e["removed"]) == e["n"] and all(0 <= i < 5 for i in e["removed"])
             for metric, v in e["metrics"][TASK].items():
                 assert abs(v * LIMIT - round(v * LIMIT)) < 1e-9  # a fraction of the 40 documents
