@@ -43,10 +43,25 @@ CONFIG = {
 }
 
 
+def _module(*names: str):
+    """The first of the module ``names`` that imports: the experiment also runs on a tree from before a module moved
+    (``python -m benchmarks compare BASE HEAD repair_default`` runs this file on both trees)."""
+    import importlib
+
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    return importlib.import_module(names[-1])
+
+
 def _memo_entries(identity: dict) -> dict:
     """``{(text_key, frozenset(removed)): (window_nll, window_counts)}`` of every evaluation in the model's memo."""
-    from swapkl.measure.memo import KIND, disk_memo
     from swapkl.store import read_entry
+
+    memo = _module("swapkl.measure.memo", "swapkl.removal.memo")
+    KIND, disk_memo = memo.KIND, memo.disk_memo
 
     out = {}
     folder = disk_memo(identity, kl=True).disk
@@ -84,7 +99,7 @@ def _sets(curves: dict, name: str, n: int) -> list:
 def compare(curves: dict, entries: dict) -> list[dict]:
     """Per n: the best bridged and best raw ΔPPL %, and each :data:`FOCUS` method − each other method (both
     bridged), paired (``vs[focus]``)."""
-    from swapkl.removal.recommend.paired import paired_delta
+    paired_delta = _module("swapkl.removal.recommend.paired", "swapkl.removal.paired").paired_delta
 
     raw_key, br_key = _keys(entries, curves)
     base_nll, counts = entries[(raw_key, frozenset())]
