@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import add_contract_args, check_outputs, contract_from_args, emit, evaluator_and_corpus
+from swapkl.commands.common import add_contract_args, add_task_args, check_outputs, contract_from_args, emit, evaluator_and_corpus
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.study import plan as P
@@ -32,6 +32,8 @@ def register(sub) -> None:
     p.add_argument("--signals", default=",".join(P.DEFAULT_SIGNALS),
                    help="evidence signals besides both protocols (default %(default)s)")
     p.add_argument("--no-evidence", action="store_true", help="skip the predictor validity (single-block costs)")
+    tasks = p.add_argument_group("task accuracy (optional; the flags of 'swapkl tasks')")
+    add_task_args(tasks, required=False)
     p.add_argument("--shard", default=None, metavar="K/N", help="run share K of N of the models (1-based)")
     p.add_argument("--merge", nargs="+", default=None, metavar="SHARE.json",
                    help="join 'study --shard' outputs into one study (refused when their contracts differ)")
@@ -75,7 +77,20 @@ def build_plan(a) -> P.StudyPlan:
     return P.StudyPlan(contract=contract_from_args(a), evaluator=ev.to_dict(), eval_text=a.eval_text,
                        budget=a.budget, methods=tuple(methods), seeds=a.seeds, repair=a.repair, n_boot=a.n_boot,
                        signals=tuple(s.strip() for s in a.signals.split(",") if s.strip()),
-                       evidence=not a.no_evidence, models=tuple(models))
+                       evidence=not a.no_evidence, tasks=_tasks(a), models=tuple(models))
+
+
+def _tasks(a) -> dict | None:
+    """The plan's task settings of ``--tasks`` and its flags (refused without ``--tasks``), checked here."""
+    from swapkl.measure import lmeval
+
+    if not a.tasks:
+        if a.include_path or a.limit is not None or a.num_fewshot is not None:
+            raise SwapklError("--include-path, --limit and --num-fewshot go with --tasks")
+        return None
+    ip = lmeval.check_include_path(a.include_path) if a.include_path else None
+    return {"tasks": lmeval.parse_task_names(a.tasks), "include_path": ip, "limit": a.limit,
+            "num_fewshot": a.num_fewshot}
 
 
 def _default(a, name):
