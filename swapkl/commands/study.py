@@ -24,7 +24,8 @@ def register(sub) -> None:
                    help="removal methods; replacement and interchange always run (default %(default)s)")
     p.add_argument("--seeds", type=int, default=5, help="random-baseline seeds (default %(default)s)")
     p.add_argument("--evaluator", default="matched", choices=["matched", "standard"])
-    p.add_argument("--max-words", type=int, default=None, help="override the evaluator's word count (labelled)")
+    p.add_argument("--max-words", type=int, default=P.DEFAULT_HELDOUT_WORDS,
+                   help="held-out words (default %(default)s: docs/study.md, 'How much held-out text'; labelled)")
     p.add_argument("--eval-text", default=None, metavar="PATH", help="text file for held-out perplexity")
     p.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: the predictor validity also after each block's linear bridge")
@@ -70,6 +71,8 @@ def build_plan(a) -> P.StudyPlan:
             if getattr(a, k, None) == _default(a, k):
                 setattr(a, k, v)
         a.budget = PAPER_CONTRACT["budget"] if a.budget == 3 else a.budget  # n = 1, 3, 5: the paper's
+        if a.max_words == P.DEFAULT_HELDOUT_WORDS:  # the paper's matched evaluator, unshortened
+            a.max_words = None
     if not models:
         raise SwapklError("give the models to study (MODEL..., --models LIST or --preset paper)")
     ev, _ = evaluator_and_corpus(a)

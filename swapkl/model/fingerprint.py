@@ -6,6 +6,7 @@ a local folder's config and weight files, a GGUF file, the built-in default's GG
 id's commit as the local Hugging Face cache resolves it (no network)."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -59,16 +60,21 @@ def cached_commit(hub_id: str, revision: str | None) -> str | None:
     rev = revision or "main"
     if _COMMIT.match(rev):
         return rev
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
-    except ImportError:  # pragma: no cover - transformers brings huggingface_hub
-        return None
-    ref = Path(HF_HUB_CACHE) / ("models--" + hub_id.replace("/", "--")) / "refs" / rev
+    ref = hub_cache() / ("models--" + hub_id.replace("/", "--")) / "refs" / rev
     try:
         commit = ref.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return commit if _COMMIT.match(commit) else None
+
+
+def hub_cache() -> Path:
+    """The local Hugging Face hub cache as huggingface_hub finds it: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub`` (default ``~/.cache``)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
 
 
 def _package_version() -> str | None:

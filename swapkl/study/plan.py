@@ -20,6 +20,10 @@ GUIDED = ("replacement", "interchange")
 #: every evidence signal a study ranks against the removal cost (besides both protocols)
 DEFAULT_SIGNALS = ("bi", "cka")
 FORMAT = "swapkl.study/1"
+#: held-out words of a study by default (docs/study.md, "How much held-out text"): ~30 matched windows on a
+#: GPT-2-like tokenizer, so window-bootstrap CIs separate protocols whose ΔPPL differ 2x; at most 15,000 (the
+#: shipped offline task reads WikiText-2 words 15,000 on)
+DEFAULT_HELDOUT_WORDS = 6000
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ class StudyPlan:
     the flags of ``swapkl tasks``; :mod:`swapkl.study.tasks`)."""
 
     contract: Contract = field(default_factory=Contract)
-    evaluator: dict = field(default_factory=lambda: {"name": "matched", "max_words": 5000, "window": 512,
+    evaluator: dict = field(default_factory=lambda: {"name": f"matched@{DEFAULT_HELDOUT_WORDS}w",
+                                                     "max_words": DEFAULT_HELDOUT_WORDS, "window": 512,
                                                      "stride": 256, "drop_first_target": False})
     eval_text: str | None = None
     budget: int = 3

@@ -45,13 +45,11 @@ def test_the_repeat_of_a_finished_study_loads_no_model_and_returns_the_same_rows
 
 
 def test_a_hub_model_is_known_by_the_commit_the_local_cache_resolves(tmp_path, monkeypatch):
-    import huggingface_hub.constants as C
-
     from swapkl.model.fingerprint import offline_identity
     from swapkl.study.plan import StudyModel
     from swapkl.study.run import row_path
 
-    monkeypatch.setattr(C, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("SWAPKL_CACHE", str(tmp_path / "c"))
     plan = _plan(STORIES, *SMALL)
     model = StudyModel("org/tiny")
