@@ -220,6 +220,19 @@ def bridge_fields(a) -> dict:
     return {"repair": repair, "bridge": {k: v for k, v in given.items() if v is not None}}
 
 
+def add_task_args(p, required: bool = True) -> None:
+    """The lm-eval flags a command that measures task accuracy shares (tasks, study): ``--tasks`` (required, or
+    optional where task accuracy is an optional part), ``--include-path``, ``--limit`` and ``--num-fewshot``."""
+    p.add_argument("--tasks", required=required, default=None,
+                   help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
+                        "lambada_openai, or tasks from --include-path)")
+    p.add_argument("--include-path", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
+    p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
+    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
+                   help="few-shot examples (default: each task's own, else 0)")
+
+
 def add_selection_args(p) -> None:
     """The selection rule's candidates and partners, for every command that picks removal sets (curves, tasks, heal):
     ``--include-boundary`` and ``--partners``."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import add_contract_args, check_outputs, contract_from_args, emit, evaluator_and_corpus
+from swapkl.commands.common import add_contract_args, add_task_args, check_outputs, contract_from_args, emit, evaluator_and_corpus
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.study import plan as P
@@ -24,7 +24,8 @@ def register(sub) -> None:
                    help="removal methods; replacement and interchange always run (default %(default)s)")
     p.add_argument("--seeds", type=int, default=5, help="random-baseline seeds (default %(default)s)")
     p.add_argument("--evaluator", default="matched", choices=["matched", "standard"])
-    p.add_argument("--max-words", type=int, default=None, help="override the evaluator's word count (labelled)")
+    p.add_argument("--max-words", type=int, default=P.DEFAULT_HELDOUT_WORDS,
+                   help="held-out words (default %(default)s: docs/study.md, 'How much held-out text'; labelled)")
     p.add_argument("--eval-text", default=None, metavar="PATH", help="text file for held-out perplexity")
     p.add_argument("--repair", default="none", choices=["none", "bridge"],
                    help="bridge: the predictor validity also after each block's linear bridge")
@@ -32,6 +33,8 @@ def register(sub) -> None:
     p.add_argument("--signals", default=",".join(P.DEFAULT_SIGNALS),
                    help="evidence signals besides both protocols (default %(default)s)")
     p.add_argument("--no-evidence", action="store_true", help="skip the predictor validity (single-block costs)")
+    tasks = p.add_argument_group("task accuracy (optional; the flags of 'swapkl tasks')")
+    add_task_args(tasks, required=False)
     p.add_argument("--shard", default=None, metavar="K/N", help="run share K of N of the models (1-based)")
     p.add_argument("--merge", nargs="+", default=None, metavar="SHARE.json",
                    help="join 'study --shard' outputs into one study (refused when their contracts differ)")
@@ -68,6 +71,8 @@ def build_plan(a) -> P.StudyPlan:
             if getattr(a, k, None) == _default(a, k):
                 setattr(a, k, v)
         a.budget = PAPER_CONTRACT["budget"] if a.budget == 3 else a.budget  # n = 1, 3, 5: the paper's
+        if a.max_words == P.DEFAULT_HELDOUT_WORDS:  # the paper's matched evaluator, unshortened
+            a.max_words = None
     if not models:
         raise SwapklError("give the models to study (MODEL..., --models LIST or --preset paper)")
     ev, _ = evaluator_and_corpus(a)
@@ -75,7 +80,20 @@ def build_plan(a) -> P.StudyPlan:
     return P.StudyPlan(contract=contract_from_args(a), evaluator=ev.to_dict(), eval_text=a.eval_text,
                        budget=a.budget, methods=tuple(methods), seeds=a.seeds, repair=a.repair, n_boot=a.n_boot,
                        signals=tuple(s.strip() for s in a.signals.split(",") if s.strip()),
-                       evidence=not a.no_evidence, models=tuple(models))
+                       evidence=not a.no_evidence, tasks=_tasks(a), models=tuple(models))
+
+
+def _tasks(a) -> dict | None:
+    """The plan's task settings of ``--tasks`` and its flags (refused without ``--tasks``), checked here."""
+    from swapkl.measure import lmeval
+
+    if not a.tasks:
+        if a.include_path or a.limit is not None or a.num_fewshot is not None:
+            raise SwapklError("--include-path, --limit and --num-fewshot go with --tasks")
+        return None
+    ip = lmeval.check_include_path(a.include_path) if a.include_path else None
+    return {"tasks": lmeval.parse_task_names(a.tasks), "include_path": ip, "limit": a.limit,
+            "num_fewshot": a.num_fewshot}
 
 
 def _default(a, name):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (add_selection_args, selection_fields, block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
+from swapkl.commands.common import (add_selection_args, add_task_args, selection_fields, block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
                                     contract_from_args, emit, load_from_args, removal_plan)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
@@ -17,16 +17,9 @@ def register(sub) -> None:
     p = sub.add_parser("tasks", help="lm-eval task accuracy of each method's pruned model at n = 1..N")
     add_model_args(p)
     p.add_argument("--budget", type=int, required=True, help="largest number of removed layers N (n = 1..N)")
-    p.add_argument("--tasks", required=True,
-                   help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
-                        "lambada_openai, or tasks from --include-path)")
+    add_task_args(p)
     p.add_argument("--methods", default=",".join(M.default_set("tasks")),
                    help="comma-separated removal methods, as for 'curves' (default: %(default)s)")
-    p.add_argument("--include-path", default=None, metavar="DIR",
-                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
-    p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
-    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
-                   help="few-shot examples (default: each task's own, else 0)")
     p.add_argument("--batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
     p.add_argument("--scores", default=None, metavar="SCORES.json",
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")

@@ -109,8 +109,75 @@ def predictor_statements(result) -> list[str]:
     return out
 
 
+#: the n of the consensus statements (docs/consensus.md: the study's headline n), or the largest n evaluated
+HEADLINE_N = 2
+
+
+def _consensus_line(c: str, metric: str, cells: list, n: int) -> str:
+    """One consensus method's two counts on one metric: models where it is significantly worse than the better
+    protocol at n, and, among cells where R and I differ significantly, those where it is cheaper than the worse."""
+    at_n = [x for x in cells if x[0] == n]
+    worse = sum(1 for _, x in at_n if x["worse_than_better"])
+    differ = [x for _, x in cells if x["r_i_differ"]]
+    cheaper = sum(1 for x in differ if x["cheaper_than_worse"])
+    return (f"{c} is significantly worse than the better of R and I at n = {n} on {worse} of {len(at_n)} models "
+            f"({metric}); significantly cheaper than the worse in {cheaper} of {len(differ)} cells where R and I "
+            "differ (docs/consensus.md)")
+
+
+def consensus_statements(result) -> list[str]:
+    """docs/consensus.md's two counts per consensus method, on held-out ΔPPL % and, per task, on ΔAcc."""
+    from swapkl.study.measure import CONSENSUS
+
+    done = result.done()
+    sources = [("held-out ΔPPL %, paired window bootstrap", [(x, None) for r in done
+                                                            for x in (r["removal"].get("consensus") or [])])]
+    tasks = list(dict.fromkeys(t for r in done for t in ((r.get("tasks") or {}).get("contract") or {})
+                               .get("tasks", [])))
+    for t in tasks:
+        rows = [x for r in done for x in ((r.get("tasks") or {}).get("consensus") or [])]
+        sources.append((f"{t} ΔAcc, paired document bootstrap", [(x, t) for x in rows]))
+    out = []
+    for metric, rows in sources:
+        ns = sorted({x["n"] for x, _ in rows})
+        if not ns:
+            continue
+        n = HEADLINE_N if HEADLINE_N in ns else ns[-1]
+        for c in CONSENSUS:
+            cells = [(x["n"], (x if t is None else x.get(t) or {}).get(c)) for x, t in rows]
+            cells = [(k, v) for k, v in cells if v]
+            if cells:
+                out.append(_consensus_line(c, metric, cells, n))
+    return out
+
+
+def task_statements(result) -> list[str]:
+    """Per task and n: on how many models interchange-guided removal loses less accuracy than replacement-guided
+    (the paired per-document CI of acc(I) − acc(R)); which protocol's layer score predicts single-block accuracy
+    loss better (the paired ρ-difference CI over document resamples)."""
+    done = [r for r in result.done() if r.get("tasks")]
+    tasks = list(dict.fromkeys(t for r in done for t in r["tasks"]["contract"]["tasks"]))
+    out = []
+    for t in tasks:
+        for n in sorted({x["n"] for r in done for x in r["tasks"]["i_vs_r"]}):
+            w = [x[t]["word"] for r in done for x in r["tasks"]["i_vs_r"] if x["n"] == n and t in x]
+            c = _count(w)
+            out.append(f"{t}: interchange-guided removal loses less accuracy at n = {n} on {c['better']} of {len(w)} "
+                       f"models; tie on {c['tie']}; loses more on {c['worse']} (paired per-document 95 % CI of "
+                       "acc(I) − acc(R))")
+        picks = [r["tasks"]["predictors"][t]["pick"] for r in done if t in (r["tasks"].get("predictors") or {})]
+        if picks:
+            w = [p["winner"] or "tie" for p in picks]
+            out.append(f"{t}: replacement predicts single-block accuracy loss better on {w.count('replacement')} of "
+                       f"{len(picks)} models, interchange on {w.count('interchange')}, tie on {w.count('tie')} "
+                       "(Spearman ρ of the layer score with the single-block accuracy loss; paired ρ-difference CI "
+                       "over document resamples)")
+    return out
+
+
 def statements(result) -> list[str]:
-    return [s for s in [gap_statement(result), *removal_statements(result), *predictor_statements(result)] if s]
+    return [s for s in [gap_statement(result), *removal_statements(result), *predictor_statements(result),
+                        *task_statements(result), *consensus_statements(result)] if s]
 
 
 def rank_agreement(result) -> list[dict]:

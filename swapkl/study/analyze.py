@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from swapkl.study.measure import layer_order, predictors, protocol_gap, removal_rows
+from swapkl.study.measure import consensus_rows, layer_order, predictors, protocol_gap, removal_rows
 from swapkl.study.plan import StudyPlan
 
 #: stability resamples of the evidence run (the study reads none of its stability figures)
@@ -74,7 +74,14 @@ def analyze_model(ck, plan: StudyPlan, ev, corpus, progress=None, should_stop=No
             ck, plan.contract, ev, corpus, budget=EVIDENCE_BUDGET, n_boot=plan.n_boot,
             n_stability=EVIDENCE_STABILITY, n_regions=1, signals=plan.signals, sets=False,
             repair=bridge_settings(plan), should_stop=should_stop).to_dict())
-        seconds["evidence"] = time.perf_counter() - t
+        seconds["evidence"], t = time.perf_counter() - t, time.perf_counter()
+    tasks = None
+    if plan.tasks:
+        say(3, 4, "task accuracy: every guided set and every single block (lm-eval)")
+        from swapkl.study.tasks import task_part
+
+        tasks = task_part(ck, plan, curves, scores, should_stop=should_stop)
+        seconds["tasks"] = time.perf_counter() - t
     say(3, 3, "done")
     sizes = unit_sizes(ck.model)
     return {"identity": ck.identity, "layers": ck.num_layers,
@@ -82,5 +89,6 @@ def analyze_model(ck, plan: StudyPlan, ev, corpus, progress=None, should_stop=No
             "verdict": verdict(res), "gap": protocol_gap(res, plan.n_boot),
             "removal": {"baseline_ppl": curves.baseline_ppl, "baseline_ppl_ci": curves.baseline_ppl_ci,
                         "evaluator": curves.evaluator, "corpus": curves.corpus,
-                        "rows": removal_rows(curves, lookup, baseline, plan.n_boot)},
-            "evidence": evidence, "order": layer_order(res), "seconds": seconds}
+                        "rows": removal_rows(curves, lookup, baseline, plan.n_boot),
+                        "consensus": consensus_rows(curves, lookup, baseline, plan.n_boot)},
+            "evidence": evidence, "tasks": tasks, "order": layer_order(res), "seconds": seconds}

@@ -13,6 +13,19 @@ from swapkl.views.captions import stamp, contract_caption, csv_link, html_table,
 from swapkl.views.report import Section
 
 COLORS = {"replacement": "#1f77b4", "interchange": "#d62728"}
+#: pixels per model row of the ρ dot plot, per row of panels of the small multiples, and the band kept free for
+#: subplot titles between the caption and the plot area
+ROW_PX, PANEL_PX, TITLE_BAND = 70, 260, 36
+
+
+def _clear(fig, plot_px: int):
+    """Title and contract caption pinned to the top of the figure, the top margin grown by :data:`TITLE_BAND` so
+    subplot titles sit below the caption, and the height = margins + ``plot_px`` (grows with the models)."""
+    top = fig.layout.margin.t + TITLE_BAND
+    height = top + plot_px + 90
+    fig.update_layout(height=height, margin={"t": top},
+                      title={"yref": "container", "y": 1 - 8 / height, "yanchor": "top"})
+    return fig
 
 
 def grid(result):
@@ -63,9 +76,9 @@ def ratio_multiples(result, caption: str | None = None):
                          row=k // cols + 1, col=k % cols + 1)
     fig.update_xaxes(title_text="n removed blocks", row=nrows)
     fig.update_yaxes(title_text="I/R (ΔPPL ratio)", col=1)
-    fig.update_layout(height=260 * nrows + 120)
-    return stamp(fig, "Interchange / replacement ΔPPL ratio per n (paired 95 % CI; below 1: interchange cheaper)",
-                  caption if caption is not None else contract_caption(result.provenance()))
+    stamp(fig, "Interchange / replacement ΔPPL ratio per n (paired 95 % CI; below 1: interchange cheaper)",
+          caption if caption is not None else contract_caption(result.provenance()))
+    return _clear(fig, PANEL_PX * nrows)
 
 
 def rho_dots(result, caption: str | None = None, part: str = "raw"):
@@ -87,10 +100,10 @@ def rho_dots(result, caption: str | None = None, part: str = "raw"):
     fig.add_vline(x=0.0, line_dash="dot", line_color="grey")
     fig.update_xaxes(title_text="Spearman ρ with single-block removal cost (held-out ΔPPL %)", range=[-1.05, 1.05])
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels[::-1])
-    fig.update_layout(height=140 + 40 * max(1, len(rows)))
     what = "after the bridge" if part == "bridged" else "raw"
-    return stamp(fig, f"Which protocol predicts removal cost ({what}): ρ per model with 95 % CIs",
-                  caption if caption is not None else contract_caption(result.provenance()))
+    stamp(fig, f"Which protocol predicts removal cost ({what}): ρ per model with 95 % CIs",
+          caption if caption is not None else contract_caption(result.provenance()))
+    return _clear(fig, ROW_PX * max(1, len(rows)) + 40)
 
 
 def figures(result) -> dict:

@@ -20,7 +20,10 @@ from swapkl.stats import BOOT_SEED, bootstrap_indices, finite_ci, tie
 
 PROTOCOLS = ("replacement", "interchange")
 #: methods that are not baselines (the guided ones and their anti-guided controls)
-NOT_BASELINES = ("replacement", "interchange", "anti", "anti-replacement", "anti-interchange")
+NOT_BASELINES = ("replacement", "interchange", "consensus-mean", "consensus-max", "anti", "anti-replacement",
+                 "anti-interchange")
+#: the consensus methods of both protocols (docs/consensus.md), compared with the better and the worse protocol
+CONSENSUS = ("consensus-mean", "consensus-max")
 #: prompt-bootstrap replicates kept per model for the rank agreement across models
 ORDER_BOOT = 200
 
@@ -81,6 +84,35 @@ def removal_rows(curves, lookup, baseline, n_boot: int) -> list[dict]:
                 row["ratio_ci"] = finite_ci(np.where(dr != 0, di / dr, np.nan))
             st = paired_delta(pi.nll, [pr.nll], baseline.nll, baseline.counts, n_boot=n_boot)
             row["diff"], row["diff_ci"], row["word"] = st["diff"], st["ci"], st["word"]
+        out.append(row)
+    return out
+
+
+def consensus_rows(curves, lookup, baseline, n_boot: int) -> list[dict]:
+    """docs/consensus.md, "The comparison it must win", on held-out ΔPPL %: per n and consensus method, ΔPPL %(C)
+    − ΔPPL %(better of R and I) and − ΔPPL %(worse) with paired window-bootstrap CIs (the same windows and
+    resamples as :func:`removal_rows`; better: the lower point estimate on that n), and whether R and I differ
+    significantly.  ``{"n", method: {"vs_better", "vs_better_ci", "vs_worse", "vs_worse_ci", "worse_than_better",
+    "r_i_differ", "cheaper_than_worse"}}``."""
+    idx = bootstrap_indices(len(baseline.counts), n_boot, BOOT_SEED)
+    by = {m: {e["n"]: e for e in curves.methods.get(m, [])} for m in (*PROTOCOLS, *CONSENSUS)}
+    out = []
+    for n in sorted(set(by["replacement"]) & set(by["interchange"])):
+        res = {m: lookup(by[m][n]["removed"]) if n in by[m] else None for m in by}
+        if res["replacement"] is None or res["interchange"] is None:
+            continue
+        draws = {m: _delta_draws(r.nll, baseline.nll, baseline.counts, idx) for m, r in res.items() if r is not None}
+        point = {m: by[m][n]["delta_pct"] for m in res if res[m] is not None}
+        ri = finite_ci(draws["interchange"] - draws["replacement"])
+        better, worse = sorted(PROTOCOLS, key=lambda p: point[p])
+        row = {"n": n}
+        for c in CONSENSUS:
+            if c not in draws:
+                continue
+            vb, vw = finite_ci(draws[c] - draws[better]), finite_ci(draws[c] - draws[worse])
+            row[c] = {"vs_better": point[c] - point[better], "vs_better_ci": vb, "vs_worse": point[c] - point[worse],
+                      "vs_worse_ci": vw, "worse_than_better": not tie(vb) and vb[0] > 0, "r_i_differ": not tie(ri),
+                      "cheaper_than_worse": not tie(vw) and vw[1] < 0}
         out.append(row)
     return out
 

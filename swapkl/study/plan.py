@@ -20,6 +20,10 @@ GUIDED = ("replacement", "interchange")
 #: every evidence signal a study ranks against the removal cost (besides both protocols)
 DEFAULT_SIGNALS = ("bi", "cka")
 FORMAT = "swapkl.study/1"
+#: held-out words of a study by default (docs/study.md, "How much held-out text"): ~30 matched windows on a
+#: GPT-2-like tokenizer, so window-bootstrap CIs separate protocols whose ΔPPL differ 2x; at most 15,000 (the
+#: shipped offline task reads WikiText-2 words 15,000 on)
+DEFAULT_HELDOUT_WORDS = 6000
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,13 @@ class StudyPlan:
     (None: the default corpus); ``budget``: n = 1..budget removed blocks; ``methods``: removal methods (both
     guided ones always); ``seeds``: random-baseline seeds; ``repair``: ``none`` or ``bridge`` (the evidence also
     after each block's bridge); ``n_boot``: bootstrap resamples of every CI; ``signals``: evidence signals
-    besides both protocols; ``evidence``: whether the predictor-validity part runs at all."""
+    besides both protocols; ``evidence``: whether the predictor-validity part runs at all; ``tasks``: None, or
+    the lm-eval settings of the task-accuracy part (``{"tasks": [...], "include_path", "limit", "num_fewshot"}``,
+    the flags of ``swapkl tasks``; :mod:`swapkl.study.tasks`)."""
 
     contract: Contract = field(default_factory=Contract)
-    evaluator: dict = field(default_factory=lambda: {"name": "matched", "max_words": 5000, "window": 512,
+    evaluator: dict = field(default_factory=lambda: {"name": f"matched@{DEFAULT_HELDOUT_WORDS}w",
+                                                     "max_words": DEFAULT_HELDOUT_WORDS, "window": 512,
                                                      "stride": 256, "drop_first_target": False})
     eval_text: str | None = None
     budget: int = 3
@@ -84,6 +91,7 @@ class StudyPlan:
     n_boot: int = 1000
     signals: tuple = DEFAULT_SIGNALS
     evidence: bool = True
+    tasks: dict | None = None
     models: tuple = ()
 
     def __post_init__(self):
@@ -101,6 +109,8 @@ class StudyPlan:
             raise SwapklError(f"--seeds must be at least {MIN_SEEDS} with the random baseline (got {self.seeds})")
         if getattr(self.contract, "unit", "block") != "block":
             raise SwapklError("a study removes whole blocks: use --unit block")
+        if self.tasks is not None:
+            _check_tasks(self.tasks)
         labels = [m.label for m in self.models]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         if dup:
@@ -115,7 +125,7 @@ class StudyPlan:
                 "eval_text": Path(self.eval_text).name if self.eval_text else None,
                 "eval_text_sha256": _sha(self.eval_text), "budget": self.budget, "methods": list(self.methods),
                 "seeds": self.seeds, "repair": self.repair, "n_boot": self.n_boot, "signals": list(self.signals),
-                "evidence": self.evidence}
+                "evidence": self.evidence, "tasks": _tasks_key(self.tasks)}
 
     def key(self) -> str:
         """A short hash of :meth:`contract_dict` (the cache folder of this study's per-model analyses)."""
@@ -123,6 +133,30 @@ class StudyPlan:
 
     def to_dict(self) -> dict:
         return self.contract_dict() | {"models": [m.to_dict() for m in self.models]}
+
+
+def _check_tasks(t: dict) -> None:
+    if not t.get("tasks"):
+        raise SwapklError("--tasks names no task")
+    for flag, key, lo in (("--limit", "limit", 1), ("--num-fewshot", "num_fewshot", 0)):
+        if t.get(key) is not None and t[key] < lo:
+            raise SwapklError(f"{flag} must be at least {lo} (got {t[key]})")
+
+
+def _tasks_key(t: dict | None) -> dict | None:
+    """The task settings as the contract (and so the row cache) records them: the include folder by its task
+    YAMLs' content, not its path."""
+    if t is None:
+        return None
+    out = {k: t.get(k) for k in ("tasks", "limit", "num_fewshot")} | {"tasks": list(t["tasks"])}
+    ip = t.get("include_path")
+    if ip:
+        from swapkl.contract import stable_hash as h
+
+        files = sorted(Path(ip).rglob("*.y*ml"))
+        out["include_path"] = Path(ip).name
+        out["include_sha"] = h([(str(f.relative_to(ip)), _sha(f)) for f in files])[:16]
+    return out
 
 
 def _sha(path) -> str | None:

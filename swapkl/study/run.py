@@ -5,7 +5,9 @@ evidence).
 
 The cache of a row: ``<cache>/study/<plan key>/<model key>.json``, a store entry of kind :data:`KIND`, keyed by the
 study's contract (:meth:`~swapkl.study.plan.StudyPlan.key`) and the model's spec, revision and content fingerprint
-(:func:`~swapkl.model.fingerprint.quick_fingerprint`).  A corrupt entry is warned about and recomputed."""
+(:func:`~swapkl.model.fingerprint.offline_identity`: read from the model's files, so a finished study run again
+loads no model; a hub revision the local cache cannot resolve is loaded and keyed by the commit the load
+reports).  A corrupt entry is warned about and recomputed."""
 from __future__ import annotations
 
 import gc
@@ -26,18 +28,35 @@ PROC_STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def row_path(plan: StudyPlan, model: StudyModel) -> Path:
-    """Where ``model``'s finished row under ``plan`` is cached."""
-    from swapkl.model.fingerprint import quick_fingerprint
+def row_path(plan: StudyPlan, model: StudyModel, identity: str | None = None) -> Path | None:
+    """Where ``model``'s finished row under ``plan`` is cached: keyed by the model's identity from its files
+    (:func:`~swapkl.model.fingerprint.offline_identity`, or ``identity`` when a load reported it), so a finished
+    row is found without loading the model; None while the identity cannot be known without loading (a hub
+    revision the local Hugging Face cache has no ref of)."""
+    from swapkl.model.fingerprint import offline_identity
 
-    fp = quick_fingerprint(model.spec, model.revision)
+    fp = identity or offline_identity(model.spec, model.revision)
+    if fp is None:
+        return None
     key = stable_hash({"spec": model.spec, "revision": model.revision, "fingerprint": fp, "version": __version__})
     return cache_root() / "study" / plan.key() / f"{key[:24]}.json"
 
 
+def loaded_identity(ck) -> str | None:
+    """The identity :func:`row_path` keys a loaded checkpoint's row by, where its files could not tell: a hub
+    model's commit as the load resolved it (None: unknown, the row is not cached)."""
+    from swapkl.model.fingerprint import hub_identity
+
+    ident = ck.identity or {}
+    return hub_identity(ident.get("id"), ident.get("commit")) if ident.get("kind") == "hub" else None
+
+
 def cached_row(plan: StudyPlan, model: StudyModel) -> dict | None:
-    """The cached row of ``model`` (its label set to this study's), or None; a corrupt entry: a warning, None."""
+    """The cached row of ``model`` (its label set to this study's), or None (also while the model's identity needs
+    a load); a corrupt entry: a warning, None.  Reads files only: no model is loaded."""
     path = row_path(plan, model)
+    if path is None:
+        return None
     try:
         row = read_entry(path, KIND)
     except CorruptEntry as e:
@@ -83,7 +102,8 @@ class PeakMemory:
         return None
 
 
-def _analyse(plan, model, ev, corpus, load, progress, should_stop) -> dict:
+def _analyse(plan, model, ev, corpus, load, progress, should_stop) -> tuple[dict, Path | None]:
+    """The row of ``load(model)`` and where it is cached (its identity read again after the load)."""
     from swapkl.study.analyze import analyze_model
 
     t0 = time.perf_counter()
@@ -93,10 +113,11 @@ def _analyse(plan, model, ev, corpus, load, progress, should_stop) -> dict:
         row = analyze_model(ck, plan, ev, corpus, progress=progress, should_stop=should_stop)
         row["cost"] = {"seconds": time.perf_counter() - t0, "peak_bytes": mem.peak(), "peak_what": mem.what,
                        "device": str(ck.device), "dtype": ck.dtype}
+        path = row_path(plan, model) or row_path(plan, model, loaded_identity(ck))
     finally:
         del ck
         gc.collect()
-    return row
+    return row, path
 
 
 def run_study(plan: StudyPlan, ev, corpus, load, progress=None, on_row=None, should_stop=None,
@@ -119,7 +140,7 @@ def run_study(plan: StudyPlan, ev, corpus, load, progress=None, on_row=None, sho
         row = cached_row(plan, model)
         if row is None:
             try:
-                row = _analyse(plan, model, ev, corpus, load, tell, should_stop)
+                row, path = _analyse(plan, model, ev, corpus, load, tell, should_stop)
             except (ComputeInterrupted, KeyboardInterrupt):
                 raise
             except SwapklError as e:
@@ -127,9 +148,9 @@ def run_study(plan: StudyPlan, ev, corpus, load, progress=None, on_row=None, sho
                 if on_row:
                     on_row(result)
                 continue
-            row = {"status": "done", **row, "model": model.to_dict(), "cached": False}
-            row = finite_json(row)
-            write_entry(row_path(plan, model), KIND, row)
+            row = finite_json({"status": "done", **row, "model": model.to_dict(), "cached": False})
+            if path is not None:  # an identity known neither from the files nor from the load: not cached
+                write_entry(path, KIND, row)
         elif tell:
             tell(1, 1, "read from the study cache")
         result.rows.append(row)
