@@ -127,8 +127,18 @@ def run(a) -> int:
         if not a.quiet:
             print(f"  [{k}/{n}] {label}: {what}", file=sys.stderr, flush=True)
 
-    result = run_study(plan, Evaluator.from_dict(plan.evaluator), corpus, load, progress=prog, shard=shard)
+    with _tasks_loaded(plan.tasks):  # an unknown or unloadable task fails here, before any model loads
+        result = run_study(plan, Evaluator.from_dict(plan.evaluator), corpus, load, progress=prog, shard=shard)
     return emit(a, result, render)
+
+
+def _tasks_loaded(tasks: dict | None):
+    """The plan's lm-eval tasks loaded once for the run (:func:`swapkl.measure.lmeval.preloaded`), or nothing."""
+    from contextlib import nullcontext
+
+    from swapkl.measure import lmeval
+
+    return lmeval.preloaded(tasks["include_path"], tasks["tasks"]) if tasks else nullcontext()
 
 
 def render(r) -> str:

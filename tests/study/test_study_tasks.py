@@ -63,3 +63,14 @@ def test_a_study_rows_task_numbers_equal_swapkl_tasks_alone(tmp_path, monkeypatc
     assert any("predicts single-block accuracy loss better on" in s for s in lines)
     cons = consensus_statements(r)
     assert len(cons) == 4 and all("of 1 models" in s for s in cons)  # two variants x (ΔPPL, ΔAcc)
+
+
+def test_an_unknown_task_is_refused_in_one_line_before_any_model_loads(cli, monkeypatch):
+    import swapkl.model.checkpoints as C
+
+    loads = []
+    monkeypatch.setattr(C, "load_checkpoint", lambda *a, **k: loads.append(a) or (_ for _ in ()).throw(AssertionError))
+    rc, out, err = cli("study", STORIES, *SCORING, "--eval-text", WIKI, "--max-words", "300", "--budget", "1",
+                       "--include-path", "tests/fixtures/tasks", "--tasks", "no_such_task")
+    assert rc == 2 and loads == []
+    assert err.strip().count("\n") == 0 and "unknown lm-eval task 'no_such_task'" in err
