@@ -225,7 +225,7 @@ def add_task_args(p, required: bool = True) -> None:
     optional where task accuracy is an optional part), ``--include-path``, ``--limit`` and ``--num-fewshot``."""
     p.add_argument("--tasks", required=required, default=None,
                    help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
-                        "lambada_openai, or tasks from --include-path)")
+                        "lambada_openai; swapkl's offline task wikitext_lastword; or tasks from --include-path)")
     p.add_argument("--include-path", default=None, metavar="DIR",
                    help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
     p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")

@@ -73,6 +73,7 @@ def _run(a, plan, tasks, include, loaded) -> int:
     import numpy as np
 
     plan.check(ck.num_layers, {k: np.zeros((ck.num_layers,) * 2) for k in ("replacement", "interchange")})
+    checked = check_task_regions(a, ck, include, tasks)  # a task built from text the run reads: refused here
     scores, src = _scores(a, ck, loaded)
 
     def prog(done, total, msg):
@@ -86,7 +87,27 @@ def _run(a, plan, tasks, include, loaded) -> int:
                            RunHooks(progress=prog, identity=ck.identity, contract=contract))
     if src:
         result.notes.insert(0, src)
+    result.notes.extend(checked)
     return emit(a, result, render)
+
+
+def check_task_regions(a, ck, include, tasks) -> list[str]:
+    """Every task's documents against the text this run reads from its corpus (:mod:`swapkl.measure.task_regions`):
+    the scoring prompts, the calibration text of the methods that read it, and with ``--repair bridge`` the whole
+    prompt region (the bridge's calibration windows lie anywhere in it); no held-out perplexity is read here.
+    Raises the one-line :class:`~swapkl.measure.task_regions.TaskOverlapError`; returns one note per task."""
+    from swapkl.healing.text import CALIB_RESERVE_WORDS
+    from swapkl.measure import task_regions as TR
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.scoring.prompts import make_prompts
+
+    contract = contract_from_args(a)
+    corpus = load_corpus(contract.corpus)
+    prompts = make_prompts(ck.tokenizer, corpus, contract.prompts, contract.tokens, contract.seed, contract.bos)
+    regions = TR.run_regions(corpus, calib_words=CALIB_RESERVE_WORDS, prompts=prompts, tokenizer=ck.tokenizer,
+                             whole_prompt_region=getattr(a, "repair", "none") == "bridge")
+    _tm, loaded = lmeval.load_tasks(include, tasks)
+    return [TR.describe(TR.check_task_disjoint(t, regions)) for t in loaded]
 
 
 def _scores(a, ck, loaded) -> tuple[dict, str | None]:

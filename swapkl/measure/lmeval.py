@@ -13,6 +13,7 @@ An lm-eval task YAML can run Python (``!function``, ``process_docs``, ``custom_d
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,27 +75,32 @@ def parse_task_names(text: str) -> list[str]:
 def task_manager(include_path: str | None = None, defaults: bool = True):
     """One ``lm_eval.tasks.TaskManager`` per include path (and ``defaults``) for the process.  With ``defaults``
     it indexes lm-eval's own ~15,000 task YAMLs as well as ``include_path`` (seconds of CPU; a CLI run of ``lm_eval``
-    pays it every time); without, only ``include_path``'s (milliseconds)."""
+    pays it every time); without, only ``include_path``'s (milliseconds).  swapkl's own tasks
+    (:data:`swapkl.measure.lastword.TASKS_DIR`: ``wikitext_lastword``) are always on the path, before
+    ``include_path``."""
     require_extra("tasks", WHAT)
     key = (include_path or "", defaults)
     with _MANAGERS_LOCK:
         if key not in _MANAGERS:
             from lm_eval.tasks import TaskManager
 
-            _MANAGERS[key] = TaskManager(include_path=include_path, include_defaults=defaults)
+            from swapkl.measure.lastword import TASKS_DIR
+
+            paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])  # the user's folder last: it wins
+            _MANAGERS[key] = TaskManager(include_path=paths, include_defaults=defaults)
         return _MANAGERS[key]
 
 
 def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
     """``(task manager, [load_task(manager, name) for name in names])``.  When every name is a task or group of
-    ``include_path`` that loads from it alone, the manager indexes only that folder; otherwise (a name of lm-eval's
+    ``include_path`` or of swapkl's own tasks that loads from them alone, the manager indexes only those folders; otherwise (a name of lm-eval's
     registry, or a local group that needs a registry task) it is the full one.  The tasks are the same YAMLs either
     way: the choice changes the time taken, not what is evaluated."""
     names = list(names)
     held = _PRELOADED.get(_preload_key(include_path, names))
     if held is not None:
         return held
-    if include_path and names:
+    if names:
         local = task_manager(include_path, defaults=False)
         if all(n in local.all_tasks for n in names):
             try:
@@ -127,12 +133,16 @@ def load_task(tm, name: str) -> dict:
     Task}, "versions": {name: version}, "config_sha": hash of every leaf's configuration, "output_types"}``.
     Raises :class:`TaskError` for an unknown name or a dataset that cannot be loaded (offline hub, bad path)."""
     try:
-        loaded = tm.load([name])
+        with _no_custom_dataset_note():
+            loaded = tm.load([name])
     except KeyError:
         raise TaskError(f"unknown lm-eval task '{name}' (not in lm-eval's registry nor under --include-path)") \
             from None
     except Exception as e:  # dataset download, YAML or dataset errors of any kind
         msg = " ".join(str(e).split())[:300] or type(e).__name__
+        if _is_offline(e):
+            raise TaskError(f"lm-eval task '{name}': its data is not available offline ({msg[:160]}); use the "
+                            f"shipped offline task {SHIPPED_TASK}, or a local task with --include-path DIR") from None
         raise TaskError(f"cannot load lm-eval task '{name}': {type(e).__name__}: {msg}") from None
     leaves = dict(loaded["tasks"])
     if not leaves:
@@ -147,6 +157,36 @@ def load_task(tm, name: str) -> dict:
             "output_types": {t: obj.get_config("output_type") for t, obj in leaves.items()}}
 
 
+#: swapkl's own offline task (:mod:`swapkl.measure.lastword`), always on the include path
+SHIPPED_TASK = "wikitext_lastword"
+_OFFLINE_HINTS = ("offlinemodeisenabled", "offline mode", "couldn't reach", "could not reach", "localentrynotfound",
+                  "connection", "max retries", "name resolution", "network is unreachable")
+
+
+def _is_offline(e: Exception) -> bool:
+    """Whether a task's load failed because its dataset needs a hub that is off (``HF_HUB_OFFLINE``) or
+    unreachable."""
+    text = f"{type(e).__name__} {e}".lower()
+    return isinstance(e, (ConnectionError, TimeoutError)) or any(h in text for h in _OFFLINE_HINTS)
+
+
+class _DropNote(logging.Filter):
+    def filter(self, record) -> bool:
+        return "Custom kwargs can be passed" not in record.getMessage()
+
+
+@contextmanager
+def _no_custom_dataset_note():
+    """Without lm-eval's note, printed on every load of a task with a ``custom_dataset`` (the shipped task), that
+    custom kwargs can be passed on lm-eval's command line: it is not swapkl's command line."""
+    log, note = logging.getLogger("lm_eval.api.task"), _DropNote()
+    log.addFilter(note)
+    try:
+        yield
+    finally:
+        log.removeFilter(note)
+
+
 def _version(obj):
     v = getattr(obj, "VERSION", None)
     if v is None:
@@ -157,14 +197,17 @@ def _version(obj):
 
 def chance(task: dict, limit: int | None = None) -> float | None:
     """Chance accuracy of a multiple-choice task: the mean over the evaluated documents (the first ``limit``) of
-    1 / number of choices; None for other task kinds or a group of several tasks."""
+    1 / number of choices; of another task whose documents each state their ``chance`` (the shipped last-word task:
+    1 / the distinct candidate words of its passage), their mean; None for other tasks or a group of several."""
     if len(task["leaves"]) != 1:
         return None
     obj = next(iter(task["leaves"].values()))
-    if obj.get_config("output_type") != "multiple_choice":
-        return None
     docs = list(obj.eval_docs)
     docs = docs[:limit] if limit else docs
+    if obj.get_config("output_type") != "multiple_choice":
+        per = [d.get("chance") if isinstance(d, dict) else None for d in docs]
+        ok = per and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in per)
+        return sum(per) / len(per) if ok else None
     inv = [1.0 / len(obj.doc_to_choice(d)) for d in docs]
     return sum(inv) / len(inv) if inv else None
 

@@ -212,7 +212,7 @@ def _one_error(err: str, pattern: str) -> None:
     (["--tasks", " , ", "--budget", "1"], r"--tasks names no task"),
     (["--tasks", TASK, "--include-path", FIXTURE_TASKS, "--budget", "1", "--limit", "0"], r"--limit must be at least 1"),
     (["--tasks", TASK, "--include-path", FIXTURE_TASKS, "--budget", "1", "--methods", "nope"], r"nope"),
-    (["--tasks", "hellaswag", "--include-path", FIXTURE_TASKS, "--budget", "1"], r"cannot load lm-eval task 'hellaswag'.*(Offline|reach|connect)"),
+    (["--tasks", "hellaswag", "--include-path", FIXTURE_TASKS, "--budget", "1"], r"lm-eval task 'hellaswag': its data is not available offline .*(Offline|reach|connect)"),
 ])
 def test_hostile_tasks_cli(stories_path, tmp_path, capsys, monkeypatch, args, pattern):
     rc = _main(["tasks", stories_path, *args, "--prompts", "4", "--tokens", "16"], tmp_path / "c", monkeypatch)
