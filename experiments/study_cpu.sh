@@ -35,6 +35,7 @@ models:
   - {spec: $MODELS/gemma-3-270m-q4_k_m.gguf, label: Gemma-3-270M}
   - {spec: $MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, label: Qwen2.5-Coder-0.5B}
 EOF
+[[ "${1:-}" == "--assemble-only" ]] && exit 0  # the models and their list, for study_cpu_tasks.sh
 WIKI=tests/fixtures/data/wikitext-2-raw/wiki.test.raw
 export HF_HUB_OFFLINE=1 SWAPKL_CACHE="${SWAPKL_CACHE:-$PWD/cache/study-cache}"
 /usr/bin/time -v python3 -m swapkl study --models "$MODELS/study.yaml" --pairs adjacent --prompts 8 --tokens 64 \

@@ -128,6 +128,10 @@ def run(a) -> int:
             print(f"  [{k}/{n}] {label}: {what}", file=sys.stderr, flush=True)
 
     with _tasks_loaded(plan.tasks):  # an unknown or unloadable task fails here, before any model loads
+        if plan.tasks:  # and a task built from the held-out or calibration text
+            from swapkl.study.tasks import check_disjoint
+
+            check_disjoint(plan, Evaluator.from_dict(plan.evaluator), corpus)
         result = run_study(plan, Evaluator.from_dict(plan.evaluator), corpus, load, progress=prog, shard=shard)
     return emit(a, result, render)
 

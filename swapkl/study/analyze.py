@@ -53,6 +53,11 @@ def analyze_model(ck, plan: StudyPlan, ev, corpus, progress=None, should_stop=No
 
     seconds, t = {}, time.perf_counter()
     say = progress or (lambda *_: None)
+    disjoint = None
+    if plan.tasks:  # a task built from text this row reads is refused before anything is computed
+        from swapkl.study.tasks import check_disjoint
+
+        disjoint = check_disjoint(plan, ev, corpus, ck)
     say(0, 3, "swap-KL scores (both protocols)")
     res = score(ck, plan.contract, should_stop=should_stop)
     seconds["scores"], t = time.perf_counter() - t, time.perf_counter()
@@ -81,6 +86,7 @@ def analyze_model(ck, plan: StudyPlan, ev, corpus, progress=None, should_stop=No
         from swapkl.study.tasks import task_part
 
         tasks = task_part(ck, plan, curves, scores, should_stop=should_stop)
+        tasks["contract"]["disjoint"] = disjoint
         seconds["tasks"] = time.perf_counter() - t
     say(3, 3, "done")
     sizes = unit_sizes(ck.model)

@@ -79,6 +79,29 @@ def _rho(scores: np.ndarray, blocks: list, base: dict, singles: dict, task: str,
     return out
 
 
+def check_disjoint(plan, ev, corpus, ck=None) -> list[str]:
+    """Every task's documents against the text a row reads (:mod:`swapkl.measure.task_regions`): the calibration
+    reserve of the scoring corpus and the evaluator's held-out words of ``corpus`` (held-out) -- the same for every
+    model, checked before the first loads -- and with a loaded checkpoint ``ck`` its scoring prompts as well (they
+    depend on its tokenizer).  Raises the one-line :class:`~swapkl.measure.task_regions.TaskOverlapError`;
+    returns one note per task and corpus checked."""
+    from swapkl.healing.text import CALIB_RESERVE_WORDS
+    from swapkl.measure import lmeval
+    from swapkl.measure import task_regions as TR
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.scoring.prompts import make_prompts
+
+    st = settings_of(plan.tasks)
+    _tm, loaded = lmeval.load_tasks(lmeval.check_include_path(st.include_path) if st.include_path else None, st.tasks)
+    c = plan.contract
+    scoring = load_corpus(c.corpus)
+    prompts = make_prompts(ck.tokenizer, scoring, c.prompts, c.tokens, c.seed, c.bos) if ck is not None else None
+    regions = [TR.run_regions(corpus, heldout_words=int(ev.max_words)),
+               TR.run_regions(scoring, calib_words=CALIB_RESERVE_WORDS, prompts=prompts,
+                              tokenizer=ck.tokenizer if ck is not None else None)]
+    return [TR.describe(TR.check_task_disjoint(t, r)) for r in regions for t in loaded]
+
+
 def task_part(ck, plan, curves, scores: dict, should_stop=None) -> dict:
     """The row's ``tasks`` part for loaded checkpoint ``ck`` (see the module docstring): ``{"contract", "base",
     "methods": {m: [{"n", "removed", "metrics", "delta": {task: {...}}}]}, "i_vs_r": [{"n", task: {...}}],

@@ -74,3 +74,24 @@ def test_an_unknown_task_is_refused_in_one_line_before_any_model_loads(cli, monk
                        "--include-path", "tests/fixtures/tasks", "--tasks", "no_such_task")
     assert rc == 2 and loads == []
     assert err.strip().count("\n") == 0 and "unknown lm-eval task 'no_such_task'" in err
+
+
+def test_a_task_built_from_the_held_out_text_is_refused_before_any_work(cli, tmp_path):
+    from swapkl.scoring import corpora
+
+    c = corpora.from_file(WIKI)
+    folder = tmp_path / "tasks" / "heldout_leak"
+    folder.mkdir(parents=True)
+    docs = [{"context": " ".join(c.words[b:b + 40]), "target": c.words[b + 40]} for b in (100, 200)]
+    (folder / "heldout_leak.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "heldout_leak.yaml").write_text(
+        "task: heldout_leak\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " +
+        str(folder / "heldout_leak.jsonl") + "\ntest_split: test\noutput_type: loglikelihood\n"
+        "doc_to_text: '{{context}}'\ndoc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\n"
+        "metadata:\n  version: 1.0\n")
+    rc, out, err = cli("study", STORIES, *SCORING, "--eval-text", WIKI, "--max-words", "300", "--budget", "1",
+                       "--include-path", str(tmp_path / "tasks"), "--tasks", "heldout_leak", "--json",
+                       str(tmp_path / "s.json"))
+    lines = [ln for ln in err.splitlines() if ln.strip() and "examples/s]" not in ln and not ln.startswith("  [")]
+    assert rc == 2 and not (tmp_path / "s.json").exists(), err[-2000:]
+    assert len(lines) == 1 and "document 0 shares a 20-word passage with the run's held-out" in lines[0], lines
