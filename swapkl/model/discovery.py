@@ -17,38 +17,33 @@ import weakref
 
 import torch
 
+from swapkl.model import knowledge
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
 from swapkl.model.block_io import as_kind, call_args, hidden_in, hidden_of
 from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
                                  with_args)
 from swapkl.model.outputs import OUTPUTS
-from swapkl.model.projections import weight_layout
+from swapkl.model.projections import LINEAR_LAYOUT, weight_layout
 
-# The usual spellings, tried first (any other list of the right length follows)
-GENERIC_BLOCK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
-                       "transformer.blocks", "gpt_neox.layers", "model.transformer.h", "backbone.layers")
-GENERIC_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "norm_f", "final_norm", "layer_norm",
-                      "layernorm", "ln_out", "out_norm", "output_layernorm")
-GENERIC_LAYER_IDX = ("self_attn.layer_idx", "attn.layer_idx", "attention.layer_idx", "self_attention.layer_idx",
-                     "layer_idx")
-GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-GENERIC_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+# The usual spellings, tried first (any other list of the right length follows): data/generic.json
+GENERIC_BLOCK_PATHS = knowledge.strings("generic", "block_paths")
+GENERIC_NORM_NAMES = knowledge.strings("generic", "norm_names")
+GENERIC_LAYER_IDX = knowledge.strings("generic", "layer_idx")
+GENERIC_LAYER_KEYS = knowledge.strings("generic", "layer_keys")
+GENERIC_CONTEXT_KEYS = knowledge.strings("generic", "context_keys")
 # config entries that make later blocks read the keys and values an earlier block stored (a second state between
 # blocks, through an argument): a positive value is refused
-KV_SHARING_KEYS = ("num_kv_shared_layers",)
+KV_SHARING_KEYS = knowledge.strings("generic", "kv_sharing_keys")
 # config entries that change the logits after the output head (soft-capping, scaling): where one is set, the final
 # norm and head alone are not the output function even when they happen to come close on a short probe
-LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
-                   "logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "lm_head_multiplier",
-                   "logits_mup_width_multiplier", "dim_model_base")
+LOGIT_MODIFIERS = knowledge.strings("generic", "logit_modifiers")
 
 # the longest refusal, in characters (the support table's one line: the reasons of the candidates that fit, whole)
 MESSAGE_CHARS = 300
 
 # where a block's MLP output projection usually is (the linear bridge folds into it, docs/repair.md)
-GENERIC_MLP_OUTS = ("mlp.down_proj", "mlp.c_proj", "mlp.dense_4h_to_h", "fc2", "mlp.fc2", "feed_forward.down_proj",
-                    "ffn.down_proj", "mlp.w2", "feed_forward.w2", "mlp.dense_out", "mlp.out_proj")
+GENERIC_MLP_OUTS = knowledge.strings("generic", "mlp_outs")
 
 _GENERIC: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
 
@@ -204,7 +199,7 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
             doubled = {f"{path}.{n}": 2 * t for n, t in proj.named_parameters(recurse=False)}
             two = functional_call(block, doubled, args, kwargs)
         except Exception:  # a block that cannot run alone here: no fold found
-            return "", "linear"
+            return "", LINEAR_LAYOUT
         finally:
             hook.remove()
         one, two = (x[0] if isinstance(x, (tuple, list)) else x for x in (one, two))
@@ -212,7 +207,7 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
             continue
         if (two - one - seen[0].reshape(one.shape)).abs().max() <= tol * one.abs().max().clamp_min(1.0):
             return path, layout
-    return "", "linear"
+    return "", LINEAR_LAYOUT
 
 
 @torch.inference_mode()
