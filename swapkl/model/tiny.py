@@ -60,15 +60,25 @@ def _mixed(values: list, n: int) -> list:
     return out
 
 
-def tiny_config(model_type: str, layers: int = 4):
-    """A small config of ``model_type`` (see the module docstring), float32, eager attention.  The sub-configs of
-    a config that has them (a wrapper's text and vision configs, a byte-level model's encoder and decoder) are shrunk
-    the same way."""
+def tiny_config(model_type: str, layers: int = 4, sizes: dict | None = None, attention: str | None = "eager"):
+    """A small config of ``model_type`` (see the module docstring), float32, ``attention`` its attention
+    implementation (None: transformers' default).  The sub-configs of a config that has them (a wrapper's text and
+    vision configs, a byte-level model's encoder and decoder) are shrunk the same way.
+
+    ``sizes``: config keys and their values that replace the generic shrinking: the config is then the class's
+    defaults with exactly these keys set (``"L"``: ``layers``; a key the class spells otherwise, through its
+    ``attribute_map``, set under its own name), no list cut and no override (the test suite's family models:
+    ``tests/conftest.py``)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    override = knowledge.thawed(_data()["overrides"].get(model_type, {}))
-    cfg = _shrunk(CONFIG_MAPPING[model_type], override, layers)
-    cfg._attn_implementation = "eager"
+    cls = CONFIG_MAPPING[model_type]
+    if sizes is not None:
+        aliases = dict(getattr(cls, "attribute_map", {}) or {})
+        cfg = cls(**{aliases.get(k, k): layers if v == "L" else v for k, v in sizes.items()})
+    else:
+        cfg = _shrunk(cls, knowledge.thawed(_data()["overrides"].get(model_type, {})), layers)
+    if attention is not None:
+        cfg._attn_implementation = attention
     return cfg
 
 
@@ -119,14 +129,18 @@ def _shrunk(cls, override: dict, layers: int):
     return cfg
 
 
-def tiny_model(model_type: str, layers: int = 4, seed: int = 0, scale: float = 3.0):
-    """A random-initialised causal LM of ``model_type`` (:func:`tiny_config`) in eval mode, float32; matrices scaled
-    by ``scale`` so that blocks differ well above float32 noise."""
+def tiny_model(model_type: str, layers: int = 4, seed: int = 0, scale: float = 3.0, sizes: dict | None = None,
+               attention: str | None = "eager", dtype: str | None = "float32"):
+    """A random-initialised causal LM of ``model_type`` (:func:`tiny_config` with ``sizes`` and ``attention``) in
+    eval mode, its weights drawn after ``torch.manual_seed(seed)`` in ``dtype`` (stated in its config; None:
+    torch's default dtype, the config stating none); matrices scaled by ``scale`` so that blocks differ well above
+    float32 noise."""
     import torch
     import transformers as tf
 
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(tiny_config(model_type, layers), dtype=torch.float32)
+    cfg = tiny_config(model_type, layers, sizes, attention)
+    model = tf.AutoModelForCausalLM.from_config(cfg, **({"dtype": getattr(torch, dtype)} if dtype else {}))
     return scale_matrices(model, scale).eval()
 
 
