@@ -14,6 +14,7 @@ reversible streams, ``Family.state_join``).
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import torch
 
@@ -46,11 +47,24 @@ MESSAGE_CHARS = 300
 GENERIC_MLP_OUTS = knowledge.strings("generic", "mlp_outs")
 
 _GENERIC: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
+#: the user's families, per model object, each validated on its model (:mod:`swapkl.model.user_family`)
+_USER: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
 
 
 def found_family(model: torch.nn.Module) -> Family | None:
     """The family the fallback found for ``model`` earlier (memoised per model object), or None."""
     return _GENERIC.get(model)
+
+
+def registered_family(model: torch.nn.Module) -> Family | None:
+    """The user's family registered for ``model`` (:func:`swapkl.model.user_family.register_family`, once it
+    validated on that model object), or None: :func:`swapkl.model.architectures.locate` prefers it to any other."""
+    return _USER.get(model)
+
+
+def remember_user_family(model: torch.nn.Module, fam: Family) -> None:
+    """Keep ``fam`` as ``model``'s family (only :mod:`swapkl.model.user_family` calls this, after validating it)."""
+    _USER[model] = fam
 
 
 def layer_counts(config) -> dict[str, int]:
@@ -179,14 +193,14 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
     return ""
 
 
-def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, str]:
-    """``(path, layout)`` of the block's MLP output projection when its output goes into the residual stream as it is
-    (doubling its weight and bias adds exactly its output once more to the block's output: no norm after it), else
-    ``("", "linear")``.  Layout ``conv1d`` for GPT-2's Conv1D (weight [in, out]), else ``linear``."""
+def _mlp_output(block: torch.nn.Module, call: tuple, tol: float, paths: tuple[str, ...] = GENERIC_MLP_OUTS) -> tuple[str, str]:
+    """``(path, layout)`` of the block's MLP output projection, the first of ``paths`` whose output goes into the
+    residual stream as it is (doubling its weight and bias adds exactly its output once more to the block's output: no
+    norm after it), else ``("", "linear")``.  The layout is :func:`swapkl.model.projections.weight_layout`'s."""
     from torch.func import functional_call
 
     _, args, kwargs = call
-    for path in GENERIC_MLP_OUTS:
+    for path in paths:
         proj = get_path(block, path)
         w = getattr(proj, "weight", None)
         if not isinstance(proj, torch.nn.Module) or not isinstance(w, torch.Tensor) or w.dim() != 2:
@@ -211,11 +225,12 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
 
 
 @torch.inference_mode()
-def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[Family | None, str]:
-    """``(family, "")`` for the first output function that reproduces ``model``'s forward with ``base``'s blocks,
-    else ``(None, reason)``."""
-    from dataclasses import replace
-
+def _validate(model: torch.nn.Module, base: Family, norms: list[str], outputs: tuple[str, ...] = ("head", "tail"),
+              mlp_outs: tuple[str, ...] = GENERIC_MLP_OUTS) -> tuple[Family | None, str]:
+    """``(family, "")`` for the first output function (of ``outputs``; "head" with each of ``norms``) that
+    reproduces ``model``'s forward with ``base``'s blocks, its MLP output the first of ``mlp_outs`` that folds
+    exactly, else ``(None, reason)``.  A user's family description is checked here too (one norm, its own output
+    function and MLP output: :mod:`swapkl.model.user_family`)."""
     try:
         loc = locate_with(model, base)
     except UnsupportedArchitecture as e:
@@ -269,11 +284,26 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
     handed = handed_out(out, channels) if channels else ()
     if handed and all(isinstance(t, torch.Tensor) and t.shape[:-1] == last.shape[:-1] for t in handed):
         states.update({j: joined_state(last, handed, j) for j in JOINS if j})
+    fam = _output_function(model, base, norms, outputs, states, logits, tol, tuple_len)
+    if fam is None:
+        return None, ("neither the final norm and head nor the model's own tail reproduce the logits"
+                      if outputs == ("head", "tail") else f"the output function ({outputs[0]}"
+                      f"{': ' + norms[0] + ' and the head' if outputs[0] == 'head' else ''}) does not reproduce the logits")
+    path, layout = _mlp_output(loc.blocks[0], calls[0], tol, mlp_outs)
+    return replace(fam, mlp_out=path, mlp_out_layout=layout), ""
+
+
+def _output_function(model, base: Family, norms: list[str], outputs: tuple[str, ...], states: dict,
+                     logits: torch.Tensor, tol: float, tuple_len: int) -> Family | None:
+    """``base`` with the first output function of ``outputs`` (and the state it reads, ``states``: ``{join: [..., T,
+    D]}``) that reproduces ``logits`` [B, T, V] within ``tol`` of their largest magnitude, or None.  A config that
+    modifies the logits after the head (:data:`LOGIT_MODIFIERS`) rules out "head"."""
     scale = logits.float().abs().max().clamp_min(1.0)
     text = model.config.get_text_config()
     modified = any(getattr(text, k, None) not in (None, 1, 1.0, False) for k in LOGIT_MODIFIERS)
-    options = [] if modified else [replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
-    options.append(replace(base, output="tail", block_tuple=tuple_len))
+    options = [] if modified or "head" not in outputs else [
+        replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
+    options += [replace(base, output="tail", block_tuple=tuple_len)] if "tail" in outputs else []
     for fam in options:
         for join, state in states.items():
             try:
@@ -281,9 +311,8 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
             except Exception:  # this output function does not apply to the model
                 continue
             if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
-                path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
-                return replace(fam, mlp_out=path, mlp_out_layout=layout, state_join=join), ""
-    return None, "neither the final norm and head nor the model's own tail reproduce the logits"
+                return replace(fam, state_join=join)
+    return None
 
 
 def _replay(blocks, calls: list, channels: tuple, last: torch.Tensor, tol: float) -> str:
