@@ -81,35 +81,36 @@ def pytest_collection_modifyitems(config, items):
 FAMILY_NAMES = ("llama", "qwen3", "gpt_neox", "gpt2")
 
 
-def tiny_config(kind: str, num_layers: int = 4, vocab: int = 96, hidden: int = 32):
-    """A small random config of each supported family (float32)."""
-    import transformers as tf
-
-    if kind == "gpt2":
-        return tf.GPT2Config(n_layer=num_layers, n_embd=hidden, n_head=4, vocab_size=vocab, n_positions=256,
-                             bos_token_id=0, eos_token_id=0)
+def family_sizes(kind: str, vocab: int = 96, hidden: int = 32) -> dict:
+    """The sizes of the suite's family models, as :func:`swapkl.model.tiny.tiny_config` takes them (``"L"``: the
+    layer count): width ``hidden``, 4 heads (2 KV heads where the family groups them), MLP width ``2 * hidden``
+    (GPT-2's default 4x), ``vocab`` tokens, 256 positions, token ids 0, GPT-NeoX's rotary on a quarter of each head,
+    Qwen3's head width ``hidden / 4``."""
+    sizes = {"num_hidden_layers": "L", "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": vocab,
+             "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0}
     if kind == "gpt_neox":
-        return tf.GPTNeoXConfig(num_hidden_layers=num_layers, hidden_size=hidden, num_attention_heads=4,
-                                intermediate_size=2 * hidden, vocab_size=vocab, rotary_pct=0.25,
-                                max_position_embeddings=256, bos_token_id=0, eos_token_id=0)
-    extra = {"head_dim": hidden // 4} if kind == "qwen3" else {}
-    return tf.AutoConfig.for_model(kind, num_hidden_layers=num_layers, hidden_size=hidden, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=2 * hidden, vocab_size=vocab,
-                                   max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                                   **extra)
+        sizes.update(intermediate_size=2 * hidden, rotary_pct=0.25)
+    elif kind != "gpt2":
+        sizes.update(num_key_value_heads=2, intermediate_size=2 * hidden, pad_token_id=0)
+        sizes.update({"head_dim": hidden // 4} if kind == "qwen3" else {})
+    return sizes
 
 
-def tiny_model(kind: str, num_layers: int = 4, seed: int = 0, **kw):
-    """A random-initialised causal LM of family ``kind`` in eval mode.  Weights are scaled up a little so
-    that blocks differ enough for swap-KLs to be well above float32 noise."""
-    import transformers as tf
+def tiny_config(kind: str, num_layers: int = 4, vocab: int = 96, hidden: int = 32):
+    """A small random config of each supported family (float32): :func:`swapkl.model.tiny.tiny_config` with
+    :func:`family_sizes`, transformers' default attention."""
+    from swapkl.model.tiny import tiny_config as build
 
-    from swapkl.model.tiny import scale_matrices
+    return build(kind, num_layers, sizes=family_sizes(kind, vocab, hidden), attention=None)
 
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(tiny_config(kind, num_layers, **kw))
-    scale_matrices(model)
-    return model.eval()
+
+def tiny_model(kind: str, num_layers: int = 4, seed: int = 0, vocab: int = 96, hidden: int = 32):
+    """A random-initialised causal LM of family ``kind`` in eval mode, float32 (:func:`swapkl.model.tiny.tiny_model`
+    with :func:`family_sizes`, transformers' default attention, no dtype in its config): weights scaled up (x3) so that blocks differ enough for swap-KLs to be well above float32
+    noise."""
+    from swapkl.model.tiny import tiny_model as build
+
+    return build(kind, num_layers, seed=seed, sizes=family_sizes(kind, vocab, hidden), attention=None, dtype=None)
 
 
 def builtin_float32():

@@ -18,6 +18,9 @@ def add_model_args(p) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--device-map", default=None, help="accelerate device_map (e.g. auto) for models larger than one GPU")
     p.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model (off by default)")
+    p.add_argument("--family", default=None, metavar="FILE",
+                   help="a JSON or YAML file describing where the model keeps its blocks, final norm, head and units "
+                        "(docs/architecture.md, 'Describe a family'); used only when it validates on the model")
 
 
 def add_contract_args(p, pairs_default: str = "adjacent") -> None:
@@ -124,7 +127,7 @@ def load_from_args(a):
     from swapkl.model.checkpoints import load_checkpoint  # deferred: pulls torch; the CLI's --help must not
 
     return load_checkpoint(a.model, revision=a.revision, dtype=a.dtype, device=a.device,
-                           trust_remote_code=a.trust_remote_code, device_map=a.device_map)
+                           trust_remote_code=a.trust_remote_code, device_map=a.device_map, family=a.family)
 
 
 class ProgressPrinter:

@@ -1,7 +1,7 @@
 """Where a loaded model keeps its modules, and the config edits that follow them.
 
-:func:`locate` finds blocks, final norm, head and output function through the family table
-(:mod:`swapkl.model.families`) or, for a model type not in it, the validated generic fallback
+:func:`locate` finds blocks, final norm, head and output function through a user's family validated on the model
+(:mod:`swapkl.model.user_family`), the family table (:mod:`swapkl.model.families`) or, for a model type not in it, the validated generic fallback
 (:mod:`swapkl.model.discovery`).  The config helpers here read the context length, cut the per-layer lists of a
 shortened stack and renumber the KV-cache index of a block.  Nothing else in swapkl dispatches on ``model_type``.
 """
@@ -14,16 +14,17 @@ import torch
 
 from swapkl.errors import ContractError
 from swapkl.model.block_io import call_args
-from swapkl.model.discovery import GENERIC_CONTEXT_KEYS, found_family, generic_family
+from swapkl.model.discovery import GENERIC_CONTEXT_KEYS, found_family, generic_family, registered_family
 from swapkl.model.families import (FAMILIES, Family, Located, UnsupportedArchitecture, family_for,  # noqa: F401
                                    get_path, known_family, locate_with, num_layers_in_config, supported_model_types)
 
 
 def locate(model: torch.nn.Module) -> Located:
-    """Find blocks, final norm, head and output function of ``model``: through the table for a listed
-    ``model_type``, else through the validated generic fallback (:func:`generic_family`)."""
+    """Find blocks, final norm, head and output function of ``model``: through the user's family registered for it
+    (:mod:`swapkl.model.user_family`), else the table for a listed ``model_type``, else the validated generic
+    fallback (:func:`generic_family`)."""
     mt = getattr(model.config, "model_type", "?")
-    fam = known_family(mt) or generic_family(model)
+    fam = registered_family(model) or known_family(mt) or generic_family(model)
     return locate_with(model, fam)
 
 
@@ -73,7 +74,7 @@ def check_context(model: torch.nn.Module, n_tokens: int, what: str, advice: str,
     what to do (``{limit}`` becomes the context length).  A config without a context length passes."""
 
     mt = getattr(model.config, "model_type", "?")
-    ctx = context_length(model.config, known_family(mt) or found_family(model))
+    ctx = context_length(model.config, registered_family(model) or known_family(mt) or found_family(model))
     if ctx is None or n_tokens <= ctx[0]:
         return
     who = name or getattr(model, "name_or_path", None) or mt

@@ -26,6 +26,7 @@ import torch
 
 from swapkl.model.architectures import Family, UnsupportedArchitecture, generic_family, known_family, locate
 from swapkl.model.supported import located_refusal
+from swapkl.model.user_family import read_description, register_family
 from swapkl.errors import ModelLoadError, is_oom
 from swapkl.model import builtin
 from swapkl.model import gguf
@@ -273,11 +274,17 @@ def _dispatch(model: torch.nn.Module, device_map, sp: Spec) -> torch.device:
 
 
 def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float32", device: str = "auto",
-                    trust_remote_code: bool = False, device_map: str | dict | None = None) -> Checkpoint:
-    """Load a causal LM and its tokenizer, in eval mode, on ``device`` (or spread by ``device_map``).
+                    trust_remote_code: bool = False, device_map: str | dict | None = None,
+                    family: str | os.PathLike | None = None) -> Checkpoint:
+    """Load a causal LM and its tokenizer, in eval mode, on ``device`` (or spread by ``device_map``).  ``family``: a
+    user's family file (:mod:`swapkl.model.user_family`), read before any weights and, once they are loaded, checked
+    on the model and used for it instead of the table or the generic fallback (the CLI's ``--family``; the dashboard
+    never passes one).
 
     Raises :class:`ModelLoadError` (bad path, unknown hub id/revision, offline) or
-    :class:`~swapkl.model.architectures.UnsupportedArchitecture` before reading any weights."""
+    :class:`~swapkl.model.architectures.UnsupportedArchitecture` before reading any weights (a malformed family file:
+    :class:`~swapkl.model.knowledge.KnowledgeError`), or the latter after loading when the family file does not
+    describe the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -285,11 +292,12 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
     sp = parse_spec(spec, revision)
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}")
+    user = read_description(family) if family is not None else None
     config = load_config(sp, trust_remote_code)
     # a listed family is known before any weights are read; anything else must pass the validated generic
-    # fallback on the loaded model (UnsupportedArchitecture otherwise)
-    fam = known_family(getattr(config, "model_type", "?"))
-    early = None if fam is not None else located_refusal(config)
+    # fallback on the loaded model (UnsupportedArchitecture otherwise), or the user's family file its checks
+    fam = known_family(getattr(config, "model_type", "?")) if user is None else None
+    early = None if fam is not None or user is not None else located_refusal(config)
     if early is not None:  # the support table knows this family cannot be located: say so before any download
         raise UnsupportedArchitecture(early)
     dev = pick_device(device)
@@ -321,7 +329,9 @@ def load_checkpoint(spec: str, revision: str | None = None, dtype: str = "float3
     else:
         dev = _dispatch(model, device_map, sp)
     model.eval()
-    if fam is None:
+    if user is not None:
+        fam = register_family(model, user)
+    elif fam is None:
         fam = generic_family(model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kw)

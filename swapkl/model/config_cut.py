@@ -2,8 +2,8 @@
 
 Removing blocks changes what a config's per-layer settings mean: a list with one entry per layer is cut in step; a
 list of layer indices, a "first k layers" count and a dict keyed by layer index are renumbered; layer counts shrink
-(proportionally where a model counts sublayers).  What the rules cover is data (:data:`INDEX_LISTS`,
-:data:`PREFIX_COUNTS`); whatever a rule does, :func:`structure_difference` then builds the shortened model from the
+(proportionally where a model counts sublayers).  What the rules cover is data (``data/config_keys.json``: :data:`INDEX_LISTS`,
+:data:`PREFIX_COUNTS` ...); whatever a rule does, :func:`structure_difference` then builds the shortened model from the
 new config on the ``meta`` device (no memory, no weights) and compares every new block with the kept block it must
 be - class, weight names and shapes, and plain settings (attention type, window, head size, constants derived from
 the layer index) - so a config whose meaning shifts in a way no rule follows is refused in one line, never exported
@@ -17,50 +17,61 @@ from __future__ import annotations
 from typing import Iterable
 
 from swapkl.errors import SwapklError
+from swapkl.model import knowledge
 
 
 class ConfigCutError(SwapklError):
     """A shortened stack that its config cannot describe (one line: which setting, which layer)."""
 
 
+def _periodic() -> tuple[tuple[tuple[str, ...], str, str], ...]:
+    """:data:`PERIODIC` from ``data/config_keys.json`` (each entry ``{"keys": [...], "form": "mod"|"step",
+    "explicit": key or ""}``)."""
+    out = []
+    for k, e in enumerate(knowledge.entry("config_keys", "periodic")):
+        keys, form, explicit = (e.get(f) if hasattr(e, "get") else None for f in ("keys", "form", "explicit"))
+        if not isinstance(keys, tuple) or not 1 <= len(keys) <= 2 or form not in ("mod", "step") or not isinstance(explicit, str):
+            raise knowledge.KnowledgeError(f"config_keys.json: key 'periodic[{k}]' must be {{keys: 1-2 names, form: mod|step, "
+                                           "explicit: a key or ''}")
+        out.append((keys, form, explicit))
+    return tuple(out)
+
+
+# The tables below are data/config_keys.json (swapkl.model.knowledge)
 #: keys counting layers (the first equal to the block count counts blocks; a multiple counts sublayers)
-LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers", "num_blocks")
+LAYER_COUNT_KEYS = knowledge.strings("config_keys", "layer_count_keys")
 #: keys holding a list of layer indices (a layer has the property when its index is listed)
-INDEX_LISTS = ("mlp_only_layers", "hybrid_layer_ids", "moe_layers", "full_attn_idxs", "cross_attention_layers",
-               "ple_layer_ids", "attn_layer_indices", "expert_layer_indices", "global_attn_layers",
-               "sliding_window_layers", "swa_layers", "no_rope_layer_ids", "dense_layer_ids")
+INDEX_LISTS = knowledge.strings("config_keys", "index_lists")
 #: keys counting the first layers that have a property (DeepSeek's dense layers, Qwen2's full-attention layers)
-PREFIX_COUNTS = ("first_k_dense_replace", "num_dense_layers", "max_window_layers", "moe_layer_start_index")
+PREFIX_COUNTS = knowledge.strings("config_keys", "prefix_counts")
 #: keys holding a pattern that repeats over the layers (layer i has ``pattern[i % len(pattern)]``): the cut stack
 #: gets its own layers' entries as the pattern (RecurrentGemma's ``block_types``)
-CYCLES = ("block_types",)
+CYCLES = knowledge.strings("config_keys", "cycles")
 #: keys that a model divides by a power of the layer count (MiniCPM's residual scale ``scale_depth / √L``): rescaled
 #: by ``(L' / L) ** power`` so that every kept layer keeps its constant
-COUNT_SCALED = {"scale_depth": 0.5}
+COUNT_SCALED = knowledge.mapping("config_keys", "count_scaled", (int, float))
 #: keys holding a dict keyed by layer index (as a string or an int)
-INDEX_DICTS = ("per_layer_config",)
+INDEX_DICTS = knowledge.strings("config_keys", "index_dicts")
 #: keys that put a property on every p-th layer: ``mod`` (layer i has it when i % period == offset) or ``step`` (when
 #: (i + 1) % period == 0); a cut stack gets the period (and offset) that describes its kept layers, when one does
 #: (a key naming a per-layer list that, when the config has it, says the same explicitly: the period is then left alone)
-PERIODIC = ((("expert_layer_period", "expert_layer_offset"), "mod", ""), (("attn_layer_period", "attn_layer_offset"), "mod", ""),
-            (("decoder_sparse_step",), "step", ""), (("moe_layer_interval",), "step", ""),
-            (("interleave_moe_layer_step",), "step", ""), (("sliding_window_pattern",), "step", "layer_types"))
+PERIODIC = _periodic()
 #: block settings that only other blocks read, each with the setting that marks such a reader: a block that keeps its
 #: keys and values for the KV-sharing blocks after it (Gemma-3n, Gemma-4; the config makes the last non-sharing block
 #: of each attention type the one that stores).  Compared only when the shortened stack keeps a reader: without one,
 #: which block stores changes no output (a stack with readers is refused before any cut: ``discovery``)
-READ_BY = {"store_full_length_kv": "is_kv_shared_layer"}
+READ_BY = knowledge.mapping("config_keys", "read_by", str)
 #: settings a module reads only to build persistent buffers (``Class.attribute`` -> the buffers): the export saves the
 #: kept block's buffers and a reload reads them back instead of building its own, so the setting is compared only
 #: where one of those buffers is missing from the module's state dict (MiniMax's lightning attention derives its
 #: decay rates from its position in the stack, ``1 - layer_idx / (num_hidden_layers - 1)``)
-BUILD_ONLY = {"MiniMaxLightningAttention.num_hidden_layers": ("slope_rate", "query_decay", "key_decay", "diagonal_decay")}
+BUILD_ONLY = knowledge.mapping("config_keys", "build_only", tuple)
 #: module attributes holding layer indices, as the config's index lists and dicts do, that a shortened copy renumbers
 #: as the reload derives them from the cut config: a dict keyed by layer index (Zamba2's shared attention and MLP map
 #: each hybrid layer's index to its adapter slot) or a list of layer indices
-INDEX_KEYED_ATTRS = ("layer_dic", "layer_block_map")
+INDEX_KEYED_ATTRS = knowledge.strings("config_keys", "index_keyed_attrs")
 #: module attributes that are the layer's index itself (renumbered on purpose), never compared
-INDEX_ATTRS = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "idx", "block_idx"})
+INDEX_ATTRS = frozenset(knowledge.strings("config_keys", "index_attrs"))
 
 
 def cut_config(config, keep: Iterable[int], num_layers: int):

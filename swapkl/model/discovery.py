@@ -14,48 +14,57 @@ reversible streams, ``Family.state_join``).
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import torch
 
+from swapkl.model import knowledge
 from swapkl.model.nested import flatten
 from swapkl.model.families import Family, UnsupportedArchitecture, get_path, locate_with, supported_model_types
 from swapkl.model.block_io import as_kind, call_args, hidden_in, hidden_of
 from swapkl.model.handed import (JOINS, UnsupportedHandedOn, find_channels, get_arg, handed_out, joined_state,
                                  with_args)
 from swapkl.model.outputs import OUTPUTS
-from swapkl.model.projections import weight_layout
+from swapkl.model.projections import LINEAR_LAYOUT, weight_layout
 
-# The usual spellings, tried first (any other list of the right length follows)
-GENERIC_BLOCK_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
-                       "transformer.blocks", "gpt_neox.layers", "model.transformer.h", "backbone.layers")
-GENERIC_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "norm_f", "final_norm", "layer_norm",
-                      "layernorm", "ln_out", "out_norm", "output_layernorm")
-GENERIC_LAYER_IDX = ("self_attn.layer_idx", "attn.layer_idx", "attention.layer_idx", "self_attention.layer_idx",
-                     "layer_idx")
-GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-GENERIC_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+# The usual spellings, tried first (any other list of the right length follows): data/generic.json
+GENERIC_BLOCK_PATHS = knowledge.strings("generic", "block_paths")
+GENERIC_NORM_NAMES = knowledge.strings("generic", "norm_names")
+GENERIC_LAYER_IDX = knowledge.strings("generic", "layer_idx")
+GENERIC_LAYER_KEYS = knowledge.strings("generic", "layer_keys")
+GENERIC_CONTEXT_KEYS = knowledge.strings("generic", "context_keys")
 # config entries that make later blocks read the keys and values an earlier block stored (a second state between
 # blocks, through an argument): a positive value is refused
-KV_SHARING_KEYS = ("num_kv_shared_layers",)
+KV_SHARING_KEYS = knowledge.strings("generic", "kv_sharing_keys")
 # config entries that change the logits after the output head (soft-capping, scaling): where one is set, the final
 # norm and head alone are not the output function even when they happen to come close on a short probe
-LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
-                   "logit_softcapping", "logits_soft_cap", "output_logit_soft_cap", "lm_head_multiplier",
-                   "logits_mup_width_multiplier", "dim_model_base")
+LOGIT_MODIFIERS = knowledge.strings("generic", "logit_modifiers")
 
 # the longest refusal, in characters (the support table's one line: the reasons of the candidates that fit, whole)
 MESSAGE_CHARS = 300
 
 # where a block's MLP output projection usually is (the linear bridge folds into it, docs/repair.md)
-GENERIC_MLP_OUTS = ("mlp.down_proj", "mlp.c_proj", "mlp.dense_4h_to_h", "fc2", "mlp.fc2", "feed_forward.down_proj",
-                    "ffn.down_proj", "mlp.w2", "feed_forward.w2", "mlp.dense_out", "mlp.out_proj")
+GENERIC_MLP_OUTS = knowledge.strings("generic", "mlp_outs")
 
 _GENERIC: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
+#: the user's families, per model object, each validated on its model (:mod:`swapkl.model.user_family`)
+_USER: weakref.WeakKeyDictionary[torch.nn.Module, Family] = weakref.WeakKeyDictionary()
 
 
 def found_family(model: torch.nn.Module) -> Family | None:
     """The family the fallback found for ``model`` earlier (memoised per model object), or None."""
     return _GENERIC.get(model)
+
+
+def registered_family(model: torch.nn.Module) -> Family | None:
+    """The user's family registered for ``model`` (:func:`swapkl.model.user_family.register_family`, once it
+    validated on that model object), or None: :func:`swapkl.model.architectures.locate` prefers it to any other."""
+    return _USER.get(model)
+
+
+def remember_user_family(model: torch.nn.Module, fam: Family) -> None:
+    """Keep ``fam`` as ``model``'s family (only :mod:`swapkl.model.user_family` calls this, after validating it)."""
+    _USER[model] = fam
 
 
 def layer_counts(config) -> dict[str, int]:
@@ -184,14 +193,14 @@ def _second_state(model: torch.nn.Module, blocks, ids: torch.Tensor, calls: list
     return ""
 
 
-def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, str]:
-    """``(path, layout)`` of the block's MLP output projection when its output goes into the residual stream as it is
-    (doubling its weight and bias adds exactly its output once more to the block's output: no norm after it), else
-    ``("", "linear")``.  Layout ``conv1d`` for GPT-2's Conv1D (weight [in, out]), else ``linear``."""
+def _mlp_output(block: torch.nn.Module, call: tuple, tol: float, paths: tuple[str, ...] = GENERIC_MLP_OUTS) -> tuple[str, str]:
+    """``(path, layout)`` of the block's MLP output projection, the first of ``paths`` whose output goes into the
+    residual stream as it is (doubling its weight and bias adds exactly its output once more to the block's output: no
+    norm after it), else ``("", "linear")``.  The layout is :func:`swapkl.model.projections.weight_layout`'s."""
     from torch.func import functional_call
 
     _, args, kwargs = call
-    for path in GENERIC_MLP_OUTS:
+    for path in paths:
         proj = get_path(block, path)
         w = getattr(proj, "weight", None)
         if not isinstance(proj, torch.nn.Module) or not isinstance(w, torch.Tensor) or w.dim() != 2:
@@ -204,7 +213,7 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
             doubled = {f"{path}.{n}": 2 * t for n, t in proj.named_parameters(recurse=False)}
             two = functional_call(block, doubled, args, kwargs)
         except Exception:  # a block that cannot run alone here: no fold found
-            return "", "linear"
+            return "", LINEAR_LAYOUT
         finally:
             hook.remove()
         one, two = (x[0] if isinstance(x, (tuple, list)) else x for x in (one, two))
@@ -212,15 +221,16 @@ def _mlp_output(block: torch.nn.Module, call: tuple, tol: float) -> tuple[str, s
             continue
         if (two - one - seen[0].reshape(one.shape)).abs().max() <= tol * one.abs().max().clamp_min(1.0):
             return path, layout
-    return "", "linear"
+    return "", LINEAR_LAYOUT
 
 
 @torch.inference_mode()
-def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[Family | None, str]:
-    """``(family, "")`` for the first output function that reproduces ``model``'s forward with ``base``'s blocks,
-    else ``(None, reason)``."""
-    from dataclasses import replace
-
+def _validate(model: torch.nn.Module, base: Family, norms: list[str], outputs: tuple[str, ...] = ("head", "tail"),
+              mlp_outs: tuple[str, ...] = GENERIC_MLP_OUTS) -> tuple[Family | None, str]:
+    """``(family, "")`` for the first output function (of ``outputs``; "head" with each of ``norms``) that
+    reproduces ``model``'s forward with ``base``'s blocks, its MLP output the first of ``mlp_outs`` that folds
+    exactly, else ``(None, reason)``.  A user's family description is checked here too (one norm, its own output
+    function and MLP output: :mod:`swapkl.model.user_family`)."""
     try:
         loc = locate_with(model, base)
     except UnsupportedArchitecture as e:
@@ -274,11 +284,26 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
     handed = handed_out(out, channels) if channels else ()
     if handed and all(isinstance(t, torch.Tensor) and t.shape[:-1] == last.shape[:-1] for t in handed):
         states.update({j: joined_state(last, handed, j) for j in JOINS if j})
+    fam = _output_function(model, base, norms, outputs, states, logits, tol, tuple_len)
+    if fam is None:
+        return None, ("neither the final norm and head nor the model's own tail reproduce the logits"
+                      if outputs == ("head", "tail") else f"the output function ({outputs[0]}"
+                      f"{': ' + norms[0] + ' and the head' if outputs[0] == 'head' else ''}) does not reproduce the logits")
+    path, layout = _mlp_output(loc.blocks[0], calls[0], tol, mlp_outs)
+    return replace(fam, mlp_out=path, mlp_out_layout=layout), ""
+
+
+def _output_function(model, base: Family, norms: list[str], outputs: tuple[str, ...], states: dict,
+                     logits: torch.Tensor, tol: float, tuple_len: int) -> Family | None:
+    """``base`` with the first output function of ``outputs`` (and the state it reads, ``states``: ``{join: [..., T,
+    D]}``) that reproduces ``logits`` [B, T, V] within ``tol`` of their largest magnitude, or None.  A config that
+    modifies the logits after the head (:data:`LOGIT_MODIFIERS`) rules out "head"."""
     scale = logits.float().abs().max().clamp_min(1.0)
     text = model.config.get_text_config()
     modified = any(getattr(text, k, None) not in (None, 1, 1.0, False) for k in LOGIT_MODIFIERS)
-    options = [] if modified else [replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
-    options.append(replace(base, output="tail", block_tuple=tuple_len))
+    options = [] if modified or "head" not in outputs else [
+        replace(base, final_norm=n, output="head", block_tuple=tuple_len) for n in norms]
+    options += [replace(base, output="tail", block_tuple=tuple_len)] if "tail" in outputs else []
     for fam in options:
         for join, state in states.items():
             try:
@@ -286,9 +311,8 @@ def _validate(model: torch.nn.Module, base: Family, norms: list[str]) -> tuple[F
             except Exception:  # this output function does not apply to the model
                 continue
             if got.shape == logits.shape and (got - logits.float()).abs().max() <= tol * scale:
-                path, layout = _mlp_output(loc.blocks[0], calls[0], tol)
-                return replace(fam, mlp_out=path, mlp_out_layout=layout, state_join=join), ""
-    return None, "neither the final norm and head nor the model's own tail reproduce the logits"
+                return replace(fam, state_join=join)
+    return None
 
 
 def _replay(blocks, calls: list, channels: tuple, last: torch.Tensor, tol: float) -> str:

@@ -1,20 +1,27 @@
-"""The one table of supported model families, and where a loaded model keeps its modules.
+"""The one table of supported model families (``data/families.json``, read through :mod:`swapkl.model.knowledge`),
+and where a loaded model keeps its modules.
 
 Each family says, as data, where a Hugging Face causal LM keeps its decoder blocks, its final norm, its
 output head and its embeddings, which attribute of a block holds the KV-cache index (``layer_idx``), which
 config entries are per-layer lists that must be cut when blocks are removed, and how the logits follow from the
 last block's output (:mod:`swapkl.model.outputs`).  Nothing else in swapkl dispatches on ``model_type``: code asks
 :func:`swapkl.model.architectures.locate` and gets modules back.  A model type that is not in the table is found
-and validated by :mod:`swapkl.model.discovery`.
+and validated by :mod:`swapkl.model.discovery`; a user's description of a family (:func:`family_from`, the same
+schema as a ``families.json`` entry) is accepted by :mod:`swapkl.model.user_family` once it validates on the model.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
 from swapkl.errors import SwapklError
+from swapkl.model import knowledge
+from swapkl.model.knowledge import KnowledgeError
 from swapkl.model.outputs import OUTPUTS
+from swapkl.model.projections import LINEAR_LAYOUT, WEIGHT_LAYOUTS
 
 
 class UnsupportedArchitecture(SwapklError):
@@ -59,40 +66,52 @@ class Family:
     state_join: str = ""
 
 
-FAMILIES: tuple[Family, ...] = (
-    Family(
-        name="llama",
-        model_types=("llama", "mistral", "qwen2", "qwen3", "smollm3"),
-        blocks="model.layers",
-        final_norm="model.norm",
-        embed="model.embed_tokens",
-        layer_idx_attrs=("self_attn.layer_idx", "layer_idx"),
-        units="pre-norm", mlp_out="mlp.down_proj",
-        notes="Llama / Mistral / Qwen2 / Qwen3 / SmolLM (SmolLM1-2 are Llama): pre-norm, rotary, RMSNorm.",
-    ),
-    Family(
-        name="gpt_neox",
-        model_types=("gpt_neox",),
-        blocks="gpt_neox.layers",
-        final_norm="gpt_neox.final_layer_norm",
-        embed="gpt_neox.embed_in",
-        layer_idx_attrs=("attention.layer_idx", "layer_idx"),
-        units="gpt-neox", mlp_out="mlp.dense_4h_to_h",
-        notes="GPT-NeoX / Pythia: parallel residual, partial rotary.",
-    ),
-    Family(
-        name="gpt2",
-        model_types=("gpt2",),
-        blocks="transformer.h",
-        final_norm="transformer.ln_f",
-        embed="transformer.wte",
-        layer_idx_attrs=("attn.layer_idx", "layer_idx"),
-        num_layers_keys=("n_layer", "num_hidden_layers"),
-        context_keys=("n_positions", "n_ctx", "max_position_embeddings"),
-        units="gpt2", mlp_out="mlp.c_proj", mlp_out_layout="conv1d",
-        notes="GPT-2: learned positions, LayerNorm; scale_attn_by_inverse_layer_idx follows the slot.",
-    ),
-)
+#: the field types a family description may give (the annotations of :class:`Family`)
+_KINDS = {"str": str, "tuple[str, ...]": tuple, "bool": bool, "int": int, "str | None": (str, type(None))}
+#: the fields a family description must give
+REQUIRED = ("name", "model_types", "blocks", "final_norm")
+
+
+def family_from(data: Mapping, where: str) -> Family:
+    """A :class:`Family` from its description ``data`` (a JSON object: the fields of :class:`Family`, lists for its
+    tuples; a field left out takes its default).  ``where`` names the source in errors (``"families.json: llama"``).
+    Raises :class:`~swapkl.model.knowledge.KnowledgeError` in one line naming the key for a missing required key, an
+    unknown key or a value of the wrong type."""
+    if not isinstance(data, Mapping):
+        raise KnowledgeError(f"{where}: a family is a JSON object, not {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(Family)}
+    kw: dict = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise KnowledgeError(f"{where}: unknown key '{key}' (known: {', '.join(fields)})")
+        kind = _KINDS[str(fields[key].type)]
+        if kind is tuple:
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+                raise KnowledgeError(f"{where}: key '{key}' must be a list of non-empty strings")
+            value = tuple(value)
+        elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise KnowledgeError(f"{where}: key '{key}' must be {fields[key].type}, not {type(value).__name__}")
+        kw[key] = value
+    missing = [k for k in REQUIRED if k not in kw]
+    if missing:
+        raise KnowledgeError(f"{where}: key '{missing[0]}' is missing")
+    if kw.get("mlp_out_layout", LINEAR_LAYOUT) not in WEIGHT_LAYOUTS:
+        raise KnowledgeError(f"{where}: key 'mlp_out_layout' must be one of {', '.join(WEIGHT_LAYOUTS)}")
+    if kw.get("output", "head") not in OUTPUTS:
+        raise KnowledgeError(f"{where}: key 'output' must be one of {', '.join(OUTPUTS)}, not {kw['output']!r}")
+    return Family(**kw)
+
+
+def _listed() -> tuple[Family, ...]:
+    """The families of ``data/families.json``, in order."""
+    listed = knowledge.entry("families", "families")
+    if not isinstance(listed, tuple):
+        raise KnowledgeError("families.json: key 'families' must be a list")
+    return tuple(family_from(d, f"families.json: families[{k}]") for k, d in enumerate(listed))
+
+
+#: the listed families (``data/families.json``): nothing else in swapkl dispatches on ``model_type``
+FAMILIES: tuple[Family, ...] = _listed()
 
 
 def supported_model_types() -> list[str]:

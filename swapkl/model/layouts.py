@@ -1,12 +1,16 @@
-"""The sublayer layouts swapkl knows, as data: where a block keeps its attention and MLP units (docs of
-:mod:`swapkl.model.units`), and silencing a unit by zeroing its output projection(s)."""
+"""The sublayer layouts swapkl knows, as data (``data/layouts.json``, read through :mod:`swapkl.model.knowledge`):
+where a block keeps its attention and MLP units (docs of :mod:`swapkl.model.units`), and silencing a unit by zeroing
+its output projection(s)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
-from swapkl.contract import BLOCK, check_unit
+from swapkl.contract import BLOCK, SUBLAYERS, check_unit
+from swapkl.model import knowledge
+from swapkl.model.knowledge import KnowledgeError
 
 
 @dataclass(frozen=True)
@@ -36,36 +40,47 @@ class UnitLayout:
         return getattr(self, unit)
 
 
-#: every layout swapkl knows, as data (a family names one in ``Family.units``; the generic fallback tries them in
-#: this order and keeps the first that validates)
-LAYOUTS: dict[str, UnitLayout] = {
-    "sandwich": UnitLayout(
-        name="sandwich",
-        attention=SublayerSpec(("input_layernorm", "self_attn", "post_attention_layernorm"), ("self_attn.o_proj",),
-                               "self_attn"),
-        mlp=SublayerSpec(("pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"), ("mlp.down_proj",), "mlp"),
-        notes="Gemma 2/3: a norm before and after each sublayer (post_attention_layernorm belongs to attention here)."),
-    "pre-norm": UnitLayout(
-        name="pre-norm",
-        attention=SublayerSpec(("input_layernorm", "self_attn"), ("self_attn.o_proj",), "self_attn"),
-        mlp=SublayerSpec(("post_attention_layernorm", "mlp"), ("mlp.down_proj",), "mlp"),
-        notes="Llama / Mistral / Qwen2/3 / SmolLM (and Gemma 1, OLMo): h + attn(norm1(h)), then + mlp(norm2(.))."),
-    "gpt-neox": UnitLayout(
-        name="gpt-neox",
-        attention=SublayerSpec(("input_layernorm", "attention"), ("attention.dense",), "attention"),
-        mlp=SublayerSpec(("post_attention_layernorm", "mlp"), ("mlp.dense_4h_to_h",), "mlp"),
-        notes="GPT-NeoX / Pythia: parallel residual (use_parallel_residual): both sublayers read the block input."),
-    "gpt2": UnitLayout(
-        name="gpt2",
-        attention=SublayerSpec(("ln_1", "attn"), ("attn.c_proj",), "attn"),
-        mlp=SublayerSpec(("ln_2", "mlp"), ("mlp.c_proj",), "mlp"),
-        notes="GPT-2: pre-norm, Conv1D projections (weight [in, out])."),
-    "opt": UnitLayout(
-        name="opt",
-        attention=SublayerSpec(("self_attn_layer_norm", "self_attn"), ("self_attn.out_proj",), "self_attn"),
-        mlp=SublayerSpec(("final_layer_norm", "fc1", "fc2"), ("fc2",), "fc2"),
-        notes="OPT with do_layer_norm_before (a post-norm OPT fails validation: skipping is not zeroing there)."),
-}
+def spec_from(data, where: str) -> SublayerSpec:
+    """A :class:`SublayerSpec` from its description (``{"modules": [...], "out": [...], "core": "...", "shared":
+    [...]}``, ``shared`` optional); raises :class:`~swapkl.model.knowledge.KnowledgeError` naming the key."""
+    if not isinstance(data, Mapping):
+        raise KnowledgeError(f"{where}: a unit is a JSON object with modules, out and core")
+    unknown = sorted(set(data) - {"modules", "out", "core", "shared"})
+    if unknown:
+        raise KnowledgeError(f"{where}: unknown key '{unknown[0]}' (known: modules, out, core, shared)")
+    got = {}
+    for key in ("modules", "out", "shared"):
+        value = data.get(key, ())
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value) or (
+                key != "shared" and not value):
+            raise KnowledgeError(f"{where}: key '{key}' must be a list of non-empty strings")
+        got[key] = tuple(value)
+    if not isinstance(data.get("core"), str) or not data["core"]:
+        raise KnowledgeError(f"{where}: key 'core' must be a non-empty string")
+    return SublayerSpec(got["modules"], got["out"], data["core"], got["shared"])
+
+
+def layout_from(name: str, data, where: str) -> UnitLayout:
+    """A :class:`UnitLayout` named ``name`` from its description (one unit per sublayer of
+    :data:`swapkl.contract.SUBLAYERS`, and ``notes``; units as :func:`spec_from` reads them); raises :class:`~swapkl.model.knowledge.KnowledgeError` naming the key."""
+    if not isinstance(data, Mapping):
+        raise KnowledgeError(f"{where}: a layout is a JSON object with a unit per sublayer")
+    unknown = sorted(set(data) - {*SUBLAYERS, "notes"})
+    if unknown:
+        raise KnowledgeError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(SUBLAYERS)}, notes)")
+    for key in SUBLAYERS:
+        if key not in data:
+            raise KnowledgeError(f"{where}: key '{key}' is missing")
+    if not isinstance(data.get("notes", ""), str):
+        raise KnowledgeError(f"{where}: key 'notes' must be a string")
+    units = {u: spec_from(data[u], f"{where}.{u}") for u in SUBLAYERS}
+    return UnitLayout(name, *(units[u] for u in SUBLAYERS), notes=data.get("notes", ""))
+
+
+#: every layout swapkl knows (``data/layouts.json``; a family names one in ``Family.units``; the generic fallback
+#: tries them in this order and keeps the first that validates)
+LAYOUTS: dict[str, UnitLayout] = {name: layout_from(name, d, f"layouts.json: layouts.{name}")
+                                  for name, d in knowledge.mapping("layouts", "layouts", Mapping).items()}
 
 
 def representatives(blocks) -> list[int]:

@@ -1,9 +1,13 @@
 """A projection's weight layout, recognised in one place: ``nn.Linear`` keeps its weight as [out, in], GPT-2's
 ``Conv1D`` (``transformers.pytorch_utils.Conv1D``, recognised by its class name so that this module needs no torch or
-transformers import) as [in, out].  Discovery, sublayer skipping, the support check and LoRA targets all ask here."""
+transformers import) as [in, out].  Discovery, sublayer skipping, the support check, a user's family description,
+the bridge's fold and export and LoRA targets all ask here."""
 from __future__ import annotations
 
 CONV1D = "Conv1D"
+#: the two weight layouts, as :attr:`swapkl.model.families.Family.mlp_out_layout` and the bridge's fold name them
+LINEAR_LAYOUT, CONV1D_LAYOUT = "linear", "conv1d"
+WEIGHT_LAYOUTS = (LINEAR_LAYOUT, CONV1D_LAYOUT)
 
 
 def is_conv1d(module) -> bool:
@@ -13,7 +17,7 @@ def is_conv1d(module) -> bool:
 
 def weight_layout(module) -> str:
     """``"conv1d"`` (weight [in, out]) or ``"linear"`` (weight [out, in])."""
-    return "conv1d" if is_conv1d(module) else "linear"
+    return CONV1D_LAYOUT if is_conv1d(module) else LINEAR_LAYOUT
 
 
 def out_width(module) -> int:

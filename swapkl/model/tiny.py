@@ -3,64 +3,24 @@
 The family sweep (``swapkl families``, ``tests/families/``) checks swapkl on one such model per model type, offline:
 the config class's defaults with every size shrunk (4 layers, width 64, 4 heads, 4 experts, a 256-token vocabulary)
 and the per-layer lists cut so that a family with mixed layers keeps them mixed (sliding and full attention, dense
-and MoE blocks, attention and state-space layers).  What the generic shrinking cannot guess is data,
-``data/tiny.json``: settings per model type (``"overrides"``) and the model types that are not decoder-only language
+and MoE blocks, attention and state-space layers).  The sizes and what the generic shrinking cannot guess are data,
+``data/tiny.json`` (read through :mod:`swapkl.model.knowledge`): the sizes, settings per model type (``"overrides"``) and the model types that are not decoder-only language
 models, each with its reason (``"not_decoder_only"``).
 """
 from __future__ import annotations
 
-import copy
-import functools
-import json
-from pathlib import Path
-
-DATA = Path(__file__).with_name("data") / "tiny.json"
+from swapkl.model import knowledge
 
 #: config keys and their tiny values ("L": the layer count asked for); a key is set only where the config has it
-SIZES: dict[str, object] = {
-    "num_hidden_layers": "L", "n_layer": "L", "num_layers": "L", "n_layers": "L",
-    "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embedding_size": 64, "emb_dim": 64,
-    "hidden_size_global": 64,
-    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4, "attention_heads": 4,
-    "num_key_value_heads": 2, "num_kv_heads": 2, "num_query_groups": 2,
-    "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "attention_head_size": 16, "d_head": 16,
-    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "ffn_hidden_size": 128, "d_inner": 128,
-    "dim_ff": 128, "dff": 128, "feed_forward_size": 128, "intermediate_size_mlp": 128, "dense_intermediate_size": 128,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
-    "shared_experts_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "expert_ffn_hidden_size": 32,
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "num_experts_per_token": 2, "moe_k": 2,
-    "n_group": 1, "topk_group": 1, "num_expert_group": 1,
-    "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "qk_head_dim": 24,
-    "index_head_dim": 16, "index_n_heads": 2, "index_topk": 8,
-    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_head_dim": 16, "linear_num_heads": 4,
-    "mamba_d_state": 8, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_chunk_size": 16,
-    "mamba_headdim": 16, "mamba_dt_rank": 8, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_mamba_heads": 8,
-    "mamba_ngroups": 1, "ssm_state_size": 8, "state_size": 8, "time_step_rank": 8, "chunk_size": 16,
-    "n_groups": 1, "lru_width": 64,
-    "vocab_size": 256, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 8,
-    "encoder_hash_byte_group_vocab": 256,
-    "max_position_embeddings": 256, "n_positions": 256, "n_ctx": 256,
-    "sliding_window": 8, "window_size": 8, "attention_window_size": 8, "sliding_window_size": 8,
-    "attention_chunk_size": 8, "rotary_dim": 8,
-    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
-    "first_k_dense_replace": 2, "num_dense_layers": 2, "moe_layer_start_index": 2,
-    "laurel_rank": 8, "num_kv_shared_layers": 0, "adapter_rank": 8, "attention_hidden_size": 128,
-    "router_hidden_size": 16, "o_lora_rank": 16,
-    # output scalings at values that matter (a tiny model's logits are small: a cap of 30 would hardly bend them)
-    "logits_scaling": 4.0, "logit_scale": 0.5, "final_logit_softcapping": 5.0,
-}
+SIZES: dict[str, object] = knowledge.mapping("tiny", "sizes", (int, float, str))
 #: keys set even where the default config leaves them None (an MoE config whose defaults name no experts)
-FILL_NONE = frozenset({"head_dim", "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
-                       "moe_intermediate_size", "num_key_value_heads"})
+FILL_NONE = frozenset(knowledge.strings("tiny", "fill_none"))
 #: the token ids a tiny config uses (inside the tiny vocabulary)
-TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+TOKEN_IDS = knowledge.mapping("tiny", "token_ids", int)
 
 
-@functools.cache
 def _data() -> dict:
-    return json.loads(DATA.read_text())
+    return knowledge.table("tiny")
 
 
 def not_decoder_only() -> dict[str, str]:
@@ -100,15 +60,25 @@ def _mixed(values: list, n: int) -> list:
     return out
 
 
-def tiny_config(model_type: str, layers: int = 4):
-    """A small config of ``model_type`` (see the module docstring), float32, eager attention.  The sub-configs of
-    a config that has them (a wrapper's text and vision configs, a byte-level model's encoder and decoder) are shrunk
-    the same way."""
+def tiny_config(model_type: str, layers: int = 4, sizes: dict | None = None, attention: str | None = "eager"):
+    """A small config of ``model_type`` (see the module docstring), float32, ``attention`` its attention
+    implementation (None: transformers' default).  The sub-configs of a config that has them (a wrapper's text and
+    vision configs, a byte-level model's encoder and decoder) are shrunk the same way.
+
+    ``sizes``: config keys and their values that replace the generic shrinking: the config is then the class's
+    defaults with exactly these keys set (``"L"``: ``layers``; a key the class spells otherwise, through its
+    ``attribute_map``, set under its own name), no list cut and no override (the test suite's family models:
+    ``tests/conftest.py``)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    override = copy.deepcopy(_data()["overrides"].get(model_type, {}))
-    cfg = _shrunk(CONFIG_MAPPING[model_type], override, layers)
-    cfg._attn_implementation = "eager"
+    cls = CONFIG_MAPPING[model_type]
+    if sizes is not None:
+        aliases = dict(getattr(cls, "attribute_map", {}) or {})
+        cfg = cls(**{aliases.get(k, k): layers if v == "L" else v for k, v in sizes.items()})
+    else:
+        cfg = _shrunk(cls, knowledge.thawed(_data()["overrides"].get(model_type, {})), layers)
+    if attention is not None:
+        cfg._attn_implementation = attention
     return cfg
 
 
@@ -159,14 +129,18 @@ def _shrunk(cls, override: dict, layers: int):
     return cfg
 
 
-def tiny_model(model_type: str, layers: int = 4, seed: int = 0, scale: float = 3.0):
-    """A random-initialised causal LM of ``model_type`` (:func:`tiny_config`) in eval mode, float32; matrices scaled
-    by ``scale`` so that blocks differ well above float32 noise."""
+def tiny_model(model_type: str, layers: int = 4, seed: int = 0, scale: float = 3.0, sizes: dict | None = None,
+               attention: str | None = "eager", dtype: str | None = "float32"):
+    """A random-initialised causal LM of ``model_type`` (:func:`tiny_config` with ``sizes`` and ``attention``) in
+    eval mode, its weights drawn after ``torch.manual_seed(seed)`` in ``dtype`` (stated in its config; None:
+    torch's default dtype, the config stating none); matrices scaled by ``scale`` so that blocks differ well above
+    float32 noise."""
     import torch
     import transformers as tf
 
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(tiny_config(model_type, layers), dtype=torch.float32)
+    cfg = tiny_config(model_type, layers, sizes, attention)
+    model = tf.AutoModelForCausalLM.from_config(cfg, **({"dtype": getattr(torch, dtype)} if dtype else {}))
     return scale_matrices(model, scale).eval()
 
 

@@ -29,12 +29,14 @@ from __future__ import annotations
 import torch
 
 from swapkl.contract import SUBLAYERS
+from swapkl.model import knowledge
 from swapkl.model.layouts import SublayerSpec, UnitLayout, representatives, zero_out
 
-ATTENTION_WORDS = ("attn", "attention")
-MLP_WORDS = ("mlp", "feed_forward", "ffn", "feedforward", "moe")
+#: the words a child's name says attention or feed-forward by (data/generic.json)
+ATTENTION_WORDS = knowledge.strings("generic", "attention_words")
+MLP_WORDS = knowledge.strings("generic", "mlp_words")
 #: the names MoE experts give their stacked down projections (``[E, d, I]`` parameters and their biases)
-EXPERT_OUTS = ("down_proj", "down_proj_bias", "w2", "w2_bias")
+EXPERT_OUTS = knowledge.strings("generic", "expert_outs")
 
 
 def _has_words(name: str, words: tuple[str, ...]) -> bool:

@@ -107,6 +107,15 @@ def validate_layout(model: torch.nn.Module, blocks: torch.nn.ModuleList, layout:
     return None
 
 
+def adopt_layout(model: torch.nn.Module, layout: UnitLayout | None) -> None:
+    """Make ``layout`` (validated on ``model`` by the caller: a user's family, :mod:`swapkl.model.user_family`) the
+    one :func:`layout_for` returns for that model object; None forgets any layout found for it before."""
+    if layout is None:
+        _VALIDATED.pop(model, None)
+    else:
+        _VALIDATED[model] = layout
+
+
 def layout_for(model: torch.nn.Module, loc) -> UnitLayout:
     """The sublayer layout of a located model (``loc``: :class:`~swapkl.model.architectures.Located`): the
     family's named layout, else (generic fallback) the first of :data:`LAYOUTS` that validates on the model.

@@ -20,6 +20,7 @@ from pathlib import Path
 from swapkl import __version__
 from swapkl.errors import SwapklError
 from swapkl.model import architectures as arch
+from swapkl.model.projections import CONV1D_LAYOUT
 from swapkl.repair.bridge import Bridge, bridged_model, fold_target
 from swapkl.store import atomic_write_text
 from swapkl.surgery.outputs import save_model_folder
@@ -77,7 +78,7 @@ def gguf_bridge_tensors(model, bridges: list[Bridge]) -> dict:
         for name, t in folded_weights(fold_target(model, b.start), fam.mlp_out_layout, b.W).items():
             a = t.detach().float().cpu().numpy()
             out[f"blk.{b.start - 1}.{GGUF_MLP_OUT}.{name}"] = a.T if name == "weight" and \
-                fam.mlp_out_layout == "conv1d" else a
+                fam.mlp_out_layout == CONV1D_LAYOUT else a
     return out
 
 

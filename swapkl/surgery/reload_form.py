@@ -25,6 +25,7 @@ import math
 import torch
 
 from swapkl.model import architectures as arch
+from swapkl.model import knowledge
 from swapkl.model.config_cut import rebuilt_model, reload_config, roundtrip_noise, settings, structure_difference
 from swapkl.surgery.removal_set import PruneError
 
@@ -106,8 +107,8 @@ def carry_constants(blocks, new_blocks) -> None:
                 CONSTANTS[attr].carry(block.get_submodule(path) if path else block, want[key])
 
 
-#: the module attributes that declare tied weights (what saving reads to write a shared tensor once)
-TIE_ATTRS = ("_tied_weights_keys", "all_tied_weights_keys")
+#: the module attributes that declare tied weights (what saving reads to write a shared tensor once; data/config_keys.json)
+TIE_ATTRS = knowledge.strings("config_keys", "tie_attrs")
 
 
 def adopt_ties(copy: torch.nn.Module, built: torch.nn.Module) -> None:

@@ -31,7 +31,7 @@ TORCH_MODULES = {"swapkl.model.architectures", "swapkl.model.units", "swapkl.mod
                  "swapkl.scoring.kl", "swapkl.scoring.headkl", "swapkl.scoring.memory",
                  "swapkl.scoring.prompts", "swapkl.scoring.reference", "swapkl.scoring.score", "swapkl.scoring.slots",
                  "swapkl.scoring.calls", "swapkl.scoring.batching", "swapkl.scoring.definitions", "swapkl.scoring.weights", "swapkl.support.check", "swapkl.model.outputs",
-                 "swapkl.model.families", "swapkl.model.discovery", "swapkl.model.handed", "swapkl.model.unit_discovery", "swapkl.model.layouts",
+                 "swapkl.model.families", "swapkl.model.user_family", "swapkl.model.discovery", "swapkl.model.handed", "swapkl.model.unit_discovery", "swapkl.model.layouts",
                  "swapkl.surgery.blocks", "swapkl.surgery.merge", "swapkl.surgery.prune", "swapkl.surgery.reload_form", "swapkl.surgery.skip", "swapkl.surgery.sublayer_export", "swapkl.measure.evaluate",
                  "swapkl.repair.bridge", "swapkl.repair.calibration", "swapkl.repair.sweep", "swapkl.repair.joint_kl", "swapkl.repair.bridged_kl", "swapkl.repair.export", "swapkl.healing.text", "swapkl.healing.train", "swapkl.healing.heal", "swapkl.healing.bridged"}
 #: runs the CLI when imported

@@ -6,6 +6,7 @@ with a norm after it (Gemma's sandwich norms) has no exact fold: :func:`fold_tar
 span uses the residual form."""
 from __future__ import annotations
 
+from swapkl.model.projections import LINEAR_LAYOUT
 from swapkl.repair.forms.base import BridgeForm, NoExactFold
 
 
@@ -40,7 +41,7 @@ def folded_weights(proj, layout: str, W) -> dict:
     w = proj.weight.detach()
     T = torch.as_tensor(W, dtype=torch.float64, device=w.device)
     A = w.double()
-    out = {"weight": (T.T @ A if layout == "linear" else A @ T).to(w.dtype)}
+    out = {"weight": (T.T @ A if layout == LINEAR_LAYOUT else A @ T).to(w.dtype)}
     b = getattr(proj, "bias", None)
     if b is not None:
         out["bias"] = (b.detach().double() @ T).to(b.dtype)
