@@ -50,6 +50,35 @@ def add_unit_arg(p) -> None:
                    help="unit of analysis: a whole block (default), or its attention or MLP sublayer (skipped)")
 
 
+def add_task_args(p, required: bool = True) -> None:
+    """The lm-eval task flags of ``tasks`` and ``evidence``: ``--tasks``, ``--include-path``, ``--limit``,
+    ``--num-fewshot``, ``--batch-size`` (checked by :func:`task_names_of`)."""
+    p.add_argument("--tasks", required=required, default=None,
+                   help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
+                        "lambada_openai, or tasks from --include-path)")
+    p.add_argument("--include-path", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
+    p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
+    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
+                   help="few-shot examples (default: each task's own, else 0)")
+    p.add_argument("--batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
+
+
+def check_task_numbers(a) -> None:
+    """``--limit`` and ``--batch-size`` at least 1, ``--num-fewshot`` at least 0 (one line each)."""
+    for flag, v, lo in (("--limit", a.limit, 1), ("--num-fewshot", a.num_fewshot, 0), ("--batch-size", a.batch_size, 1)):
+        if v is not None and v < lo:
+            raise SwapklError(f"{flag} must be at least {lo} (got {v})")
+
+
+def task_settings_of(a, tasks, include):
+    """The :class:`~swapkl.measure.task_runner.TaskSettings` of :func:`add_task_args`' flags."""
+    from swapkl.measure.task_runner import TaskSettings
+
+    return TaskSettings(tuple(tasks), include_path=include, limit=a.limit, num_fewshot=a.num_fewshot,
+                        batch_size=a.batch_size, use_cache=not a.no_cache)
+
+
 def contract_from_args(a) -> Contract:
     """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly.  A
     ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""
