@@ -18,7 +18,7 @@ import numpy as np
 
 from swapkl.measure import lmeval
 from swapkl.measure.task_docs import accuracy_key, delta, paired
-from swapkl.stats import finite_ci
+from swapkl.stats import BOOT_SEED, N_BOOT, bootstrap_indices, finite_ci
 
 GT_ACC = "ground_truth_acc"
 EVALUATOR = "lm-eval simple_evaluate on HFLM(in-memory pruned copy), one block removed at a time"
@@ -64,15 +64,17 @@ class TaskTruth:
         out["mean"] = np.mean([out[t] for t in self.tasks], axis=0)
         return out
 
-    def record(self, draws: dict | None = None) -> dict:
+    def record(self) -> dict:
         """The ``task_truth`` entry's per-block part: per task ``delta_acc`` (pruned − base, as ``swapkl tasks``
         reads it) with ``delta_acc_ci`` (:func:`~swapkl.measure.task_docs.delta`: 1,000 per-document resamples,
         seed 0), the base accuracy and the documents; ``acc_loss`` (the ranked ground truth: the mean over tasks of
-        −ΔAcc) with ``acc_loss_ci`` from ``draws`` (:meth:`resampled` on the agreement's document draws)."""
+        −ΔAcc) with ``acc_loss_ci`` (1,000 resamples of every task's documents from one stream seeded 0: with one
+        task, the same draws as ``delta_acc_ci``, negated)."""
         per = {t: [delta(self.base_docs, self.docs[i], t, self.metric[t]) for i in self.layers] for t in self.tasks}
         loss = self.loss()["mean"]
-        ci = ([finite_ci(draws["mean"][:, k]) for k in range(len(self.layers))] if draws is not None
-              else [[None, None]] * len(self.layers))
+        rng = np.random.default_rng(BOOT_SEED)
+        draws = self.resampled({t: bootstrap_indices(self.n_docs(t), N_BOOT, rng) for t in self.tasks})["mean"]
+        ci = [finite_ci(draws[:, k]) for k in range(len(self.layers))]
         return {"tasks": list(self.tasks), "metric": dict(self.metric),
                 "base": {t: float(self.scores(t)[0].mean()) for t in self.tasks},
                 "n_docs": {t: self.n_docs(t) for t in self.tasks},
@@ -84,14 +86,13 @@ class TaskTruth:
 
 
 def entry(tt: TaskTruth, vectors: dict, agree: dict, reps: dict, signal_names) -> dict:
-    """The evidence result's ``task_truth`` entry: :meth:`TaskTruth.record` (its ``acc_loss_ci`` from the joint
-    draws ``reps``), ``truths_agreement`` (ΔPPL % against the accuracy loss: Spearman and Kendall with their CIs,
+    """The evidence result's ``task_truth`` entry: :meth:`TaskTruth.record`, ``truths_agreement`` (ΔPPL % against the accuracy loss: Spearman and Kendall with their CIs,
     windows and documents resampled jointly: "do blocks that cost perplexity cost accuracy?") and, with several
     tasks, ``per_task`` {task: {"spearman": {signal: ρ}, "spearman_ci": {signal: [lo, hi]}}} against each task's
     own accuracy loss."""
     from swapkl.stats import spearman, spearman_rows
 
-    out = tt.record({"mean": reps[GT_ACC]})
+    out = tt.record()
     out["truths_agreement"] = {k: agree[k]["ground_truth_ppl"][GT_ACC]
                                for k in ("spearman", "spearman_ci", "kendall", "kendall_ci")}
     if len(tt.tasks) > 1:
