@@ -170,7 +170,8 @@ def test_cli_evidence_json_keys(stories_path, wikitext_path, tmp_path, cache_dir
     assert {"layers", "ground_truth", "signals", "agreement", "stability", "contract"} <= set(d)
     assert d["layers"] == [0, 1, 2, 3, 4]
     assert set(d["ground_truth"]) >= {"delta_ppl_pct", "kl"} and len(d["ground_truth"]["kl"]) == 5
-    assert set(d["signals"]) == {"replacement", "interchange", "bi_prompts", "angular", "bi", "cka", "taylor", "sleb"}
+    assert set(d["signals"]) == {"replacement", "interchange", "consensus_mean", "consensus_max", "bi_prompts",
+                                 "angular", "bi", "cka", "taylor", "sleb"}
     names = set(d["signals"]) | {"ground_truth_ppl", "ground_truth_kl"}
     assert set(d["agreement"]["spearman"]) == names and set(d["agreement"]["kendall"]) == names
     for a in names:
