@@ -73,6 +73,8 @@ def results(d: dict, ek: tuple, suffix: str = "") -> str:
     figs = common.memo("evidence_figs", ek, lambda: evidence_figures(d))
     st.plotly_chart(figs["agreement"], key="ev_agreement" + suffix)
     st.plotly_chart(figs["ground_truth"], key="ev_ground_truth" + suffix)
+    if "task_truth" in figs:  # evidence --tasks: the second ground truth
+        task_truth(d, figs["task_truth"], suffix)
     st.plotly_chart(figs["stability"], key="ev_stability" + suffix)
     if (d.get("definitions") or {}).get("statement"):  # which per-layer definition predicts the removal cost better
         st.markdown(f"**Per-layer definitions.** {d['definitions']['statement']}")
@@ -98,6 +100,21 @@ def results(d: dict, ek: tuple, suffix: str = "") -> str:
     for n in d.get("notes", []):
         st.caption(f"note: {n}")
     return cap
+
+
+def task_truth(d: dict, fig, suffix: str = "") -> None:
+    """The task ground truth: its headline, the two ground truths' agreement, the accuracy loss per block (figure and
+    table with CIs) and every signal's ρ with it beside its ρ with ΔPPL."""
+    import pandas as pd
+
+    from swapkl.evidence.section import agreement_rows, task_truth_rows, truths_statement
+
+    st.subheader("Task ground truth")
+    st.markdown(f"**{d.get('headline_acc', '')}**")
+    st.markdown(truths_statement(d))
+    st.plotly_chart(fig, key="ev_task_truth" + suffix)
+    st.dataframe(pd.DataFrame(task_truth_rows(d)), hide_index=True, key="ev_task_rows" + suffix)
+    st.dataframe(pd.DataFrame(agreement_rows(d)), hide_index=True, key="ev_task_agreement" + suffix)
 
 
 def after_repair(d: dict, ek: tuple, suffix: str = "") -> None:

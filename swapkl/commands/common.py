@@ -53,6 +53,38 @@ def add_unit_arg(p) -> None:
                    help="unit of analysis: a whole block (default), or its attention or MLP sublayer (skipped)")
 
 
+def add_task_args(p, required: bool = True, batch: bool = True) -> None:
+    """The lm-eval task flags of ``tasks``, ``evidence`` and ``study``: ``--tasks`` (required, or optional where task
+    accuracy is an optional part), ``--include-path``, ``--limit``, ``--num-fewshot`` and, with ``batch``,
+    ``--batch-size`` (checked by :func:`check_task_numbers`)."""
+    p.add_argument("--tasks", required=required, default=None,
+                   help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
+                        "lambada_openai; swapkl's offline task wikitext_lastword; or tasks from --include-path)")
+    p.add_argument("--include-path", default=None, metavar="DIR",
+                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
+    p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
+    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
+                   help="few-shot examples (default: each task's own, else 0)")
+    if batch:
+        p.add_argument("--batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
+
+
+def check_task_numbers(a) -> None:
+    """``--limit`` and ``--batch-size`` at least 1, ``--num-fewshot`` at least 0 (one line each)."""
+    for flag, v, lo in (("--limit", a.limit, 1), ("--num-fewshot", a.num_fewshot, 0),
+                        ("--batch-size", getattr(a, "batch_size", None), 1)):
+        if v is not None and v < lo:
+            raise SwapklError(f"{flag} must be at least {lo} (got {v})")
+
+
+def task_settings_of(a, tasks, include):
+    """The :class:`~swapkl.measure.task_runner.TaskSettings` of :func:`add_task_args`' flags."""
+    from swapkl.measure.task_runner import TaskSettings
+
+    return TaskSettings(tuple(tasks), include_path=include, limit=a.limit, num_fewshot=a.num_fewshot,
+                        batch_size=a.batch_size, use_cache=not a.no_cache)
+
+
 def contract_from_args(a) -> Contract:
     """The contract of the parsed flags: the ``--preset`` first, then every flag given explicitly.  A
     ``--corpus`` file is read now, so a missing, binary or empty one fails before any model is loaded."""
@@ -221,19 +253,6 @@ def bridge_fields(a) -> dict:
     elif any(v is not None for v in given.values()):
         raise SwapklError("--form, --calib-window, --calib-seed and --ridge go with --repair bridge")
     return {"repair": repair, "bridge": {k: v for k, v in given.items() if v is not None}}
-
-
-def add_task_args(p, required: bool = True) -> None:
-    """The lm-eval flags a command that measures task accuracy shares (tasks, study): ``--tasks`` (required, or
-    optional where task accuracy is an optional part), ``--include-path``, ``--limit`` and ``--num-fewshot``."""
-    p.add_argument("--tasks", required=required, default=None,
-                   help="comma-separated lm-eval task names (hub tasks such as hellaswag,arc_easy,piqa,winogrande,"
-                        "lambada_openai; swapkl's offline task wikitext_lastword; or tasks from --include-path)")
-    p.add_argument("--include-path", default=None, metavar="DIR",
-                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
-    p.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
-    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
-                   help="few-shot examples (default: each task's own, else 0)")
 
 
 def add_selection_args(p) -> None:

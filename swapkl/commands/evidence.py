@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from swapkl.commands.common import (add_fit_args, add_form_arg, bridge_settings_of, evaluator_and_corpus, add_contract_args, add_model_args, check_outputs, contract_from_args, emit,
-                                    load_from_args)
+                                    add_task_args, check_task_numbers, load_from_args, task_settings_of)
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.repair import forms
@@ -42,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--no-sets", action="store_true",
                    help="skip the set-level agreement (it evaluates every method's sets at n = 1..budget)")
     _add_repair_args(p)
+    g = p.add_argument_group("task ground truth (--tasks): each block removed alone, through lm-eval, as 'tasks'")
+    add_task_args(g, required=False)
     p.add_argument("--json", default=None, metavar="OUT", help="write the evidence JSON here")
     p.add_argument("--quiet", action="store_true")
     add_contract_args(p)
@@ -74,8 +76,33 @@ def bridge_settings(a):
     return bridge_settings_of(a, "bridge_tokens")
 
 
-def run(a) -> int:
+def task_args(a):
+    """``(task names, include path)`` of ``--tasks`` (None, None without it; the other task flags then refused);
+    bad numbers, names and include paths fail here, before any model is loaded."""
+    from swapkl.measure import lmeval
 
+    if a.tasks is None:
+        if a.include_path is not None or a.limit is not None or a.num_fewshot is not None:
+            raise SwapklError("--include-path, --limit and --num-fewshot go with --tasks")
+        return None, None
+    check_task_numbers(a)
+    names = lmeval.parse_task_names(a.tasks)
+    return names, (lmeval.check_include_path(a.include_path) if a.include_path else None)
+
+
+def run(a) -> int:
+    names, include = task_args(a)
+    if names is None:
+        return _run(a, None)
+    from swapkl.measure import lmeval
+
+    if (getattr(a, "unit", None) or "block") != "block":
+        raise SwapklError("--tasks removes whole blocks: use --unit block")
+    with lmeval.preloaded(include, names):  # an unknown or unloadable task fails before the model is loaded
+        return _run(a, task_settings_of(a, names, include))
+
+
+def _run(a, tasks) -> int:
     if a.budget < 1:
         raise SwapklError(f"--budget must be at least 1 (got {a.budget})")
     if a.boot < 10 or a.boot_agreement < 10:
@@ -103,7 +130,7 @@ def run(a) -> int:
     res = compute_evidence(ck, contract, ev, corpus, budget=a.budget, n_boot=a.boot_agreement,
                            n_stability=a.boot, n_regions=a.regions, calib_tokens=a.calib_tokens,
                            signals=SIGNALS, use_cache=not a.no_cache, progress=prog,
-                           compare_contracts=compare, sets=not a.no_sets, repair=repair)
+                           compare_contracts=compare, sets=not a.no_sets, repair=repair, tasks=tasks)
     return emit(a, res, render)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import add_contract_args, add_task_args, check_outputs, contract_from_args, emit, evaluator_and_corpus
+from swapkl.commands.common import add_contract_args, add_task_args, check_outputs, check_task_numbers, contract_from_args, emit, evaluator_and_corpus
 from swapkl.errors import SwapklError
 from swapkl.removal import methods as M
 from swapkl.study import plan as P
@@ -34,7 +34,7 @@ def register(sub) -> None:
                    help="evidence signals besides both protocols (default %(default)s)")
     p.add_argument("--no-evidence", action="store_true", help="skip the predictor validity (single-block costs)")
     tasks = p.add_argument_group("task accuracy (optional; the flags of 'swapkl tasks')")
-    add_task_args(tasks, required=False)
+    add_task_args(tasks, required=False, batch=False)
     p.add_argument("--shard", default=None, metavar="K/N", help="run share K of N of the models (1-based)")
     p.add_argument("--merge", nargs="+", default=None, metavar="SHARE.json",
                    help="join 'study --shard' outputs into one study (refused when their contracts differ)")
@@ -91,6 +91,7 @@ def _tasks(a) -> dict | None:
         if a.include_path or a.limit is not None or a.num_fewshot is not None:
             raise SwapklError("--include-path, --limit and --num-fewshot go with --tasks")
         return None
+    check_task_numbers(a)
     ip = lmeval.check_include_path(a.include_path) if a.include_path else None
     return {"tasks": lmeval.parse_task_names(a.tasks), "include_path": ip, "limit": a.limit,
             "num_fewshot": a.num_fewshot}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from swapkl.commands.common import (add_selection_args, add_task_args, selection_fields, block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
-                                    contract_from_args, emit, load_from_args, removal_plan)
+from swapkl.commands.common import (add_selection_args, selection_fields, block_unit_only, add_bridge_args, add_contract_args, add_model_args, check_outputs,
+                                    add_task_args, check_task_numbers, contract_from_args, emit, load_from_args,
+                                    removal_plan, task_settings_of)
 from swapkl.commands.curves import load_scores
 from swapkl.errors import SwapklError
 from swapkl.measure import lmeval
@@ -17,10 +18,9 @@ def register(sub) -> None:
     p = sub.add_parser("tasks", help="lm-eval task accuracy of each method's pruned model at n = 1..N")
     add_model_args(p)
     p.add_argument("--budget", type=int, required=True, help="largest number of removed layers N (n = 1..N)")
-    add_task_args(p)
     p.add_argument("--methods", default=",".join(M.default_set("tasks")),
                    help="comma-separated removal methods, as for 'curves' (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
+    add_task_args(p)
     p.add_argument("--scores", default=None, metavar="SCORES.json",
                    help="a 'swapkl score --json' file (default: compute the scores with the engine and its cache)")
     p.add_argument("--spacing", type=int, default=1, help="Δ: never remove two layers within Δ slots (default 1)")
@@ -38,9 +38,7 @@ def register(sub) -> None:
 
 def _check_args(a):
     """Every check that needs neither lm-eval's task index nor the model: (plan, task names)."""
-    for flag, v, lo in (("--limit", a.limit, 1), ("--num-fewshot", a.num_fewshot, 0), ("--batch-size", a.batch_size, 1)):
-        if v is not None and v < lo:
-            raise SwapklError(f"{flag} must be at least {lo} (got {v})")
+    check_task_numbers(a)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     if not methods:
         raise SwapklError("--methods names no method")
@@ -66,7 +64,6 @@ def run(a) -> int:
 
 def _run(a, plan, tasks, include, loaded) -> int:
     ck = load_from_args(a)
-    from swapkl.measure.task_runner import TaskSettings
     from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers (--help)
 
     # the plan against the model before the scores are computed (placeholder matrices stand for the scores to come)
@@ -80,8 +77,7 @@ def _run(a, plan, tasks, include, loaded) -> int:
         if not a.quiet:
             print(f"  [{done}/{total}] {msg}", file=sys.stderr, flush=True)
 
-    settings = TaskSettings(tuple(tasks), include_path=include, limit=a.limit, num_fewshot=a.num_fewshot,
-                            batch_size=a.batch_size, use_cache=not a.no_cache)
+    settings = task_settings_of(a, tasks, include)
     contract = contract_from_args(a)  # the prompts a bridge's text avoids and a bridge-guided method scores on
     result = task_accuracy(ck.model, ck.tokenizer, scores, plan, settings,
                            RunHooks(progress=prog, identity=ck.identity, contract=contract))

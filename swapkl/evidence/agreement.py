@@ -16,11 +16,15 @@ from swapkl.stats import bootstrap_indices, finite_ci, kendall, kendall_rows, sp
 GT_NAMES = ("ground_truth_ppl", "ground_truth_kl")
 
 
-def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0, extra_truths=None) -> dict:
+def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0, extra_truths=None,
+                      task_truth=None) -> dict:
     """``{name: (n_boot, L)}``: every signal and both ground truths under the joint bootstrap (module docstring).
     Signals without per-prompt values stay at their full-sample value.  ``extra_truths`` ({name: (GroundTruth,
     "ppl" or "kl")} on the same windows as ``gt``, e.g. the bridged ground truth) are resampled with the same window
-    draws (their ΔPPL % or KL under ``name``), so every coefficient stays paired."""
+    draws (their ΔPPL % or KL under ``name``), so every coefficient stays paired.  ``task_truth`` (a
+    :class:`~swapkl.evidence.task_truth.TaskTruth`): its documents are drawn next from the same stream (one draw
+    per task, replicate b with the prompts and windows of replicate b); its accuracy loss goes under
+    :data:`~swapkl.evidence.task_truth.GT_ACC` (the mean over tasks) and ``GT_ACC:task`` (each task)."""
     rng = np.random.default_rng(seed)  # one stream: the prompt draws, then the window draws
     pidx = bootstrap_indices(max(1, num_prompts), n_boot, rng)
     widx = bootstrap_indices(len(gt.counts), n_boot, rng)
@@ -33,6 +37,13 @@ def replicate_vectors(signals, gt, num_prompts: int, n_boot: int, seed: int = 0,
         if len(other.counts) != len(gt.counts):
             raise ValueError(f"{name}: {len(other.counts)} windows, the ground truth has {len(gt.counts)}")
         out[name] = other.resampled(widx)[0 if which == "ppl" else 1]
+    if task_truth is not None:
+        from swapkl.evidence.task_truth import GT_ACC
+
+        didx = {t: bootstrap_indices(task_truth.n_docs(t), n_boot, rng) for t in task_truth.tasks}
+        draws = task_truth.resampled(didx)
+        out[GT_ACC] = draws.pop("mean")
+        out.update({f"{GT_ACC}:{t}": v for t, v in draws.items()})
     return out
 
 
@@ -77,18 +88,26 @@ def compare_to(truth: str, signal_names, vectors: dict, replicates: dict) -> dic
     return {"truth": truth, "best": best, "rho": rho, "best_ci": finite_ci(reps[best]), "others": others}
 
 
-def against_ground_truth(signals, gt, num_prompts: int, n_boot: int) -> tuple[dict, dict, dict]:
-    """Every signal against both ground truths, as the evidence report states it: ``(vectors, agreement,
-    comparison)`` with ``vectors`` {name: (L,)} (signals, then :data:`GT_NAMES`), :func:`agreement` between all of
-    them under the joint bootstrap, and ``comparison`` ``{"ground_truth_ppl": compare_to(ΔPPL),
-    "ground_truth_kl": compare_to(KL)}``."""
+def against_ground_truth(signals, gt, num_prompts: int, n_boot: int, task_truth=None, replicates: dict | None = None):
+    """Every signal against the ground truths, as the evidence report states it: ``(vectors, agreement,
+    comparison)`` with ``vectors`` {name: (L,)} (signals, then :data:`GT_NAMES`, then ``ground_truth_acc`` with a
+    ``task_truth``), :func:`agreement` between all of them under the joint bootstrap, and ``comparison``
+    ``{"ground_truth_ppl": compare_to(ΔPPL), "ground_truth_kl": compare_to(KL)[, "ground_truth_acc": ...]}``.
+    ``replicates``: a dict that receives the replicate vectors (the task truth's record reads its draws)."""
     vectors = {s.name: np.asarray(s.values, float) for s in signals}
     vectors[GT_NAMES[0]] = np.asarray(gt.delta_ppl_pct)
     vectors[GT_NAMES[1]] = np.asarray(gt.kl)
-    reps = replicate_vectors(signals, gt, num_prompts, n_boot)
+    truths = list(GT_NAMES)
+    if task_truth is not None:
+        from swapkl.evidence.task_truth import GT_ACC
+
+        vectors[GT_ACC] = np.asarray(task_truth.loss()["mean"], float)
+        truths.append(GT_ACC)
+    reps = replicate_vectors(signals, gt, num_prompts, n_boot, task_truth=task_truth)
+    if replicates is not None:
+        replicates.update(reps)
     names = [s.name for s in signals]
-    return vectors, agreement(vectors, reps), {"ground_truth_ppl": compare_to(GT_NAMES[0], names, vectors, reps),
-                                               "ground_truth_kl": compare_to(GT_NAMES[1], names, vectors, reps)}
+    return vectors, agreement(vectors, reps), {t: compare_to(t, names, vectors, reps) for t in truths}
 
 
 def ground_truth_record(gt) -> dict:

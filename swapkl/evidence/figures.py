@@ -9,7 +9,7 @@ from scipy import stats
 
 from swapkl.evidence.report import caption
 
-GT = ("ground_truth_ppl", "ground_truth_kl")
+GT = ("ground_truth_ppl", "ground_truth_kl", "ground_truth_acc")
 
 
 def _stamp(fig, title: str, cap: str):
@@ -93,10 +93,38 @@ def stability_strip(d: dict, cap: str | None = None):
                   cap or caption(d))
 
 
+def task_truth_bars(d: dict, cap: str | None = None):
+    """The task ground truth (``evidence --tasks``): the accuracy lost by removing each block alone (bars, 95 % CI
+    over documents; the mean over tasks where several) beside the held-out ΔPPL % (markers, second axis)."""
+    import plotly.graph_objects as go
+
+    t, layers = d["task_truth"], d["layers"]
+    loss = np.asarray(t["acc_loss"], float)
+    ci = np.asarray([[np.nan, np.nan] if c[0] is None else c for c in t["acc_loss_ci"]], float)
+    what = "accuracy loss" + (" (mean over tasks)" if len(t["tasks"]) > 1 else f" ({t['tasks'][0]})")
+    fig = go.Figure(go.Bar(x=layers, y=loss.tolist(), name=what, marker_color="#4c78a8",
+                           error_y={"type": "data", "symmetric": False, "array": (ci[:, 1] - loss).tolist(),
+                                    "arrayminus": (loss - ci[:, 0]).tolist()},
+                           hovertemplate="layer %{x}: accuracy loss %{y:.4f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=layers, y=d["ground_truth"]["delta_ppl_pct"], yaxis="y2", mode="markers+lines",
+                             name="ΔPPL % (held out)", line={"color": "black", "dash": "dot"}))
+    ta = t.get("truths_agreement") or {}
+    rho = ta.get("spearman")
+    lo, hi = (ta.get("spearman_ci") or [None, None])[:2]
+    sub = f" (ρ with ΔPPL = {rho:.2f}" + (f" [{lo:.2f}, {hi:.2f}])" if lo is not None else ")") if rho is not None else ""
+    fig.update_layout(xaxis={"title": "block removed", "dtick": 1}, yaxis={"title": what + " (95 % CI)"},
+                      yaxis2={"title": "ΔPPL %", "overlaying": "y", "side": "right"},
+                      legend={"orientation": "h", "y": -0.2})
+    return _stamp(fig, "Task ground truth: accuracy lost by removing each block alone" + sub, cap or caption(d))
+
+
 def evidence_figures(d: dict) -> dict:
     cap = caption(d)
-    return {"agreement": agreement_heatmap(d, cap), "ground_truth": ground_truth_bars(d, cap),
-            "stability": stability_strip(d, cap)}
+    out = {"agreement": agreement_heatmap(d, cap), "ground_truth": ground_truth_bars(d, cap),
+           "stability": stability_strip(d, cap)}
+    if d.get("task_truth"):
+        out["task_truth"] = task_truth_bars(d, cap)
+    return out
 
 
 def repair_agreement(d: dict, cap: str | None = None):

@@ -8,6 +8,16 @@ import io
 from swapkl.contract import Provenance
 
 GT = ("ground_truth_ppl", "ground_truth_kl")
+GT_ACC = "ground_truth_acc"  # swapkl.evidence.task_truth.GT_ACC (kept here: this module imports no compute)
+
+
+def task_contract_line(c: dict) -> str:
+    """The task ground truth's evaluation contract in words (``contract.tasks`` of an evidence dict): lm-eval
+    version, each task's version, the limit and the few-shot count."""
+    tasks = "; ".join(f"{t} v{(i.get('versions') or {}).get(t, '?')}" for t, i in (c.get("tasks") or {}).items())
+    shots = (f"{c['num_fewshot']}-shot" if c.get("num_fewshot") is not None else "few-shot task default ("
+             + ", ".join(f"{t} {k}" for t, k in (c.get("n-shot") or {}).items()) + ")")
+    return f"lm-eval {c.get('lm_eval_version')}, tasks {tasks}, limit {c.get('limit') or 'all'}, {shots}"
 
 
 def provenance(d: dict) -> Provenance:
@@ -20,6 +30,8 @@ def provenance(d: dict) -> Provenance:
     regs = c.get("regions") or {}
     if regs:
         extra.append("regions " + ", ".join(f"{k} words {v[0]}-{v[1]}" for k, v in regs.items()))
+    if c.get("tasks"):
+        extra.append("task ground truth: " + task_contract_line(c["tasks"]))
     return Provenance(model=c.get("model"), contract=sc, evaluator=c.get("evaluator"), extra=tuple(extra))
 
 
@@ -52,19 +64,52 @@ def ground_truth_table(d: dict) -> list[str]:
 
 def agreement_table(d: dict) -> list[str]:
     ag = d["agreement"]
+    acc = GT_ACC in ag["spearman"]
     lines = ["rank agreement with the ground truth (Spearman ρ [95% CI]; Kendall τ [95% CI]):",
-             f"  {'signal':<14} {'vs ΔPPL: ρ':<24} {'τ':<22} {'vs KL: ρ':<24} τ"]
+             f"  {'signal':<14} {'vs ΔPPL: ρ':<24} {'τ':<22} {'vs KL: ρ':<24} {'τ':<22}"
+             + (" vs accuracy loss: ρ" if acc else "")]
     for s in d["signals"]:
         row = f"  {s:<14}"
         for g in GT:
             row += (f" {_n(ag['spearman'][s][g]) + _ci(ag['spearman_ci'][s][g]):<24}"
                     f" {_n(ag['kendall'][s][g]) + _ci(ag['kendall_ci'][s][g]):<22}")
-        lines.append(row)
-    for key in ("headline", "headline_kl"):
+        if acc:
+            row += f" {_n(ag['spearman'][s][GT_ACC]) + _ci(ag['spearman_ci'][s][GT_ACC])}"
+        lines.append(row.rstrip())
+    for key in ("headline", "headline_kl", "headline_acc"):
         if d.get(key):
             lines.append(d[key])
     if (d.get("definitions") or {}).get("statement"):
         lines.append("per-layer definitions: " + d["definitions"]["statement"])
+    return lines
+
+
+def task_table(d: dict) -> list[str]:
+    """The task ground truth (``evidence --tasks``): per block the accuracy change of each task with its
+    per-document CI, the accuracy loss ranked (mean over tasks), the two ground truths' agreement and the
+    evaluation contract; nothing for an evidence without it."""
+    t = d.get("task_truth")
+    if not t:
+        return []
+    tasks = t["tasks"]
+    lines = ["task ground truth (remove one block; lm-eval accuracy change, pruned − base, [95% CI] over documents; "
+             "accuracy loss = −ΔAcc" + (", mean over tasks" if len(tasks) > 1 else "") + ", higher = costlier):",
+             "  base: " + ", ".join(f"{k} {t['metric'][k]} {t['base'][k]:.4f} ({t['n_docs'][k]} docs)" for k in tasks),
+             "  layer  " + "".join(f"{'ΔAcc ' + k:<34}" for k in tasks) + "accuracy loss [95% CI]"]
+    for i, k in enumerate(d["layers"]):
+        cells = "".join(f"{_n(t['delta_acc'][x][i], '{:+.4f}') + _ci(t['delta_acc_ci'][x][i], '{:+.4f}'):<34}"
+                        for x in tasks)
+        lines.append(f"  {k:>5}  {cells}{_n(t['acc_loss'][i], '{:+.4f}')}{_ci(t['acc_loss_ci'][i], '{:+.4f}')}")
+    ta = t.get("truths_agreement") or {}
+    lines.append(f"do blocks that cost perplexity cost accuracy? ΔPPL % vs accuracy loss: ρ = {_n(ta.get('spearman'))}"
+                 f"{_ci(ta.get('spearman_ci'))}, τ = {_n(ta.get('kendall'))}{_ci(ta.get('kendall_ci'))} (windows and "
+                 "documents resampled jointly)")
+    for task, row in (t.get("per_task") or {}).items():
+        lines.append(f"  vs {task} alone: " + ", ".join(f"{s} ρ = {_n(v)}{_ci(row['spearman_ci'][s])}"
+                                                        for s, v in row["spearman"].items()))
+    c = (d.get("contract") or {}).get("tasks")
+    if c:
+        lines.append("  evaluated: " + task_contract_line(c))
     return lines
 
 
@@ -124,7 +169,9 @@ def set_agreement_table(d: dict) -> list[str]:
 
 
 def text_tables(d: dict) -> str:
-    lines = ground_truth_table(d) + [""] + agreement_table(d) + [""] + stability_table(d) + [""] + region_table(d)
+    tasks = task_table(d)
+    lines = ground_truth_table(d) + [""] + ([*tasks, ""] if tasks else []) + agreement_table(d) + [""]
+    lines += stability_table(d) + [""] + region_table(d)
     lines += contracts_table(d)
     sa = set_agreement_table(d)
     lines += [""] + sa if sa else []
@@ -147,6 +194,8 @@ def csv_text(d: dict) -> str:
     sig = list(d["signals"])
     extra = ["bridged_delta_ppl_pct", "bridged_delta_ppl_pct_lo", "bridged_delta_ppl_pct_hi", "bridged_kl_to_base",
              "bridge_form", "bridged_kl"] if rep else []
+    t = d.get("task_truth") or {}
+    extra += ["acc_loss", "acc_loss_lo", "acc_loss_hi"] if t else []
     w.writerow(["layer", "delta_ppl_pct", "delta_ppl_pct_lo", "delta_ppl_pct_hi", "kl", "kl_lo", "kl_hi", *sig,
                 *extra])
     g, b = d["ground_truth"], rep.get("ground_truth") or {}
@@ -154,6 +203,7 @@ def csv_text(d: dict) -> str:
         more = [b["delta_ppl_pct"][i], *b["delta_ppl_pct_ci"][i], b["kl"][i],
                 ((b.get("forms") or {}).get(str(k)) or {}).get("form"),
                 (rep.get("signal") or {}).get("bridged_kl", [None] * len(d["layers"]))[i]] if rep else []
+        more += [t["acc_loss"][i], *t["acc_loss_ci"][i]] if t else []
         w.writerow([k, g["delta_ppl_pct"][i], *g["delta_ppl_pct_ci"][i], g["kl"][i], *g["kl_ci"][i],
                     *[d["signals"][s][i] for s in sig], *more])
     return buf.getvalue()

@@ -90,7 +90,8 @@ def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_ca
     scores) are cached per contract through :mod:`swapkl.store` (:func:`_signal_cache`)."""
     import torch
 
-    from swapkl.evidence.signals import Signal, prompt_signals, registry_signals, signal_context, swap_signals
+    from swapkl.evidence.signals import (Signal, consensus_signals, prompt_signals, registry_signals, signal_context,
+                                         swap_signals)
     from swapkl.removal.methods.angular import residual_stats
 
     path = _signal_cache(ck, res, corpus, ev, calib_tokens, names) if use_cache else None
@@ -114,7 +115,8 @@ def _signals(ck, res, corpus, ev, memo, calib_tokens, names, should_stop, use_ca
                 write_entry(path, SIGNAL_KIND, data)
             except OSError as e:
                 warn_unwritable(path, e)
-    return swap_signals(res) + prompt_signals(stats) + reg, stats
+    swap = swap_signals(res)
+    return swap + consensus_signals(swap, ck.num_layers) + prompt_signals(stats) + reg, stats
 
 
 def _signal_cache(ck, res, corpus, ev, calib_tokens, names):
@@ -204,16 +206,16 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
                      n_stability: int = DEFAULT_B_STABILITY, n_regions: int = 2, calib_tokens: int | None = None,
                      signals=REGISTRY_SIGNALS, use_cache: bool = True, progress=None, should_stop=None,
                      batch_size: int | None = None, compare_contracts=(), sets: bool = True,
-                     repair=None, definitions: bool = True) -> EvidenceResult:
+                     repair=None, definitions: bool = True, tasks=None) -> EvidenceResult:
     """Everything the evidence page and ``swapkl evidence`` show, for checkpoint ``ck`` (a loaded
     :class:`~swapkl.model.checkpoints.Checkpoint`), swap-KL ``contract``, evaluator ``ev`` and ``corpus``.
     ``compare_contracts``: :class:`~swapkl.evidence.contracts.Comparison` (or plain contracts for the same
     checkpoint); ``sets``: also the set-level agreement (:mod:`swapkl.evidence.sets`); ``repair``: a
     :class:`~swapkl.repair.settings.BridgeSettings` adds the ``repair`` part (:mod:`swapkl.evidence.repair`);
     ``definitions``: also score the other per-layer definition and say which predicts the removal cost better
-    (:mod:`swapkl.evidence.definitions`)."""
-    from swapkl.evidence import contracts as K
-    from swapkl.evidence import sets as SA
+    (:mod:`swapkl.evidence.definitions`); ``tasks``: a :class:`~swapkl.measure.task_runner.TaskSettings` adds the
+    task ground truth (:mod:`swapkl.evidence.task_truth`: ``ground_truth_acc`` in the agreement, ``task_truth``,
+    ``headline_acc`` and ``contract.tasks``)."""
     from swapkl.measure.memo import EvalMemo, disk_memo
     from swapkl.scoring.score import score
 
@@ -225,18 +227,21 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
         raise SwapklError("bootstrap resamples must be at least 10")
     spans = regions(corpus, ev, n_regions)
     if getattr(contract, "unit", "block") != "block":  # a sublayer unit: its own ground truth and signals
-        if repair is not None:
-            raise SwapklError("--repair bridge replaces whole blocks: use --unit block")
+        if repair is not None or tasks is not None:
+            raise SwapklError(f"{'--repair bridge' if repair is not None else '--tasks'} removes whole blocks: use "
+                              "--unit block")
         from swapkl.evidence.units import compute_unit_evidence
 
         return EvidenceResult(compute_unit_evidence(ck, contract, ev, corpus, budget, n_boot, n_stability, calib_tokens, use_cache,
                                                     progress, should_stop, batch_size, signals, spans))
     steps = []
 
+    n_steps = (8 if sets else 7) + (repair is not None) + (tasks is not None)
+
     def report(msg):
         steps.append((msg, time.perf_counter() - t0))
         if progress is not None:
-            progress(len(steps), (8 if sets else 7) + (repair is not None), msg)
+            progress(len(steps), n_steps, msg)
 
     report("swap-KL scores")
     res = score(ck, contract, use_cache=use_cache, should_stop=should_stop)
@@ -244,8 +249,36 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     gt, gt2 = _ground_truths(ck, corpus, ev, memo, spans, batch_size, should_stop, report)
     report("signals")
     sigs, stats = _signals(ck, res, corpus, ev, memo, calib_tokens, signals, should_stop, use_cache)
+    tt = None
+    if tasks is not None:
+        from swapkl.evidence.task_truth import measure
+
+        report("task ground truth: the base and every block removed, through lm-eval")
+        tt = measure(ck, tasks, None if progress is None else
+                     (lambda d, t, m: progress(len(steps), n_steps, f"{m} ({d}/{t})")), should_stop)
     report("agreement")
-    vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot)
+    data = _measured(ck, contract, ev, corpus, res, memo, gt, gt2, sigs, stats, tt, spans, report, budget=budget,
+                     n_boot=n_boot, n_stability=n_stability, calib_tokens=calib_tokens, signals=signals,
+                     use_cache=use_cache, should_stop=should_stop, batch_size=batch_size,
+                     compare_contracts=compare_contracts, sets=sets, repair=repair, definitions=definitions)
+    data["timing"] = {"seconds": time.perf_counter() - t0, "steps": steps,
+                      "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
+                      "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}
+    return EvidenceResult(data)
+
+
+def _measured(ck, contract, ev, corpus, res, memo, gt, gt2, sigs, stats, tt, spans, report, *, budget, n_boot,
+              n_stability, calib_tokens, signals, use_cache, should_stop, batch_size, compare_contracts, sets, repair,
+              definitions) -> dict:
+    """The agreement, stability, set agreement, contract comparisons, definitions and repair of one evidence run,
+    as the result's dict (without its timing)."""
+    from swapkl.evidence import contracts as K
+    from swapkl.evidence import sets as SA
+    from swapkl.evidence.signals import CONSENSUS
+
+    L = ck.num_layers
+    reps: dict = {}
+    vectors, agree, comparison = A.against_ground_truth(sigs, gt, res.num_prompts, n_boot, tt, reps)
     after = _after_repair(repair, report, ck, contract, ev, corpus, res, sigs, gt, n_boot, use_cache, batch_size,
                           should_stop)
     report("stability")
@@ -256,7 +289,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
     if sets:
         report("set agreement: every method's sets, measured")
         cache = _signal_cache(ck, res, corpus, ev, calib_tokens, signals) if use_cache else None
-        set_agree = SA.compute(ck, res, corpus, ev, memo, sigs, stats, budget, n_boot, calib_tokens, should_stop,
+        own = [s for s in sigs if s.name not in CONSENSUS]  # the consensus ranks are not set scores: not summed
+        set_agree = SA.compute(ck, res, corpus, ev, memo, own, stats, budget, n_boot, calib_tokens, should_stop,
                                spacing, cache=cache and cache.with_name(f"sets-b{budget}-{cache.name[8:]}"))
     report("contract comparisons")
     contracts = K.agreement(ck, res, compare_contracts, n_boot, use_cache, should_stop)
@@ -272,10 +306,14 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
             "headline": A.headline(comparison["ground_truth_ppl"]),
             "headline_kl": A.headline(comparison["ground_truth_kl"], "single-layer KL to the base"),
             "stability": stab, "region": region, "contracts": contracts, "set_agreement": set_agree,
-            "budget": budget, "contract": contract_d, "notes": notes, "definitions": per_layer,
-            "timing": {"seconds": time.perf_counter() - t0, "steps": steps,
-                       "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
-                       "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}}
+            "budget": budget, "contract": contract_d, "notes": notes, "definitions": per_layer}
+    if tt is not None:
+        from swapkl.evidence.task_truth import GT_ACC, entry
+
+        data["task_truth"] = entry(tt, vectors, agree, reps, [s.name for s in sigs])
+        data["headline_acc"] = A.headline(comparison[GT_ACC], "single-block task accuracy loss (lm-eval)")
+        contract_d["tasks"] = tt.contract
     if after is not None:
         data["repair"] = after
-    return EvidenceResult(data)
+    return data
+

@@ -57,7 +57,9 @@ def agreement_rows(d: dict) -> list[dict]:
     best = ((d.get("comparison") or {}).get("ground_truth_ppl") or {}).get("best")
     for s in d["signals"]:
         row = {"signal": s}
-        for g, tag in (("ground_truth_ppl", "ΔPPL"), ("ground_truth_kl", "KL")):
+        for g, tag in (("ground_truth_ppl", "ΔPPL"), ("ground_truth_kl", "KL"), ("ground_truth_acc", "acc. loss")):
+            if g not in ag["spearman"][s]:  # an evidence without --tasks has no accuracy ground truth
+                continue
             for coef, sym in (("spearman", "ρ"), ("kendall", "τ")):
                 ci = ag[f"{coef}_ci"][s][g]
                 row[f"{sym} vs {tag}"] = ag[coef][s][g]
@@ -76,6 +78,50 @@ def ground_truth_rows(d: dict) -> list[dict]:
         rows.append({"layer": k, "ΔPPL %": g["delta_ppl_pct"][i], "lo": _ci(dci, 0), "hi": _ci(dci, 1),
                      "KL (nats)": g["kl"][i], "KL lo": _ci(kci, 0), "KL hi": _ci(kci, 1)})
     return rows
+
+
+def task_truth_rows(d: dict) -> list[dict]:
+    """The task ground truth per block (``evidence --tasks``): each task's ΔAcc (pruned − base) with its
+    per-document CI, and the accuracy loss ranked (−ΔAcc, the mean over tasks where several) with its CI."""
+    t, rows = d.get("task_truth") or {}, []
+    for i, k in enumerate(d["layers"] if t else []):
+        row = {"block": k}
+        for task in t["tasks"]:
+            ci = t["delta_acc_ci"][task][i]
+            row[f"ΔAcc {task}"], row[f"{task} lo"], row[f"{task} hi"] = t["delta_acc"][task][i], _ci(ci, 0), _ci(ci, 1)
+        ci = t["acc_loss_ci"][i]
+        row["accuracy loss"], row["loss lo"], row["loss hi"] = t["acc_loss"][i], _ci(ci, 0), _ci(ci, 1)
+        row["ΔPPL %"] = d["ground_truth"]["delta_ppl_pct"][i]
+        rows.append(row)
+    return rows
+
+
+def truths_statement(d: dict) -> str:
+    """"Do blocks that cost perplexity cost accuracy?" in one sentence, with ρ, τ and their CIs ('' without
+    --tasks)."""
+    from swapkl.evidence.report import task_contract_line
+
+    t = d.get("task_truth")
+    if not t:
+        return ""
+    ta = t["truths_agreement"]
+
+    def ci(c):
+        return f" [{c[0]:.2f}, {c[1]:.2f}]" if c and c[0] is not None else ""
+    rho, tau = ta.get("spearman"), ta.get("kendall")
+    return (f"Do blocks that cost perplexity cost accuracy? Spearman ρ between single-block ΔPPL % and accuracy "
+            f"loss = {'–' if rho is None else f'{rho:.2f}'}{ci(ta.get('spearman_ci'))}, Kendall τ = "
+            f"{'–' if tau is None else f'{tau:.2f}'}{ci(ta.get('kendall_ci'))} (windows and documents resampled "
+            f"jointly; {task_contract_line((d.get('contract') or {}).get('tasks') or {})}).")
+
+
+def _tasks_html(d: dict, cap: str) -> str:
+    if not d.get("task_truth"):
+        return ""
+    rows = _df(task_truth_rows(d))
+    return (f"<h3>Task ground truth</h3><p><b>{html_text(d.get('headline_acc', ''))}</b></p>"
+            f"<p>{html_text(truths_statement(d))}</p>" + html_table(rows, cap, nd=4)
+            + csv_link(rows, cap, "evidence_task_truth.csv", "download CSV"))
 
 
 def set_rows(d: dict) -> list[dict]:
@@ -177,7 +223,7 @@ def section(obj, title: str = "Evidence: how far to trust a layer ranking") -> S
         blocks = ["<h3>Agreement with the ground truth</h3>", html_table(agree, cap, nd=ND),
                   csv_link(agree, cap, "evidence_agreement.csv", "download CSV"),
                   "<h3>Ground truth per layer</h3>", html_table(_df(ground_truth_rows(d)), cap, nd=4),
-                  _repair_html(d), _region_html(d, cap), _sets_html(d, cap), _contracts_html(d, cap)]
+                  _tasks_html(d, cap), _repair_html(d), _region_html(d, cap), _sets_html(d, cap), _contracts_html(d, cap)]
         if unstable:
             blocks.append(f'<p class="note">unstable (P(same set) &lt; 0.8): {html_text(", ".join(unstable))}</p>')
         blocks += [f'<p class="note">note: {html_text(n)}</p>' for n in d.get("notes") or []]
@@ -189,5 +235,6 @@ def section(obj, title: str = "Evidence: how far to trust a layer ranking") -> S
 
         extra = (repair_agreement(d),)
     return Section(title=title, intro=intro,
-                   figures=(figs["agreement"], figs["ground_truth"], figs["stability"], *extra),
+                   figures=(figs["agreement"], figs["ground_truth"], *([figs["task_truth"]] if "task_truth" in figs
+                                                                        else []), figs["stability"], *extra),
                    blocks=tuple(b for b in blocks if b))

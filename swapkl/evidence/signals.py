@@ -9,6 +9,9 @@ function that recomputes it from a resample of the scoring prompts (``resample(i
   both per scoring prompt (one base forward over the prompts);
 * ``bi``, ``cka`` (as ``1 - CKA``), ``taylor``: the registry methods' own scores on calibration text;
 * ``sleb``: SLEB's first step, the calibration PPL of each single removal;
+* ``consensus_mean`` / ``consensus_max``: the consensus of the two protocols' layer scores (docs/consensus.md,
+  :func:`swapkl.scoring.consensus.consensus_scores` over the guided rule's candidates 1..L-2; NaN at the boundary),
+  recomputed per prompt resample from both protocols' resampled layer scores (the same draws);
 * ``bridged_kl`` (``evidence --repair bridge``): KL(base ‖ block ℓ replaced by its linear bridge) per scoring prompt,
   the span ``[ℓ, ℓ+1)`` of the third matrix (:mod:`swapkl.repair.bridged_kl`).
 """
@@ -55,6 +58,32 @@ def swap_signals(res) -> list[Signal]:
             return pair_layer_min(pairs, pair_draws(res, idx, agg)[k], L)
         out.append(Signal(name, layer_scores(mat), f"swap-KL, {len(pairs)} pairs, min over partners",
                           resample if res.num_prompts > 1 else None, rule="guided"))
+    return out
+
+
+CONSENSUS = ("consensus_mean", "consensus_max")
+
+
+def consensus_signals(swap: list[Signal], L: int) -> list[Signal]:
+    """``consensus_mean`` and ``consensus_max`` from the ``replacement`` and ``interchange`` signals of ``swap``
+    (:func:`swap_signals`): :func:`~swapkl.scoring.consensus.consensus_scores` of their layer scores over the guided
+    rule's candidates, lower = safer; ``resample(idx)`` ranks both protocols' layer scores of the same prompt draw."""
+    from swapkl.removal.selection import default_candidates
+    from swapkl.scoring.consensus import RULES, consensus_scores
+
+    by = {s.name: s for s in swap}
+    r, i = by["replacement"], by["interchange"]
+    cands = default_candidates(L)
+    out = []
+    for name in CONSENSUS:
+        rule = name.split("_", 1)[1]
+
+        def resample(idx, rule=rule):
+            a, b = r.resample(idx), i.resample(idx)
+            return np.stack([consensus_scores(a[k], b[k], cands, rule) for k in range(len(a))])
+        out.append(Signal(name, consensus_scores(r.values, i.values, cands, rule),
+                          f"{RULES[rule].label} of the replacement and interchange ranks, layers 1..L-2",
+                          resample if r.resample is not None and i.resample is not None else None, rule="guided"))
     return out
 
 

@@ -31,7 +31,27 @@ def evidence_fields(d, what: str = "evidence file") -> dict:
         raise SwapklError(f"{what}: malformed evidence (layers, ground truth and signals must be per-layer lists, "
                           "the headline a string)")
     evidence_contract(d["contract"], what)
+    if d.get("task_truth") is not None:
+        task_truth_fields(d["task_truth"], len(L), what)
     return d
+
+
+def task_truth_fields(t, n: int, what: str) -> None:
+    """The optional ``task_truth`` of ``evidence --tasks`` (older files have none): its tasks, and per task the
+    accuracy change and its CIs, and the accuracy loss with its CIs, per layer (``n`` of them)."""
+    def per_layer(v, ci=False):
+        return isinstance(v, list) and len(v) == n and all(
+            (isinstance(x, list) and len(x) == 2) if ci else (x is None or isinstance(x, (int, float))) for x in v)
+    ok = (isinstance(t, dict) and isinstance(t.get("tasks"), list) and t["tasks"]
+          and all(isinstance(k, str) for k in t["tasks"])
+          and all(isinstance(t.get(k), dict) and set(t[k]) >= set(t["tasks"])
+                  for k in ("delta_acc", "delta_acc_ci", "base", "metric"))
+          and all(per_layer(t["delta_acc"][k]) and per_layer(t["delta_acc_ci"][k], True) for k in t["tasks"])
+          and per_layer(t.get("acc_loss")) and per_layer(t.get("acc_loss_ci"), True)
+          and isinstance(t.get("truths_agreement"), dict))
+    if not ok:
+        raise SwapklError(f"{what}: malformed task ground truth (task_truth: per-layer accuracy changes and losses "
+                          "with their CIs for every task)")
 
 
 def evidence_contract(c: dict, what: str) -> None:

@@ -170,17 +170,19 @@ def test_cli_evidence_json_keys(stories_path, wikitext_path, tmp_path, cache_dir
     assert {"layers", "ground_truth", "signals", "agreement", "stability", "contract"} <= set(d)
     assert d["layers"] == [0, 1, 2, 3, 4]
     assert set(d["ground_truth"]) >= {"delta_ppl_pct", "kl"} and len(d["ground_truth"]["kl"]) == 5
-    assert set(d["signals"]) == {"replacement", "interchange", "bi_prompts", "angular", "bi", "cka", "taylor", "sleb"}
+    assert set(d["signals"]) == {"replacement", "interchange", "consensus_mean", "consensus_max", "bi_prompts",
+                                 "angular", "bi", "cka", "taylor", "sleb"}
     names = set(d["signals"]) | {"ground_truth_ppl", "ground_truth_kl"}
     assert set(d["agreement"]["spearman"]) == names and set(d["agreement"]["kendall"]) == names
+    def vec(a):  # a signal or ground truth as emitted (None: not scored, e.g. the consensus at layers 0 and L-1)
+        v = d["signals"].get(a, d["ground_truth"]["delta_ppl_pct"] if a == "ground_truth_ppl" else d["ground_truth"]["kl"])
+        return np.array([np.nan if x is None else x for x in v], float)
     for a in names:
         for b in names:
             if a != b and d["agreement"]["spearman"][a][b] is not None:
+                m = np.isfinite(vec(a)) & np.isfinite(vec(b))
                 assert d["agreement"]["spearman"][a][b] == pytest.approx(
-                    stats.spearmanr(d["signals"].get(a, d["ground_truth"]["delta_ppl_pct"] if a == "ground_truth_ppl"
-                                                     else d["ground_truth"]["kl"]),
-                                    d["signals"].get(b, d["ground_truth"]["delta_ppl_pct"] if b == "ground_truth_ppl"
-                                                     else d["ground_truth"]["kl"])).statistic, abs=1e-9)
+                    stats.spearmanr(vec(a)[m], vec(b)[m]).statistic, abs=1e-9)
     assert set(d["stability"]["bi_prompts"]) == {"1", "2"}
     for v in d["stability"]["bi_prompts"].values():
         assert set(v) >= {"frequency", "same_set"} and len(v["frequency"]) == 5
