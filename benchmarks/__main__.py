@@ -100,14 +100,23 @@ def max_difference(a, b) -> tuple[float | None, int]:
     return diff, len(na.keys() ^ nb.keys())
 
 
+def own_cache(shared: Path, folder: Path) -> Path:
+    """A fresh, empty swapkl cache for one side and round, holding only a link to ``shared``'s converted models
+    (``models/``: the default's GGUF converted once, an input, not a result): every score, perplexity and fit is
+    computed on each side, so matching results say the two trees compute the same numbers, not that one read the
+    other's cache."""
+    folder.mkdir(parents=True)
+    if (shared / "models").is_dir():
+        (folder / "models").symlink_to((shared / "models").resolve(), target_is_directory=True)
+    return folder
+
+
 def compare(base: str, head: str, name: str, args: list[str], rounds: int) -> int:
     pkg, _ = _run.find(name)
     with tempfile.TemporaryDirectory(prefix="swapkl-compare-") as tmp:
         trees = {"base": Path(tmp) / "base", "head": Path(tmp) / "head"}
         hashes = {side: extract(rev, trees[side]) for side, rev in (("base", base), ("head", head))}
-        extra = {}
-        if "SWAPKL_CACHE" not in os.environ and (_run.ROOT / "cache").is_dir():
-            extra["SWAPKL_CACHE"] = str(_run.ROOT / "cache")  # the converted default model, shared by both sides
+        shared = Path(os.environ.get("SWAPKL_CACHE") or _run.ROOT / "cache")
         runs: dict[str, list[dict]] = {"base": [], "head": []}
         for r in range(rounds):
             for side in ("base", "head"):
@@ -118,6 +127,7 @@ def compare(base: str, head: str, name: str, args: list[str], rounds: int) -> in
                     out = Path(tmp) / f"{side}-{r}.json"
                     i = argv.index("--json") if "--json" in argv else None
                     argv = [*argv[:i], "--json", str(out), *argv[i + 2:]] if i is not None else argv
+                extra = {"SWAPKL_CACHE": str(own_cache(shared, Path(tmp) / f"cache-{side}-{r}"))}
                 res = _run.run_child(_run.child_argv(pkg, path, argv), cwd=tree, env=_run.child_env(tree, **extra),
                                      echo=False)
                 res["result"] = _run.read_json(out) if out is not None else None
