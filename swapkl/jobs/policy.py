@@ -14,7 +14,7 @@ Demo mode is on with ``SWAPKL_DEMO=1`` (``./run.sh --demo`` sets it) or ``enable
     max_budget = 6                    # layers removed at most (removal curves, evidence stability)
     max_evidence_boot = 200           # bootstrap resamples of one evidence request
     upload_mb = 16                    # size of an opened result file
-    tasks = ["tinystories_mc"]        # lm-eval task names a visitor may run (task accuracy after removal)
+    tasks = ["tinystories_mc", "wikitext_lastword"]  # lm-eval task names a visitor may run (task accuracy after removal)
     task_include_path = "tests/fixtures/tasks"  # the operator's folder of task YAMLs (never a visitor's)
     max_task_limit = 100              # documents per task at most (a limit is required)
     max_heal_steps = 50               # healing: LoRA updates per heal
@@ -92,7 +92,7 @@ class Policy:
     max_budget: int = 6
     upload_mb: int = 16
     max_evidence_boot: int = 200  # prompt resamples of one evidence request (its agreement CIs use 5x)
-    tasks: tuple = ("tinystories_mc",)
+    tasks: tuple = ("tinystories_mc", "wikitext_lastword")
     task_include_path: str | None = "tests/fixtures/tasks"
     max_task_limit: int = 100
     max_fewshot: int = 5
