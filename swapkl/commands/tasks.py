@@ -100,10 +100,9 @@ def check_task_regions(a, ck, include, tasks) -> list[str]:
     contract = contract_from_args(a)
     corpus = load_corpus(contract.corpus)
     prompts = make_prompts(ck.tokenizer, corpus, contract.prompts, contract.tokens, contract.seed, contract.bos)
-    regions = TR.run_regions(corpus, calib_words=CALIB_RESERVE_WORDS, prompts=prompts, tokenizer=ck.tokenizer,
-                             whole_prompt_region=getattr(a, "repair", "none") == "bridge")
     _tm, loaded = lmeval.load_tasks(include, tasks)
-    return [TR.describe(TR.check_task_disjoint(t, regions)) for t in loaded]
+    return TR.check_run(loaded, corpus, calib_words=CALIB_RESERVE_WORDS, prompts=prompts, tokenizer=ck.tokenizer,
+                        whole_prompt_region=getattr(a, "repair", "none") == "bridge")
 
 
 def _scores(a, ck, loaded) -> tuple[dict, str | None]:

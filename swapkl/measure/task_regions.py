@@ -156,3 +156,16 @@ def describe(summary: dict) -> str:
     regs = ", ".join(summary["regions"]) or "no region"
     return (f"task {summary['task']}: {summary['documents']} documents checked disjoint from the run's {regs} "
             f"({summary['by_span']} by recorded word span, {summary['by_passage']} by {SHINGLE_WORDS}-word passages)")
+
+
+def check_run(loaded, scoring, *, heldout=None, heldout_words: int = 0, calib_words: int = 0, prompts=None,
+              tokenizer=None, whole_prompt_region: bool = False) -> list[str]:
+    """Every task of ``loaded`` (:func:`swapkl.measure.lmeval.load_tasks`' list) against the text one run reads:
+    from the ``scoring`` corpus its calibration words, its scoring ``prompts`` (decoded with ``tokenizer``) or the
+    whole prompt region; from the ``heldout`` corpus (default: ``scoring``) its first ``heldout_words`` words.
+    Raises the one-line :class:`TaskOverlapError`; returns one note per task and corpus checked (:func:`describe`)."""
+    regions = [run_regions(scoring, calib_words=calib_words, prompts=prompts, tokenizer=tokenizer,
+                           whole_prompt_region=whole_prompt_region)]
+    if heldout_words:
+        regions.append(run_regions(heldout if heldout is not None else scoring, heldout_words=heldout_words))
+    return [describe(check_task_disjoint(t, r)) for r in regions for t in loaded]

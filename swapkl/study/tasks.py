@@ -96,10 +96,9 @@ def check_disjoint(plan, ev, corpus, ck=None) -> list[str]:
     c = plan.contract
     scoring = load_corpus(c.corpus)
     prompts = make_prompts(ck.tokenizer, scoring, c.prompts, c.tokens, c.seed, c.bos) if ck is not None else None
-    regions = [TR.run_regions(corpus, heldout_words=int(ev.max_words)),
-               TR.run_regions(scoring, calib_words=CALIB_RESERVE_WORDS, prompts=prompts,
-                              tokenizer=ck.tokenizer if ck is not None else None)]
-    return [TR.describe(TR.check_task_disjoint(t, r)) for r in regions for t in loaded]
+    return TR.check_run(loaded, scoring, heldout=corpus, heldout_words=int(ev.max_words),
+                        calib_words=CALIB_RESERVE_WORDS, prompts=prompts,
+                        tokenizer=ck.tokenizer if ck is not None else None)
 
 
 def task_part(ck, plan, curves, scores: dict, should_stop=None) -> dict:

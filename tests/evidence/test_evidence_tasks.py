@@ -213,3 +213,29 @@ def test_hostile_task_input_is_one_line(stories_path, tmp_path, capsys, args, pa
     assert rc == 2 and "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
     assert re.search(pattern, lines[0]), lines[0]
     assert not (tmp_path / "c").exists()  # refused before the model was loaded or anything scored
+
+
+def test_a_task_built_from_the_held_out_text_is_refused_before_anything_is_computed(stories_path, wikitext_path,
+                                                                                   tmp_path, capsys):
+    from swapkl.scoring import corpora
+
+    c = corpora.from_file(wikitext_path)
+    folder = tmp_path / "tasks" / "ev_leak"
+    folder.mkdir(parents=True)
+    docs = [{"context": " ".join(c.words[b:b + 40]), "target": c.words[b + 40]} for b in (300, 600)]
+    (folder / "ev_leak.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "ev_leak.yaml").write_text(
+        "task: ev_leak\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(folder / "ev_leak.jsonl") +
+        "\ntest_split: test\noutput_type: loglikelihood\ndoc_to_text: '{{context}}'\n"
+        "doc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+    mp = pytest.MonkeyPatch()
+    try:
+        rc = _main(["evidence", stories_path, "--budget", "1", "--eval-text", wikitext_path, *QUICK, "--tasks",
+                    "ev_leak", "--include-path", tmp_path / "tasks", "--json", tmp_path / "ev.json"], tmp_path / "c", mp)
+    finally:
+        mp.undo()
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "examples/s]" not in ln]
+    assert rc == 2 and not (tmp_path / "ev.json").exists(), err[-2000:]
+    assert len(lines) == 1 and "document 0 shares a 20-word passage with the run's held-out text" in lines[0], lines
+    assert not (tmp_path / "c" / "ppl").exists()  # no perplexity was evaluated
