@@ -44,7 +44,7 @@ def test_swapkls_evaluation_has_no_report_and_the_same_metrics(stories_path, rep
     assert reports == []
     full = lm_eval.simple_evaluate(model=HFLM(pretrained=ck.model, tokenizer=ck.tokenizer, batch_size=16),
                                    tasks=list(tasks[0]["spec"]), task_manager=tm, limit=LIMIT,
-                                   log_samples=False, verbosity="ERROR")
+                                   log_samples=True, verbosity="ERROR")  # as swapkl's: every document's scores
     assert len(reports) == 1 and full["pretty_env_info"] == "the environment report"
     assert ours == lmeval.rows_of(full) and set(ours["metrics"][TASK]) == {"acc,none", "acc_norm,none"}
 
