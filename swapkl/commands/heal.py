@@ -182,6 +182,7 @@ def run(a) -> int:
     removed, recipe, ev, corpus = _check_args(a)
     check_qlora(recipe)
     with heal_tasks.loaded_once(a):
+        heal_tasks.check_disjoint(a, ev, corpus)  # a task built from text the heal reads: one line, nothing trained
         return _run(a, removed, recipe, ev, corpus)
 
 

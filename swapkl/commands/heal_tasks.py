@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import contextlib
 
+from swapkl.commands.common import add_task_args, check_task_numbers
 from swapkl.errors import SwapklError
 from swapkl.measure import lmeval
 from swapkl.removal.plan import RunHooks
 
 
 def register_args(p) -> None:
-    g = p.add_argument_group("task accuracy after healing (lm-evaluation-harness)")
-    g.add_argument("--tasks", default=None, metavar="T",
-                   help="comma-separated lm-eval tasks evaluated on the base, the fine-tuned base, each pruned and "
-                        "each healed model (added to the JSON under 'tasks')")
-    g.add_argument("--include-path", default=None, metavar="DIR",
-                   help="folder of local lm-eval task YAML files (your own code: a task YAML can run Python)")
-    g.add_argument("--limit", type=int, default=None, metavar="K", help="evaluate the first K documents of each task")
-    g.add_argument("--num-fewshot", type=int, default=None, metavar="F",
-                   help="few-shot examples (default: each task's own, else 0)")
+    g = p.add_argument_group("task accuracy after healing (lm-evaluation-harness): evaluated on the base, the "
+                             "fine-tuned base, each pruned and each healed model (added to the JSON under 'tasks')")
+    add_task_args(g, required=False, batch=False)  # --batch-size is the heal's own (training)
     g.add_argument("--task-batch-size", type=int, default=16, help="lm-eval batch size (default %(default)s)")
 
 
@@ -32,10 +27,7 @@ def check_args(a) -> None:
             if v is not None:
                 raise SwapklError(f"{flag} goes with --tasks (task accuracy after healing)")
         return
-    if a.limit is not None and a.limit < 1:
-        raise SwapklError(f"--limit must be at least 1 (got {a.limit})")
-    if a.num_fewshot is not None and a.num_fewshot < 0:
-        raise SwapklError(f"--num-fewshot must be 0 or more (got {a.num_fewshot})")
+    check_task_numbers(a)
     if a.task_batch_size < 1:
         raise SwapklError(f"--task-batch-size must be at least 1 (got {a.task_batch_size})")
     names = lmeval.parse_task_names(a.tasks)
@@ -49,6 +41,26 @@ def loaded_once(a):
     if a.task_names is None:
         return contextlib.nullcontext()
     return lmeval.preloaded(a.include_path, a.task_names)
+
+
+def check_disjoint(a, ev, corpus) -> list[str]:
+    """Every task's documents against the text a heal reads (:func:`swapkl.measure.task_regions.check_run`): the
+    evaluator's held-out words and the whole prompt region of ``corpus`` (scoring prompts, calibration, training
+    chunks) and of a scoring corpus of its own, and a ``--train-text`` or ``--heldout-text`` file whole.  One-line refusal before
+    the model is loaded; one note per task and text (none without ``--tasks``)."""
+    if a.task_names is None:
+        return []
+    from swapkl.measure import task_regions as TR
+    from swapkl.scoring import corpora
+
+    _tm, loaded = lmeval.load_tasks(a.include_path, a.task_names)
+    notes = TR.check_run(loaded, corpus, heldout_words=int(ev.max_words), whole_prompt_region=True)
+    scoring = getattr(a, "corpus", None)  # a scoring corpus of its own, where the heal takes one
+    texts = [corpora.load_corpus(scoring)] if scoring else []
+    texts += [corpora.from_file(p) for p in (a.train_text, a.heldout_text) if p]
+    for text in texts:  # a file used whole: its evaluation region and its prompt region
+        notes += TR.check_run(loaded, text, heldout_words=text.split_point, whole_prompt_region=True)
+    return notes
 
 
 def evaluate(a, ck, hc, recipe, shared: dict) -> dict:

@@ -210,6 +210,17 @@ def test_cli_heal_tasks(tasks_env, stories_path, small_corpus, tmp_path, capsys,
         assert main(common + extra) == 2
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
         assert len(err) == 1 and pattern in err[0], err
+    leak = tmp_path / "leak" / "heal_leak"  # a task built from the evaluation text: refused before the model loads
+    leak.mkdir(parents=True)
+    (leak / "heal_leak.jsonl").write_text(json.dumps({"context": " ".join(small_corpus.words[40:90]),
+                                                      "target": small_corpus.words[90]}) + "\n")
+    (leak / "heal_leak.yaml").write_text(
+        "task: heal_leak\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(leak / "heal_leak.jsonl") +
+        "\ntest_split: test\noutput_type: loglikelihood\ndoc_to_text: '{{context}}'\n"
+        "doc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+    assert main(common + ["--tasks", "heal_leak", "--include-path", str(tmp_path / "leak")]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
+    assert len(err) == 1 and "shares a 20-word passage with the run's held-out text" in err[0], err
     loads = counting_loads(monkeypatch)
     assert main(common + ["--tasks", TASK, "--include-path", str(FIXTURE_TASKS), "--limit", str(LIMIT),
                           "--json", str(js)]) == 0
