@@ -19,7 +19,7 @@ from benchmarks import _run
 PKG = "benchmarks"
 RESULTS = _run.ROOT / PKG / "results"
 #: result keys that hold timings or memory (left out of the BASE / HEAD number check)
-TIMING_WORDS = ("second", "cpu", "wall", "time", "rss", "mib", "mem", "ratio", "speed", "date")
+TIMING_WORDS = ("second", "cpu", "wall", "time", "timing", "rss", "mib", "mem", "peak_bytes", "ratio", "speed", "date")
 
 
 def record(entry: dict, commit: str | None = None) -> Path:
@@ -94,10 +94,17 @@ def numbers(d, prefix: str = "") -> dict[str, float]:
 
 def max_difference(a, b) -> tuple[float | None, int]:
     """Largest |a - b| over the numbers both results hold (None when neither holds any) and how many keys differ."""
+    diffs, unmatched = differences(a, b)
+    return max(diffs.values(), default=None), unmatched
+
+
+def differences(a, b) -> tuple[dict[str, float], int]:
+    """``({path: |a - b|} over the numbers both results hold, NaN on both sides left out; how many keys only one
+    side holds)``."""
     na, nb = numbers(a), numbers(b)
     common = na.keys() & nb.keys()
-    diff = max((abs(na[k] - nb[k]) for k in common if not (math.isnan(na[k]) and math.isnan(nb[k]))), default=None)
-    return diff, len(na.keys() ^ nb.keys())
+    diffs = {k: abs(na[k] - nb[k]) for k in sorted(common) if not (math.isnan(na[k]) and math.isnan(nb[k]))}
+    return diffs, len(na.keys() ^ nb.keys())
 
 
 def own_cache(shared: Path, folder: Path) -> Path:
@@ -169,6 +176,13 @@ def compare(base: str, head: str, name: str, args: list[str], rounds: int) -> in
         summary["max_result_difference"] = diff
         summary["unmatched_result_keys"] = unmatched
         print(f"results (--json, timings left out): largest |HEAD - BASE| {diff}, keys in one side only: {unmatched}")
+        worst = sorted(((v, k) for k, v in differences(runs["base"][-1]["result"], runs["head"][-1]["result"])[0].items()
+                        if v), reverse=True)
+        summary["differing_keys"] = [k for _, k in worst]
+        for v, k in worst[:8]:
+            print(f"  differs: {k} by {v:g}")
+        if len(worst) > 8:
+            print(f"  ... and {len(worst) - 8} more")
     summary["provenance"] = _run.provenance(["python", "-m", PKG, "compare", base, head, name, "--rounds",
                                              str(rounds), "--", *args])
     where = record({"compare": summary}, commit=hashes["head"])
