@@ -52,10 +52,33 @@ def table_rows(result) -> list[dict]:
                 row[f"ρ {p}{tag}"] = f"{fmt(ev[p]['rho'], 2)}{_ci(ev[p]['ci'])}"
             if "best" in ev:  # a file's part may name no best signal
                 row[f"best predictor{tag}"] = f"{ev['best']} {fmt(ev.get('best_rho'), 2)}{_ci(ev.get('best_ci'))}"
+        row |= task_columns(r)
         cost = r.get("cost") or {}
         row["seconds"] = round(cost.get("seconds") or 0.0, 1)
         row["peak GiB"] = round(cost["peak_bytes"] / 2**30, 2) if cost.get("peak_bytes") else None
         out.append(row)
+    return out
+
+
+#: the guided methods whose task accuracy a row shows, with their column tags
+TASK_COLUMNS = (("replacement", "R"), ("interchange", "I"), ("consensus-mean", "mean"), ("consensus-max", "max"))
+
+
+def task_columns(r: dict) -> dict:
+    """A row's task-accuracy columns (with ``--tasks``): per task and n the ΔAcc (accuracy points, pruned − base)
+    of each guided set with its per-document 95 % CI, and each protocol's ρ with the single-block accuracy loss."""
+    t_part, out = r.get("tasks") or {}, {}
+    for t in (t_part.get("contract") or {}).get("tasks", []):
+        for m, tag in TASK_COLUMNS:
+            for e in (t_part.get("methods") or {}).get(m, []):
+                d = (e.get("delta") or {}).get(t)
+                if d:
+                    ci = [None if v is None else 100 * v for v in d["ci"]]
+                    out[f"{t} n={e['n']} ΔAcc {tag}"] = f"{fmt(100 * d['delta'], 1)}{_ci(ci, 1)}"
+        pred = (t_part.get("predictors") or {}).get(t) or {}
+        for p in PROTOCOLS:
+            if p in pred:
+                out[f"{t} ρ acc-loss {p}"] = f"{fmt(pred[p]['rho'], 2)}{_ci(pred[p]['ci'])}"
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from swapkl.measure.task_docs import accuracy_key, delta, paired
-from swapkl.stats import BOOT_SEED, bootstrap_indices, finite_ci, mean_diff, side, spearman, spearman_rows
+from swapkl.stats import BOOT_SEED, bootstrap_indices, finite_ci, mean_diff, side, spearman, spearman_rows, tie
 
 #: the guided methods a study evaluates on tasks
 TASK_METHODS = ("replacement", "interchange", "consensus-mean", "consensus-max")
@@ -73,8 +73,7 @@ def _rho(scores: np.ndarray, blocks: list, base: dict, singles: dict, task: str,
         reps[p] = spearman_rows(np.broadcast_to(sv, draws.shape).copy(), draws)
         out[p] = {"rho": spearman(sv, point), "ci": finite_ci(reps[p])}
     diff = finite_ci(reps["replacement"] - reps["interchange"])
-    winner = None if diff[0] is None or diff[0] <= 0 <= diff[1] else (
-        "replacement" if diff[0] > 0 else "interchange")
+    winner = None if tie(diff) else ("replacement" if diff[0] > 0 else "interchange")
     out["pick"] = {"winner": winner, "by": "paired", "diff_ci": diff}
     return out
 

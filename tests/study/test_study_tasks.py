@@ -95,3 +95,20 @@ def test_a_task_built_from_the_held_out_text_is_refused_before_any_work(cli, tmp
     lines = [ln for ln in err.splitlines() if ln.strip() and "examples/s]" not in ln and not ln.startswith("  [")]
     assert rc == 2 and not (tmp_path / "s.json").exists(), err[-2000:]
     assert len(lines) == 1 and "document 0 shares a 20-word passage with the run's held-out" in lines[0], lines
+
+
+def test_the_table_shows_each_guided_sets_accuracy_change_and_each_protocols_rho():
+    from swapkl.study.across import task_columns
+
+    d = {"delta": -0.125, "ci": [-0.2, -0.05]}
+    r = {"tasks": {"contract": {"tasks": [T]},
+                   "methods": {"replacement": [{"n": 1, "delta": {T: d}}],
+                               "consensus-max": [{"n": 2, "delta": {T: {"delta": 0.0, "ci": [None, None]}}}]},
+                   "predictors": {T: {"replacement": {"rho": 0.5, "ci": [0.1, 0.8]},
+                                      "interchange": {"rho": -0.25, "ci": [-0.6, 0.2]}}}}}
+    cols = task_columns(r)
+    assert cols[f"{T} n=1 ΔAcc R"] == "-12.5 [-20.0, -5.0]"  # accuracy points, pruned − base
+    assert cols[f"{T} n=2 ΔAcc max"] == "0.0"
+    assert cols[f"{T} ρ acc-loss replacement"] == "0.50 [0.10, 0.80]"
+    assert cols[f"{T} ρ acc-loss interchange"] == "-0.25 [-0.60, 0.20]"
+    assert task_columns({"tasks": None}) == {}
