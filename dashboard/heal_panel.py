@@ -108,7 +108,7 @@ def section(analysis_job) -> None:
     st.caption(f"recipe: {recipe.describe()} ({recipe.tokens_seen} training tokens per set and for the control{bound})")
     tasks, limit, shots, include = (), None, None, None
     if st.checkbox("Also task accuracy after healing (lm-eval)", key="w_heal_tasks_on"):
-        tasks, limit, shots, include = tasks_panel._widgets(pol, "w_heal_tasks")
+        tasks, limit, shots, include = tasks_panel.task_widgets(pol, "w_heal_tasks")
     if st.button("Heal", key="heal_start", disabled=not methods):
         try:
             hreq = heal_request(req, methods, range(lo, hi + 1), recipe, pol.demo, tasks, limit, shots, include,

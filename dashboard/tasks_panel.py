@@ -18,9 +18,9 @@ LOCAL_DEFAULT_TASKS = "tinystories_mc"
 LOCAL_DEFAULT_INCLUDE = "tests/fixtures/tasks"
 
 
-def _widgets(pol, key: str = "w_tasks") -> tuple[tuple, int | None, int | None, str | None]:
+def task_widgets(pol, key: str = "w_tasks") -> tuple[tuple, int | None, int | None, str | None]:
     """(tasks, limit, few-shot, include path) from the widgets (demo: the policy's lists and bounds); ``key``: the
-    widgets' key prefix (the Healing panel asks the same with its own keys)."""
+    widgets' key prefix (the Healing panel and the Evidence page ask the same with their own keys)."""
     c1, c2, c3 = st.columns([3, 1, 1])
     if pol.demo:
         tasks = tuple(c1.multiselect("Tasks (this demo server's list)", list(pol.tasks), default=list(pol.tasks[:1]),
@@ -50,7 +50,7 @@ def section(analysis_job) -> None:
                 "and methods.")
         return
     pol = common.policy()
-    tasks, limit, shots, include = _widgets(pol)
+    tasks, limit, shots, include = task_widgets(pol)
     if st.button("Evaluate tasks", key="tasks_start", disabled=not tasks):
         common.start(tasks_request(req, tasks, limit, shots, include))
     job = common.current_job("tasks")

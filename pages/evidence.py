@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import common
+from dashboard import common, tasks_panel
 from swapkl.errors import SwapklError
 from swapkl.jobs.contents import content_key
 from swapkl.jobs.exports import evidence_export
@@ -41,9 +41,13 @@ repair, bridge = common.repair_widgets(
     "w_ev", "After repair", help="linear bridge: also remove each block with a least-squares linear map fitted on "
                                  "calibration text in its place (docs/repair.md), and rank the signals against that "
                                  "bridged cost too (docs/evidence.md, \"After repair\")")
+with st.expander("Task ground truth (lm-eval): each block's accuracy loss beside its perplexity cost"):
+    with_tasks = st.checkbox("Also measure task accuracy with each block removed (one lm-eval run per block)",
+                             key="w_ev_with_tasks")
+    tasks, limit, shots, include = tasks_panel.task_widgets(pol, "w_ev_tasks") if with_tasks else ((), None, None, None)
 request, err = None, None
 try:
-    request = evidence_request(model, budget, boot, base_req, repair, bridge)
+    request = evidence_request(model, budget, boot, base_req, repair, bridge, tasks, limit, shots, include)
     pol.check_request(request)
 except SwapklError as e:
     request, err = None, str(e)

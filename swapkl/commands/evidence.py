@@ -122,7 +122,6 @@ def _run(a, tasks) -> int:
     from swapkl.removal.checks import check_evaluator_context
 
     check_evaluator_context(ck.model, ev, name=ck.identity.get("display"))
-    notes = _tasks_disjoint(ck, contract, ev, corpus, a, tasks, repair is not None)
 
     def prog(done, total, msg):
         if not a.quiet:
@@ -132,31 +131,7 @@ def _run(a, tasks) -> int:
                            n_stability=a.boot, n_regions=a.regions, calib_tokens=a.calib_tokens,
                            signals=SIGNALS, use_cache=not a.no_cache, progress=prog,
                            compare_contracts=compare, sets=not a.no_sets, repair=repair, tasks=tasks)
-    if notes:
-        res.data.setdefault("contract", {}).setdefault("tasks", {})["disjoint"] = notes
     return emit(a, res, render)
-
-
-def _tasks_disjoint(ck, contract, ev, corpus, a, tasks, bridged: bool) -> list[str]:
-    """Every task's documents against the text this evidence reads (:func:`swapkl.measure.task_regions.check_run`):
-    the held-out regions (``--regions`` of the evaluator's words), the scoring prompts and the signals' calibration
-    reserve, the whole prompt region with ``--repair bridge``; one-line refusal before anything is computed."""
-    if tasks is None:
-        return []
-    from swapkl.healing.text import CALIB_RESERVE_WORDS
-    from swapkl.measure import lmeval
-    from swapkl.measure import task_regions as TR
-    from swapkl.scoring.corpora import load_corpus
-    from swapkl.scoring.prompts import make_prompts
-
-    scoring = load_corpus(contract.corpus)
-    prompts = make_prompts(ck.tokenizer, scoring, contract.prompts, contract.tokens, contract.seed, contract.bos)
-    _tm, loaded = lmeval.load_tasks(tasks.include_path, tasks.tasks)
-    from swapkl.evidence.run import regions
-
-    words = max(end for name, (_b, end) in regions(corpus, ev, a.regions).items() if name.startswith("evaluation"))
-    return TR.check_run(loaded, scoring, heldout=corpus, heldout_words=words, calib_words=CALIB_RESERVE_WORDS,
-                        prompts=prompts, tokenizer=ck.tokenizer, whole_prompt_region=bridged)
 
 
 def _comparisons(a, contract) -> list:

@@ -234,6 +234,12 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
 
         return EvidenceResult(compute_unit_evidence(ck, contract, ev, corpus, budget, n_boot, n_stability, calib_tokens, use_cache,
                                                     progress, should_stop, batch_size, signals, spans))
+    disjoint = None
+    if tasks is not None:  # a task built from text this evidence reads: one line, before anything is computed
+        from swapkl.evidence.task_truth import check_disjoint
+
+        disjoint = check_disjoint(ck, tasks, contract, corpus, max(e for k, (_b, e) in spans.items()
+                                                                   if k.startswith("evaluation")), repair is not None)
     steps = []
 
     n_steps = (8 if sets else 7) + (repair is not None) + (tasks is not None)
@@ -261,6 +267,8 @@ def compute_evidence(ck, contract, ev, corpus, budget: int = DEFAULT_BUDGET, n_b
                      n_boot=n_boot, n_stability=n_stability, calib_tokens=calib_tokens, signals=signals,
                      use_cache=use_cache, should_stop=should_stop, batch_size=batch_size,
                      compare_contracts=compare_contracts, sets=sets, repair=repair, definitions=definitions)
+    if disjoint is not None:
+        data["contract"]["tasks"]["disjoint"] = disjoint
     data["timing"] = {"seconds": time.perf_counter() - t0, "steps": steps,
                       "ground_truth_computed": gt.computed + (gt2.computed if gt2 else 0),
                       "ground_truth_seconds": gt.seconds + (gt2.seconds if gt2 else 0.0)}

@@ -147,3 +147,21 @@ def measure(ck, settings, progress=None, should_stop=None) -> TaskTruth:
     metric = {t: accuracy_key(base["docs"][t]) for t in tasks}
     return TaskTruth(list(range(L)), tasks, metric, base["docs"], docs,
                      dict(_contract(run, loaded, settings, base), stats=dict(run.stats)))
+
+
+def check_disjoint(ck, settings, contract, corpus, heldout_words: int, bridged: bool) -> list[str]:
+    """Every task's documents (``settings``: :class:`~swapkl.measure.task_runner.TaskSettings`) against the text this
+    evidence reads (:func:`swapkl.measure.task_regions.check_run`): the first ``heldout_words`` words of the held-out
+    ``corpus``, the scoring prompts of ``contract`` and the signals' calibration reserve of its corpus, its whole
+    prompt region when ``bridged`` (the bridges' calibration windows).  One-line
+    :class:`~swapkl.measure.task_regions.TaskOverlapError` before anything is computed; one note per task and text."""
+    from swapkl.healing.text import CALIB_RESERVE_WORDS
+    from swapkl.measure import task_regions as TR
+    from swapkl.scoring.corpora import load_corpus
+    from swapkl.scoring.prompts import make_prompts
+
+    scoring = load_corpus(contract.corpus)
+    prompts = make_prompts(ck.tokenizer, scoring, contract.prompts, contract.tokens, contract.seed, contract.bos)
+    _tm, loaded = lmeval.load_tasks(settings.include_path, settings.tasks)
+    return TR.check_run(loaded, scoring, heldout=corpus, heldout_words=heldout_words, calib_words=CALIB_RESERVE_WORDS,
+                        prompts=prompts, tokenizer=ck.tokenizer, whole_prompt_region=bridged)

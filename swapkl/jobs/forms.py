@@ -89,12 +89,14 @@ def trajectory_request(text: str, k: int, prompts: int, tokens: int, device: str
 
 
 def evidence_request(model: str, budget: int, n_boot: int, base: AnalysisRequest | None = None,
-                     repair: str = "none", bridge: dict | None = None) -> EvidenceRequest:
+                     repair: str = "none", bridge: dict | None = None, tasks=(), limit: int | None = None,
+                     shots: int | None = None, include: str | None = None) -> EvidenceRequest:
     """The evidence page's request for ``model``: on the model of the session's analysis ``base`` it keeps that
     analysis's revision, contract (as whole blocks: the evidence removes blocks) and evaluator (so the evidence
     speaks for it), else the default contract and the ``matched`` evaluator.  ``repair`` / ``bridge``: the "after
     repair" part (``"bridge"``: each block also removed with its linear bridge), checked by :func:`bridge_settings`
-    as the Start form's repair is (one line for a bad form or token count)."""
+    as the Start form's repair is (one line for a bad form or token count).  ``tasks`` (with ``limit``, ``shots``,
+    ``include``, as :func:`tasks_request`): the task ground truth, each block's accuracy loss through lm-eval."""
     model = model.strip()
     if not model:
         raise SwapklError("choose a checkpoint")
@@ -104,7 +106,9 @@ def evidence_request(model: str, budget: int, n_boot: int, base: AnalysisRequest
     return EvidenceRequest(model=model, revision=base.revision if same else None,
                            contract=base.contract.with_(unit="block") if same else Contract(), budget=int(budget),
                            evaluator=(base.evaluator if same else None) or "matched", n_boot=int(n_boot),
-                           repair=repair, bridge=bridge)
+                           repair=repair, bridge=bridge, tasks=tuple(tasks or ()),
+                           limit=limit if tasks else None, num_fewshot=shots if tasks else None,
+                           include_path=include if tasks else None)
 
 
 def curves_analysis(job) -> AnalysisRequest | None:

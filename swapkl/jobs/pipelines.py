@@ -170,7 +170,7 @@ def run_evidence(job: Job, models: ModelCache) -> None:
     job.phase(2, 2, f"evidence: swap-KL, ground truth per layer{rep}, signals, agreement, stability")
     job.evidence = compute_evidence(ck, c, ev, load_corpus(c.corpus), budget=req.budget, n_boot=5 * req.n_boot,
                                     n_stability=req.n_boot, progress=job.tick, should_stop=job.should_stop,
-                                    repair=settings)
+                                    repair=settings, tasks=req.task_settings())
 
 
 def run_tasks(job: Job, models: ModelCache) -> None:

@@ -188,6 +188,8 @@ class Policy:
                                   f"{request.n_boot} asked")
             else:
                 check_repair(request)  # the evidence's bridge streams its calibration tokens the same way
+                if request.tasks:  # the task ground truth: the same task bounds as task accuracy after removal
+                    self.check_tasks(request)
         elif request.kind == "heal":
             self.check_model(request.model, request.revision)
             check_heal(self, request)

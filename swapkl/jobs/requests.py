@@ -120,6 +120,10 @@ class EvidenceRequest:
     kind: str = "evidence"
     repair: str = "none"
     bridge: Any = None
+    tasks: tuple = ()
+    limit: int | None = None
+    num_fewshot: int | None = None
+    include_path: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "model", str(self.model).strip())
@@ -129,6 +133,16 @@ class EvidenceRequest:
         object.__setattr__(self, "n_boot", int(self.n_boot))
         object.__setattr__(self, "repair", str(self.repair or "none"))
         object.__setattr__(self, "bridge", dict(self.bridge or {}) if self.repair != "none" else {})
+        object.__setattr__(self, "tasks", tuple(str(t).strip() for t in self.tasks or () if str(t).strip()))
+
+    def task_settings(self):
+        """The :class:`~swapkl.measure.task_runner.TaskSettings` of the task ground truth (None without tasks)."""
+        if not self.tasks:
+            return None
+        from swapkl.measure.task_runner import TaskSettings
+
+        return TaskSettings(self.tasks, include_path=self.include_path, limit=self.limit,
+                            num_fewshot=self.num_fewshot)
 
     def to_dict(self) -> dict:
         """The request as JSON; the repair only when there is one (a request without repair keeps its job key)."""
@@ -137,6 +151,9 @@ class EvidenceRequest:
              "n_boot": self.n_boot}
         if self.repair != "none":
             d.update(repair=self.repair, bridge=dict(self.bridge))
+        if self.tasks:  # a request without tasks keeps its job key
+            d.update(tasks=list(self.tasks), limit=self.limit, num_fewshot=self.num_fewshot,
+                     include_path=self.include_path)
         return d
 
     def bridge_settings(self):
@@ -158,8 +175,10 @@ class EvidenceRequest:
             b = self.bridge
             rep = (f" · after a linear bridge ({b.get('form', forms.DEFAULT)}, "
                    f"{b.get('calib_tokens', 'default')} calibration tokens)")
+        tasks = (f" · task ground truth {', '.join(self.tasks)} (first {self.limit} documents)" if self.limit else
+                 f" · task ground truth {', '.join(self.tasks)}") if self.tasks else ""
         return (f"evidence: {m} · pairs {c.pairs} · {c.prompts}×{c.tokens} · budget {self.budget} · "
-                f"B={self.n_boot}{rep}")
+                f"B={self.n_boot}{rep}{tasks}")
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ class SnapshotStore:
                     return False
                 if getattr(job.request, "repair", "none") != "none" and not data["evidence"].get("repair"):
                     return False  # a request with a repair is not answered by evidence without its part
+                if getattr(job.request, "tasks", ()) and not data["evidence"].get("task_truth"):
+                    return False  # nor a request with tasks by evidence without its task ground truth
                 parts = {"evidence": EvidenceResult(data["evidence"])}
             elif job.request.kind == "tasks":
                 from swapkl.removal.tasks import TasksResult
