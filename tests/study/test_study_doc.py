@@ -55,3 +55,26 @@ def test_study_tables_equal_the_result_file():
         assert _num(cells[1]) == round(ev["replacement"]["rho"], 2)
         assert _num(cells[2]) == round(ev["interchange"]["rho"], 2)
         assert round(rows[LABELS[cells[0]]]["cost"]["seconds"]) == _num(cells[5])
+
+
+def test_the_task_and_consensus_table_equals_share_one():
+    """§7's table prints share 1 of 3 of experiments/study_cpu_tasks.sh (SmolLM2-135M): ΔPPL %, the I/R ratio and
+    its CI, and each guided set's ΔAcc with its per-document CI, in accuracy points."""
+    doc = (ROOT / "docs" / "study.md").read_text()
+    (r,) = json.loads((ROOT / "experiments" / "results" / "study-cpu-tasks-1of3.json").read_text())["rows"]
+    table = {cells[0]: cells[1:] for cells in _table_rows(doc, "| SmolLM2-135M | n = 1 |")}
+    rows, t = r["removal"]["rows"], r["tasks"]
+
+    def nums(cell):
+        return [float(x.replace("−", "-")) for x in re.findall(r"[+−-]?\d+\.\d+", cell)]
+
+    for n in (1, 2, 3):
+        x = rows[n - 1]
+        assert nums(table["ΔPPL % R / I"][n - 1]) == [round(x["replacement"]["delta_pct"], 2),
+                                                      round(x["interchange"]["delta_pct"], 2)]
+        assert nums(table["I/R [95 % CI]"][n - 1]) == [round(v, 3) for v in (x["ratio"], *x["ratio_ci"])]
+        for label, method in (("ΔAcc points R", "replacement"), ("ΔAcc points I", "interchange"),
+                              ("ΔAcc points consensus (mean = max here)", "consensus-mean")):
+            d = t["methods"][method][n - 1]["delta"]["wikitext_lastword"]
+            assert nums(table[label][n - 1]) == [round(100 * v, 1) for v in (d["delta"], *d["ci"])]
+        assert t["methods"]["consensus-max"][n - 1]["removed"] == t["methods"]["consensus-mean"][n - 1]["removed"]
