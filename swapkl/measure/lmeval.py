@@ -150,7 +150,7 @@ def load_task(tm, name: str) -> dict:
     versions = {t: _version(obj) for t, obj in leaves.items()}
     for g, obj in loaded.get("groups", {}).items():
         versions[str(g)] = _version(obj)
-    configs = {t: json.loads(json.dumps(obj.dump_config(), sort_keys=True, default=str)) for t, obj in leaves.items()}
+    configs = {t: portable_config(obj.dump_config()) for t, obj in leaves.items()}
     objs = list(loaded["groups"].values()) or list(leaves.values())
     top = [o for o in objs if str(getattr(o, "name", "")) == name] or objs
     return {"name": name, "spec": top, "leaves": leaves, "versions": versions, "config_sha": stable_hash(configs)[:16],
@@ -185,6 +185,17 @@ def _no_custom_dataset_note():
         yield
     finally:
         log.removeFilter(note)
+
+
+def portable_config(config: dict) -> dict:
+    """A task's configuration as JSON without where its YAML lies on this machine (lm-eval's
+    ``metadata.config_source``: a checkout's or site-packages' path), so that its hash, part of every task cache key,
+    names the task and not the installation."""
+    c = json.loads(json.dumps(config, sort_keys=True, default=str))
+    meta = c.get("metadata")
+    if isinstance(meta, dict) and "config_source" in meta:
+        c["metadata"] = {k: v for k, v in meta.items() if k != "config_source"}
+    return c
 
 
 def _version(obj):

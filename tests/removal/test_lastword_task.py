@@ -112,3 +112,15 @@ def test_a_document_from_the_calibration_text_or_a_prompt_window_is_refused(corp
     assert TR.check_task_disjoint(fake_task([far]), regions)["by_passage"] == 1
     with pytest.raises(TR.TaskOverlapError, match="the run's prompt region"):
         TR.check_task_disjoint(fake_task([far]), TR.run_regions(corpus, whole_prompt_region=True))
+
+
+def test_a_tasks_hash_does_not_depend_on_where_its_yaml_lies():
+    """The task cache key's configuration hash names the task, not the checkout: lm-eval records the YAML's path
+    (metadata.config_source), and the same task read from another folder hashes the same."""
+    here = lmeval.load_tasks(None, ["wikitext_lastword"])[1][0]
+    cfg = next(iter(here["leaves"].values())).dump_config()
+    assert str(cfg["metadata"]["config_source"]).endswith("wikitext_lastword.yaml")
+    moved = dict(cfg, metadata={**cfg["metadata"], "config_source": "/elsewhere/site-packages/wikitext_lastword.yaml"})
+    assert lmeval.portable_config(moved) == lmeval.portable_config(cfg)
+    assert "config_source" not in lmeval.portable_config(cfg)["metadata"]
+    assert here["config_sha"] == lmeval.stable_hash({"wikitext_lastword": lmeval.portable_config(cfg)})[:16]
