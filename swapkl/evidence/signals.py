@@ -10,7 +10,8 @@ function that recomputes it from a resample of the scoring prompts (``resample(i
 * ``bi``, ``cka`` (as ``1 - CKA``), ``taylor``: the registry methods' own scores on calibration text;
 * ``sleb``: SLEB's first step, the calibration PPL of each single removal;
 * ``consensus_mean`` / ``consensus_max``: the consensus of the two protocols' layer scores (docs/consensus.md,
-  :func:`swapkl.scoring.consensus.consensus_scores` over the guided rule's candidates 1..L-2; NaN at the boundary),
+  :func:`swapkl.scoring.consensus.walk_scores` over the guided rule's candidates 1..L-2: the consensus score with
+  its ties broken as the consensus method breaks them; NaN at the boundary),
   recomputed per prompt resample from both protocols' resampled layer scores (the same draws);
 * ``bridged_kl`` (``evidence --repair bridge``): KL(base ‖ block ℓ replaced by its linear bridge) per scoring prompt,
   the span ``[ℓ, ℓ+1)`` of the third matrix (:mod:`swapkl.repair.bridged_kl`).
@@ -66,10 +67,12 @@ CONSENSUS = ("consensus_mean", "consensus_max")
 
 def consensus_signals(swap: list[Signal], L: int) -> list[Signal]:
     """``consensus_mean`` and ``consensus_max`` from the ``replacement`` and ``interchange`` signals of ``swap``
-    (:func:`swap_signals`): :func:`~swapkl.scoring.consensus.consensus_scores` of their layer scores over the guided
-    rule's candidates, lower = safer; ``resample(idx)`` ranks both protocols' layer scores of the same prompt draw."""
+    (:func:`swap_signals`): :func:`~swapkl.scoring.consensus.walk_scores` of their layer scores over the guided
+    rule's candidates (the consensus score, its ties broken as the consensus method breaks them, so the signal's
+    sets are the method's), lower = safer; ``resample(idx)`` ranks both protocols' layer scores of the same prompt
+    draw."""
     from swapkl.removal.selection import default_candidates
-    from swapkl.scoring.consensus import RULES, consensus_scores
+    from swapkl.scoring.consensus import RULES, walk_scores
 
     by = {s.name: s for s in swap}
     r, i = by["replacement"], by["interchange"]
@@ -80,8 +83,8 @@ def consensus_signals(swap: list[Signal], L: int) -> list[Signal]:
 
         def resample(idx, rule=rule):
             a, b = r.resample(idx), i.resample(idx)
-            return np.stack([consensus_scores(a[k], b[k], cands, rule) for k in range(len(a))])
-        out.append(Signal(name, consensus_scores(r.values, i.values, cands, rule),
+            return np.stack([walk_scores(a[k], b[k], cands, rule) for k in range(len(a))])
+        out.append(Signal(name, walk_scores(r.values, i.values, cands, rule),
                           f"{RULES[rule].label} of the replacement and interchange ranks, layers 1..L-2",
                           resample if r.resample is not None and i.resample is not None else None, rule="guided"))
     return out

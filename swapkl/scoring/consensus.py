@@ -71,6 +71,16 @@ def consensus_scores(s_r, s_i, candidates, rule: str) -> np.ndarray:
     return r.combine(candidate_ranks(s_r, candidates), candidate_ranks(s_i, candidates))
 
 
+def walk_scores(s_r, s_i, candidates, rule: str) -> np.ndarray:
+    """(L,) one number per layer whose ascending order, ties by layer index, is :func:`consensus_order`'s: the
+    consensus score plus its tie-break score times ``0.2 / (L + 1)`` (ranks step by 0.5, so a consensus score steps
+    by at least 0.25 and the tie-break, at most L, never reorders it); NaN where the consensus is NaN.  What a
+    signal of the consensus ranks, so that its sets are the consensus method's."""
+    r = RULES[rule]
+    r_r, r_i = candidate_ranks(s_r, candidates), candidate_ranks(s_i, candidates)
+    return r.combine(r_r, r_i) + r.tie_break(r_r, r_i) * (0.2 / (len(r_r) + 1))
+
+
 def consensus_order(s_r, s_i, candidates, rule: str) -> list[int]:
     """The candidates with both scores, safest first under ``rule``: ascending consensus score, then its tie-break
     score, then layer index (docs/consensus.md, step 3)."""

@@ -2,7 +2,7 @@
 task.  A block's ΔAcc equals lm-eval's evaluation of the same pruned model (in memory, and lm-eval's own CLI on the
 exported folder); ρ with the accuracy loss equals scipy on the emitted vectors and its CI equals a plain loop over the
 joint resamples (prompts, windows and documents, replicate b drawn together); the consensus signals equal
-consensus_scores; bad input is one line with exit code 2."""
+consensus order; bad input is one line with exit code 2."""
 from __future__ import annotations
 
 import json
@@ -169,16 +169,23 @@ def test_rho_ci_equals_a_plain_loop_over_joint_resamples():
 
 
 # ------------------------------------------------------------------------------------------------ consensus
-def test_consensus_signals_equal_consensus_scores(run):
+def test_consensus_signals_order_layers_as_the_consensus_method_walks(run):
+    from swapkl.evidence import stability as S
     from swapkl.evidence.signals import Signal, consensus_signals
-    from swapkl.scoring.consensus import consensus_scores
+    from swapkl.removal.selection import nested, scan
+    from swapkl.scoring.consensus import consensus_order, consensus_scores, walk_scores
 
     sg = run["signals"]
     L = len(run["layers"])
     for rule in ("mean", "max"):
-        want = consensus_scores(sg["replacement"], sg["interchange"], range(1, L - 1), rule)
+        want = walk_scores(sg["replacement"], sg["interchange"], range(1, L - 1), rule)
         got = np.array([np.nan if x is None else x for x in sg[f"consensus_{rule}"]], float)
         np.testing.assert_array_equal(got, want)
+        # the consensus score, its ties broken as the method breaks them: the same order as the method's walk
+        plain = consensus_scores(sg["replacement"], sg["interchange"], range(1, L - 1), rule)
+        order = sorted((k for k in range(L) if np.isfinite(got[k])), key=lambda k: (got[k], k))
+        assert order == consensus_order(sg["replacement"], sg["interchange"], range(1, L - 1), rule)
+        assert all(plain[a] <= plain[b] for a, b in zip(order, order[1:]))
     rng = np.random.default_rng(3)
     pr, pi = rng.random((6, 7)), rng.random((6, 7))
     swap = [Signal("replacement", pr.mean(0), "t", lambda idx: pr[idx].mean(1)),
@@ -186,11 +193,14 @@ def test_consensus_signals_equal_consensus_scores(run):
     idx = rng.integers(0, 6, (5, 6))
     for s in consensus_signals(swap, 7):
         rule = s.name.split("_")[1]
-        np.testing.assert_array_equal(s.values, consensus_scores(pr.mean(0), pi.mean(0), range(1, 6), rule))
+        np.testing.assert_array_equal(s.values, walk_scores(pr.mean(0), pi.mean(0), range(1, 6), rule))
         reps = s.resample(idx)
         for r in range(5):  # each replicate ranks both protocols' scores of the same prompt draw
-            np.testing.assert_array_equal(reps[r], consensus_scores(pr[idx[r]].mean(0), pi[idx[r]].mean(0),
-                                                                    range(1, 6), rule))
+            np.testing.assert_array_equal(reps[r], walk_scores(pr[idx[r]].mean(0), pi[idx[r]].mean(0),
+                                                               range(1, 6), rule))
+        # the stability's full-sample sets are the consensus method's walk (its order, the guided rule's spacing)
+        walk = nested(scan(consensus_order(pr.mean(0), pi.mean(0), range(1, 6), rule), 2, 1))
+        assert [S.pick(s.values, n, list(range(1, 6)), 1) for n in (1, 2)] == walk
 
 
 # ------------------------------------------------------------------------------------------------ hostile input
