@@ -92,7 +92,7 @@ def check_task_regions(a, ck, include, tasks) -> list[str]:
     the scoring prompts, the calibration text of the methods that read it, and with ``--repair bridge`` the whole
     prompt region (the bridge's calibration windows lie anywhere in it); no held-out perplexity is read here.
     Raises the one-line :class:`~swapkl.measure.task_regions.TaskOverlapError`; returns one note per task."""
-    from swapkl.healing.text import CALIB_RESERVE_WORDS
+    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
     from swapkl.measure import task_regions as TR
     from swapkl.scoring.corpora import load_corpus
     from swapkl.scoring.prompts import make_prompts

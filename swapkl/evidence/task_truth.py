@@ -155,7 +155,7 @@ def check_disjoint(ck, settings, contract, corpus, heldout_words: int, bridged: 
     ``corpus``, the scoring prompts of ``contract`` and the signals' calibration reserve of its corpus, its whole
     prompt region when ``bridged`` (the bridges' calibration windows).  One-line
     :class:`~swapkl.measure.task_regions.TaskOverlapError` before anything is computed; one note per task and text."""
-    from swapkl.healing.text import CALIB_RESERVE_WORDS
+    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
     from swapkl.measure import task_regions as TR
     from swapkl.scoring.corpora import load_corpus
     from swapkl.scoring.prompts import make_prompts

@@ -23,11 +23,9 @@ import torch
 
 from swapkl.errors import SwapklError
 from swapkl.scoring import corpora
+from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
 from swapkl.scoring.prompts import adds_bos, make_prompts, tokenize_stream
 
-#: prompt-region words kept for calibration text; a multiple of tokenize_stream's 2,000-word pieces, so the
-#: reserve's tokens are exactly the first tokens of the prompt region's stream
-CALIB_RESERVE_WORDS = 4000
 SHINGLE_WORDS = 20
 
 

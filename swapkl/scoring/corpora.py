@@ -19,6 +19,10 @@ from swapkl.store import PROJECT_ROOT
 # Deferred imports: datasets (optional, slow to import) is imported only when the wikitext-2 corpus is requested.
 
 EVAL_REGION_WORDS = 20_000
+#: prompt-region words kept for calibration text (BI, SLEB, Taylor read at most the first 2,048; a heal trains after
+#: them); a multiple of tokenize_stream's 2,000-word pieces, so the reserve's tokens are exactly the first tokens of
+#: the prompt region's stream
+CALIB_RESERVE_WORDS = 4000
 ENV_CORPUS = "SWAPKL_CORPUS"
 BUILTIN = "builtin:pydoc"
 WIKITEXT2 = "wikitext2"

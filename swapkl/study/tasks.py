@@ -84,7 +84,7 @@ def check_disjoint(plan, ev, corpus, ck=None) -> list[str]:
     model, checked before the first loads -- and with a loaded checkpoint ``ck`` its scoring prompts as well (they
     depend on its tokenizer).  Raises the one-line :class:`~swapkl.measure.task_regions.TaskOverlapError`;
     returns one note per task and corpus checked."""
-    from swapkl.healing.text import CALIB_RESERVE_WORDS
+    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
     from swapkl.measure import lmeval
     from swapkl.measure import task_regions as TR
     from swapkl.scoring.corpora import load_corpus

@@ -318,7 +318,7 @@ def _demo_task_widgets_app():
     from swapkl.jobs.policy import Policy
 
     pol = Policy(demo=True, tasks=("tinystories_mc",), task_include_path="tests/fixtures/tasks", max_task_limit=30)
-    tasks, limit, shots, include = tasks_panel._widgets(pol, "w_heal_tasks")
+    tasks, limit, shots, include = tasks_panel.task_widgets(pol, "w_heal_tasks")
     st.write(f"picked {tasks} {limit} {shots} {include}")
 
 

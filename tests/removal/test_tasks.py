@@ -304,7 +304,7 @@ def _demo_widgets_app():
     from dashboard import tasks_panel
     from swapkl.jobs.policy import Policy
 
-    tasks_panel._widgets(Policy(demo=True, tasks=("tinystories_mc", "arc_easy"), max_task_limit=30))
+    tasks_panel.task_widgets(Policy(demo=True, tasks=("tinystories_mc", "arc_easy"), max_task_limit=30))
 
 
 def test_panel_draws_each_method_with_stderr_and_chance(first_run, tmp_path, monkeypatch):
