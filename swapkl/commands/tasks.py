@@ -92,17 +92,11 @@ def check_task_regions(a, ck, include, tasks) -> list[str]:
     the scoring prompts, the calibration text of the methods that read it, and with ``--repair bridge`` the whole
     prompt region (the bridge's calibration windows lie anywhere in it); no held-out perplexity is read here.
     Raises the one-line :class:`~swapkl.measure.task_regions.TaskOverlapError`; returns one note per task."""
-    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
     from swapkl.measure import task_regions as TR
-    from swapkl.scoring.corpora import load_corpus
-    from swapkl.scoring.prompts import make_prompts
 
-    contract = contract_from_args(a)
-    corpus = load_corpus(contract.corpus)
-    prompts = make_prompts(ck.tokenizer, corpus, contract.prompts, contract.tokens, contract.seed, contract.bos)
     _tm, loaded = lmeval.load_tasks(include, tasks)
-    return TR.check_run(loaded, corpus, calib_words=CALIB_RESERVE_WORDS, prompts=prompts, tokenizer=ck.tokenizer,
-                        whole_prompt_region=getattr(a, "repair", "none") == "bridge")
+    return TR.check_contract(loaded, contract_from_args(a), ck.tokenizer,
+                             whole_prompt_region=getattr(a, "repair", "none") == "bridge")
 
 
 def _scores(a, ck, loaded) -> tuple[dict, str | None]:

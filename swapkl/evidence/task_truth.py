@@ -155,13 +155,8 @@ def check_disjoint(ck, settings, contract, corpus, heldout_words: int, bridged: 
     ``corpus``, the scoring prompts of ``contract`` and the signals' calibration reserve of its corpus, its whole
     prompt region when ``bridged`` (the bridges' calibration windows).  One-line
     :class:`~swapkl.measure.task_regions.TaskOverlapError` before anything is computed; one note per task and text."""
-    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
     from swapkl.measure import task_regions as TR
-    from swapkl.scoring.corpora import load_corpus
-    from swapkl.scoring.prompts import make_prompts
 
-    scoring = load_corpus(contract.corpus)
-    prompts = make_prompts(ck.tokenizer, scoring, contract.prompts, contract.tokens, contract.seed, contract.bos)
     _tm, loaded = lmeval.load_tasks(settings.include_path, settings.tasks)
-    return TR.check_run(loaded, scoring, heldout=corpus, heldout_words=heldout_words, calib_words=CALIB_RESERVE_WORDS,
-                        prompts=prompts, tokenizer=ck.tokenizer, whole_prompt_region=bridged)
+    return TR.check_contract(loaded, contract, ck.tokenizer, heldout=corpus, heldout_words=heldout_words,
+                             whole_prompt_region=bridged)

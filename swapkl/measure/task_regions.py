@@ -169,3 +169,19 @@ def check_run(loaded, scoring, *, heldout=None, heldout_words: int = 0, calib_wo
     if heldout_words:
         regions.append(run_regions(heldout if heldout is not None else scoring, heldout_words=heldout_words))
     return [describe(check_task_disjoint(t, r)) for r in regions for t in loaded]
+
+
+def check_contract(loaded, contract, tokenizer=None, *, heldout=None, heldout_words: int = 0,
+                   whole_prompt_region: bool = False) -> list[str]:
+    """:func:`check_run` for a run scored under swap-KL ``contract``: its corpus's calibration reserve
+    (:data:`swapkl.scoring.corpora.CALIB_RESERVE_WORDS`), with ``tokenizer`` its scoring prompts
+    (:func:`swapkl.scoring.prompts.make_prompts`), the whole prompt region when ``whole_prompt_region``, and the
+    first ``heldout_words`` words of ``heldout`` (default: the contract's corpus)."""
+    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS, load_corpus
+    from swapkl.scoring.prompts import make_prompts
+
+    scoring = load_corpus(contract.corpus)
+    prompts = None if tokenizer is None else make_prompts(tokenizer, scoring, contract.prompts, contract.tokens,
+                                                           contract.seed, contract.bos)
+    return check_run(loaded, scoring, heldout=heldout, heldout_words=heldout_words, calib_words=CALIB_RESERVE_WORDS,
+                     prompts=prompts, tokenizer=tokenizer, whole_prompt_region=whole_prompt_region)

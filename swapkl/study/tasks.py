@@ -84,20 +84,13 @@ def check_disjoint(plan, ev, corpus, ck=None) -> list[str]:
     model, checked before the first loads -- and with a loaded checkpoint ``ck`` its scoring prompts as well (they
     depend on its tokenizer).  Raises the one-line :class:`~swapkl.measure.task_regions.TaskOverlapError`;
     returns one note per task and corpus checked."""
-    from swapkl.scoring.corpora import CALIB_RESERVE_WORDS
     from swapkl.measure import lmeval
     from swapkl.measure import task_regions as TR
-    from swapkl.scoring.corpora import load_corpus
-    from swapkl.scoring.prompts import make_prompts
 
     st = settings_of(plan.tasks)
     _tm, loaded = lmeval.load_tasks(lmeval.check_include_path(st.include_path) if st.include_path else None, st.tasks)
-    c = plan.contract
-    scoring = load_corpus(c.corpus)
-    prompts = make_prompts(ck.tokenizer, scoring, c.prompts, c.tokens, c.seed, c.bos) if ck is not None else None
-    return TR.check_run(loaded, scoring, heldout=corpus, heldout_words=int(ev.max_words),
-                        calib_words=CALIB_RESERVE_WORDS, prompts=prompts,
-                        tokenizer=ck.tokenizer if ck is not None else None)
+    return TR.check_contract(loaded, plan.contract, ck.tokenizer if ck is not None else None, heldout=corpus,
+                             heldout_words=int(ev.max_words))
 
 
 def task_part(ck, plan, curves, scores: dict, should_stop=None) -> dict:
