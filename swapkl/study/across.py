@@ -82,6 +82,14 @@ def task_columns(r: dict) -> dict:
     return out
 
 
+def _picks_line(what: str, picks: list, how: str) -> str:
+    """How many models' ``picks`` (``{"winner": protocol or None}``) say replacement, interchange or neither predicts
+    ``what`` better, with ``how`` the pick was made."""
+    w = [p["winner"] or "tie" for p in picks]
+    return (f"replacement predicts {what} better on {w.count('replacement')} of {len(picks)} models, interchange on "
+            f"{w.count('interchange')}, tie on {w.count('tie')} ({how})")
+
+
 def _count(words: list, keys=("better", "tie", "worse")) -> dict:
     return {k: words.count(k) for k in keys}
 
@@ -124,11 +132,9 @@ def predictor_statements(result) -> list[str]:
         picks = [p for p in picks if p]
         if not picks:
             continue
-        w = [p["winner"] or "tie" for p in picks]
-        out.append(f"replacement predicts single-block removal cost{tag} better on {w.count('replacement')} of "
-                   f"{len(picks)} models, interchange on {w.count('interchange')}, tie on {w.count('tie')} "
-                   "(Spearman ρ with the held-out ΔPPL %; paired ρ-difference CI where one is the best signal, else "
-                   "the ρ CIs' overlap)")
+        out.append(_picks_line(f"single-block removal cost{tag}", picks,
+                               "Spearman ρ with the held-out ΔPPL %; paired ρ-difference CI where one is the best "
+                               "signal, else the ρ CIs' overlap"))
     return out
 
 
@@ -190,11 +196,9 @@ def task_statements(result) -> list[str]:
                        "acc(I) − acc(R))")
         picks = [r["tasks"]["predictors"][t]["pick"] for r in done if t in (r["tasks"].get("predictors") or {})]
         if picks:
-            w = [p["winner"] or "tie" for p in picks]
-            out.append(f"{t}: replacement predicts single-block accuracy loss better on {w.count('replacement')} of "
-                       f"{len(picks)} models, interchange on {w.count('interchange')}, tie on {w.count('tie')} "
-                       "(Spearman ρ of the layer score with the single-block accuracy loss; paired ρ-difference CI "
-                       "over document resamples)")
+            out.append(f"{t}: " + _picks_line("single-block accuracy loss", picks,
+                                              "Spearman ρ of the layer score with the single-block accuracy loss; "
+                                              "paired ρ-difference CI over document resamples"))
     return out
 
 

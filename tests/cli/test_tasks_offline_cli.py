@@ -9,6 +9,7 @@ import json
 import pytest
 
 from support.cli_run import run_swapkl
+from support.local_task import write_lastword_task
 from swapkl.measure import lastword as LW
 
 SMALL = ("--budget", "1", "--methods", "replacement", "--include-boundary", "--prompts", "4", "--tokens", "16")
@@ -48,14 +49,8 @@ def test_a_task_built_from_the_calibration_text_is_refused(stories_path, wikitex
 
     c = corpora.from_file(wikitext_path)
     s = c.split_point
-    folder = tmp_path / "tasks" / "leaky"
-    folder.mkdir(parents=True)
     docs = [{"context": " ".join(c.words[s + b:s + b + 40]), "target": c.words[s + b + 40]} for b in (0, 500, 1000)]
-    (folder / "leaky.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (folder / "leaky.yaml").write_text(
-        "task: leaky\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(folder / "leaky.jsonl") +
-        "\ntest_split: test\noutput_type: loglikelihood\ndoc_to_text: '{{context}}'\n"
-        "doc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+    write_lastword_task(tmp_path / "tasks", "leaky", docs)
     r = run_cli("tasks", stories_path, *SMALL, "--tasks", "leaky", "--include-path", tmp_path / "tasks",
                 "--corpus", wikitext_path, cache=tmp_path / "c")
     one_error(r, r"^error: lm-eval task 'leaky' document 0 shares a 20-word passage with the run's calibration "

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from support.local_task import write_lastword_task
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "tasks"
 TASK = "tinystories_mc"
@@ -230,14 +232,8 @@ def test_a_task_built_from_the_held_out_text_is_refused_before_anything_is_compu
     from swapkl.scoring import corpora
 
     c = corpora.from_file(wikitext_path)
-    folder = tmp_path / "tasks" / "ev_leak"
-    folder.mkdir(parents=True)
     docs = [{"context": " ".join(c.words[b:b + 40]), "target": c.words[b + 40]} for b in (300, 600)]
-    (folder / "ev_leak.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (folder / "ev_leak.yaml").write_text(
-        "task: ev_leak\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(folder / "ev_leak.jsonl") +
-        "\ntest_split: test\noutput_type: loglikelihood\ndoc_to_text: '{{context}}'\n"
-        "doc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+    write_lastword_task(tmp_path / "tasks", "ev_leak", docs)
     mp = pytest.MonkeyPatch()
     try:
         rc = _main(["evidence", stories_path, "--budget", "1", "--eval-text", wikitext_path, *QUICK, "--tasks",

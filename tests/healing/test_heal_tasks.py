@@ -19,6 +19,7 @@ from swapkl.measure.task_runner import TaskSettings
 from test_heal_curves import fake_scores
 from test_tasks import counting_loads
 from support.tensors import logits
+from support.local_task import write_lastword_task
 from support.app_util import heal_panel_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,13 +212,8 @@ def test_cli_heal_tasks(tasks_env, stories_path, small_corpus, tmp_path, capsys,
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
         assert len(err) == 1 and pattern in err[0], err
     leak = tmp_path / "leak" / "heal_leak"  # a task built from the evaluation text: refused before the model loads
-    leak.mkdir(parents=True)
-    (leak / "heal_leak.jsonl").write_text(json.dumps({"context": " ".join(small_corpus.words[40:90]),
-                                                      "target": small_corpus.words[90]}) + "\n")
-    (leak / "heal_leak.yaml").write_text(
-        "task: heal_leak\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(leak / "heal_leak.jsonl") +
-        "\ntest_split: test\noutput_type: loglikelihood\ndoc_to_text: '{{context}}'\n"
-        "doc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n")
+    write_lastword_task(leak.parent, "heal_leak", [{"context": " ".join(small_corpus.words[40:90]),
+                                                   "target": small_corpus.words[90]}])
     assert main(common + ["--tasks", "heal_leak", "--include-path", str(tmp_path / "leak")]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
     assert len(err) == 1 and "shares a 20-word passage with the run's held-out text" in err[0], err

@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 
+from support.local_task import write_lastword_task
+
 STORIES = "tests/fixtures/models/stories260K"
 WIKI = "tests/fixtures/data/wikitext-2-raw/wiki.test.raw"
 METHODS = "replacement,interchange,consensus-mean,consensus-max"
@@ -80,15 +82,8 @@ def test_a_task_built_from_the_held_out_text_is_refused_before_any_work(cli, tmp
     from swapkl.scoring import corpora
 
     c = corpora.from_file(WIKI)
-    folder = tmp_path / "tasks" / "heldout_leak"
-    folder.mkdir(parents=True)
     docs = [{"context": " ".join(c.words[b:b + 40]), "target": c.words[b + 40]} for b in (100, 200)]
-    (folder / "heldout_leak.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (folder / "heldout_leak.yaml").write_text(
-        "task: heldout_leak\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " +
-        str(folder / "heldout_leak.jsonl") + "\ntest_split: test\noutput_type: loglikelihood\n"
-        "doc_to_text: '{{context}}'\ndoc_to_target: \"{{' ' + target}}\"\nmetric_list:\n  - metric: acc\n"
-        "metadata:\n  version: 1.0\n")
+    write_lastword_task(tmp_path / "tasks", "heldout_leak", docs)
     rc, out, err = cli("study", STORIES, *SCORING, "--eval-text", WIKI, "--max-words", "300", "--budget", "1",
                        "--include-path", str(tmp_path / "tasks"), "--tasks", "heldout_leak", "--json",
                        str(tmp_path / "s.json"))
