@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 from swapkl import heavy
@@ -32,8 +33,25 @@ def transient(e: BaseException) -> bool:
     return isinstance(e, (ImportError, AttributeError, OSError, RuntimeError))
 
 
+def _tasks_held(request):
+    """The request's lm-eval tasks loaded once for the job, on this worker thread
+    (:func:`swapkl.measure.lmeval.preloaded`): an unknown or unloadable task fails before the model is loaded, and
+    the disjointness check and the measurement use the same task objects.  Nothing for a request without tasks."""
+    names = tuple(getattr(request, "tasks", None) or ())
+    if not names:
+        return nullcontext()
+    from swapkl.measure import lmeval
+
+    return lmeval.preloaded(getattr(request, "include_path", None), names)
+
+
 def _pipeline(job: Job, models: ModelCache) -> None:
     heavy.ensure()  # waits for the warm-up's imports instead of racing them
+    with _tasks_held(job.request):
+        _dispatch(job, models)
+
+
+def _dispatch(job: Job, models: ModelCache) -> None:
     if job.request.kind == "trajectory":
         pipelines.run_trajectory(job, models)
     elif job.request.kind == "evidence":

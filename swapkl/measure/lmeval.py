@@ -29,7 +29,17 @@ NOT_METRICS = ("alias", "name", "sample_len", "samples", " ")
 
 _MANAGERS: dict = {}
 _MANAGERS_LOCK = threading.Lock()
-_PRELOADED: dict = {}  # (include path, names) -> load_tasks' result, inside a ``preloaded`` block
+
+
+class _Held(threading.local):
+    """The tasks of the ``preloaded`` blocks open in this thread: (include path, names) -> load_tasks' result.
+    Per thread, so that concurrent runs (a server's job threads, a test's) never see each other's task objects."""
+
+    def __init__(self):
+        self.tasks: dict = {}
+
+
+_HELD = _Held()
 
 
 class TaskError(SwapklError):
@@ -97,7 +107,7 @@ def load_tasks(include_path: str | None, names) -> tuple[object, list[dict]]:
     registry, or a local group that needs a registry task) it is the full one.  The tasks are the same YAMLs either
     way: the choice changes the time taken, not what is evaluated."""
     names = list(names)
-    held = _PRELOADED.get(_preload_key(include_path, names))
+    held = _HELD.tasks.get(_preload_key(include_path, names))
     if held is not None:
         return held
     if names:
@@ -118,14 +128,18 @@ def _preload_key(include_path: str | None, names) -> tuple:
 @contextmanager
 def preloaded(include_path: str | None, names):
     """Load the tasks now -- an unknown or unloadable task fails here, before a command loads its model -- and let
-    every :func:`load_tasks` of the same include path and names inside the block return them: a command's run loads
-    each task once.  (Outside a block every call loads afresh: a server's jobs never share task objects.)"""
+    every :func:`load_tasks` of the same include path and names inside the block, in the same thread, return them: a
+    command's run or a server's job loads each task once.  (Outside a block every call loads afresh; another thread
+    never sees this block's tasks.)"""
     key = _preload_key(include_path, names)
-    _PRELOADED[key] = load_tasks(include_path, names)
+    if key in _HELD.tasks:  # a nested block of the same tasks: the outer one owns them
+        yield _HELD.tasks[key]
+        return
+    _HELD.tasks[key] = load_tasks(include_path, names)
     try:
-        yield _PRELOADED[key]
+        yield _HELD.tasks[key]
     finally:
-        _PRELOADED.pop(key, None)
+        _HELD.tasks.pop(key, None)
 
 
 def load_task(tm, name: str) -> dict:

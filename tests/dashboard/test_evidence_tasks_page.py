@@ -46,9 +46,12 @@ def test_a_demo_server_bounds_the_task_ground_truth_as_task_accuracy():
 
 
 def test_the_pipeline_computes_the_task_ground_truth(cache_dir, monkeypatch):
+    """... and loads its task once, on the job's thread (the disjointness check and the measurement share it)."""
     from swapkl.measure import lmeval
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    loads, real = [], lmeval.load_task
+    monkeypatch.setattr(lmeval, "load_task", lambda tm, name: loads.append(name) or real(tm, name))
     mgr = JobManager(root=cache_dir / "dashboard")
     try:
         req = EvidenceRequest(model=STORIES_REL, contract=Contract(prompts=4, tokens=16), budget=1,
@@ -62,7 +65,7 @@ def test_the_pipeline_computes_the_task_ground_truth(cache_dir, monkeypatch):
     assert t["tasks"] == [TASK] and t["n_docs"] == {TASK: 8} and len(t["acc_loss"]) == len(d["layers"])
     assert d["contract"]["tasks"]["limit"] == 8 and d["contract"]["tasks"]["disjoint"]
     assert "ground_truth_acc" in d["agreement"]["spearman"]
-    assert not lmeval._PRELOADED
+    assert loads == [TASK] and not lmeval._HELD.tasks
 
 
 def test_the_evidence_page_puts_the_chosen_task_in_the_request():

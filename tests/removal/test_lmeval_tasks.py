@@ -43,3 +43,22 @@ def test_a_name_outside_the_include_path_goes_to_the_full_registry(managers):
     with pytest.raises(lmeval.TaskError, match=r"^unknown lm-eval task 'no_such_task_xyz' \(not in lm-eval's registry"):
         lmeval.load_tasks(ip, [TASK, "no_such_task_xyz"])
     assert (ip, True) in managers
+
+
+def test_a_preloaded_block_serves_its_own_thread_only(managers):
+    """Inside ``preloaded`` the same thread's ``load_tasks`` returns the loaded objects (no second load); another
+    thread -- a server's second job -- loads its own; a nested block of the same tasks leaves the outer one's."""
+    import threading
+
+    ip = lmeval.check_include_path(FIXTURE_TASKS)
+    seen = {}
+    with lmeval.preloaded(ip, [TASK]) as held:
+        assert lmeval.load_tasks(ip, [TASK]) is held
+        with lmeval.preloaded(ip, [TASK]) as inner:
+            assert inner is held
+        assert lmeval.load_tasks(ip, [TASK]) is held          # the nested block did not drop the outer's tasks
+        worker = threading.Thread(target=lambda: seen.update(other=lmeval.load_tasks(ip, [TASK])))
+        worker.start()
+        worker.join()
+    assert seen["other"] is not held and seen["other"][1][0]["leaves"][TASK] is not held[1][0]["leaves"][TASK]
+    assert not lmeval._HELD.tasks and lmeval.load_tasks(ip, [TASK]) is not held

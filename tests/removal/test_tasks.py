@@ -73,7 +73,7 @@ def test_each_task_is_loaded_once_per_run(first_run):
     """The command loads the tasks before the model (a bad name fails first) and the run uses what it loaded."""
     from swapkl.measure import lmeval
 
-    assert FIRST_RUN_LOADS == [TASK] and not lmeval._PRELOADED
+    assert FIRST_RUN_LOADS == [TASK] and not lmeval._HELD.tasks
 
 
 def test_json_shape_and_contract(first_run):
@@ -285,6 +285,28 @@ def test_tasks_job_runs_publishes_and_is_snapshotted(first_run, stories_path, ca
         assert j2.tasks.methods == t.methods and j2.tasks.base == t.base
     finally:
         m2.shutdown()
+
+
+
+def test_a_tasks_job_with_an_unknown_task_fails_in_one_line_before_the_model_loads(stories_path, cache, monkeypatch):
+    """The worker loads a job's tasks before its pipeline (:func:`swapkl.jobs.runner._tasks_held`): a name lm-eval
+    does not know ends the job with one line, and the model is never loaded."""
+    from swapkl.contract import Contract
+    from swapkl.jobs import ERROR, JobManager, TasksRequest
+
+    monkeypatch.setenv("SWAPKL_CACHE", str(cache))
+    monkeypatch.chdir(ROOT)
+    req = TasksRequest(model=str(stories_path), contract=Contract(prompts=4, tokens=16), budget=1,
+                       methods=("interchange",), tasks=("no_such_task_xyz",), limit=LIMIT,
+                       include_path=str(FIXTURE_TASKS))
+    m = JobManager(loader=lambda *a, **k: pytest.fail("an unknown task must fail before the model is loaded"))
+    try:
+        job = m.submit(req)
+        assert job.wait(300), job.summary()
+        assert job.status == ERROR and "unknown lm-eval task 'no_such_task_xyz'" in job.error
+        assert "\n" not in job.error.strip()
+    finally:
+        m.shutdown()
 
 
 def _panel_app():
