@@ -142,15 +142,16 @@ def predictor_statements(result) -> list[str]:
 HEADLINE_N = 2
 
 
-def _consensus_line(c: str, metric: str, cells: list, n: int) -> str:
+def _consensus_line(c: str, metric: str, cells: list, n: int, gain: str) -> str:
     """One consensus method's two counts on one metric: models where it is significantly worse than the better
-    protocol at n, and, among cells where R and I differ significantly, those where it is cheaper than the worse."""
+    protocol at n, and, among cells where R and I differ significantly, those where it is significantly ``gain``
+    ("cheaper" in ΔPPL, "more accurate" in ΔAcc) than the worse (the cells' ``cheaper_than_worse``)."""
     at_n = [x for x in cells if x[0] == n]
     worse = sum(1 for _, x in at_n if x["worse_than_better"])
     differ = [x for _, x in cells if x["r_i_differ"]]
     cheaper = sum(1 for x in differ if x["cheaper_than_worse"])
     return (f"{c} is significantly worse than the better of R and I at n = {n} on {worse} of {len(at_n)} models "
-            f"({metric}); significantly cheaper than the worse in {cheaper} of {len(differ)} cells where R and I "
+            f"({metric}); significantly {gain} than the worse in {cheaper} of {len(differ)} cells where R and I "
             "differ (docs/consensus.md)")
 
 
@@ -159,15 +160,15 @@ def consensus_statements(result) -> list[str]:
     from swapkl.study.measure import CONSENSUS
 
     done = result.done()
-    sources = [("held-out ΔPPL %, paired window bootstrap", [(x, None) for r in done
-                                                            for x in (r["removal"].get("consensus") or [])])]
+    sources = [("held-out ΔPPL %, paired window bootstrap", "cheaper",
+                [(x, None) for r in done for x in (r["removal"].get("consensus") or [])])]
     tasks = list(dict.fromkeys(t for r in done for t in ((r.get("tasks") or {}).get("contract") or {})
                                .get("tasks", [])))
     for t in tasks:
         rows = [x for r in done for x in ((r.get("tasks") or {}).get("consensus") or [])]
-        sources.append((f"{t} ΔAcc, paired document bootstrap", [(x, t) for x in rows]))
+        sources.append((f"{t} ΔAcc, paired document bootstrap", "more accurate", [(x, t) for x in rows]))
     out = []
-    for metric, rows in sources:
+    for metric, gain, rows in sources:
         ns = sorted({x["n"] for x, _ in rows})
         if not ns:
             continue
@@ -176,7 +177,7 @@ def consensus_statements(result) -> list[str]:
             cells = [(x["n"], (x if t is None else x.get(t) or {}).get(c)) for x, t in rows]
             cells = [(k, v) for k, v in cells if v]
             if cells:
-                out.append(_consensus_line(c, metric, cells, n))
+                out.append(_consensus_line(c, metric, cells, n, gain))
     return out
 
 
