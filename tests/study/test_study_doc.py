@@ -57,24 +57,70 @@ def test_study_tables_equal_the_result_file():
         assert round(rows[LABELS[cells[0]]]["cost"]["seconds"]) == _num(cells[5])
 
 
-def test_the_task_and_consensus_table_equals_share_one():
-    """§7's table prints share 1 of 3 of experiments/study_cpu_tasks.sh (SmolLM2-135M): ΔPPL %, the I/R ratio and
-    its CI, and each guided set's ΔAcc with its per-document CI, in accuracy points."""
-    doc = (ROOT / "docs" / "study.md").read_text()
-    (r,) = json.loads((ROOT / "experiments" / "results" / "study-cpu-tasks-1of3.json").read_text())["rows"]
-    table = {cells[0]: cells[1:] for cells in _table_rows(doc, "| SmolLM2-135M | n = 1 |")}
-    rows, t = r["removal"]["rows"], r["tasks"]
+SHARES = "experiments/results/study-cpu-tasks-{k}of3.json"
+TASK = "wikitext_lastword"
 
-    def nums(cell):
-        return [float(x.replace("−", "-")) for x in re.findall(r"[+−-]?\d+\.\d+", cell)]
 
-    for n in (1, 2, 3):
-        x = rows[n - 1]
-        assert nums(table["ΔPPL % R / I"][n - 1]) == [round(x["replacement"]["delta_pct"], 2),
-                                                      round(x["interchange"]["delta_pct"], 2)]
-        assert nums(table["I/R [95 % CI]"][n - 1]) == [round(v, 3) for v in (x["ratio"], *x["ratio_ci"])]
-        for label, method in (("ΔAcc points R", "replacement"), ("ΔAcc points I", "interchange"),
-                              ("ΔAcc points consensus (mean = max here)", "consensus-mean")):
-            d = t["methods"][method][n - 1]["delta"]["wikitext_lastword"]
-            assert nums(table[label][n - 1]) == [round(100 * v, 1) for v in (d["delta"], *d["ci"])]
-        assert t["methods"]["consensus-max"][n - 1]["removed"] == t["methods"]["consensus-mean"][n - 1]["removed"]
+def _share_row(label: str) -> dict:
+    (r,) = json.loads((ROOT / SHARES.format(k=LABELS[label] + 1)).read_text())["rows"]
+    assert r["model"]["label"] == label
+    return r
+
+
+def _nums(cell: str) -> list[float]:
+    return [float(x.replace("−", "-")) for x in re.findall(r"[+−-]?\d+\.\d+", cell)]
+
+
+def _section_seven(doc: str) -> str:
+    return doc[doc.index("## 7."):]
+
+
+def test_the_task_and_consensus_tables_equal_the_shares():
+    """§7's per-model tables print the shares of experiments/study_cpu_tasks.sh: ΔPPL %, the I/R ratio and its CI,
+    each guided set's ΔAcc with its per-document CI (accuracy points), and the consensus against the better of R and
+    I (ΔPPL points, accuracy points); one consensus row where both rules chose the same sets, else one per rule."""
+    doc = _section_seven((ROOT / "docs" / "study.md").read_text())
+    tables = [m for m in LABELS if f"| {m} | n = 1 |" in doc]
+    assert tables[:2] == ["SmolLM2-135M", "Gemma-3-270M"]
+    for label in tables:
+        r = _share_row(label)
+        table = {cells[0]: cells[1:] for cells in _table_rows(doc, f"| {label} | n = 1 |")}
+        rows, t = r["removal"]["rows"], r["tasks"]
+        same = [e["removed"] for e in t["methods"]["consensus-mean"]] == \
+            [e["removed"] for e in t["methods"]["consensus-max"]]
+        rules = [("consensus (mean = max here)", "consensus", "consensus-mean")] if same else \
+            [(f"{c}", c, c) for c in ("consensus-mean", "consensus-max")]
+        for n in (1, 2, 3):
+            x = rows[n - 1]
+            assert _nums(table["ΔPPL % R / I"][n - 1]) == [round(x["replacement"]["delta_pct"], 2),
+                                                           round(x["interchange"]["delta_pct"], 2)]
+            assert _nums(table["I/R [95 % CI]"][n - 1]) == [round(v, 3) for v in (x["ratio"], *x["ratio_ci"])]
+            acc_rows = [("ΔAcc points R", "replacement"), ("ΔAcc points I", "interchange")] + \
+                [(f"ΔAcc points {row}", m) for row, _, m in rules]
+            for row, method in acc_rows:
+                d = t["methods"][method][n - 1]["delta"][TASK]
+                assert _nums(table[row][n - 1]) == [round(100 * v, 1) for v in (d["delta"], *d["ci"])], (label, row)
+            for _, tag, m in rules:
+                c = r["removal"]["consensus"][n - 1][m]
+                assert _nums(table[f"{tag} − better, ΔPPL points"][n - 1]) == \
+                    [round(v, 2) for v in (c["vs_better"], *c["vs_better_ci"])]
+                c = t["consensus"][n - 1][TASK][m]
+                assert _nums(table[f"{tag} − better, accuracy points"][n - 1]) == \
+                    [round(100 * v, 1) for v in (c["vs_better"], *c["vs_better_ci"])]
+
+
+def test_the_predictor_table_equals_the_shares():
+    """§7's ρ table: each protocol's ρ with held-out ΔPPL and with the accuracy loss, CIs, the best signal and the
+    paired pick for accuracy loss, per model measured."""
+    doc = _section_seven((ROOT / "docs" / "study.md").read_text())
+    seen = []
+    for cells in _table_rows(doc, "| model | ρ ΔPPL, replacement"):
+        r = _share_row(cells[0])
+        ev, pr = r["evidence"]["raw"], r["tasks"]["predictors"][TASK]
+        for cell, d in ((cells[1], ev["replacement"]), (cells[2], ev["interchange"]), (cells[4], pr["replacement"]),
+                        (cells[5], pr["interchange"])):
+            assert _nums(cell) == [round(v, 2) for v in (d["rho"], *d["ci"])]
+        assert cells[3] == f"{ev['best']} {ev['best_rho']:.2f}"
+        assert cells[6] == (pr["pick"]["winner"] or "tie")
+        seen.append(cells[0])
+    assert seen[:2] == ["SmolLM2-135M", "Gemma-3-270M"]
