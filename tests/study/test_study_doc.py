@@ -81,7 +81,7 @@ def test_the_task_and_consensus_tables_equal_the_shares():
     I (ΔPPL points, accuracy points); one consensus row where both rules chose the same sets, else one per rule."""
     doc = _section_seven((ROOT / "docs" / "study.md").read_text())
     tables = [m for m in LABELS if f"| {m} | n = 1 |" in doc]
-    assert tables[:2] == ["SmolLM2-135M", "Gemma-3-270M"]
+    assert tables == list(LABELS)
     for label in tables:
         r = _share_row(label)
         table = {cells[0]: cells[1:] for cells in _table_rows(doc, f"| {label} | n = 1 |")}
@@ -123,4 +123,19 @@ def test_the_predictor_table_equals_the_shares():
         assert cells[3] == f"{ev['best']} {ev['best_rho']:.2f}"
         assert cells[6] == (pr["pick"]["winner"] or "tie")
         seen.append(cells[0])
-    assert seen[:2] == ["SmolLM2-135M", "Gemma-3-270M"]
+    assert seen == list(LABELS)
+
+
+def test_the_merged_file_joins_the_shares_and_the_doc_prints_its_statements():
+    """study-cpu-tasks.json is the three shares merged (their rows, in order, complete), and §7's statement block is
+    the merged run's statement lines, verbatim."""
+    merged = json.loads((ROOT / "experiments" / "results" / "study-cpu-tasks.json").read_text())
+    assert merged["complete"] and [r["model"]["label"] for r in merged["rows"]] == list(LABELS)
+    for label, r in zip(LABELS, merged["rows"]):
+        assert r["removal"] == _share_row(label)["removal"] and r["tasks"] == _share_row(label)["tasks"]
+    printed = [line for line in (ROOT / "experiments" / "results" / "study-cpu-tasks.txt").read_text().splitlines()
+               if line.startswith("- ")]
+    doc = _section_seven((ROOT / "docs" / "study.md").read_text())
+    block = doc[doc.index("The merged statements"):]
+    block = block[block.index("```\n") + 4:]
+    assert block[:block.index("```")].splitlines() == printed and len(printed) == 13
