@@ -1,7 +1,8 @@
 """A study's figures and its HTML-report section (plotly and pandas, no Streamlit): the grid (one row per model),
-the I/R ratio per n as small multiples across models (one panel per model, paired 95 % CIs, 1 = parity), and the
+the I/R ratio per n as small multiples across models (one panel per model, paired 95 % CIs, 1 = parity), the
 predictor validity -- Spearman ρ of each protocol with single-block removal cost -- per model as a dot plot with
-CIs.  Every figure and table carries the study's contract caption."""
+CIs, and with tasks each guided set's accuracy change per n as small multiples.  Every figure and table carries the
+study's contract caption."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,8 @@ from swapkl.study.measure import PROTOCOLS
 from swapkl.views.captions import stamp, contract_caption, csv_link, html_table, html_text
 from swapkl.views.report import Section
 
-COLORS = {"replacement": "#1f77b4", "interchange": "#d62728"}
+COLORS = {"replacement": "#1f77b4", "interchange": "#d62728", "consensus-mean": "#2ca02c",
+          "consensus-max": "#9467bd"}
 #: pixels per model row of the ρ dot plot, per row of panels of the small multiples, and the band kept free for
 #: subplot titles between the caption and the plot area
 ROW_PX, PANEL_PX, TITLE_BAND = 70, 260, 36
@@ -53,13 +55,9 @@ def ratio_multiples(result, caption: str | None = None):
     """One panel per finished model: I/R (ΔPPL %(I) / ΔPPL %(R)) at each n with its paired CI; the dotted line at
     1 is parity (below: interchange-guided removal is cheaper)."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     done = result.done()
-    cols = min(4, max(1, len(done)))
-    nrows = max(1, math.ceil(len(done) / cols))
-    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=[_label(r) for r in done] or [""],
-                        shared_yaxes=True)
+    fig, cols, nrows = _panels(done)
     for k, r in enumerate(done):
         rows = [x for x in r["removal"]["rows"] if x["ratio"] is not None]
         ns, ys = [x["n"] for x in rows], [x["ratio"] for x in rows]
@@ -77,6 +75,50 @@ def ratio_multiples(result, caption: str | None = None):
     fig.update_xaxes(title_text="n removed blocks", row=nrows)
     fig.update_yaxes(title_text="I/R (ΔPPL ratio)", col=1)
     stamp(fig, "Interchange / replacement ΔPPL ratio per n (paired 95 % CI; below 1: interchange cheaper)",
+          caption if caption is not None else contract_caption(result.provenance()))
+    return _clear(fig, PANEL_PX * nrows)
+
+
+def _panels(done):
+    """``(figure, cols, nrows)``: one panel per finished model, at most four to a row, subplot titles the labels."""
+    from plotly.subplots import make_subplots
+
+    cols = min(4, max(1, len(done)))
+    nrows = max(1, math.ceil(len(done) / cols))
+    return make_subplots(rows=nrows, cols=cols, subplot_titles=[_label(r) for r in done] or [""],
+                         shared_yaxes=True), cols, nrows
+
+
+def task_multiples(result, task: str, caption: str | None = None):
+    """One panel per finished model with tasks: each guided method's accuracy change on ``task`` (pruned − base,
+    accuracy points) at n = 1..budget with its paired per-document 95 % CI; methods side by side at each n, the
+    dotted line at 0 is the base model."""
+    import plotly.graph_objects as go
+
+    done = [r for r in result.done() if task in (((r.get("tasks") or {}).get("contract") or {}).get("tasks") or [])]
+    fig, cols, nrows = _panels(done)
+    methods = list(dict.fromkeys(m for r in done for m in r["tasks"]["methods"]))
+    for k, r in enumerate(done):
+        at = {"row": k // cols + 1, "col": k % cols + 1}
+        for j, m in enumerate(methods):
+            entries = [e for e in r["tasks"]["methods"].get(m, []) if task in e["delta"]]
+            d = [e["delta"][task] for e in entries]
+            ys = [100 * x["delta"] for x in d]
+            lo, hi = zip(*[_err([100 * c for c in x["ci"]], y) for x, y in zip(d, ys)]) if d else ((), ())
+            off = (j - (len(methods) - 1) / 2) * 0.12
+            fig.add_trace(go.Scatter(x=[e["n"] + off for e in entries], y=ys, mode="markers", name=m,
+                                     legendgroup=m, showlegend=k == 0, marker={"color": COLORS.get(m), "size": 8},
+                                     customdata=[[e["n"], ", ".join(map(str, e["removed"]))] for e in entries],
+                                     error_y={"type": "data", "symmetric": False, "array": list(hi),
+                                              "arrayminus": list(lo)},
+                                     hovertemplate="n=%{customdata[0]} {%{customdata[1]}}: %{y:+.1f} points<extra>"
+                                                   + m + "</extra>"), **at)
+        fig.add_hline(y=0.0, line_dash="dot", line_color="grey", **at)
+        top = max((e["n"] for es in r["tasks"]["methods"].values() for e in es), default=1)
+        fig.update_xaxes(tickmode="array", tickvals=list(range(1, top + 1)), range=[0.5, top + 0.5], **at)
+    fig.update_xaxes(title_text="n removed blocks", row=nrows)
+    fig.update_yaxes(title_text="ΔAcc (points)", col=1)
+    stamp(fig, f"{task}: ΔAcc of each guided set per n (pruned − base; 95 % CI)",
           caption if caption is not None else contract_caption(result.provenance()))
     return _clear(fig, PANEL_PX * nrows)
 
@@ -107,11 +149,16 @@ def rho_dots(result, caption: str | None = None, part: str = "raw"):
 
 
 def figures(result) -> dict:
-    """The study's figures by name: ``ratio``, ``rho`` and (with a bridge) ``rho_bridged``."""
+    """The study's figures by name: ``ratio``, ``rho``, (with a bridge) ``rho_bridged`` and (with tasks) one
+    ``acc_TASK`` per task."""
     cap = contract_caption(result.provenance())
     out = {"ratio": ratio_multiples(result, cap), "rho": rho_dots(result, cap)}
     if any((r.get("evidence") or {}).get("bridged") for r in result.done()):
         out["rho_bridged"] = rho_dots(result, cap, "bridged")
+    tasks = dict.fromkeys(t for r in result.done()
+                          for t in (((r.get("tasks") or {}).get("contract") or {}).get("tasks") or []))
+    for t in tasks:
+        out[f"acc_{t}"] = task_multiples(result, t, cap)
     return out
 
 

@@ -47,3 +47,35 @@ def test_heights_grow_with_the_models_and_the_caption_clears_the_subplot_titles(
         assert plot_px >= 60 * k  # every model row at least 60 px
     assert heights[1][1] < heights[3][1] < heights[6][1] < heights[12][1]
     assert heights[1][0] < heights[6][0] < heights[12][0]  # rows of four panels
+
+
+def test_the_task_figure_draws_each_guided_sets_accuracy_change_with_its_ci():
+    """With tasks, the figures hold one ``acc_TASK`` small multiple: per model panel, per method, the points and CI
+    bars are the row's ΔAcc (accuracy points) at each n, the x of each method offset around its n; the caption clears
+    the subplot titles as in the other multiples."""
+    from swapkl.study.figures import figures
+    from swapkl.study.result import StudyResult
+
+    s = StudyResult.from_dict(json.loads((ROOT / "experiments" / "results" / "study-cpu-tasks.json").read_text()))
+    figs = figures(s)
+    assert list(figs) == ["ratio", "rho", "acc_wikitext_lastword"]
+    fig = figs["acc_wikitext_lastword"]
+    rows = s.done()
+    methods = list(rows[0]["tasks"]["methods"])
+    assert methods == ["replacement", "interchange", "consensus-mean", "consensus-max"]
+    assert len(fig.data) == len(rows) * len(methods)
+    for k, r in enumerate(rows):
+        for j, m in enumerate(methods):
+            tr = fig.data[k * len(methods) + j]
+            d = [e["delta"]["wikitext_lastword"] for e in r["tasks"]["methods"][m]]
+            assert tr.name == m and tr.showlegend == (k == 0)
+            assert list(tr.y) == [100 * x["delta"] for x in d]
+            assert [round(v, 9) for v in tr.error_y.arrayminus] == [round(100 * (x["delta"] - x["ci"][0]), 9)
+                                                                    for x in d]
+            assert [round(v, 9) for v in tr.error_y.array] == [round(100 * (x["ci"][1] - x["delta"]), 9) for x in d]
+            assert [round(x) for x in tr.x] == [1, 2, 3] and len(set(tr.x)) == 3
+    titles = [a.text for a in fig.layout.annotations if a.text in {r["model"]["label"] for r in rows}]
+    assert titles == [r["model"]["label"] for r in rows]
+    assert _caption_bottom(fig) <= fig.layout.margin.t - 24
+    # a study without tasks draws no task figure
+    assert "acc_wikitext_lastword" not in figures(_study(2))
