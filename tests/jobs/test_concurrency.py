@@ -224,18 +224,22 @@ def test_the_page_says_when_the_server_is_busy_and_queues_nothing(cache, monkeyp
     monkeypatch.setenv("SWAPKL_DEMO", "1")
     monkeypatch.setenv("SWAPKL_DEMO_MODELS", STORIES_REL)
     monkeypatch.setenv("SWAPKL_DEMO_MAX_QUEUED", "0")
-    st.cache_resource.clear()
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.number_input(key="w_prompts").set_value(4)
-    at.number_input(key="w_tokens").set_value(16)
-    at.number_input(key="w_budget").set_value(0).run()
-    at.button(key="compute").click().run()
-    assert not at.exception
-    assert any("the server is busy" in e.value and "Try again in a few minutes" in e.value for e in at.error), \
-        [e.value for e in at.error]
     from dashboard import common
 
-    assert common.manager().jobs() == []
+    st.cache_resource.clear()
+    try:
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+        at.number_input(key="w_prompts").set_value(4)
+        at.number_input(key="w_tokens").set_value(16)
+        at.number_input(key="w_budget").set_value(0).run()
+        at.button(key="compute").click().run()
+        assert not at.exception
+        assert any("the server is busy" in e.value and "Try again in a few minutes" in e.value for e in at.error), \
+            [e.value for e in at.error]
+        assert common.manager().jobs() == []
+    finally:  # the demo policy and manager are cached resources: a later AppTest in this process must not see them
+        common.manager().shutdown()
+        st.cache_resource.clear()
 
 
 def test_an_abandoned_running_job_is_cancelled_and_logged_once(caplog):
