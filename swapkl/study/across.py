@@ -60,6 +60,16 @@ def table_rows(result) -> list[dict]:
     return out
 
 
+def row_tasks(r: dict) -> list[str]:
+    """The lm-eval tasks study row ``r`` measured (its ``tasks`` part's contract); none for a row without tasks."""
+    return list(((r.get("tasks") or {}).get("contract") or {}).get("tasks") or [])
+
+
+def study_tasks(rows) -> list[str]:
+    """Every task any of ``rows`` measured, in first-seen order."""
+    return list(dict.fromkeys(t for r in rows for t in row_tasks(r)))
+
+
 #: the guided methods whose task accuracy a row shows, with their column tags
 TASK_COLUMNS = (("replacement", "R"), ("interchange", "I"), ("consensus-mean", "mean"), ("consensus-max", "max"))
 
@@ -68,7 +78,7 @@ def task_columns(r: dict) -> dict:
     """A row's task-accuracy columns (with ``--tasks``): per task and n the ΔAcc (accuracy points, pruned − base)
     of each guided set with its per-document 95 % CI, and each protocol's ρ with the single-block accuracy loss."""
     t_part, out = r.get("tasks") or {}, {}
-    for t in (t_part.get("contract") or {}).get("tasks", []):
+    for t in row_tasks(r):
         for m, tag in TASK_COLUMNS:
             for e in (t_part.get("methods") or {}).get(m, []):
                 d = (e.get("delta") or {}).get(t)
@@ -164,9 +174,7 @@ def consensus_statements(result) -> list[str]:
     done = result.done()
     sources = [("held-out ΔPPL %, paired window bootstrap", "cheaper",
                 [(m, x, None) for m, r in enumerate(done) for x in (r["removal"].get("consensus") or [])])]
-    tasks = list(dict.fromkeys(t for r in done for t in ((r.get("tasks") or {}).get("contract") or {})
-                               .get("tasks", [])))
-    for t in tasks:
+    for t in study_tasks(done):
         rows = [(m, x, t) for m, r in enumerate(done) for x in ((r.get("tasks") or {}).get("consensus") or [])]
         sources.append((f"{t} ΔAcc, paired document bootstrap", "more accurate", rows))
     out = []
@@ -188,9 +196,8 @@ def task_statements(result) -> list[str]:
     (the paired per-document CI of acc(I) − acc(R)); which protocol's layer score predicts single-block accuracy
     loss better (the paired ρ-difference CI over document resamples)."""
     done = [r for r in result.done() if r.get("tasks")]
-    tasks = list(dict.fromkeys(t for r in done for t in r["tasks"]["contract"]["tasks"]))
     out = []
-    for t in tasks:
+    for t in study_tasks(done):
         for n in sorted({x["n"] for r in done for x in r["tasks"]["i_vs_r"]}):
             w = [x[t]["word"] for r in done for x in r["tasks"]["i_vs_r"] if x["n"] == n and t in x]
             c = _count(w)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from swapkl.schema.text import plain_text
-from swapkl.study.across import rank_agreement, statements, table_rows
+from swapkl.study.across import rank_agreement, row_tasks, statements, study_tasks, table_rows
 from swapkl.study.measure import PROTOCOLS
 from swapkl.views.captions import stamp, contract_caption, csv_link, html_table, html_text
 from swapkl.views.report import Section
@@ -95,7 +95,7 @@ def task_multiples(result, task: str, caption: str | None = None):
     dotted line at 0 is the base model."""
     import plotly.graph_objects as go
 
-    done = [r for r in result.done() if task in (((r.get("tasks") or {}).get("contract") or {}).get("tasks") or [])]
+    done = [r for r in result.done() if task in row_tasks(r)]
     fig, cols, nrows = _panels(done)
     methods = list(dict.fromkeys(m for r in done for m in r["tasks"]["methods"]))
     for k, r in enumerate(done):
@@ -155,9 +155,7 @@ def figures(result) -> dict:
     out = {"ratio": ratio_multiples(result, cap), "rho": rho_dots(result, cap)}
     if any((r.get("evidence") or {}).get("bridged") for r in result.done()):
         out["rho_bridged"] = rho_dots(result, cap, "bridged")
-    tasks = dict.fromkeys(t for r in result.done()
-                          for t in (((r.get("tasks") or {}).get("contract") or {}).get("tasks") or []))
-    for t in tasks:
+    for t in study_tasks(result.done()):
         out[f"acc_{t}"] = task_multiples(result, t, cap)
     return out
 
