@@ -32,7 +32,7 @@ from swapkl.trajectory.checkpoints import parse_checkpoints
 from swapkl.trajectory.compute import Trajectory, compute_trajectory
 from .job import Job
 from .models import ModelCache
-from .requests import AnalysisRequest, HealRequest, TasksRequest, TrajectoryRequest
+from .requests import AnalysisRequest, HealRequest, TasksRequest, TrajectoryRequest, task_settings
 
 
 def engine_kw(ck, contract: Contract, n_pairs: int, chunks: int = 8) -> dict:
@@ -174,7 +174,6 @@ def run_evidence(job: Job, models: ModelCache) -> None:
 
 
 def run_tasks(job: Job, models: ModelCache) -> None:
-    from swapkl.measure.task_runner import TaskSettings
     from swapkl.removal.tasks import task_accuracy  # deferred: torch-based helpers
     from swapkl.scoring.score import score
 
@@ -189,8 +188,7 @@ def run_tasks(job: Job, models: ModelCache) -> None:
     job.result = res
     job.phase(3, 3, f"lm-eval task accuracy: {', '.join(req.tasks)}, n = 1..{req.budget}")
     plan = req.removal_plan()
-    settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
-                            num_fewshot=req.num_fewshot)
+    settings = task_settings(req)
     job.tasks = task_accuracy(ck.model, ck.tokenizer, res.protocol_scores(), plan, settings,
                               RunHooks(progress=job.tick, should_stop=job.should_stop, identity=ck.identity,
                                        corpus=load_corpus(c.corpus), on_partial=lambda r: setattr(job, "tasks", r)))
@@ -227,13 +225,10 @@ def run_heal(job: Job, models: ModelCache) -> None:
                                     on_partial=lambda h: setattr(job, "heal", h)), shared=shared)
     if req.tasks:  # task accuracy after healing: the curves stay on show while lm-eval runs
         from swapkl.healing.tasks import heal_task_accuracy
-        from swapkl.measure.task_runner import TaskSettings
 
         job.phase(4, 4, f"lm-eval task accuracy after healing: {', '.join(req.tasks)}")
         hc = job.heal
-        settings = TaskSettings(tuple(req.tasks), include_path=req.include_path, limit=req.limit,
-                                num_fewshot=req.num_fewshot)
-        hc.tasks = heal_task_accuracy(ck.model, ck.tokenizer, hc, settings, recipe, adapters=shared["adapters"],
+        hc.tasks = heal_task_accuracy(ck.model, ck.tokenizer, hc, task_settings(req), recipe, adapters=shared["adapters"],
                                       bridges=shared.get("bridges"),
                                       hooks=RunHooks(progress=job.tick, should_stop=job.should_stop,
                                                      identity=ck.identity))

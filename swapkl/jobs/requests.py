@@ -137,12 +137,7 @@ class EvidenceRequest:
 
     def task_settings(self):
         """The :class:`~swapkl.measure.task_runner.TaskSettings` of the task ground truth (None without tasks)."""
-        if not self.tasks:
-            return None
-        from swapkl.measure.task_runner import TaskSettings
-
-        return TaskSettings(self.tasks, include_path=self.include_path, limit=self.limit,
-                            num_fewshot=self.num_fewshot)
+        return task_settings(self)
 
     def to_dict(self) -> dict:
         """The request as JSON; the repair only when there is one (a request without repair keeps its job key)."""
@@ -367,3 +362,15 @@ def request_key(request) -> str:
     else:
         d["fingerprint"] = [quick_fingerprint(s.spec, s.revision) for s in parse_checkpoints(request.checkpoints)]
     return stable_hash({"request": d, "version": __version__})[:20]
+
+
+def task_settings(request):
+    """The :class:`~swapkl.measure.task_runner.TaskSettings` of a request with lm-eval tasks (evidence, tasks,
+    heal: its ``tasks``, ``include_path``, ``limit``, ``num_fewshot``); None for a request without tasks."""
+    names = tuple(getattr(request, "tasks", None) or ())
+    if not names:
+        return None
+    from swapkl.measure.task_runner import TaskSettings
+
+    return TaskSettings(names, include_path=request.include_path, limit=request.limit,
+                        num_fewshot=request.num_fewshot)

@@ -16,6 +16,7 @@ from . import pipelines
 from .failures import readable_error
 from .job import CANCELLED, DONE, ERROR, Job
 from .models import ModelCache
+from .requests import task_settings
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("swapkl.jobs")
@@ -37,12 +38,12 @@ def _tasks_held(request):
     """The request's lm-eval tasks loaded once for the job, on this worker thread
     (:func:`swapkl.measure.lmeval.preloaded`): an unknown or unloadable task fails before the model is loaded, and
     the disjointness check and the measurement use the same task objects.  Nothing for a request without tasks."""
-    names = tuple(getattr(request, "tasks", None) or ())
-    if not names:
+    settings = task_settings(request)
+    if settings is None:
         return nullcontext()
     from swapkl.measure import lmeval
 
-    return lmeval.preloaded(getattr(request, "include_path", None), names)
+    return lmeval.preloaded(settings.include_path, settings.tasks)
 
 
 def _pipeline(job: Job, models: ModelCache) -> None:
